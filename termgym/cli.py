@@ -1,0 +1,294 @@
+"""The ``termgym`` command line: check, shell, run, list, demo, gc.
+
+Exit codes: 0 when the trials ran (whatever they scored), 2 for bad usage or an invalid task (one
+line on stderr, no traceback), 1 for an infrastructure failure (the trial's record says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, format_observation, resolve_task
+from termgym.errors import TermgymError
+from termgym.records import TrialRecord, append_record
+from termgym.sandboxes import BACKENDS
+from termgym.tasks import Task, TaskError, discover_tasks
+from termgym.trial import AGENTS, make_agent, run_trial
+
+INFRA_ERRORS = ("sandbox_error", "build_failed")
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+
+class UsageError(Exception):
+    """Bad command-line input: reported in one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not argparse's usage block
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="termgym", description="Terminal tasks for training LLM agents with RL.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def backend_option(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--backend", default="local", choices=BACKENDS, help="sandbox backend (default: local)")
+
+    check = commands.add_parser("check", help="run one trial of a task and show its assertions")
+    check.add_argument("task", help="task directory or bundled task name")
+    backend_option(check)
+    check.add_argument("--agent", default="oracle", choices=sorted(AGENTS), help="oracle = reference solution, null = submit at once")
+    check.add_argument("--json", action="store_true", help="print the trial record alone, as JSON, on stdout")
+
+    shell = commands.add_parser("shell", help="step a task's environment interactively")
+    shell.add_argument("task")
+    backend_option(shell)
+    shell.add_argument("--max-turns", type=int, default=1000)
+
+    run = commands.add_parser("run", help="run many trials concurrently and write JSONL records")
+    run.add_argument("tasks", nargs="+", help="task directories, directories of tasks, or bundled names")
+    backend_option(run)
+    run.add_argument("--agent", default="oracle", choices=sorted(AGENTS))
+    run.add_argument("-n", "--concurrency", type=int, default=4)
+    run.add_argument("-k", "--attempts", type=int, default=1, help="trials per task")
+    run.add_argument("--out", type=Path, default=None, help="run directory (default runs/<time>-<id>)")
+
+    commands.add_parser("list", help="list the bundled tasks")
+    demo = commands.add_parser("demo", help="check every bundled task with the oracle and the null agent")
+    demo.add_argument("-n", "--concurrency", type=int, default=2)
+    gc = commands.add_parser("gc", help="remove sandboxes left behind by killed runs")
+    backend_option(gc)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        handler = {"check": cmd_check, "shell": cmd_shell, "run": cmd_run, "list": cmd_list, "demo": cmd_demo, "gc": cmd_gc}
+        return asyncio.run(handler[args.command](args))
+    except (UsageError, TaskError, ValueError) as exc:
+        err.print(f"termgym: error: {exc}", markup=False)
+        return 2
+    except TermgymError as exc:
+        err.print(f"termgym: {exc.kind}: {exc}", markup=False)
+        return 1
+    except KeyboardInterrupt:
+        err.print("termgym: interrupted", markup=False)
+        return 130
+
+
+# -- check -------------------------------------------------------------------------------------------
+
+
+async def cmd_check(args: argparse.Namespace) -> int:
+    task = resolve_task(args.task)
+    options = EnvOptions(backend=args.backend, run_id=f"check-{uuid.uuid4().hex[:8]}")
+    record = await run_trial(task, make_agent(args.agent), options)
+    if args.json:
+        print(record.to_json())
+    else:
+        print_record(record)
+    return 1 if record.error and record.error["kind"] in INFRA_ERRORS else 0
+
+
+def print_record(record: TrialRecord) -> None:
+    table = Table(title=f"{record.task} · agent {record.agent} · backend {record.backend}", title_justify="left")
+    table.add_column("assertion")
+    table.add_column("result", justify="center")
+    for assertion in record.assertions:
+        table.add_row(assertion["name"], "[green]pass[/]" if assertion["passed"] else "[red]FAIL[/]")
+    out.print(table)
+    verdict = "[green]resolved[/]" if record.resolved else "[red]not resolved[/]"
+    out.print(
+        f"{verdict} · reward {record.reward:.3f} · {record.passed}/{record.total} assertions"
+        f" ({record.report_format}) · {record.turns} turns · {record.timings.get('total', 0):.1f}s"
+    )
+    if record.error:
+        out.print(f"[yellow]error[/] {record.error['kind']}: {record.error['message']}", markup=True)
+
+
+# -- shell -------------------------------------------------------------------------------------------
+
+
+async def cmd_shell(args: argparse.Namespace) -> int:
+    task = resolve_task(args.task)
+    options = EnvOptions(backend=args.backend, max_turns=args.max_turns, run_id=f"shell-{uuid.uuid4().hex[:8]}")
+    async with AsyncTerminalEnv(task, options) as env:
+        instruction, info = await env.reset()
+        out.print(f"[bold]{task.name}[/] ({info['backend']}) · {SUBMIT} verifies · :quit leaves\n")
+        out.print(instruction, markup=False)
+        for warning in info["warnings"]:
+            err.print(f"warning: {warning}", markup=False)
+        cwd = info["workdir"]
+        while True:
+            try:
+                line = await asyncio.to_thread(_read_command, f"{cwd}$ ")
+            except EOFError:
+                line = ":quit"
+            if line is None or not line.strip():
+                continue
+            if line.strip() == ":quit":
+                return 0
+            action = SUBMIT if line.strip() == SUBMIT else line
+            obs, reward, terminated, truncated, step_info = await env.step(action)
+            if obs:
+                out.print(obs, markup=False, end="" if obs.endswith("\n") else "\n")
+            cwd = step_info.get("cwd") or cwd
+            if terminated or truncated:
+                _print_final(task, step_info, reward)
+                return 0
+
+
+def _read_command(prompt: str) -> str | None:
+    lines = [input(prompt)]
+    while lines[-1].endswith("\\"):
+        lines.append(input("> "))
+    return "\n".join(lines)
+
+
+def _print_final(task: Task, info: dict, reward: float) -> None:
+    record = TrialRecord(task=task.name, backend="", agent="human", reward=reward)
+    record.assertions = info.get("assertions", [])
+    record.resolved, record.passed, record.total = info.get("resolved", False), info.get("passed", 0), info.get("total", 0)
+    record.report_format, record.error = info.get("report_format"), info.get("error")
+    record.agent = "you"
+    print_record(record)
+
+
+# -- run and demo ------------------------------------------------------------------------------------
+
+
+def collect_tasks(names: Sequence[str]) -> list[Task]:
+    tasks: list[Task] = []
+    for name in names:
+        path = Path(name)
+        tasks += discover_tasks(path) if path.is_dir() and not _is_task_dir(path) else [resolve_task(name)]
+    if not tasks:
+        raise UsageError("no tasks found")
+    return tasks
+
+
+def _is_task_dir(path: Path) -> bool:
+    return (path / "task.toml").is_file() or (path / "task.yaml").is_file()
+
+
+async def run_many(
+    jobs: Sequence[tuple[Task, str]], *, backend: str, concurrency: int, records_path: Path, run_id: str
+) -> list[TrialRecord]:
+    """Run (task, agent) trials with at most ``concurrency`` at once; every record is appended to
+    ``records_path`` as soon as its trial ends."""
+    if concurrency < 1:
+        raise UsageError(f"concurrency must be at least 1, got {concurrency}")
+    gate = asyncio.Semaphore(concurrency)
+    records: list[TrialRecord] = []
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+    ) as progress:
+        bar = progress.add_task("trials", total=len(jobs))
+
+        async def one(task: Task, agent: str) -> None:
+            async with gate:
+                record = await run_trial(task, make_agent(agent), EnvOptions(backend=backend, run_id=run_id))
+            append_record(records_path, record)
+            records.append(record)
+            progress.advance(bar)
+
+        await asyncio.gather(*(one(task, agent) for task, agent in jobs))
+    return records
+
+
+async def cmd_run(args: argparse.Namespace) -> int:
+    if args.attempts < 1:
+        raise UsageError(f"--attempts must be at least 1, got {args.attempts}")
+    tasks = collect_tasks(args.tasks)
+    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    out_dir = args.out or Path("runs") / run_id
+    records_path = out_dir / "trials.jsonl"
+    jobs = [(task, args.agent) for task in tasks for _ in range(args.attempts)]
+    records = await run_many(jobs, backend=args.backend, concurrency=args.concurrency, records_path=records_path, run_id=run_id)
+    print_summary(records)
+    err.print(f"records: {records_path}", markup=False)
+    return 1 if any(r.error and r.error["kind"] in INFRA_ERRORS for r in records) else 0
+
+
+def print_summary(records: Sequence[TrialRecord]) -> None:
+    table = Table(title="trials", title_justify="left")
+    for column in ("task", "agent", "trials", "resolved", "mean reward", "errors"):
+        table.add_column(column, justify="left" if column in ("task", "agent") else "right")
+    groups: dict[tuple[str, str], list[TrialRecord]] = {}
+    for record in records:
+        groups.setdefault((record.task, record.agent), []).append(record)
+    for (task, agent), group in sorted(groups.items()):
+        errors = sorted({r.error["kind"] for r in group if r.error})
+        table.add_row(
+            task, agent, str(len(group)), str(sum(r.resolved for r in group)),
+            f"{sum(r.reward for r in group) / len(group):.3f}", ", ".join(errors) or "-",
+        )  # fmt: skip
+    out.print(table)
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    from termgym.bundled import bundled_root
+
+    tasks = discover_tasks(bundled_root())
+    run_id = f"demo-{uuid.uuid4().hex[:6]}"
+    records_path = Path("runs") / run_id / "trials.jsonl"
+    jobs = [(task, agent) for task in tasks for agent in ("oracle", "null")]
+    err.print(f"checking {len(tasks)} bundled tasks with the oracle and the null agent", markup=False)
+    records = await run_many(jobs, backend="local", concurrency=args.concurrency, records_path=records_path, run_id=run_id)
+    by_key = {(r.task, r.agent): r for r in records}
+    table = Table(title="bundled tasks: reference solution against doing nothing", title_justify="left")
+    for column in ("task", "assertions", "oracle", "null", "ok"):
+        table.add_column(column, justify="left" if column == "task" else "right")
+    healthy = 0
+    for task in tasks:
+        oracle, null = by_key[(task.name, "oracle")], by_key[(task.name, "null")]
+        ok = oracle.resolved and not null.resolved and not oracle.error
+        healthy += ok
+        table.add_row(
+            task.name, str(oracle.total), f"{oracle.passed}/{oracle.total} r={oracle.reward:.2f}",
+            f"{null.passed}/{null.total} r={null.reward:.2f}", "[green]yes[/]" if ok else "[red]no[/]",
+        )  # fmt: skip
+    out.print(table)
+    out.print(f"{healthy}/{len(tasks)} tasks: the oracle resolves them and doing nothing does not · records: {records_path}")
+    return 0 if healthy == len(tasks) else 1
+
+
+# -- list and gc -------------------------------------------------------------------------------------
+
+
+async def cmd_list(args: argparse.Namespace) -> int:
+    from termgym.bundled import bundled_root
+
+    table = Table(title="bundled tasks", title_justify="left")
+    for column in ("task", "family", "agent timeout", "instruction"):
+        table.add_column(column)
+    for task in discover_tasks(bundled_root()):
+        first_line = task.instruction.strip().splitlines()[0][:70]
+        table.add_row(task.name, task.family, f"{task.agent_timeout_sec:g}s", first_line)
+    out.print(table)
+    return 0
+
+
+async def cmd_gc(args: argparse.Namespace) -> int:
+    from termgym.sandboxes.local import collect_garbage
+
+    removed = await asyncio.to_thread(collect_garbage)
+    out.print(f"removed {removed} leftover {args.backend} sandbox(es)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""The async terminal environment: an agent's shell commands in, observations and the reward out.
+
+Gymnasium semantics: ``reset(*, seed, options) -> (obs, info)`` starts a fresh sandbox and shell
+(obs is the task's instruction); ``step(action) -> (obs, reward, terminated, truncated, info)``.
+An action is one shell command, or ``SUBMIT`` to end the episode. ``terminated`` means the agent
+submitted; ``truncated`` means the turn budget or the agent timeout ran out. The reward comes on the
+final step, after verification; every other step gives 0.0. ``async with`` stops the sandbox on
+every path out, exceptions and cancellation included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from termgym.errors import EpisodeError, SandboxError
+from termgym.output import DEFAULT_OUTPUT_LIMIT
+from termgym.sandboxes import create_sandbox, sandbox_spec
+from termgym.sandboxes.base import Sandbox
+from termgym.shell import CommandResult, PersistentShell
+from termgym.tasks import Task, load_task
+from termgym.verification import Verification, verify
+from verifiers import DEFAULT_SCALE
+
+SUBMIT = ":submit"
+DEFAULT_MAX_TURNS = 50
+DEFAULT_COMMAND_TIMEOUT = 180.0
+
+
+@dataclass(frozen=True)
+class EnvOptions:
+    backend: str = "local"
+    max_turns: int = DEFAULT_MAX_TURNS
+    command_timeout: float = DEFAULT_COMMAND_TIMEOUT  # per command; also capped by the agent timeout
+    agent_timeout: float | None = None  # None: the task's own
+    reward_scale: int = DEFAULT_SCALE
+    output_limit: int = DEFAULT_OUTPUT_LIMIT
+    run_id: str = ""
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, got {self.max_turns}")
+        if self.command_timeout <= 0:
+            raise ValueError(f"command_timeout must be positive, got {self.command_timeout}")
+        if self.agent_timeout is not None and self.agent_timeout <= 0:
+            raise ValueError(f"agent_timeout must be positive, got {self.agent_timeout}")
+
+
+def format_observation(result: CommandResult) -> str:
+    """What the agent sees of a command: its output, then its status when that is not plain success."""
+    notes = []
+    if result.timed_out:
+        notes.append("[command timed out]")
+    elif result.exit_code not in (0, None):
+        notes.append(f"[exit code {result.exit_code}]")
+    return result.output + ("\n" if result.output and not result.output.endswith("\n") and notes else "") + "\n".join(notes)
+
+
+class AsyncTerminalEnv:
+    """One task, one sandbox per episode. Not safe for concurrent steps on one instance."""
+
+    def __init__(
+        self,
+        task: Task,
+        options: EnvOptions | None = None,
+        *,
+        sandbox_factory: Callable[[Task, EnvOptions], Sandbox] | None = None,
+    ) -> None:
+        self.task = task
+        self.options = options or EnvOptions()
+        self.run_id = self.options.run_id or uuid.uuid4().hex[:12]
+        self._factory = sandbox_factory or _default_factory
+        self.sandbox: Sandbox | None = None
+        self._shell: PersistentShell | None = None
+        self.turns = 0
+        self.done = True
+        self._deadline = 0.0
+        self.timings: dict[str, float] = {}
+        self.verification: Verification | None = None
+        self.error: dict[str, str] | None = None
+
+    @property
+    def agent_timeout(self) -> float:
+        return self.options.agent_timeout or self.task.agent_timeout_sec
+
+    async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
+        """Start a fresh episode in a fresh sandbox. ``seed`` is accepted for Gymnasium; the episode
+        itself is deterministic given the task."""
+        await self.close()
+        self.turns, self.done, self.verification, self.error = 0, False, None, None
+        self.timings = {}
+        started = time.monotonic()
+        self.sandbox = self._factory(self.task, self.options)
+        try:
+            await self.sandbox.start()
+            self._shell = PersistentShell(
+                self.sandbox, env=self._agent_env(), cwd=self.sandbox.workdir, output_limit=self.options.output_limit
+            )
+            await self._shell.start()
+        except BaseException:
+            await asyncio.shield(self.close())
+            raise
+        self.timings["setup"] = time.monotonic() - started
+        self._deadline = time.monotonic() + self.agent_timeout
+        info = {
+            "task": self.task.name,
+            "backend": self.sandbox.backend,
+            "workdir": self.sandbox.workdir,
+            "max_turns": self.options.max_turns,
+            "agent_timeout": self.agent_timeout,
+            "warnings": list(self.sandbox.warnings),
+        }
+        return self.task.instruction, info
+
+    async def step(self, action: str, *, timeout: float | None = None) -> tuple[str, float, bool, bool, dict]:
+        """Run one command (``timeout``: this command's limit, default the env's command timeout;
+        the agent timeout caps it either way), or verify on ``SUBMIT``."""
+        if self.done or self._shell is None:
+            raise EpisodeError("step() called without an active episode: call reset() first")
+        if action == SUBMIT:
+            return await self._finish("", terminated=True, truncated=False, info={"submitted": True})
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            self.error = {"kind": "agent_timeout", "message": f"agent timeout of {self.agent_timeout:g}s reached"}
+            return await self._finish("", terminated=False, truncated=True, info={})
+        started = time.monotonic()
+        try:
+            result = await self._shell.run(action, timeout=min(timeout or self.options.command_timeout, remaining))
+        except SandboxError as exc:
+            self.error = {"kind": "sandbox_error", "message": str(exc)}
+            await self._end_without_verification()
+            return f"[sandbox error: {exc}]", 0.0, False, True, {"error": self.error}
+        self.timings["agent"] = self.timings.get("agent", 0.0) + time.monotonic() - started
+        self.turns += 1
+        obs = format_observation(result)
+        info = {
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "dropped_bytes": result.dropped_bytes,
+            "cwd": result.cwd,
+            "shell_restarted": result.shell_restarted,
+            "turn": self.turns,
+        }
+        if result.timed_out and time.monotonic() >= self._deadline:
+            self.error = {"kind": "agent_timeout", "message": f"agent timeout of {self.agent_timeout:g}s reached"}
+            return await self._finish(obs, terminated=False, truncated=True, info=info)
+        if self.turns >= self.options.max_turns:
+            return await self._finish(obs, terminated=False, truncated=True, info=info)
+        return obs, 0.0, False, False, info
+
+    async def upload(self, files: Sequence[tuple[Path, str]], dest: str) -> None:
+        """Copy host files into the sandbox during an episode (used by the oracle agent)."""
+        if self.sandbox is None:
+            raise EpisodeError("upload() called without an active episode")
+        await self.sandbox.upload_files(files, dest)
+
+    async def close(self) -> None:
+        await self._end_without_verification()
+        if self.sandbox is not None:
+            sandbox, self.sandbox = self.sandbox, None
+            await asyncio.shield(sandbox.stop())
+
+    async def __aenter__(self) -> "AsyncTerminalEnv":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await asyncio.shield(self.close())
+
+    async def _finish(self, obs: str, *, terminated: bool, truncated: bool, info: dict) -> tuple[str, float, bool, bool, dict]:
+        assert self.sandbox is not None
+        await self._end_without_verification()
+        started = time.monotonic()
+        try:
+            self.verification = await verify(self.task, self.sandbox, reward_scale=self.options.reward_scale)
+        except SandboxError as exc:
+            self.error = {"kind": "sandbox_error", "message": str(exc)}
+            return obs, 0.0, terminated, truncated, {**info, "error": self.error}
+        finally:
+            self.timings["verify"] = time.monotonic() - started
+        verification = self.verification
+        if verification.timed_out and self.error is None:
+            self.error = {"kind": "verifier_timeout", "message": f"verifier exceeded {self.task.verifier_timeout_sec:g}s"}
+        elif verification.report.error and self.error is None:
+            self.error = {"kind": "verifier_error", "message": verification.report.error}
+        elif verification.exit_code is not None and verification.exit_code >= 126 and self.error is None:
+            self.error = {"kind": "verifier_error", "message": f"test script exited {verification.exit_code}"}
+        report = verification.report
+        info = {
+            **info,
+            "resolved": report.resolved,
+            "passed": report.passed,
+            "total": report.total,
+            "assertions": [{"name": a.name, "passed": a.passed, "status": a.status} for a in report.assertions],
+            "report_format": report.format,
+            "verifier_output": verification.output[-4000:],
+            "error": self.error,
+        }
+        return obs, verification.reward, terminated, truncated, info
+
+    async def _end_without_verification(self) -> None:
+        self.done = True
+        if self._shell is not None:
+            shell, self._shell = self._shell, None
+            await asyncio.shield(shell.close())
+
+    def _agent_env(self) -> dict[str, str]:
+        assert self.sandbox is not None
+        return {"HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", **self.sandbox.env}
+
+
+def _default_factory(task: Task, options: EnvOptions) -> Sandbox:
+    return create_sandbox(options.backend, sandbox_spec(task, run_id=options.run_id))
+
+
+def make(task: Task | str, backend: str = "local", **options: Any) -> AsyncTerminalEnv:
+    """``termgym.make("path/to/task", backend="local", max_turns=20)``: an AsyncTerminalEnv.
+    ``task`` is a Task, a task directory, or a bundled task's name (``file-ops/organize-by-ext``)."""
+    resolved = task if isinstance(task, Task) else resolve_task(task)
+    return AsyncTerminalEnv(resolved, EnvOptions(backend=backend, **options))
+
+
+def resolve_task(name_or_path: str) -> Task:
+    """A task directory path, or the name of a bundled task."""
+    path = Path(name_or_path)
+    if not path.exists():
+        from termgym.bundled import bundled_task_path
+
+        bundled = bundled_task_path(name_or_path)
+        if bundled is not None:
+            path = bundled
+    return load_task(path)

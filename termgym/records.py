@@ -1,0 +1,68 @@
+"""The trial record (DESIGN.md): one JSON object per trial, appended to a run's JSONL file.
+
+Guarantees: every field DESIGN.md lists is present in every record, failed trials included;
+``append_record`` writes one whole line per call (flushed and fsynced), so a crash loses at most the
+record being written, never earlier ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ERROR_KINDS = (
+    "agent_timeout",
+    "verifier_timeout",
+    "verifier_error",
+    "sandbox_error",
+    "build_failed",
+    "invalid_task",
+    "cancelled",
+)
+
+
+@dataclass
+class TrialRecord:
+    task: str
+    backend: str
+    agent: str
+    resolved: bool = False
+    reward: float = 0.0
+    passed: int = 0
+    total: int = 0
+    assertions: list[dict[str, Any]] = field(default_factory=list)
+    report_format: str | None = None
+    turns: int = 0
+    error: dict[str, str] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    run_id: str = ""
+    trial_id: str = ""
+    family: str = ""
+    logs: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=False)
+
+
+def append_record(path: str | os.PathLike, record: TrialRecord) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    line = record.to_json() + "\n"
+    with open(target, "a", encoding="utf-8") as handle:
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every complete record in a JSONL file (a torn last line is skipped)."""
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records

@@ -1,0 +1,161 @@
+"""The sandbox contract every backend implements, and the few helpers built only on that contract.
+
+A sandbox is one isolated machine for one trial. Backends implement six coroutines:
+``start`` (create and prepare the task's environment), ``stop`` (remove everything; idempotent),
+``exec`` (run a command to completion with a timeout), ``open_process`` (a long-lived process with
+byte streams, used for the persistent shell), ``kill_agent_processes`` (every process started
+since ``start`` is gone when it returns; the sandbox itself stays usable), and ``interrupt_script``
+support through ``exec``. Files travel as tar archives through ``exec`` (``upload_tar``), so a
+backend with a faster native path overrides it.
+
+Guarantees callers rely on: every command runs inside the sandbox, never on the host; ``exec``
+never raises for the command's own failure or timeout (that is data in ``ExecResult``) and raises
+``SandboxError`` only for infrastructure faults; ``stop`` runs on every path out of
+``async with``, including cancellation.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import io
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from termgym.output import DEFAULT_OUTPUT_LIMIT
+from termgym.tasks import Resources
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a backend needs to build one sandbox for a task's environment."""
+
+    name: str
+    context_dir: Path | None
+    dockerfile: Path | None
+    image: str | None = None
+    resources: Resources = field(default_factory=Resources)
+    network: bool = False
+    env: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    build_timeout_sec: float = 600.0
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None  # None when the command was killed for its timeout
+    output: bytes  # stdout and stderr interleaved, capped (head and tail)
+    timed_out: bool = False
+    dropped_bytes: int = 0
+
+    @property
+    def text(self) -> str:
+        return self.output.decode("utf-8", errors="replace")
+
+
+class ProcessChannel(abc.ABC):
+    """A running process inside the sandbox: stdin in, stdout (with stderr) out."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def read(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes``; ``b""`` once the process's output is closed."""
+
+    @abc.abstractmethod
+    async def wait(self) -> int | None:
+        """Wait until the process has exited; its exit status if known."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Stop the process (if running) and release the channel; idempotent."""
+
+
+class Sandbox(abc.ABC):
+    """One isolated machine for one trial. Use with ``async with``."""
+
+    backend: str = "?"
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        self.spec = spec
+        # Set by start(): the environment and working directory the task's image defines.
+        self.env: dict[str, str] = {"PATH": DEFAULT_PATH}
+        self.workdir: str = "/"
+        self.warnings: list[str] = []
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def stop(self) -> None: ...
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
+        """Run ``argv`` to completion. ``env`` replaces the environment entirely (None: the
+        sandbox's own ``self.env``); ``cwd`` defaults to ``self.workdir``."""
+
+    @abc.abstractmethod
+    async def open_process(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str
+    ) -> ProcessChannel: ...
+
+    @abc.abstractmethod
+    async def kill_agent_processes(self) -> None:
+        """Kill every process started in the sandbox since ``start``; files stay as they are."""
+
+    async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
+        """Unpack a tar archive into directory ``dest`` (created if missing)."""
+        script = 'mkdir -p "$1" && exec tar -x --no-same-owner -C "$1" -f -'
+        result = await self.exec(["/bin/sh", "-c", script, "sh", dest], stdin=archive, timeout=timeout, cwd="/")
+        if result.exit_code != 0:
+            raise SandboxError(f"upload to {dest} failed: {_last_line(result.text)}")
+
+    async def upload_files(self, files: Sequence[tuple[Path, str]], dest: str) -> None:
+        """Copy host files into ``dest``, each at its relative path, executable bits kept."""
+        await self.upload_tar(tar_of_files(files), dest)
+
+    async def __aenter__(self) -> "Sandbox":
+        try:
+            await self.start()
+        except BaseException:
+            await asyncio.shield(self.stop())
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await asyncio.shield(self.stop())
+
+
+def tar_of_files(files: Sequence[tuple[Path, str]]) -> bytes:
+    """A tar archive (in memory) of host files at the given relative paths; dirs added implicitly."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for host_path, relative in files:
+            info = archive.gettarinfo(str(host_path), arcname=relative.lstrip("/"))
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            if info.isfile():
+                with open(host_path, "rb") as handle:
+                    archive.addfile(info, handle)
+            else:
+                archive.addfile(info)
+    return buffer.getvalue()
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "no output"

@@ -1,0 +1,123 @@
+"""One trial: a fresh environment, an agent driving it to the end, verification, and its record.
+
+``run_trial`` always returns a ``TrialRecord``: infrastructure faults (the sandbox failed, the build
+failed) become the record's ``error``, never an exception; only cancellation propagates, after the
+sandbox has been stopped.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.errors import EnvironmentBuildError, SandboxError
+from termgym.records import TrialRecord
+from termgym.tasks import Task
+
+Step = tuple[str, float, bool, bool, dict]
+
+
+class Agent(Protocol):
+    name: str
+
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+        """Drive ``env`` until the episode ends; return the final step (None if it never stepped)."""
+
+
+@dataclass(frozen=True)
+class NullAgent:
+    """Submits at once: what a verifier awards for doing nothing."""
+
+    name: str = "null"
+
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+        return await env.step(SUBMIT)
+
+
+@dataclass(frozen=True)
+class OracleAgent:
+    """Runs the task's reference solution as the agent, with the whole agent timeout."""
+
+    name: str = "oracle"
+
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+        task = env.task
+        if task.solution_script is None:
+            raise ValueError(f"{task.path}: the task has no reference solution")
+        await env.upload(task.solution_files(), "/solution")
+        step = await env.step(f"bash /solution/{task.solution_script}", timeout=env.agent_timeout)
+        if env.done:
+            return step
+        return await env.step(SUBMIT)
+
+
+@dataclass(frozen=True)
+class ScriptedAgent:
+    """Runs a fixed list of commands, then submits (tests and adversarial checks use it)."""
+
+    commands: tuple[str, ...]
+    name: str = "scripted"
+
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+        step = None
+        for command in self.commands:
+            step = await env.step(command)
+            if env.done:
+                return step
+        return await env.step(SUBMIT)
+
+
+AGENTS = {"oracle": OracleAgent, "null": NullAgent}
+
+
+def make_agent(name: str) -> Agent:
+    if name not in AGENTS:
+        raise ValueError(f"unknown agent {name!r}; choose one of: {', '.join(AGENTS)}")
+    return AGENTS[name]()
+
+
+async def run_trial(task: Task, agent: Agent, options: EnvOptions) -> TrialRecord:
+    started = time.monotonic()
+    record = TrialRecord(
+        task=task.name,
+        backend=options.backend,
+        agent=agent.name,
+        run_id=options.run_id,
+        trial_id=uuid.uuid4().hex[:12],
+        family=task.family,
+    )
+    env = AsyncTerminalEnv(task, options)
+    try:
+        async with env:
+            instruction, info = await env.reset()
+            step = await agent.run(env, instruction, info)
+            record = _fill(record, env, step)
+    except EnvironmentBuildError as exc:
+        record.error = {"kind": "build_failed", "message": str(exc)}
+        record.logs["build"] = exc.log[-20000:]
+    except SandboxError as exc:
+        record.error = {"kind": "sandbox_error", "message": str(exc)}
+    except ValueError as exc:
+        record.error = {"kind": "invalid_task", "message": str(exc)}
+    record.turns = record.turns or env.turns
+    record.timings = {**env.timings, "total": time.monotonic() - started}
+    return record
+
+
+def _fill(record: TrialRecord, env: AsyncTerminalEnv, step: Step | None) -> TrialRecord:
+    record = replace(record, turns=env.turns, error=env.error)
+    verification = env.verification
+    if verification is None:
+        return record
+    report = verification.report
+    record.resolved = report.resolved
+    record.reward = verification.reward
+    record.passed = report.passed
+    record.total = report.total
+    record.assertions = [{"name": a.name, "passed": a.passed} for a in report.assertions if a.status != "skipped"]
+    record.report_format = report.format
+    record.logs["verifier"] = verification.output[-20000:]
+    return record

@@ -1,0 +1,90 @@
+"""Shared fixtures: small task directories written on the fly, and a leak check for sandboxes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+KIT_SOURCE = '. "${TERMGYM_ASSERT:-/tests/.termgym/assert.sh}"'
+
+
+def write_task(
+    root: Path,
+    name: str = "demo",
+    *,
+    dockerfile: str = "FROM debian:bookworm-slim\nWORKDIR /app\n",
+    test_sh: str | None = None,
+    solve_sh: str = "#!/bin/bash\necho done > /app/result.txt\n",
+    agent_timeout: float = 60.0,
+    verifier_timeout: float = 30.0,
+    instruction: str = "Write the word done into /app/result.txt.",
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """A Harbor-layout task; by default its verifier checks /app/result.txt in two assertions."""
+    task = root / name
+    (task / "environment").mkdir(parents=True)
+    (task / "solution").mkdir()
+    (task / "tests").mkdir()
+    (task / "task.toml").write_text(
+        textwrap.dedent(f"""\
+        schema_version = "1.1"
+        [metadata]
+        category = "testing"
+        [agent]
+        timeout_sec = {agent_timeout}
+        [verifier]
+        timeout_sec = {verifier_timeout}
+        [environment]
+        network_mode = "no-network"
+        """)
+    )
+    (task / "instruction.md").write_text(instruction + "\n")
+    (task / "environment" / "Dockerfile").write_text(dockerfile)
+    (task / "solution" / "solve.sh").write_text(solve_sh)
+    if test_sh is None:
+        test_sh = textwrap.dedent(f"""\
+        #!/bin/sh
+        {KIT_SOURCE}
+        tg_check "result exists" test -f /app/result.txt
+        tg_check_sh "result says done" 'grep -qx done /app/result.txt'
+        tg_finish
+        """)
+    (task / "tests" / "test.sh").write_text(test_sh)
+    for relative, content in (extra_files or {}).items():
+        path = task / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    return task
+
+
+@pytest.fixture
+def task_dir(tmp_path: Path) -> Path:
+    return write_task(tmp_path)
+
+
+def sandbox_processes() -> list[str]:
+    """Command lines of live bwrap keepers and processes inside termgym sandboxes."""
+    result = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
+    return [line for line in result.stdout.splitlines() if "bwrap" in line and "sleep infinity" in line]
+
+
+@pytest.fixture
+def no_leaks(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """Sandboxes go to a private directory; after the test none is left, on disk or running."""
+    root = tmp_path_factory.mktemp("sandboxes")
+    monkeypatch.setenv("TERMGYM_SANDBOX_DIR", str(root))
+    before = set(sandbox_processes())
+    yield root
+    leaked_dirs = [p.name for p in root.iterdir()]
+    leaked_procs = [p for p in sandbox_processes() if p not in before and str(root) in p]
+    assert not leaked_dirs, f"sandbox directories left behind: {leaked_dirs}"
+    assert not leaked_procs, f"sandbox processes left running: {leaked_procs}"
+
+
+def pids_matching(pattern: str) -> list[int]:
+    result = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(p) for p in result.stdout.split() if int(p) != os.getpid()]

@@ -1,0 +1,106 @@
+"""The async environment: Gymnasium semantics, budgets, and cleanup on every path."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+import termgym
+from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.errors import EpisodeError
+from termgym.tasks import load_task
+
+
+async def test_reset_step_submit_gives_dense_reward(task_dir, no_leaks):
+    async with termgym.make(str(task_dir), backend="local") as env:
+        obs, info = await env.reset(seed=7)
+        assert "result.txt" in obs and info["workdir"] == "/app"
+        obs, reward, terminated, truncated, info = await env.step("echo done > result.txt; pwd")
+        assert obs == "/app\n" and reward == 0.0 and not terminated and not truncated
+        obs, reward, terminated, truncated, info = await env.step(SUBMIT)
+        assert terminated and not truncated
+        assert info["resolved"] and info["passed"] == 2 and info["total"] == 2
+        assert reward == pytest.approx(2 / 20)
+        assert info["report_format"] == "ctrf"
+
+
+async def test_partial_progress_earns_partial_reward(task_dir, no_leaks):
+    async with termgym.make(str(task_dir)) as env:
+        await env.reset()
+        await env.step("echo nope > /app/result.txt")
+        _, reward, _, _, info = await env.step(SUBMIT)
+        assert reward == pytest.approx(1 / 20) and not info["resolved"]
+        assert [a["passed"] for a in info["assertions"]] == [True, False]
+
+
+async def test_nonzero_exit_is_shown_in_observation(task_dir, no_leaks):
+    async with termgym.make(str(task_dir)) as env:
+        await env.reset()
+        obs, *_ , info = await env.step("ls /nonexistent")
+        assert "No such file" in obs and obs.rstrip().endswith("[exit code 2]")
+        assert info["exit_code"] == 2
+
+
+async def test_max_turns_truncates_and_still_verifies(task_dir, no_leaks):
+    async with termgym.make(str(task_dir), max_turns=2) as env:
+        await env.reset()
+        assert (await env.step("echo done > result.txt"))[3] is False
+        obs, reward, terminated, truncated, info = await env.step("true")
+        assert truncated and not terminated and info["resolved"] and reward > 0
+        with pytest.raises(EpisodeError):
+            await env.step("true")
+
+
+async def test_agent_timeout_truncates_within_bound(task_dir, no_leaks):
+    async with termgym.make(str(task_dir), agent_timeout=1.5) as env:
+        await env.reset()
+        started = time.monotonic()
+        obs, reward, terminated, truncated, info = await env.step("echo done > result.txt; sleep 600")
+        assert time.monotonic() - started < 1.5 + 5
+        assert truncated and info["timed_out"] and info["error"]["kind"] == "agent_timeout"
+        assert info["resolved"]  # the verifier ran on the state left behind
+
+
+async def test_step_before_reset_is_an_error(task_dir):
+    env = termgym.make(str(task_dir))
+    with pytest.raises(EpisodeError):
+        await env.step("true")
+
+
+async def test_reset_again_starts_a_fresh_sandbox(task_dir, no_leaks):
+    async with termgym.make(str(task_dir)) as env:
+        await env.reset()
+        await env.step("echo leftover > /app/x")
+        await env.reset()
+        obs, *_ = await env.step("cat /app/x")
+        assert "No such file" in obs
+
+
+async def test_cancellation_mid_step_removes_the_sandbox(task_dir, no_leaks):
+    env = AsyncTerminalEnv(load_task(task_dir), EnvOptions())
+
+    async def episode():
+        async with env:
+            await env.reset()
+            await env.step("sleep 600")
+
+    job = asyncio.create_task(episode())
+    await asyncio.sleep(1.5)
+    job.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    assert env.sandbox is None
+
+
+async def test_exception_inside_async_with_removes_the_sandbox(task_dir, no_leaks):
+    with pytest.raises(RuntimeError):
+        async with termgym.make(str(task_dir)) as env:
+            await env.reset()
+            raise RuntimeError("boom")
+
+
+def test_options_are_validated(task_dir):
+    with pytest.raises(ValueError):
+        termgym.make(str(task_dir), max_turns=0)

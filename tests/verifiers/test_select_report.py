@@ -1,0 +1,207 @@
+"""Choosing the report to grade: priority order, aggregation, and no exception for any input."""
+
+import json
+import random
+
+import pytest
+
+from verifiers import MAX_REPORT_BYTES, compute_reward, select_report
+
+CTRF = json.dumps({"results": {"tool": {"name": "pytest"}, "tests": [
+    {"name": "ctrf::a", "status": "passed", "duration": 0.1},
+    {"name": "ctrf::b", "status": "passed", "duration": 0.1},
+]}}).encode()
+JUNIT_A = b'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest"><testcase classname="a" name="one"/></testsuite></testsuites>'
+JUNIT_B = b'<testsuite name="b"><testcase classname="b" name="two"><failure message="nope"/></testcase></testsuite>'
+TAP_A = b"TAP version 13\n1..1\nok 1 - tap a\n"
+TAP_B = b"ok 1 - tap b\nnot ok 2 - tap b2\n1..2\n"
+PYTEST_OUTPUT = (
+    "collected 2 items\n\n"
+    "=========================== short test summary info ============================\n"
+    "PASSED tests/test_outputs.py::test_one\n"
+    "FAILED tests/test_outputs.py::test_two - assert 1 == 2\n"
+    "========================= 1 failed, 1 passed in 0.05s ==========================\n"
+)
+REWARD_JSON = b'{"reward": 1.0}'
+REWARD_TXT = b"1\n"
+
+ALL_FILES = {
+    "ctrf.json": CTRF,
+    "results.xml": JUNIT_A,
+    "results.tap": TAP_A,
+    "reward.json": REWARD_JSON,
+    "reward.txt": REWARD_TXT,
+}
+
+
+def _without(*names):
+    return {k: v for k, v in ALL_FILES.items() if k not in names}
+
+
+@pytest.mark.parametrize(
+    ("files", "output", "exit_code", "format", "source", "names"),
+    [
+        (ALL_FILES, PYTEST_OUTPUT, 1, "ctrf", "ctrf.json", ["ctrf::a", "ctrf::b"]),
+        (_without("ctrf.json"), PYTEST_OUTPUT, 1, "junit", "results.xml", ["a::one"]),
+        (_without("ctrf.json", "results.xml"), PYTEST_OUTPUT, 1, "tap", "results.tap", ["tap a"]),
+        (_without("ctrf.json", "results.xml", "results.tap"), PYTEST_OUTPUT, 1, "pytest", "verifier output",
+         ["tests/test_outputs.py::test_one", "tests/test_outputs.py::test_two"]),
+        (_without("ctrf.json", "results.xml", "results.tap"), "no summary here", 1, "reward-file", "reward.json",
+         ["reward"]),
+        ({"reward.txt": b"0"}, "", 0, "reward-file", "reward.txt", ["reward"]),
+        ({}, "", 3, "exit-code", "exit code", ["exit code"]),
+        ({"notes.log": b"ok 1\n", "ctrf.json.bak": CTRF, "reward.json~": REWARD_JSON}, "", 0, "exit-code",
+         "exit code", ["exit code"]),  # near-miss names are not reports
+        ({"sub/ctrf.json": CTRF, "sub/r.xml": JUNIT_A}, "", 0, "exit-code", "exit code", ["exit code"]),  # not top level
+    ],
+    ids=["ctrf-first", "junit-second", "tap-third", "pytest-fourth", "reward-json-fifth", "reward-txt-sixth",
+         "exit-code-last", "near-miss-names", "nested-paths"],
+)
+def test_priority_order(files, output, exit_code, format, source, names):
+    report = select_report(files, output, exit_code)
+    assert report.error is None
+    assert (report.format, report.source) == (format, source)
+    assert [a.name for a in report.assertions] == names
+
+
+def test_reward_json_beats_a_failing_exit_code_and_reward_txt():
+    report = select_report({"reward.json": b'{"reward": 1}', "reward.txt": b"0"}, "", 1)
+    assert report.source == "reward.json" and report.resolved
+
+
+@pytest.mark.parametrize(
+    ("extension", "first", "second", "names"),
+    [("xml", JUNIT_A, JUNIT_B, ["a::one", "b::two"]), ("tap", TAP_A, TAP_B, ["tap a", "tap b", "tap b2"])],
+)
+def test_multiple_files_are_sorted_by_name_and_aggregated(extension, first, second, names):
+    files = {f"z-second.{extension}": second, f"a-first.{extension}": first}
+    report = select_report(files, "", 0)
+    assert [a.name for a in report.assertions] == names
+    assert report.source == f"a-first.{extension}, z-second.{extension}"
+
+
+def test_one_bad_junit_file_spoils_the_aggregate_and_is_named():
+    report = select_report({"a.xml": JUNIT_A, "b.xml": b"<testsuites><oops"}, "", 0)
+    assert report.format == "junit" and report.assertions == ()
+    assert report.error.startswith("unparseable report b.xml: ")
+
+
+GARBAGE = {
+    "ctrf.json": b'{"results": {"tests": [',
+    "results.xml": b"<testsuites><testcase name='a'>",
+    "results.tap": b"this is not TAP\n",
+    "reward.json": b'{"reward": "yes"}',
+    "reward.txt": b"passed\n",
+}
+FORMATS = {"ctrf.json": "ctrf", "results.xml": "junit", "results.tap": "tap", "reward.json": "reward-file",
+           "reward.txt": "reward-file"}
+ORDER = ["ctrf.json", "results.xml", "results.tap", "reward.json", "reward.txt"]
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_garbage_first_source_does_not_fall_through(name):
+    files = {later: ALL_FILES[later] for later in ORDER[ORDER.index(name) + 1:]}
+    files[name] = GARBAGE[name]
+    # the pytest summary ranks below ctrf/JUnit/TAP (so it must not be fallen through to) and above reward files
+    output = "" if name.startswith("reward") else PYTEST_OUTPUT
+    report = select_report(files, output, 0)
+    assert report.format == FORMATS[name] and report.source == name
+    assert report.assertions == ()
+    assert report.error.startswith(f"unparseable report {name}: ")
+    assert not report.resolved and compute_reward(report) == 0.0
+
+
+def _padded(content: bytes, size: int) -> bytes:
+    """Valid content padded with trailing whitespace to exactly `size` bytes."""
+    return content + b" " * (size - len(content))
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_oversized_file_is_unparseable(name):
+    report = select_report({name: _padded(ALL_FILES[name], 5 * 1024 * 1024)}, "", 0)
+    assert report.format == FORMATS[name] and report.assertions == ()
+    assert report.error == f"unparseable report {name}: 5242880 bytes is over the 4194304-byte limit"
+
+
+def test_file_of_exactly_the_limit_is_parsed():
+    report = select_report({"ctrf.json": _padded(CTRF, MAX_REPORT_BYTES)}, "", 1)
+    assert report.error is None and report.passed == 2
+
+
+BILLION_LAUGHS = b"""<?xml version="1.0"?>
+<!DOCTYPE lolz [<!ENTITY lol "lol"><!ENTITY lol1 "&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;&lol;">
+<!ENTITY lol2 "&lol1;&lol1;&lol1;&lol1;&lol1;&lol1;&lol1;&lol1;&lol1;&lol1;">
+<!ENTITY lol3 "&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;&lol2;">]>
+<testsuites><testcase name="&lol3;"/></testsuites>"""
+XXE = b"""<?xml version="1.0"?><!DOCTYPE t [<!ENTITY x SYSTEM "file:///etc/passwd">]>
+<testsuites><testcase name="&x;"/></testsuites>"""
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("junit.xml", BILLION_LAUGHS, "unsafe XML"),
+        ("junit.xml", XXE, "unsafe XML"),
+        ("junit.xml", b"\xff\xfe<testsuites/>", "invalid XML"),
+        ("ctrf.json", b'{"results": {"tests": [{"name": "a", "status": "pas', "invalid JSON"),
+        ("ctrf.json", b'[{"name": "a", "status": "passed"}]', "expected an object"),
+        ("ctrf.json", b'{"results": {"tests": [{"name": "caf\xe9", "status": "passed"}]}}', "not valid UTF-8"),
+        ("ctrf.json", b"[" * 50_000 + b"]" * 50_000, "nested too deeply"),
+        ("ctrf.json", b'{"results": {"tests": [{"name": ["x"], "status": "passed"}]}}', "name"),
+        ("ctrf.json", None, "not bytes"),
+        ("ctrf.json", 12, "not bytes"),
+        ("reward.json", b'{"reward": NaN}', "NaN"),
+        ("reward.json", b'{"reward": "1.0"}', "expected a number"),
+        ("reward.json", b'{"reward": ' + b"1" * 5000 + b"}", "invalid JSON"),
+        ("reward.json", b"[1.0]", "expected an object"),
+        ("reward.txt", b"nan\n", "not a single number"),
+        ("results.tap", b"\x00\x01\x02", "no TAP"),
+    ],
+)
+def test_fault_cases_become_error_reports(name, content, reason):
+    output = "" if name.startswith("reward") else PYTEST_OUTPUT  # a later source that must be ignored
+    report = select_report({name: content}, output, 0)
+    assert report.assertions == ()
+    assert report.error.startswith(f"unparseable report {name}: ") and reason in report.error
+    assert compute_reward(report) == 0.0
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_random_bytes_never_raise(name):
+    rng = random.Random(20240610)
+    for _ in range(25):
+        content = rng.randbytes(rng.randrange(1, 4096))
+        report = select_report({name: content}, "", 0)
+        assert report.format == FORMATS[name]
+        assert report.error is not None and report.assertions == ()
+
+
+def test_str_and_bytearray_content_are_accepted():
+    assert select_report({"ctrf.json": CTRF.decode()}, "", 1).passed == 2
+    assert select_report({"reward.txt": bytearray(b"1")}, "", 1).resolved
+
+
+def test_bom_prefixed_json_is_accepted():
+    assert select_report({"ctrf.json": b"\xef\xbb\xbf" + CTRF}, "", 1).passed == 2
+
+
+def test_no_source_at_all_is_an_error():
+    report = select_report({}, "", None)
+    assert report.format == "exit-code" and report.binary is True
+    assert report.error == "verifier produced no result"
+    assert [(a.name, a.status) for a in report.assertions] == [("exit code", "failed")]
+    assert compute_reward(report) == 0.0
+
+
+def test_pytest_summary_beats_exit_code_zero():
+    report = select_report({}, PYTEST_OUTPUT, 0)
+    assert report.format == "pytest" and (report.passed, report.failed) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("files", "output", "exit_code"),
+    [([("ctrf.json", CTRF)], "", 0), ({}, None, 0), ({}, b"output", 0), ({}, "", "0"), ({}, "", 1.0), ({}, "", True)],
+)
+def test_wrong_argument_types_raise_value_error(files, output, exit_code):
+    with pytest.raises(ValueError):
+        select_report(files, output, exit_code)

@@ -1,0 +1,50 @@
+"""Turn a verifier's output into a per-assertion report, and that report into a reward.
+
+Everything here is a pure function of its arguments: no files are read, nothing is run.
+
+Which output is graded (`select_report`): the first source present wins, in this order:
+    1. `ctrf.json` (CTRF JSON, e.g. from pytest-json-ctrf or the termgym assertion kit)
+    2. JUnit `*.xml` files, all of them, sorted by name and aggregated
+    3. TAP `*.tap` files, all of them, sorted by name and aggregated
+    4. the pytest `-rA` short test summary in the verifier's output (Terminal-Bench 1 style)
+    5. `reward.json`, then 6. `reward.txt` (Harbor style; binary: reward >= 1.0 passes)
+    7. the verifier's exit code (binary: 0 passes)
+A source that is present but unusable (malformed, unsafe XML, over `MAX_REPORT_BYTES`) gives a
+report with no assertions and `error` set, never a later source and never an exception.
+
+The reward (`compute_reward`): 0.0 for a report with an error; 1.0 or 0.0 for binary reports
+(resolved or not); otherwise `passed / scale` (`DEFAULT_SCALE` = 20), which is not capped at 1
+and is not a pass ratio: each passing assertion is worth 1/scale; skipped ones count neither way.
+"""
+
+from verifiers.parsers import (
+    from_exit_code,
+    parse_ctrf,
+    parse_junit,
+    parse_pytest_summary,
+    parse_reward_json,
+    parse_reward_txt,
+    parse_tap,
+)
+from verifiers.report import Assertion, AssertionReport, ReportFormat, ReportParseError, Status
+from verifiers.reward import DEFAULT_SCALE, compute_reward
+from verifiers.select import MAX_REPORT_BYTES, select_report
+
+__all__ = [
+    "DEFAULT_SCALE",
+    "MAX_REPORT_BYTES",
+    "Assertion",
+    "AssertionReport",
+    "ReportFormat",
+    "ReportParseError",
+    "Status",
+    "compute_reward",
+    "from_exit_code",
+    "parse_ctrf",
+    "parse_junit",
+    "parse_pytest_summary",
+    "parse_reward_json",
+    "parse_reward_txt",
+    "parse_tap",
+    "select_report",
+]
