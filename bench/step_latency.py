@@ -27,7 +27,7 @@ from tests.conftest import write_task  # noqa: E402
 
 
 async def measure_step(task_dir: Path, steps: int) -> float:
-    env = AsyncTerminalEnv(load_task(task_dir), EnvOptions(max_turns=steps + 10))
+    env = AsyncTerminalEnv(load_task(task_dir), EnvOptions(max_turns=steps + 100))
     async with env:
         await env.reset()
         for _ in range(20):

@@ -26,8 +26,9 @@ from termgym.tasks import Task, TaskError, discover_tasks
 from termgym.trial import AGENTS, make_agent, run_trial
 
 INFRA_ERRORS = ("sandbox_error", "build_failed")
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+# Piped output is not wrapped at 80 columns: tables stay one row per line for tools and logs.
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 class UsageError(Exception):
@@ -79,14 +80,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         handler = {"check": cmd_check, "shell": cmd_shell, "run": cmd_run, "list": cmd_list, "demo": cmd_demo, "gc": cmd_gc}
         return asyncio.run(handler[args.command](args))
     except (UsageError, TaskError, ValueError) as exc:
-        err.print(f"termgym: error: {exc}", markup=False)
-        return 2
+        return _fail(2, f"error: {exc}")
     except TermgymError as exc:
-        err.print(f"termgym: {exc.kind}: {exc}", markup=False)
-        return 1
+        return _fail(1, f"{exc.kind}: {exc}")
     except KeyboardInterrupt:
-        err.print("termgym: interrupted", markup=False)
-        return 130
+        return _fail(130, "interrupted")
+
+
+def _fail(code: int, message: str) -> int:
+    """One line on stderr, never wrapped, then the exit code."""
+    print(f"termgym: {' '.join(message.split())}", file=sys.stderr)
+    return code
 
 
 # -- check -------------------------------------------------------------------------------------------

@@ -1,0 +1,5 @@
+import sys
+
+from termgym.cli import main
+
+sys.exit(main())
