@@ -221,12 +221,11 @@ class LocalSandbox(Sandbox):
         try:
             await asyncio.wait_for(_communicate(process, stdin, capture), limit + 5.0)
         except TimeoutError:
-            _kill_tree(process.pid)
-            await process.wait()
-        except BaseException:
-            _kill_tree(process.pid)
-            await process.wait()
-            raise
+            pass  # the in-sandbox timeout failed to end it: killed below
+        finally:
+            if process.returncode is None:
+                _kill_tree(process.pid)
+            await _release(process)
         code = process.returncode
         if self._keeper_pid is None or not _alive(self._keeper_pid):
             raise SandboxError("the sandbox died while a command was running")
@@ -282,13 +281,7 @@ class _LocalChannel(ProcessChannel):
         self.closed = True
         if self._process.returncode is None:
             _kill_tree(self._process.pid)
-        # A background job of the shell may hold the output pipe open for ever; closing the
-        # transport releases our end, so waiting for the exit cannot hang on it.
-        transport = getattr(self._process, "_transport", None)
-        if transport is not None:
-            transport.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._process.wait(), 5.0)
+        await _release(self._process)
 
 
 async def _communicate(process: asyncio.subprocess.Process, stdin: bytes | None, capture: OutputCapture) -> None:
@@ -299,13 +292,43 @@ async def _communicate(process: asyncio.subprocess.Process, stdin: bytes | None,
             await process.stdin.drain()
         process.stdin.close()
 
+    async def drain() -> None:
+        assert process.stdout is not None
+        while chunk := await process.stdout.read(65536):
+            capture.feed(chunk)
+
     feeder = asyncio.create_task(feed()) if stdin is not None else None
-    assert process.stdout is not None
-    while chunk := await process.stdout.read(65536):
-        capture.feed(chunk)
-    if feeder is not None:
-        await feeder
-    await process.wait()
+    reader = asyncio.create_task(drain())
+    try:
+        # Output ends at EOF, or shortly after the process exits when a daemon it started still
+        # holds the pipe open.
+        while not reader.done() and process.returncode is None:
+            await asyncio.wait({reader}, timeout=_POLL_SEC)
+        if not reader.done():
+            await asyncio.wait({reader}, timeout=0.1)
+    finally:
+        for task in (reader, feeder):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+
+_POLL_SEC = 0.005
+
+
+async def _release(process: asyncio.subprocess.Process, timeout: float = 5.0) -> None:
+    """Wait until the process has exited, then close its pipes.
+
+    Not ``process.wait()``: on Python 3.11 that also waits for every pipe to close, which a
+    background job holding the output pipe can delay for ever. Nor closing the transport before the
+    exit is known: that reaps the process behind the child watcher's back."""
+    deadline = time.monotonic() + timeout
+    while process.returncode is None and time.monotonic() < deadline:
+        await asyncio.sleep(_POLL_SEC)
+    transport = getattr(process, "_transport", None)
+    if transport is not None:
+        transport.close()
 
 
 def _kill_tree(pid: int) -> None:
