@@ -17,15 +17,11 @@ The reward (`compute_reward`): 0.0 for a report with an error; 1.0 or 0.0 for bi
 and is not a pass ratio: each passing assertion is worth 1/scale; skipped ones count neither way.
 """
 
-from verifiers.parsers import (
-    from_exit_code,
-    parse_ctrf,
-    parse_junit,
-    parse_pytest_summary,
-    parse_reward_json,
-    parse_reward_txt,
-    parse_tap,
-)
+from verifiers.ctrf import parse_ctrf
+from verifiers.junit import parse_junit
+from verifiers.pytest_summary import parse_pytest_summary
+from verifiers.reward_files import from_exit_code, parse_reward_json, parse_reward_txt
+from verifiers.tap import parse_tap
 from verifiers.report import Assertion, AssertionReport, ReportFormat, ReportParseError, Status
 from verifiers.reward import DEFAULT_SCALE, compute_reward
 from verifiers.select import MAX_REPORT_BYTES, select_report

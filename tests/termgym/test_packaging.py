@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,8 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_wheel_carries_tasks_and_kit_and_they_load(tmp_path):
+    # Build from a copy, so that setuptools' build/ directory never lands in the checkout.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "runs", "build", "*.egg-info", "__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
         check=True, capture_output=True, cwd=tmp_path,
     )  # fmt: skip
     (wheel,) = tmp_path.glob("termgym-*.whl")
