@@ -221,7 +221,11 @@ def make(task: Task | str, backend: str = "local", **options: Any) -> AsyncTermi
     """``termgym.make("path/to/task", backend="local", max_turns=20)``: an AsyncTerminalEnv.
     ``task`` is a Task, a task directory, or a bundled task's name (``file-ops/organize-by-ext``)."""
     resolved = task if isinstance(task, Task) else resolve_task(task)
-    return AsyncTerminalEnv(resolved, EnvOptions(backend=backend, **options))
+    try:
+        env_options = EnvOptions(backend=backend, **options)
+    except TypeError as exc:  # an unknown option name
+        raise ValueError(f"termgym.make: {exc}") from exc
+    return AsyncTerminalEnv(resolved, env_options)
 
 
 def resolve_task(name_or_path: str) -> Task:

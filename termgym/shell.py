@@ -50,7 +50,7 @@ __tg_run() {{
   jobs -p >&{SENTINEL_FD}
   printf '__TG_%s_END\\n' "$1" >&{SENTINEL_FD}
 }}
-printf '__TG_READY %d\\n' "$$" >&{SENTINEL_FD}
+printf '\\n__TG_READY_ %d %s\\n__TG_READY_END\\n' "$$" "$PWD" >&{SENTINEL_FD}
 """
 
 # Kill what the shell runs in the foreground: every descendant of the shell that is not in (or
@@ -184,9 +184,8 @@ class PersistentShell:
         self._channel = await self._sandbox.open_process(
             ["/bin/bash", "--noprofile", "--norc"], env=self._env, cwd=cwd
         )
+        # The bootstrap answers like a command whose "status" is the shell's pid.
         self._frame = _Frame("READY", OutputCapture(4096))
-        self._frame.marker = b"__TG_READY "
-        self._frame.end = b"\n"
         self._reader = asyncio.create_task(self._pump(self._channel))
         self._exited = asyncio.create_task(self._channel.wait())
         await self._channel.write(_BOOTSTRAP.encode())
@@ -194,7 +193,7 @@ class PersistentShell:
             await asyncio.wait_for(self._wait_frame(self._frame), START_TIMEOUT_SEC)
         except TimeoutError as exc:
             raise SandboxError("the shell did not start in time") from exc
-        self.pid = int(self._frame.trailer.strip())
+        self.pid, _, _ = self._frame.parse_trailer()
         self._frame = None
 
     async def run(self, command: str, timeout: float) -> CommandResult:

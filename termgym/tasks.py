@@ -36,6 +36,8 @@ from typing import Literal
 
 import yaml
 
+from termgym.errors import TermgymError
+
 __all__ = [
     "DEFAULT_AGENT_TIMEOUT_SEC",
     "DEFAULT_BUILD_TIMEOUT_SEC",
@@ -61,12 +63,14 @@ _SIZE_FACTOR_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 _HOST_TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
 
 
-class TaskError(ValueError):
+class TaskError(TermgymError, ValueError):
     """A task directory that cannot be loaded.
 
     ``str(error)`` is one line, ``"<offending file or directory>: <problem>"``; ``path`` and
     ``problem`` hold the parts.
     """
+
+    kind = "invalid_task"
 
     def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
         self.path = Path(path)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from termgym.errors import SandboxError
-from termgym.sandboxes.base import DEFAULT_PATH, Sandbox
+from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, tar_of_files
 from termgym.tasks import Task
 from verifiers import MAX_REPORT_BYTES, AssertionReport, compute_reward, select_report
 
@@ -81,8 +81,8 @@ async def verify(task: Task, sandbox: Sandbox, *, reward_scale: int) -> Verifica
     reset = await sandbox.exec(["/bin/sh", "-c", _RESET], timeout=60, cwd="/")
     if reset.exit_code != 0:
         raise SandboxError(f"could not reset /tests and /logs/verifier: {reset.text.strip()[:200]}")
-    await sandbox.upload_files(task.test_files(), "/tests")
-    await sandbox.upload_tar(_kit_archive(), "/tests")
+    kit = (".termgym/assert.sh", assertion_kit(), 0o755)
+    await sandbox.upload_tar(tar_of_files(task.test_files(), [kit]), "/tests")
     script = f"/tests/{task.test_script}"
     await sandbox.exec(["chmod", "+x", script], timeout=30, cwd="/")
     result = await sandbox.exec(
@@ -135,16 +135,3 @@ def parse_report_stream(data: bytes) -> dict[str, bytes]:
         files[name] = data[size_end + 1 : size_end + 1 + size]
         position = size_end + 1 + size
     return files
-
-
-def _kit_archive() -> bytes:
-    import io
-    import tarfile
-
-    kit = assertion_kit()
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        info = tarfile.TarInfo(".termgym/assert.sh")
-        info.size, info.mode = len(kit), 0o755
-        archive.addfile(info, io.BytesIO(kit))
-    return buffer.getvalue()

@@ -1,12 +1,11 @@
 """The sandbox contract every backend implements, and the few helpers built only on that contract.
 
-A sandbox is one isolated machine for one trial. Backends implement six coroutines:
+A sandbox is one isolated machine for one trial. Backends implement five coroutines:
 ``start`` (create and prepare the task's environment), ``stop`` (remove everything; idempotent),
 ``exec`` (run a command to completion with a timeout), ``open_process`` (a long-lived process with
-byte streams, used for the persistent shell), ``kill_agent_processes`` (every process started
-since ``start`` is gone when it returns; the sandbox itself stays usable), and ``interrupt_script``
-support through ``exec``. Files travel as tar archives through ``exec`` (``upload_tar``), so a
-backend with a faster native path overrides it.
+byte streams, used for the persistent shell) and ``kill_agent_processes`` (every process started
+since ``start`` is gone when it returns; the sandbox itself stays usable). Files travel as tar
+archives through ``exec`` (``upload_tar``); a backend with a native path overrides it.
 
 Guarantees callers rely on: every command runs inside the sandbox, never on the host; ``exec``
 never raises for the command's own failure or timeout (that is data in ``ExecResult``) and raises
@@ -140,8 +139,9 @@ class Sandbox(abc.ABC):
         await asyncio.shield(self.stop())
 
 
-def tar_of_files(files: Sequence[tuple[Path, str]]) -> bytes:
-    """A tar archive (in memory) of host files at the given relative paths; dirs added implicitly."""
+def tar_of_files(files: Sequence[tuple[Path, str]], blobs: Sequence[tuple[str, bytes, int]] = ()) -> bytes:
+    """A tar archive (in memory) of host files at the given relative paths, plus in-memory
+    ``(relative path, content, mode)`` blobs; owned by root; parent directories implicit."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         for host_path, relative in files:
@@ -153,6 +153,10 @@ def tar_of_files(files: Sequence[tuple[Path, str]]) -> bytes:
                     archive.addfile(info, handle)
             else:
                 archive.addfile(info)
+        for relative, content, mode in blobs:
+            info = tarfile.TarInfo(relative.lstrip("/"))
+            info.size, info.mode = len(content), mode
+            archive.addfile(info, io.BytesIO(content))
     return buffer.getvalue()
 
 
