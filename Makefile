@@ -1,5 +1,5 @@
 # `make demo` and `make test` each set up everything they need on a fresh machine (scripts/bootstrap.sh).
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup engine demo test test-fast bench clean
 
 VENV_BIN := .venv/bin
 PYTEST_ARGS ?=
@@ -7,17 +7,23 @@ PYTEST_ARGS ?=
 setup:
 	@bash scripts/bootstrap.sh
 
+# The Docker engine (installed and started if needed) and the offline base image, for the docker tests.
+engine: setup
+	@bash scripts/docker-engine.sh
+
 demo: setup
 	$(VENV_BIN)/termgym demo
 
-test: setup
+test: setup engine
 	$(VENV_BIN)/python -m pytest $(PYTEST_ARGS)
 
+# Without the slow tests and without Docker: the embedded backend and the pure logic.
 test-fast: setup
-	$(VENV_BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(VENV_BIN)/python -m pytest -m "not slow and not docker" $(PYTEST_ARGS)
 
-bench: setup
+bench: engine
 	$(VENV_BIN)/python bench/step_latency.py
+	$(VENV_BIN)/python bench/docker_step.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache

@@ -20,8 +20,9 @@ from rich.table import Table
 
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, format_observation, resolve_task
 from termgym.errors import TermgymError
+from termgym.images import load_aliases
 from termgym.records import TrialRecord, append_record
-from termgym.sandboxes import BACKENDS
+from termgym.sandboxes import BACKENDS, preflight
 from termgym.tasks import Task, TaskError, discover_tasks
 from termgym.trial import AGENTS, make_agent, run_trial
 
@@ -46,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def backend_option(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--backend", default="local", choices=BACKENDS, help="sandbox backend (default: local)")
+        sub.add_argument(
+            "--image-alias", action="append", default=[], metavar="NAME=IMAGE",
+            help="build FROM IMAGE where the Dockerfile names NAME and NAME is absent (docker; repeatable)",
+        )  # fmt: skip
 
     check = commands.add_parser("check", help="run one trial of a task and show its assertions")
     check.add_argument("task", help="task directory or bundled task name")
@@ -71,13 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("-n", "--concurrency", type=int, default=2)
     gc = commands.add_parser("gc", help="remove sandboxes left behind by killed runs")
     backend_option(gc)
+    gc.add_argument("--images", action="store_true", help="also remove cached task images (docker)")
+    images = commands.add_parser("images", help="manage the Docker backend's images")
+    images.add_argument("action", choices=["bootstrap"], help="bootstrap: build termgym/base:bookworm with debootstrap")
+    images.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        handler = {"check": cmd_check, "shell": cmd_shell, "run": cmd_run, "list": cmd_list, "demo": cmd_demo, "gc": cmd_gc}
+        handler = {
+            "check": cmd_check, "shell": cmd_shell, "run": cmd_run, "list": cmd_list, "demo": cmd_demo,
+            "gc": cmd_gc, "images": cmd_images,
+        }  # fmt: skip
         return asyncio.run(handler[args.command](args))
     except (UsageError, TaskError, ValueError) as exc:
         return _fail(2, f"error: {exc}")
@@ -98,7 +110,10 @@ def _fail(code: int, message: str) -> int:
 
 async def cmd_check(args: argparse.Namespace) -> int:
     task = resolve_task(args.task)
-    options = EnvOptions(backend=args.backend, run_id=f"check-{uuid.uuid4().hex[:8]}")
+    await asyncio.to_thread(preflight, args.backend)
+    options = EnvOptions(
+        backend=args.backend, run_id=f"check-{uuid.uuid4().hex[:8]}", image_aliases=load_aliases(args.image_alias)
+    )
     record = await run_trial(task, make_agent(args.agent), options)
     if args.json:
         print(record.to_json())
@@ -128,7 +143,11 @@ def print_record(record: TrialRecord) -> None:
 
 async def cmd_shell(args: argparse.Namespace) -> int:
     task = resolve_task(args.task)
-    options = EnvOptions(backend=args.backend, max_turns=args.max_turns, run_id=f"shell-{uuid.uuid4().hex[:8]}")
+    await asyncio.to_thread(preflight, args.backend)
+    options = EnvOptions(
+        backend=args.backend, max_turns=args.max_turns, run_id=f"shell-{uuid.uuid4().hex[:8]}",
+        image_aliases=load_aliases(args.image_alias),
+    )  # fmt: skip
     async with AsyncTerminalEnv(task, options) as env:
         instruction, info = await env.reset()
         out.print(f"[bold]{task.name}[/] ({info['backend']}) · {SUBMIT} verifies · :quit leaves\n")
@@ -217,6 +236,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     if args.attempts < 1:
         raise UsageError(f"--attempts must be at least 1, got {args.attempts}")
     tasks = collect_tasks(args.tasks)
+    await asyncio.to_thread(preflight, args.backend)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     out_dir = args.out or Path("runs") / run_id
     records_path = out_dir / "trials.jsonl"
@@ -287,10 +307,27 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_gc(args: argparse.Namespace) -> int:
+    if args.backend == "docker":
+        from termgym.sandboxes.docker import collect_garbage as docker_gc
+
+        containers, images = await asyncio.to_thread(docker_gc, args.images)
+        out.print(f"removed {containers} leftover docker container(s) and {images} cached task image(s)")
+        return 0
     from termgym.sandboxes.local import collect_garbage
 
     removed = await asyncio.to_thread(collect_garbage)
     out.print(f"removed {removed} leftover {args.backend} sandbox(es)")
+    return 0
+
+
+async def cmd_images(args: argparse.Namespace) -> int:
+    from termgym.images import BASE_IMAGE, bootstrap_base_image
+    from termgym.sandboxes.docker import docker_client
+
+    client = docker_client()
+    err.print(f"building {BASE_IMAGE} with debootstrap (about 20 s) unless it exists", markup=False)
+    built = await asyncio.to_thread(bootstrap_base_image, client, force=args.force)
+    out.print(f"{BASE_IMAGE}: {'built' if built else 'already present'}")
     return 0
 
 

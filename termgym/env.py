@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ class EnvOptions:
     reward_scale: int = DEFAULT_SCALE
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     run_id: str = ""
+    image_aliases: Mapping[str, str] | None = None  # None: built-in and config-file aliases
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -214,7 +215,7 @@ class AsyncTerminalEnv:
 
 
 def _default_factory(task: Task, options: EnvOptions) -> Sandbox:
-    return create_sandbox(options.backend, sandbox_spec(task, run_id=options.run_id))
+    return create_sandbox(options.backend, sandbox_spec(task, run_id=options.run_id, image_aliases=options.image_aliases))
 
 
 def make(task: Task | str, backend: str = "local", **options: Any) -> AsyncTerminalEnv:

@@ -275,6 +275,9 @@ class PersistentShell:
         status = None
         if self._exited is not None and self._exited.done() and not self._exited.cancelled():
             status = self._exited.result()
+        elif self.pid is not None:  # still running (it trapped the interrupt): end it for good
+            with contextlib.suppress(SandboxError):
+                await self._sandbox.exec(["kill", "-KILL", str(self.pid)], timeout=10, env={"PATH": "/usr/bin:/bin"}, cwd="/")
         await self.close()
         await self.start()
         note = "[the shell was restarted; variables and background jobs were lost]"

@@ -72,17 +72,44 @@ def sandbox_processes() -> list[str]:
     return [line for line in result.stdout.splitlines() if "bwrap" in line and "sleep infinity" in line]
 
 
+def termgym_containers() -> list[str]:
+    from termgym.sandboxes.docker import docker_client
+
+    return [c["Id"] for c in docker_client().api.containers(all=True, filters={"label": "termgym=1"})]
+
+
 @pytest.fixture
-def no_leaks(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
-    """Sandboxes go to a private directory; after the test none is left, on disk or running."""
+def no_leaks(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
+    """Sandboxes go to a private directory; after the test none is left, on disk or running (and,
+    for a test on the Docker backend, no labelled container)."""
     root = tmp_path_factory.mktemp("sandboxes")
     monkeypatch.setenv("TERMGYM_SANDBOX_DIR", str(root))
     before = set(sandbox_processes())
+    on_docker = "backend" in request.fixturenames and request.getfixturevalue("backend") == "docker"
+    containers_before = set(termgym_containers()) if on_docker else set()
     yield root
     leaked_dirs = [p.name for p in root.iterdir()]
     leaked_procs = [p for p in sandbox_processes() if p not in before and str(root) in p]
     assert not leaked_dirs, f"sandbox directories left behind: {leaked_dirs}"
     assert not leaked_procs, f"sandbox processes left running: {leaked_procs}"
+    if on_docker:
+        leaked = set(termgym_containers()) - containers_before
+        assert not leaked, f"containers left behind: {leaked}"
+
+
+def require_docker() -> None:
+    """Docker tests fail, never skip, when the engine is missing: make test starts it."""
+    from termgym.sandboxes.docker import docker_client
+
+    docker_client()
+
+
+@pytest.fixture(params=["local", pytest.param("docker", marks=pytest.mark.docker)])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Run the test on the embedded backend and on Docker."""
+    if request.param == "docker":
+        require_docker()
+    return request.param
 
 
 def pids_matching(pattern: str) -> list[int]:

@@ -6,14 +6,18 @@ their SDKs are needed only when used.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from termgym.images import load_aliases
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
 from termgym.tasks import Task
 
-BACKENDS = ("local",)
+BACKENDS = ("local", "docker")
 
 
-def sandbox_spec(task: Task, *, run_id: str) -> SandboxSpec:
-    """The sandbox a task's environment needs, labelled as DESIGN.md says."""
+def sandbox_spec(task: Task, *, run_id: str, image_aliases: Mapping[str, str] | None = None) -> SandboxSpec:
+    """The sandbox a task's environment needs, labelled as DESIGN.md says. ``image_aliases``
+    defaults to the built-in ones plus the config file's (``termgym.images.load_aliases``)."""
     return SandboxSpec(
         name=task.name,
         context_dir=task.environment_dir,
@@ -24,7 +28,22 @@ def sandbox_spec(task: Task, *, run_id: str) -> SandboxSpec:
         env=dict(task.environment_env),
         labels={"termgym": "1", "termgym.run": run_id or "adhoc"},
         build_timeout_sec=task.build_timeout_sec,
+        compose_file=task.compose_file,
+        image_aliases=dict(image_aliases) if image_aliases is not None else load_aliases(),
     )
+
+
+def preflight(backend: str) -> None:
+    """Raise ``BackendUnavailable`` (one line, saying what to do) when ``backend`` cannot work here:
+    a missing binary, a daemon that does not answer, missing credentials."""
+    if backend == "local":
+        from termgym.sandboxes.local import require_tools
+
+        require_tools()
+    elif backend == "docker":
+        from termgym.sandboxes.docker import docker_client
+
+        docker_client()
 
 
 def create_sandbox(backend: str, spec: SandboxSpec) -> Sandbox:
@@ -32,7 +51,11 @@ def create_sandbox(backend: str, spec: SandboxSpec) -> Sandbox:
         from termgym.sandboxes.local import LocalSandbox
 
         return LocalSandbox(spec)
+    if backend == "docker":
+        from termgym.sandboxes.docker import DockerSandbox
+
+        return DockerSandbox(spec)
     raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "ExecResult", "ProcessChannel", "Resources", "Sandbox", "SandboxSpec", "create_sandbox", "sandbox_spec"]
+__all__ = ["BACKENDS", "preflight", "ExecResult", "ProcessChannel", "Resources", "Sandbox", "SandboxSpec", "create_sandbox", "sandbox_spec"]

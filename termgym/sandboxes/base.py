@@ -42,6 +42,8 @@ class SandboxSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     build_timeout_sec: float = 600.0
+    compose_file: Path | None = None
+    image_aliases: Mapping[str, str] = field(default_factory=dict)  # FROM rewrites for offline builds
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,11 @@ def sandbox_root_dir() -> Path:
     return Path(os.environ.get("TERMGYM_SANDBOX_DIR") or Path(tempfile.gettempdir()) / "termgym")
 
 
+def require_tools() -> None:
+    if shutil.which("bwrap") is None or shutil.which("nsenter") is None:
+        raise BackendUnavailable("the embedded backend needs bubblewrap and nsenter: apt-get install bubblewrap util-linux")
+
+
 def writable_roots(plan: EnvironmentPlan | None) -> list[str]:
     """Top-level directories that get a private writable host directory: the fixed set plus every
     top-level path the Dockerfile works in or copies to (``/workspace``, ``/srv``...)."""
@@ -78,10 +83,7 @@ class LocalSandbox(Sandbox):
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        if shutil.which("bwrap") is None or shutil.which("nsenter") is None:
-            raise BackendUnavailable(
-                "the embedded backend needs bubblewrap and nsenter: apt-get install bubblewrap util-linux"
-            )
+        require_tools()
         plan = self._plan()
         self._roots = writable_roots(plan)
         root = sandbox_root_dir()

@@ -17,28 +17,28 @@ from tests.conftest import KIT_SOURCE, pids_matching, write_task
 ALL_PASS_CTRF = '{"results":{"tests":[{"name":"a","status":"passed"},{"name":"b","status":"passed"},{"name":"c","status":"passed"}]}}'
 
 
-async def trial(task_dir, *commands, **options):
-    return await run_trial(load_task(task_dir), ScriptedAgent(tuple(commands)), EnvOptions(**options))
+async def trial(task_dir, backend, *commands, **options):
+    return await run_trial(load_task(task_dir), ScriptedAgent(tuple(commands)), EnvOptions(backend=backend, **options))
 
 
-async def test_output_flood_keeps_memory_bounded(task_dir, no_leaks):
+async def test_output_flood_keeps_memory_bounded(task_dir, backend, no_leaks):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.monotonic()
-    record = await trial(task_dir, "head -c 50000000 /dev/zero | tr '\\0' x", "echo done > /app/result.txt")
+    record = await trial(task_dir, backend, "head -c 50000000 /dev/zero | tr '\\0' x", "echo done > /app/result.txt")
     assert record.resolved and record.error is None and record.turns == 2
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mib < 64, f"harness memory grew {grown_mib:.0f} MiB for 50 MB of output"
     assert time.monotonic() - started < 60
 
 
-async def test_binary_output_does_not_break_the_trial(task_dir, no_leaks):
-    record = await trial(task_dir, "head -c 2000000 /dev/urandom", "printf '\\x00\\xff\\xfe'", "echo done > result.txt")
+async def test_binary_output_does_not_break_the_trial(task_dir, backend, no_leaks):
+    record = await trial(task_dir, backend, "head -c 2000000 /dev/urandom", "printf '\\x00\\xff\\xfe'", "echo done > result.txt")
     assert record.resolved and record.error is None
 
 
-async def test_hang_past_agent_timeout_is_bounded_and_recorded(task_dir, no_leaks):
+async def test_hang_past_agent_timeout_is_bounded_and_recorded(task_dir, backend, no_leaks):
     started = time.monotonic()
-    record = await trial(task_dir, "echo done > result.txt", "sleep 100001", agent_timeout=2.0)
+    record = await trial(task_dir, backend, "echo done > result.txt", "sleep 100001", agent_timeout=2.0)
     elapsed = time.monotonic() - started
     assert record.error and record.error["kind"] == "agent_timeout"
     assert record.resolved  # verified on the state left behind
@@ -46,9 +46,10 @@ async def test_hang_past_agent_timeout_is_bounded_and_recorded(task_dir, no_leak
     assert not pids_matching("sleep 100001")
 
 
-async def test_background_processes_do_not_outlive_the_trial(task_dir, no_leaks):
+async def test_background_processes_do_not_outlive_the_trial(task_dir, backend, no_leaks):
     record = await trial(
         task_dir,
+        backend,
         "sleep 100002 &",
         "(setsid sleep 100003 &)",
         "nohup sleep 100004 >/dev/null 2>&1 &",
@@ -59,9 +60,10 @@ async def test_background_processes_do_not_outlive_the_trial(task_dir, no_leaks)
         assert not pids_matching(f"sleep {marker}"), f"sleep {marker} still running"
 
 
-async def test_planted_reports_do_not_count(task_dir, no_leaks):
+async def test_planted_reports_do_not_count(task_dir, backend, no_leaks):
     record = await trial(
         task_dir,
+        backend,
         f"mkdir -p /logs/verifier && echo '{ALL_PASS_CTRF}' > /logs/verifier/ctrf.json",
         "echo 1 > /logs/verifier/reward.txt",
         "printf '#!/bin/sh\\nexit 0\\n' > /tests/test.sh; chmod +x /tests/test.sh",
@@ -69,14 +71,14 @@ async def test_planted_reports_do_not_count(task_dir, no_leaks):
     assert not record.resolved and record.passed == 0 and record.total == 2
 
 
-async def test_tests_replaced_by_symlink_do_not_count(task_dir, no_leaks):
-    record = await trial(task_dir, "rm -rf /tests/* && mkdir -p /tmp/fake && ln -s /tmp/fake /tests/fake")
+async def test_tests_replaced_by_symlink_do_not_count(task_dir, backend, no_leaks):
+    record = await trial(task_dir, backend, "rm -rf /tests/* && mkdir -p /tmp/fake && ln -s /tmp/fake /tests/fake")
     assert record.total == 2 and not record.resolved
 
 
-async def test_background_rewriter_of_reports_does_not_count(task_dir, no_leaks):
+async def test_background_rewriter_of_reports_does_not_count(task_dir, backend, no_leaks):
     rewriter = f"while true; do mkdir -p /logs/verifier; echo '{ALL_PASS_CTRF}' > /logs/verifier/ctrf.json; sleep 0.01; done"
-    record = await trial(task_dir, f"nohup sh -c \"{rewriter}\" >/dev/null 2>&1 &", "sleep 0.3")
+    record = await trial(task_dir, backend, f"nohup sh -c \"{rewriter}\" >/dev/null 2>&1 &", "sleep 0.3")
     assert record.total == 2 and record.passed == 0 and not record.resolved
 
 
@@ -89,10 +91,10 @@ async def test_background_rewriter_of_reports_does_not_count(task_dir, no_leaks)
         ("#!/bin/sh\nprintf '<?xml version=\"1.0\"?><!DOCTYPE x [<!ENTITY a \"aaaa\">]><x>&a;</x>' > /logs/verifier/r.xml\n", "verifier_error", "unparseable"),
     ],
 )
-async def test_broken_verifiers_give_a_record_not_a_crash(tmp_path, no_leaks, test_sh, kind, fragment):
+async def test_broken_verifiers_give_a_record_not_a_crash(tmp_path, backend, no_leaks, test_sh, kind, fragment):
     task_dir = write_task(tmp_path, test_sh=test_sh, verifier_timeout=2.0)
     started = time.monotonic()
-    record = await run_trial(load_task(task_dir), OracleAgent(), EnvOptions())
+    record = await run_trial(load_task(task_dir), OracleAgent(), EnvOptions(backend=backend))
     assert record.error is not None and record.error["kind"] == kind
     assert fragment in record.error["message"]
     assert record.reward == 0.0 and not record.resolved
@@ -110,7 +112,7 @@ async def test_failed_build_is_a_record_with_the_log(tmp_path, no_leaks):
     assert "building" in record.logs["build"]
 
 
-async def test_verifier_sees_clean_environment(tmp_path, no_leaks):
+async def test_verifier_sees_clean_environment(tmp_path, backend, no_leaks):
     test_sh = textwrap.dedent(f"""\
         #!/bin/sh
         {KIT_SOURCE}
@@ -122,5 +124,5 @@ async def test_verifier_sees_clean_environment(tmp_path, no_leaks):
         """)
     dockerfile = 'FROM debian:bookworm-slim\nENV GREETING="hi there"\nWORKDIR /app\n'
     task_dir = write_task(tmp_path, test_sh=test_sh, dockerfile=dockerfile)
-    record = await trial(task_dir, "export AGENT_SECRET=1; cd /tmp")
+    record = await trial(task_dir, backend, "export AGENT_SECRET=1; cd /tmp")
     assert record.resolved, record.assertions

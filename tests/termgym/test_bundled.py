@@ -1,4 +1,5 @@
-"""Every bundled task is sound: the reference solution resolves it, doing nothing does not."""
+"""Every bundled task is sound on every backend: the reference solution resolves it, doing nothing
+does not."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ def test_there_are_enough_tasks_in_enough_families():
 
 
 @pytest.mark.parametrize("path", TASKS, ids=IDS)
-async def test_oracle_resolves_every_assertion(path, no_leaks):
-    record = await run_trial(load_task(path), OracleAgent(), EnvOptions(run_id="bundled"))
+async def test_oracle_resolves_every_assertion(path, backend, no_leaks):
+    record = await run_trial(load_task(path), OracleAgent(), EnvOptions(backend=backend, run_id="bundled"))
     assert record.error is None, record.error
     assert record.resolved and record.passed == record.total
     assert 3 <= record.total <= 8
@@ -31,8 +32,8 @@ async def test_oracle_resolves_every_assertion(path, no_leaks):
 
 
 @pytest.mark.parametrize("path", TASKS, ids=IDS)
-async def test_null_agent_fails_an_assertion(path, no_leaks):
-    record = await run_trial(load_task(path), NullAgent(), EnvOptions(run_id="bundled"))
+async def test_null_agent_fails_an_assertion(path, backend, no_leaks):
+    record = await run_trial(load_task(path), NullAgent(), EnvOptions(backend=backend, run_id="bundled"))
     assert record.error is None, record.error
     assert not record.resolved and record.passed < record.total
 

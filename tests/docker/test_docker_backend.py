@@ -1,0 +1,197 @@
+"""The Docker backend against the real engine: builds, cache, limits, faults, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from termgym import images
+from termgym.env import SUBMIT, EnvOptions
+from termgym.sandboxes.docker import docker_client
+from termgym.tasks import load_task
+from termgym.trial import OracleAgent, ScriptedAgent, run_trial
+from tests.conftest import KIT_SOURCE, pids_matching, require_docker, termgym_containers, write_task
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(autouse=True)
+def engine():
+    require_docker()
+
+
+@pytest.fixture
+def backend() -> str:
+    return "docker"
+
+
+def unique_dockerfile(extra: str = "") -> str:
+    """A Dockerfile no earlier test has built (a fresh content hash)."""
+    return f"FROM debian:bookworm-slim\nWORKDIR /app\nRUN echo {uuid.uuid4().hex} > /etc/build-id\n{extra}"
+
+
+def termgym_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "termgym", *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+
+
+async def test_failed_build_is_recorded_with_its_log(tmp_path, backend, no_leaks):
+    task = write_task(tmp_path, dockerfile=unique_dockerfile("RUN echo compiling && exit 3\n"))
+    record = await run_trial(load_task(task), OracleAgent(), EnvOptions(backend="docker"))
+    assert record.error["kind"] == "build_failed"
+    assert "compiling" in record.logs["build"]
+    assert "docker build failed" in record.error["message"]
+
+
+def test_missing_base_image_without_alias_is_one_line_exit_1(tmp_path, backend, no_leaks):
+    task = write_task(tmp_path, dockerfile="FROM registry.invalid/nothing:1\nWORKDIR /app\n")
+    result = termgym_cli("check", str(task), "--backend", "docker", "--json")
+    assert result.returncode == 1
+    record = json.loads(result.stdout)
+    assert record["error"]["kind"] == "build_failed"
+    assert "\n" not in record["error"]["message"] and "registry.invalid/nothing:1 is not present" in record["error"]["message"]
+
+
+def test_image_alias_from_the_command_line(tmp_path, backend, no_leaks):
+    task = write_task(tmp_path, dockerfile="FROM myorg/base:7\nWORKDIR /app\n")
+    result = termgym_cli("check", str(task), "--backend", "docker", "--json", "--image-alias", f"myorg/base:7={images.BASE_IMAGE}")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["resolved"]
+
+
+async def test_unchanged_task_never_rebuilds_and_concurrent_trials_build_once(tmp_path, backend, no_leaks, monkeypatch):
+    task = load_task(write_task(tmp_path, dockerfile=unique_dockerfile("RUN sleep 1\n")))
+    builds = []
+    real_build = images._build
+
+    def counting_build(*args, **kwargs):
+        builds.append(args[1])
+        return real_build(*args, **kwargs)
+
+    monkeypatch.setattr(images, "_build", counting_build)
+    records = await asyncio.gather(*(run_trial(task, OracleAgent(), EnvOptions(backend="docker")) for _ in range(4)))
+    assert all(r.resolved for r in records), [r.error for r in records]
+    again = await run_trial(task, OracleAgent(), EnvOptions(backend="docker"))
+    assert again.resolved
+    assert len(builds) == 1 and builds[0].startswith("termgym-task/")
+
+
+async def test_docker_image_field_runs_without_a_dockerfile(tmp_path, backend, no_leaks):
+    task = write_task(tmp_path, solve_sh="#!/bin/bash\nmkdir -p /app && echo done > /app/result.txt\n")
+    (task / "environment" / "Dockerfile").unlink()
+    with open(task / "task.toml", "a") as handle:
+        handle.write(f'docker_image = "{images.BASE_IMAGE}"\n')
+    record = await run_trial(load_task(task), OracleAgent(), EnvOptions(backend="docker"))
+    assert record.resolved, record.error
+
+
+class KillContainerMidway:
+    """Runs one command, has the container killed from outside, then tries another."""
+
+    name = "killer"
+
+    async def run(self, env, instruction, info):
+        await env.step("echo before")
+        docker_client().api.kill(env.sandbox._container)
+        step = await env.step("echo after")
+        return step if env.done else await env.step(SUBMIT)
+
+
+async def test_container_killed_from_outside_is_a_sandbox_error(task_dir, backend, no_leaks):
+    record = await run_trial(load_task(task_dir), KillContainerMidway(), EnvOptions(backend="docker"))
+    assert record.error["kind"] == "sandbox_error"
+    follow_up = await run_trial(load_task(task_dir), OracleAgent(), EnvOptions(backend="docker"))
+    assert follow_up.resolved  # the run goes on
+
+
+def test_daemon_not_running_is_one_line_with_a_hint(task_dir):
+    result = termgym_cli("check", str(task_dir), "--backend", "docker", env={"DOCKER_HOST": "unix:///tmp/no-such-docker.sock"})
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "dockerd" in lines[0] and "Traceback" not in result.stderr
+
+
+LIMITED = '[environment]\ncpus = 1\nmemory_mb = 128\nstorage_mb = 64\nnetwork_mode = "no-network"\n'
+
+
+@pytest.mark.parametrize(
+    ("attack", "survivor_check"),
+    [
+        ("bomb() { bomb | bomb & }; bomb; sleep 5", None),
+        ("head -c 600000000 /dev/zero | tail -c 400000000 > /dev/null", None),
+        ("head -c 200000000 /dev/zero > /app/big; ls -l /app/big", "File size limit"),
+    ],
+    ids=["fork-bomb", "memory-hog", "disk-filler"],
+)
+async def test_resource_attacks_are_contained(tmp_path, backend, no_leaks, attack, survivor_check):
+    task = write_task(tmp_path, agent_timeout=20)
+    toml = (task / "task.toml").read_text().replace('[environment]\nnetwork_mode = "no-network"\n', LIMITED)
+    (task / "task.toml").write_text(toml)
+    started = time.monotonic()
+    record = await run_trial(load_task(task), ScriptedAgent((attack, "echo done > /app/result.txt")), EnvOptions(backend="docker", command_timeout=10))
+    assert time.monotonic() - started < 90
+    assert record.error is None or record.error["kind"] == "agent_timeout", record.error
+    assert record.total == 2  # the verifier ran
+    probe = subprocess.run(["true"], timeout=5)  # the host still answers
+    assert probe.returncode == 0
+
+
+def test_gc_removes_containers_of_a_killed_run(tmp_path, backend):
+    task = write_task(tmp_path, solve_sh="#!/bin/bash\nsleep 120\n")
+    before = set(termgym_containers())
+    process = subprocess.Popen([sys.executable, "-m", "termgym", "run", str(task), "--backend", "docker", "-k", "2", "-n", "2", "--out", str(tmp_path / "run")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while len(set(termgym_containers()) - before) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(set(termgym_containers()) - before) >= 2, "the run never started its containers"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert set(termgym_containers()) - before, "containers vanished by themselves; gc was not exercised"
+    result = termgym_cli("gc", "--backend", "docker")
+    assert result.returncode == 0
+    assert termgym_containers() == [], "labelled containers survived gc"
+    assert not pids_matching("sleep 120")
+
+
+def test_tb1_compose_with_extra_services_is_reported_unsupported(tmp_path, backend):
+    task = tmp_path / "tb1"
+    (task / "tests").mkdir(parents=True)
+    (task / "task.yaml").write_text("instruction: do it\n")
+    (task / "Dockerfile").write_text("FROM debian:bookworm-slim\n")
+    (task / "docker-compose.yaml").write_text("services:\n  client:\n    build: .\n  db:\n    image: postgres:16\n")
+    (task / "run-tests.sh").write_text("#!/bin/bash\nexit 0\n")
+    result = termgym_cli("check", str(task), "--backend", "docker", "--json")
+    record = json.loads(result.stdout)
+    assert result.returncode == 1 and record["error"]["kind"] == "sandbox_error"
+    assert "db" in record["error"]["message"] and "not supported" in record["error"]["message"]
+
+
+async def test_task_needing_network_fails_clearly_without_a_bridge(tmp_path, backend, no_leaks):
+    task = write_task(tmp_path)
+    (task / "task.toml").write_text((task / "task.toml").read_text().replace('network_mode = "no-network"', 'network_mode = "public"'))
+    record = await run_trial(load_task(task), OracleAgent(), EnvOptions(backend="docker"))
+    assert record.error["kind"] == "sandbox_error" and "network" in record.error["message"]
+
+
+async def test_verifier_files_arrive_only_at_verification(tmp_path, backend, no_leaks):
+    test_sh = textwrap.dedent(f"""\
+        #!/bin/sh
+        {KIT_SOURCE}
+        tg_check_sh "agent saw no tests" 'grep -qx empty /app/seen'
+        tg_finish
+        """)
+    task = write_task(tmp_path, test_sh=test_sh)
+    record = await run_trial(load_task(task), ScriptedAgent(('[ -z "$(ls -A /tests 2>/dev/null)" ] && echo empty > /app/seen',)), EnvOptions(backend="docker"))
+    assert record.resolved, record.assertions
