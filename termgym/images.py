@@ -149,6 +149,7 @@ class ImageConfig:
 
 
 _build_locks: dict[str, asyncio.Lock] = {}
+_ready: dict[tuple, ImageConfig] = {}
 
 
 async def ensure_task_image(
@@ -166,6 +167,9 @@ async def ensure_task_image(
             raise EnvironmentBuildError(f"{name}: image {image} is not present and there is no registry; add an alias (--image-alias {image}=IMAGE)")
         return await run(_image_config, client, tag)
     original = dockerfile.read_text(encoding="utf-8", errors="replace")
+    key = (context_digest(context_dir, original), tuple(sorted(aliases.items())))
+    if key in _ready:  # built or found earlier in this process: no engine round trips
+        return _ready[key]
     text = rewrite_from(original, aliases, lambda ref: _image_present(client, ref))
     tag = task_image_tag(name, context_digest(context_dir, text))
     lock = _build_locks.setdefault(tag, asyncio.Lock())
@@ -179,7 +183,8 @@ async def ensure_task_image(
                         f"add an alias (--image-alias {base}=IMAGE) or build it first"
                     )
             await run(_build, client, tag, build_context_tar(context_dir, text), timeout, dockerfile)
-    return await run(_image_config, client, tag)
+        _ready[key] = await run(_image_config, client, tag)
+    return _ready[key]
 
 
 def _image_present(client, ref: str) -> bool:

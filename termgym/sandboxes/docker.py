@@ -37,10 +37,12 @@ from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxS
 PIDS_LIMIT = 512
 START_HINT = "start it with scripts/docker-engine.sh, or as root: dockerd --iptables=false --bridge=none &"
 # Killing every agent process, from inside: every pid but PID 1 (the engine's init, which reaps
-# zombies), the keeper it runs ($1) and this script, until none is left alive. Builtins only, so
-# the script never sees a child of its own; the pids limit keeps a fork bomb finite.
+# zombies), the keeper it runs (its oldest child, first in its children list) and this script,
+# until none is left alive. Builtins only, so the script never sees a child of its own; the pids
+# limit keeps a fork bomb finite.
 KILL_ALL = r"""
-keep=" 1 $1 $$ "
+read -r keeper rest < /proc/1/task/1/children
+keep=" 1 $keeper $$ "
 attempt=0
 while [ $attempt -lt 100 ]; do
   attempt=$((attempt + 1))
@@ -94,7 +96,6 @@ class DockerSandbox(Sandbox):
     def __init__(self, spec: SandboxSpec) -> None:
         super().__init__(spec)
         self._container: str | None = None
-        self._keeper = "0"  # pid of the init's child inside the container
         self._channels: list[_DockerChannel] = []
 
     async def start(self) -> None:
@@ -131,10 +132,7 @@ class DockerSandbox(Sandbox):
             await _run(client.api.start, self._container)
         except Exception as exc:
             raise _mapped(exc, "could not start the container") from exc
-        keeper = await self.exec(["cat", "/proc/1/task/1/children"], timeout=30, cwd="/")
-        if keeper.exit_code != 0 or not keeper.text.split():
-            raise SandboxError(f"the container's init has no keeper process: {keeper.text.strip()[:200]}")
-        self._keeper = keeper.text.split()[0]
+
 
     def _reject_compose_services(self) -> None:
         compose = self.spec.compose_file
@@ -166,7 +164,7 @@ class DockerSandbox(Sandbox):
         capture = OutputCapture(4096)
         try:
             code = await asyncio.wait_for(
-                _run(_exec_blocking, docker_client(), self._require(), ["/bin/sh", "-c", KILL_ALL, "sh", self._keeper], "/", capture),
+                _run(_exec_blocking, docker_client(), self._require(), ["/bin/sh", "-c", KILL_ALL], "/", capture),
                 60,
             )
         except Exception as exc:
