@@ -8,21 +8,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from termgym import simclock
+from termgym.bias import TABLE_COLUMNS, BiasReport, summary_line, table_rows
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, format_observation, resolve_task
 from termgym.errors import TermgymError
 from termgym.images import load_aliases
+from termgym.pacing import Pacer
 from termgym.records import TrialRecord, append_record
-from termgym.sandboxes import BACKENDS, preflight
+from termgym.sandboxes import BACKENDS, close_backends, preflight
+from termgym.sandboxes.simulated import SimulatedAgent, SimulatedBackend
+from termgym.scheduler import MODES, RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes, step_metrics
 from termgym.tasks import Task, TaskError, discover_tasks
 from termgym.trial import AGENTS, make_agent, run_trial
 
@@ -70,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-n", "--concurrency", type=int, default=4)
     run.add_argument("-k", "--attempts", type=int, default=1, help="trials per task")
     run.add_argument("--out", type=Path, default=None, help="run directory (default runs/<time>-<id>)")
+    run.add_argument("--batch", type=int, default=None, help="trials kept per step (default: all of them, in one step)")
+    run.add_argument("--oversample", type=int, default=None, metavar="N", help="trials launched per step (default: batch x 560/512)")
+    run.add_argument("--mode", choices=MODES, default=None, help="what happens to the tail once the batch is full (default: cancel with --batch, else wait)")
+    run.add_argument("--nodes", type=int, default=1, help="rollout nodes (default 1)")
+    run.add_argument("--node-cap", default=None, metavar="C[,C...]", help="trials at once per node, one value or one per node (default: -n)")
+    run.add_argument("--steps", type=int, default=1, help="steps of --batch kept trials (default 1)")
+    run.add_argument("--seed", type=int, default=0, help="task order (with --batch) and simulation seed")
+    run.add_argument("--simulate", action="store_true", help="simulated sandboxes and agent on a virtual clock (latency model)")
 
     commands.add_parser("list", help="list the bundled tasks")
     demo = commands.add_parser("demo", help="check every bundled task with the oracle and the null agent")
@@ -90,13 +105,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             "check": cmd_check, "shell": cmd_shell, "run": cmd_run, "list": cmd_list, "demo": cmd_demo,
             "gc": cmd_gc, "images": cmd_images,
         }  # fmt: skip
-        return asyncio.run(handler[args.command](args))
+        return asyncio.run(_closing_backends(handler[args.command](args)))
     except (UsageError, TaskError, ValueError) as exc:
         return _fail(2, f"error: {exc}")
     except TermgymError as exc:
         return _fail(1, f"{exc.kind}: {exc}")
     except KeyboardInterrupt:
         return _fail(130, "interrupted")
+
+
+async def _closing_backends(command: Coroutine[Any, Any, int]) -> int:
+    """Run a command, then close the backends' shared clients (their HTTP sessions)."""
+    try:
+        return await command
+    finally:
+        await close_backends()
 
 
 def _fail(code: int, message: str) -> int:
@@ -123,7 +146,8 @@ async def cmd_check(args: argparse.Namespace) -> int:
 
 
 def print_record(record: TrialRecord) -> None:
-    table = Table(title=f"{record.task} · agent {record.agent} · backend {record.backend}", title_justify="left")
+    out.print(f"[bold]{record.task}[/] · agent {record.agent} · backend {record.backend}")
+    table = Table()
     table.add_column("assertion")
     table.add_column("result", justify="center")
     for assertion in record.assertions:
@@ -233,18 +257,100 @@ async def run_many(
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
+    """Steps of the rollout scheduler (``termgym.scheduler``). Without ``--batch``: one step in
+    mode wait that keeps every trial (each task ``-k`` times, at most ``-n`` at once)."""
     if args.attempts < 1:
         raise UsageError(f"--attempts must be at least 1, got {args.attempts}")
-    tasks = collect_tasks(args.tasks)
-    await asyncio.to_thread(preflight, args.backend)
+    jobs = [task for task in collect_tasks(args.tasks) for _ in range(args.attempts)]
+    config = run_config(args, len(jobs))
+    if not args.simulate:
+        await asyncio.to_thread(preflight, args.backend)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     out_dir = args.out or Path("runs") / run_id
-    records_path = out_dir / "trials.jsonl"
-    jobs = [(task, args.agent) for task in tasks for _ in range(args.attempts)]
-    records = await run_many(jobs, backend=args.backend, concurrency=args.concurrency, records_path=records_path, run_id=run_id)
+    pool = TaskPool(jobs, shuffle=args.batch is not None, seed=args.seed)
+    schedule = run_steps(args, config, pool, run_id, out_dir)
+    # A simulation runs on its own virtual-time loop, in a thread, so the real clock is not involved.
+    records, run_report, short = await (asyncio.to_thread(simclock.run, schedule) if args.simulate else schedule)
     print_summary(records)
-    err.print(f"records: {records_path}", markup=False)
-    return 1 if any(r.error and r.error["kind"] in INFRA_ERRORS for r in records) else 0
+    print_bias_table(run_report, config.mode, args.steps)
+    err.print(f"records: {out_dir / 'trials.jsonl'} · metrics: {out_dir / 'metrics.jsonl'}", markup=False)
+    return 1 if short else 0
+
+
+def run_config(args: argparse.Namespace, jobs: int) -> SchedulerConfig:
+    for name in ("concurrency", "nodes", "steps"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be at least 1, got {getattr(args, name)}")
+    caps_text = args.node_cap or str(args.concurrency)
+    try:
+        caps = [int(c) for c in caps_text.split(",")]
+    except ValueError:
+        raise UsageError(f"--node-cap takes whole numbers, got {caps_text!r}") from None
+    if len(caps) == 1:
+        caps *= args.nodes
+    if len(caps) != args.nodes or min(caps) < 1:
+        raise UsageError(f"--node-cap needs one cap or {args.nodes} caps (one per node), each at least 1")
+    try:
+        return SchedulerConfig(
+            batch_size=args.batch if args.batch is not None else jobs,
+            launch=args.oversample,
+            mode=args.mode or ("cancel" if args.batch is not None else "wait"),
+            nodes=make_nodes(caps),
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+async def run_steps(
+    args: argparse.Namespace, config: SchedulerConfig, pool: TaskPool, run_id: str, out_dir: Path
+) -> tuple[list[TrialRecord], BiasReport, int]:
+    """Run ``args.steps`` steps; every record goes to ``trials.jsonl`` as soon as its trial is decided,
+    every step's accounting to ``metrics.jsonl``, and a summary line per step to stderr."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pacer = Pacer()
+    if args.simulate:
+        simulated = SimulatedBackend(seed=args.seed)
+        runner = TrialRunner(SimulatedAgent(), simulated.options(run_id), pacer, sandbox_factory=simulated)
+    else:
+        options = EnvOptions(backend=args.backend, run_id=run_id, image_aliases=load_aliases(args.image_alias))
+        runner = TrialRunner(make_agent(args.agent), options, pacer)
+    records: list[TrialRecord] = []
+    short = 0
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
+    ) as progress:
+        bar = progress.add_task("kept", total=config.batch_size)
+
+        def on_record(fate: str, record: TrialRecord) -> None:
+            append_record(out_dir / "trials.jsonl", record)
+            records.append(record)
+            progress.advance(bar, 1 if fate == "kept" else 0)
+
+        async with RolloutScheduler(runner, pool, config, pacer=pacer, on_record=on_record) as scheduler:
+            for _ in range(args.steps):
+                progress.reset(bar, description=f"step {scheduler.steps} kept", total=config.batch_size)
+                result = await scheduler.step()
+                short += result.short
+                with open(out_dir / "metrics.jsonl", "a", encoding="utf-8") as metrics:
+                    metrics.write(json.dumps(step_metrics(result)) + "\n")
+                summary = summary_line(result.step, result.mode, result.families, result.run_families,
+                                       result.wall_seconds, result.lower_bound)  # fmt: skip
+                progress.console.print(summary, markup=False, soft_wrap=True)
+    return records, scheduler.run_families, short
+
+
+def print_bias_table(report: BiasReport, mode: str, steps: int) -> None:
+    """Per family, over the whole run: launched against kept (termgym.bias defines each column)."""
+    table = Table(title=f"straggler bias per family · mode {mode} · {steps} step(s)", title_justify="left")
+    for column in TABLE_COLUMNS:
+        table.add_column(column, justify="left" if column == "family" else "right")
+    for row in table_rows(report):
+        table.add_row(*row)
+    out.print(table)
+    out.print(
+        f"total-variation distance, launched vs kept: {report.tv_distance:.3f}"
+        f" (importance-weighted: {report.tv_distance_weighted:.3f})"
+    )
 
 
 def print_summary(records: Sequence[TrialRecord]) -> None:
@@ -307,6 +413,12 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_gc(args: argparse.Namespace) -> int:
+    if args.backend == "daytona":
+        from termgym.sandboxes.daytona import collect_garbage as daytona_gc
+
+        preflight("daytona")
+        out.print(f"removed {await daytona_gc()} leftover daytona sandbox(es)")
+        return 0
     if args.backend == "docker":
         from termgym.sandboxes.docker import collect_garbage as docker_gc
 
