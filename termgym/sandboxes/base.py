@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from termgym.errors import SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 from termgym.tasks import Resources
 
