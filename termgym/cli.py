@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-k", "--attempts", type=int, default=1, help="trials per task")
     run.add_argument("--out", type=Path, default=None, help="run directory (default runs/<time>-<id>)")
     run.add_argument("--batch", type=int, default=None, help="trials kept per step (default: all of them, in one step)")
-    run.add_argument("--oversample", type=int, default=None, metavar="N", help="trials launched per step (default: batch x 560/512)")
+    run.add_argument("--oversample", type=int, default=None, metavar="N", help="trials launched per step (default: batch x 560/512; wait mode launches the batch)")
     run.add_argument("--mode", choices=MODES, default=None, help="what happens to the tail once the batch is full (default: cancel with --batch, else wait)")
     run.add_argument("--nodes", type=int, default=1, help="rollout nodes (default 1)")
     run.add_argument("--node-cap", default=None, metavar="C[,C...]", help="trials at once per node, one value or one per node (default: -n)")

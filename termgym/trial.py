@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.errors import EnvironmentBuildError, SandboxError
 from termgym.records import TrialRecord
+from termgym.sandboxes.base import Sandbox
 from termgym.tasks import Task
 
 Step = tuple[str, float, bool, bool, dict]
@@ -79,7 +81,9 @@ def make_agent(name: str) -> Agent:
     return AGENTS[name]()
 
 
-async def run_trial(task: Task, agent: Agent, options: EnvOptions) -> TrialRecord:
+async def run_trial(
+    task: Task, agent: Agent, options: EnvOptions, *, sandbox_factory: Callable[[Task, EnvOptions], Sandbox] | None = None
+) -> TrialRecord:
     started = time.monotonic()
     record = TrialRecord(
         task=task.name,
@@ -89,7 +93,7 @@ async def run_trial(task: Task, agent: Agent, options: EnvOptions) -> TrialRecor
         trial_id=uuid.uuid4().hex[:12],
         family=task.family,
     )
-    env = AsyncTerminalEnv(task, options)
+    env = AsyncTerminalEnv(task, options, sandbox_factory=sandbox_factory)
     try:
         async with env:
             instruction, info = await env.reset()

@@ -110,6 +110,33 @@ def test_run_writes_a_record_per_trial(tmp_path, no_leaks):
     by_task = {(r["task"], r["resolved"]) for r in records}
     assert by_task == {("first", True), ("second", False)}
     assert "mean reward" in result.stdout
+    (metrics,) = read_records(out / "metrics.jsonl")  # one step, mode wait, every trial kept
+    assert metrics["mode"] == "wait" and metrics["kept"] == 4 and metrics["families"]["tv_distance"] == 0.0
+    assert "straggler bias per family" in result.stdout and "step 0 · wait · kept 4" in result.stderr
+
+
+def test_run_batches_with_the_scheduler_on_a_simulated_clock(tmp_path):
+    out = tmp_path / "run"
+    result = termgym("run", "envs/", "--simulate", "--batch", "64", "--steps", "2", "--nodes", "2", "--node-cap", "30,40",
+                     "--mode", "carry-over", "--out", str(out), cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    steps = read_records(out / "metrics.jsonl")
+    assert [m["kept"] for m in steps] == [64, 64] and steps[1]["max_staleness"] >= 1
+    assert max(steps[0]["node_peaks"].values()) <= 40 and set(steps[0]["families"]["groups"]) == {"archives", "file-ops", "shell-scripting", "text-processing"}
+    assert steps[1]["run"]["families"]["totals"]["kept"] == 128
+    assert len(read_records(out / "trials.jsonl")) == steps[1]["run"]["families"]["totals"]["launched"]  # carried tail cancelled at the end
+    assert "shell-scripting" in result.stdout and "total-variation distance" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--batch", "0"], ["--batch", "4", "--oversample", "3"], ["--nodes", "2", "--node-cap", "3,4,5"], ["--node-cap", "x"],
+     ["--mode", "drop"], ["--steps", "0"]],
+)  # fmt: skip
+def test_bad_scheduler_options_are_one_line_and_exit_2(task_dir, args):
+    result = termgym("run", str(task_dir), "--simulate", *args)
+    assert result.returncode == 2
+    one_line_error(result)
 
 
 def test_list_shows_bundled_tasks():
