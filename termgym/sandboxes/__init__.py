@@ -6,13 +6,14 @@ their SDKs are needed only when used.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 
 from termgym.images import load_aliases
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
 from termgym.tasks import Task
 
-BACKENDS = ("local", "docker")
+BACKENDS = ("local", "docker", "daytona")
 
 
 def sandbox_spec(task: Task, *, run_id: str, image_aliases: Mapping[str, str] | None = None) -> SandboxSpec:
@@ -44,6 +45,16 @@ def preflight(backend: str) -> None:
         from termgym.sandboxes.docker import docker_client
 
         docker_client()
+    elif backend == "daytona":
+        from termgym.sandboxes.daytona import check_credentials
+
+        check_credentials()
+
+
+async def close_backends() -> None:
+    """Close the clients that backends share across sandboxes (for now, Daytona's), if loaded."""
+    if "termgym.sandboxes.daytona" in sys.modules:
+        await sys.modules["termgym.sandboxes.daytona"].close_providers()
 
 
 def create_sandbox(backend: str, spec: SandboxSpec) -> Sandbox:
@@ -55,7 +66,11 @@ def create_sandbox(backend: str, spec: SandboxSpec) -> Sandbox:
         from termgym.sandboxes.docker import DockerSandbox
 
         return DockerSandbox(spec)
+    if backend == "daytona":
+        from termgym.sandboxes.daytona import DaytonaSandbox
+
+        return DaytonaSandbox(spec)
     raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
 
 
-__all__ = ["BACKENDS", "preflight", "ExecResult", "ProcessChannel", "Resources", "Sandbox", "SandboxSpec", "create_sandbox", "sandbox_spec"]
+__all__ = ["BACKENDS", "close_backends", "preflight", "ExecResult", "ProcessChannel", "Resources", "Sandbox", "SandboxSpec", "create_sandbox", "sandbox_spec"]
