@@ -22,7 +22,7 @@ from rich.table import Table
 
 from termgym import simclock
 from termgym.bias import TABLE_COLUMNS, BiasReport, summary_line, table_rows
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, format_observation, resolve_task
+from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, resolve_task
 from termgym.errors import TermgymError
 from termgym.images import load_aliases
 from termgym.pacing import Pacer

@@ -75,7 +75,7 @@ class AsyncTerminalEnv:
         self.task = task
         self.options = options or EnvOptions()
         self.run_id = self.options.run_id or uuid.uuid4().hex[:12]
-        self._factory = sandbox_factory or _default_factory
+        self._factory = sandbox_factory or default_sandbox_factory
         self.sandbox: Sandbox | None = None
         self._shell: PersistentShell | None = None
         self.turns = 0
@@ -214,7 +214,8 @@ class AsyncTerminalEnv:
         return {"HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", **self.sandbox.env}
 
 
-def _default_factory(task: Task, options: EnvOptions) -> Sandbox:
+def default_sandbox_factory(task: Task, options: EnvOptions) -> Sandbox:
+    """The sandbox ``options.backend`` makes for ``task``, labelled with the run id, with image aliases."""
     return create_sandbox(options.backend, sandbox_spec(task, run_id=options.run_id, image_aliases=options.image_aliases))
 
 

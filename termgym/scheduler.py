@@ -50,7 +50,7 @@ from typing import Generic, Protocol, TypeVar
 
 from termgym import bias
 from termgym.env import AsyncTerminalEnv, EnvOptions
-from termgym.env import _default_factory as backend_sandbox_factory  # the env's own backend choice
+from termgym.env import default_sandbox_factory as backend_sandbox_factory
 from termgym.errors import SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 from termgym.pacing import Pacer
