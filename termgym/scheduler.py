@@ -232,7 +232,8 @@ class _Watched:
 
 
 class PacedSandbox(Sandbox):
-    """A backend's sandbox whose creation first waits for a slot from the shared pacer."""
+    """A backend's sandbox whose creation first waits for a slot from the shared pacer (unless the
+    backend paces its own create attempts, so a create is never paced twice)."""
 
     def __init__(self, inner: Sandbox, pacer: Pacer, progress: TrialProgress) -> None:
         super().__init__(inner.spec)
@@ -240,7 +241,10 @@ class PacedSandbox(Sandbox):
         self._pacer, self._progress = pacer, progress
 
     async def start(self) -> None:
-        self._progress.created_at = await self._pacer.acquire()
+        if self.inner.paces_own_creation:
+            self._progress.created_at = asyncio.get_running_loop().time()
+        else:
+            self._progress.created_at = await self._pacer.acquire()
         await self.inner.start()
         self.env, self.workdir, self.warnings = self.inner.env, self.inner.workdir, self.inner.warnings
 

@@ -82,6 +82,9 @@ class Sandbox(abc.ABC):
     """One isolated machine for one trial. Use with ``async with``."""
 
     backend: str = "?"
+    # True when the backend paces every create attempt (retries included) against its provider's
+    # quota itself, as Daytona does; a scheduler then adds no pacing of its own in front of it.
+    paces_own_creation: bool = False
 
     def __init__(self, spec: SandboxSpec) -> None:
         self.spec = spec

@@ -333,6 +333,7 @@ async def close_providers() -> None:
 
 class DaytonaSandbox(Sandbox):
     backend = "daytona"
+    paces_own_creation = True  # every create attempt, retries included, waits for the provider's pacer
 
     def __init__(self, spec: SandboxSpec, *, provider: DaytonaProvider | None = None) -> None:
         super().__init__(spec)

@@ -12,13 +12,16 @@ from termgym import simclock
 from termgym.errors import SandboxError
 from termgym.pacing import Pacer, Window, max_in_any_window
 from termgym.records import TrialRecord
+from termgym.sandboxes.base import Sandbox, SandboxSpec
 from termgym.scheduler import (
     KeptTrial,
     Node,
     NodePool,
+    PacedSandbox,
     RolloutScheduler,
     SchedulerConfig,
     TaskPool,
+    TrialProgress,
     make_nodes,
     pick_node,
     step_metrics,
@@ -338,3 +341,35 @@ def test_step_metrics_is_json_ready():
 def test_kept_trial_is_what_the_trainer_reads():
     fields = set(KeptTrial.__dataclass_fields__)
     assert {"result", "record", "weight", "policy_version", "staleness"} <= fields
+
+
+class _SelfPacingSandbox(Sandbox):
+    """A backend that paces its own creates (as Daytona does); everything else is unused here."""
+
+    backend = "self-paced"
+    paces_own_creation = True
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None: ...
+
+    async def exec(self, argv, *, timeout, stdin=None, env=None, cwd=None, output_limit=0):
+        raise NotImplementedError
+
+    async def open_process(self, argv, *, env, cwd):
+        raise NotImplementedError
+
+    async def kill_agent_processes(self) -> None: ...
+
+
+@pytest.mark.parametrize(("self_paced", "granted"), [(True, 0), (False, 2)])
+async def test_a_create_is_never_paced_twice(self_paced, granted):
+    pacer = Pacer((Window(5, 60.0),))
+    for _ in range(2):
+        inner = _SelfPacingSandbox(SandboxSpec(name="t", context_dir=None, dockerfile=None))
+        inner.paces_own_creation = self_paced
+        sandbox = PacedSandbox(inner, pacer, TrialProgress())
+        await sandbox.start()
+        assert inner.started
+    assert pacer.granted == granted
