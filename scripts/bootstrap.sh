@@ -27,7 +27,7 @@ fi
 if [ ! -f "$stamp" ]; then
   echo "bootstrap: installing termgym into .venv" >&2
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[test]'
+  .venv/bin/python -m pip install -q -e '.[test,train]'
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

@@ -95,11 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     images = commands.add_parser("images", help="manage the Docker backend's images")
     images.add_argument("action", choices=["bootstrap"], help="bootstrap: build termgym/base:bookworm with debootstrap")
     images.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    # Listed here for --help; main() hands everything after "train" to the trainer's own parser.
+    commands.add_parser("train", help="train an agent with PPO (termgym train --help; needs the train extra)", add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv[:1] == ["train"]:
+            return cmd_train(argv[1:])
         args = build_parser().parse_args(argv)
         handler = {
             "check": cmd_check, "shell": cmd_shell, "run": cmd_run, "list": cmd_list, "demo": cmd_demo,
@@ -112,6 +117,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(1, f"{exc.kind}: {exc}")
     except KeyboardInterrupt:
         return _fail(130, "interrupted")
+
+
+def cmd_train(argv: Sequence[str]) -> int:
+    """``termgym train ...``: the trainer's own command line (trainer/config.py)."""
+    try:
+        from trainer.train import main as train_main
+    except ImportError as exc:
+        raise UsageError(f"the trainer needs the train extra (pip install -e '.[train]'): {exc}") from exc
+    return train_main(argv)
 
 
 async def _closing_backends(command: Coroutine[Any, Any, int]) -> int:

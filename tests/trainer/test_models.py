@@ -1,0 +1,66 @@
+"""The tiny policy, its tokenizer and the critic; the config's command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trainer.config import PRESETS, Config, build_parser, field_docs, parse_config
+from trainer.models import IM_END, SPECIAL_TOKENS, SUBMIT_TOKEN, Critic
+
+
+def test_the_tiny_policy_is_a_normal_local_moe_model_directory(tiny_policy_dir):
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy_dir, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_policy_dir, local_files_only=True)
+    assert model.config.model_type == "qwen3_moe" and model.config.num_experts > model.config.num_experts_per_tok
+    assert 100_000 <= sum(p.numel() for p in model.parameters()) <= 5_000_000
+    assert [tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
+    assert len(tokenizer) == model.config.vocab_size
+
+
+@pytest.mark.parametrize("text", ["ls -la /app && echo done", "find . -name '*.txt' | xargs wc -l", "héllo\tworld\n", "\x00\x7f"])
+def test_the_byte_level_tokenizer_round_trips_any_text(tiny_policy, text):
+    _, tokenizer = tiny_policy
+    assert tokenizer.decode(tokenizer(text, add_special_tokens=False).input_ids) == text
+
+
+def test_shell_words_are_single_tokens_and_markers_are_special(tiny_policy):
+    _, tokenizer = tiny_policy
+    for word in ("grep", " grep", "xargs", " sed", "mkdir"):
+        assert len(tokenizer(word, add_special_tokens=False).input_ids) == 1, word
+    for marker in (IM_END, SUBMIT_TOKEN):
+        assert len(tokenizer(marker, add_special_tokens=False).input_ids) == 1
+        assert len(tokenizer(marker, add_special_tokens=False, split_special_tokens=True).input_ids) > 1
+
+
+def test_the_critic_starts_from_the_policy_weights_with_a_zero_value_head(tiny_policy, tiny_policy_dir):
+    policy, _ = tiny_policy
+    critic = Critic(tiny_policy_dir)
+    backbone = critic.backbone.state_dict()
+    for name, tensor in policy.model.state_dict().items():
+        assert torch.equal(backbone[name], tensor), name
+    ids = torch.tensor([[1, 50, 60, 70]])
+    values = critic(ids, torch.ones_like(ids))
+    assert values.shape == (1, 4) and torch.count_nonzero(values) == 0
+
+
+def test_every_config_field_has_a_docstring_shown_by_help():
+    docs = field_docs(Config)
+    assert set(docs) == {f.name for f in dataclasses.fields(Config)}
+    text = " ".join(build_parser().format_help().split())
+    for doc in docs.values():
+        assert " ".join(doc.split()[:4]) in text
+
+
+def test_preset_then_explicit_flags():
+    cfg = parse_config(["--preset", "tiny", "--steps", "7", "--no-resume", "--tasks", "a", "b"])
+    assert cfg.steps == 7 and cfg.tasks == ("a", "b") and cfg.resume is False
+    assert cfg.actor_lr == PRESETS["tiny"]["actor_lr"]
+    assert parse_config([]).actor_lr == 1e-6 and parse_config([]).critic_lr == 1.5e-5  # the published values
+    with pytest.raises(ValueError, match="invalid int"):
+        parse_config(["--steps", "x"])

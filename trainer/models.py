@@ -1,0 +1,140 @@
+"""Policy, tokenizer and critic: built locally, saved and loaded as ordinary Hugging Face directories.
+
+Guarantees: nothing here touches the network (``HF_HUB_OFFLINE=1`` is set before any load, and every
+load is ``local_files_only`` from a directory); ``build_tiny_policy`` writes a directory that
+``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load like any other;
+the tokenizer is a byte-level BPE, so every byte string has an encoding and decoding never fails.
+Not guaranteed: that the tiny policy does anything useful (it is randomly initialised).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()  # loading a local directory needs no progress bar
+
+IM_START, IM_END, SUBMIT_TOKEN, PAD = "<|im_start|>", "<|im_end|>", "<|submit|>", "<|pad|>"
+SPECIAL_TOKENS = (PAD, IM_START, IM_END, SUBMIT_TOKEN)
+
+# Words a shell agent types, so that they are single tokens even if no bundled task uses them.
+SHELL_VOCABULARY = """
+ls cd pwd cat echo printf grep egrep sed awk sort uniq wc head tail cut tr tee xargs find mkdir rmdir
+rm cp mv ln chmod chown touch tar gzip gunzip zcat bzip2 xz unzip zip diff patch cmp comm join paste
+column basename dirname realpath readlink stat file du df date sleep true false test export unset
+env which type command source bash sh python3 jq sha256sum md5sum base64 od hexdump seq yes nl fold
+if then else elif fi for while until do done case esac function return exit local read set shift
+$HOME /app /tmp /etc /var/log /usr/bin 2>/dev/null > >> < | && || ; $( ) ${ } "$@" -r -f -n -e -v
+-l -a -h -p -type -name -exec -print0 -0 -i -k -t -d -s -c -o --help --version :submit
+"""
+
+
+def corpus_texts(envs_root: Path) -> list[str]:
+    """The bundled tasks' text a tokenizer learns from: instructions, solutions, Dockerfiles and
+    task files (never the verifiers' tests), in a fixed order, plus the shell vocabulary."""
+    texts = []
+    for path in sorted(envs_root.rglob("*")):
+        relative = path.relative_to(envs_root).parts
+        if not path.is_file() or "tests" in relative:  # the verifiers stay unseen
+            continue
+        if path.name in ("instruction.md", "Dockerfile", "task.toml", "task.yaml") or "solution" in relative:
+            try:
+                texts.append(path.read_text(encoding="utf-8"))
+            except UnicodeDecodeError:
+                continue
+    # Repeated so that its words win BPE merges over rarer task text, both mid-line (" grep") and
+    # at the start of a command ("grep").
+    words = SHELL_VOCABULARY.split()
+    return texts + [" ".join(words), "\n".join(words)] * 40
+
+
+def train_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on ``texts``, with the chat special tokens as single ids
+    (``<|pad|>`` is id 0)."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token=PAD, eos_token=IM_END, bos_token=IM_START,
+        additional_special_tokens=[SUBMIT_TOKEN],
+    )  # fmt: skip
+
+
+def tiny_config(vocab_size: int, *, hidden: int = 64, layers: int = 2, experts: int = 4, context: int = 2048) -> Qwen3MoeConfig:
+    """A Qwen3-MoE configuration of a few hundred thousand parameters: every layer sparse, top-2
+    of ``experts`` experts, tied embeddings, no router auxiliary loss."""
+    return Qwen3MoeConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=hidden,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+        num_experts=experts, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
+        max_position_embeddings=context, tie_word_embeddings=True, router_aux_loss_coef=0.0,
+        output_router_logits=False, pad_token_id=0, eos_token_id=2, bos_token_id=1,
+    )  # fmt: skip
+
+
+def build_tiny_policy(out_dir: str | os.PathLike, envs_root: Path | None = None, *, seed: int = 0,
+                      vocab_size: int = 1024, hidden: int = 64, layers: int = 2, experts: int = 4) -> Path:  # fmt: skip
+    """Train the tokenizer, build a randomly initialised tiny Qwen3-MoE policy (``seed``), and save
+    both to ``out_dir`` as a normal model directory. Returns ``out_dir``."""
+    if envs_root is None:
+        from termgym.bundled import bundled_root
+
+        envs_root = Path(bundled_root())
+    tokenizer = train_tokenizer(corpus_texts(envs_root), vocab_size)
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(tiny_config(len(tokenizer), hidden=hidden, layers=layers, experts=experts))
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def load_policy(model_dir: str | os.PathLike) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """A causal LM and its tokenizer from a local directory, in float32 and eval mode."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    for token in (IM_END, SUBMIT_TOKEN):
+        if tokenizer.convert_tokens_to_ids(token) in (None, tokenizer.unk_token_id):
+            raise ValueError(f"{model_dir}: the tokenizer has no {token} token; the trainer needs it")
+    return model.eval(), tokenizer
+
+
+class Critic(nn.Module):
+    """The policy's architecture without its LM head, plus a scalar value head: ``forward(ids,
+    mask)`` gives one value per position (the value of the state after reading that token).
+    Initialised from the policy's weights; the value head starts at zero."""
+
+    def __init__(self, policy_dir: str | os.PathLike) -> None:
+        super().__init__()
+        causal = AutoModelForCausalLM.from_pretrained(policy_dir, local_files_only=True, dtype=torch.float32)
+        self.backbone = causal.model  # the decoder stack, the same weights the policy starts from
+        self.value_head = nn.Linear(causal.config.hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.value_head(hidden).squeeze(-1).clone()  # not a view: FSDP hooks the output

@@ -1,0 +1,307 @@
+"""Rollouts with TITO (token in, token out): the policy drives termgym environments, and the trainer
+later trains on exactly the token ids the sampler produced.
+
+One episode: a chat prompt (system text, then the task's instruction) is tokenized once; the policy
+samples a command token by token until its end-of-turn token (``<|im_end|>``) or its submit marker
+(``<|submit|>``); the command (the sampled ids decoded, special tokens dropped) goes to
+``env.step``; the observation is tokenized on its own, framed as a user turn, and appended. The
+episode ends when the policy submits, the environment's turn budget runs out, or the next tokens
+would not fit in the context (``truncated``; the environment is then submitted, so the verifier
+still grades it). A prompt longer than the context is kept whole and nothing is sampled.
+
+Guarantees (tests/trainer/test_rollout.py checks them by property): ``Trajectory.ids`` is the prompt,
+then for every turn the sampled ids unchanged, then that turn's observation ids; ``loss_mask`` is 1
+exactly on the sampled ids; ``logprobs`` holds the sampler's log-probability of each sampled id (0.0
+elsewhere); text in observations and instructions can never produce a special token. Only
+``retokenize=True`` (a demonstration of what TITO avoids) re-encodes the decoded text, and the
+drift then shows up in ``token_drift``.
+
+Generation is batched across the episodes in flight: ``BatchedSampler.sample`` queues a request and
+one forward pass serves every request queued before the event loop gets to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.env import default_sandbox_factory as backend_sandbox_factory
+from termgym.pacing import Pacer
+from termgym.records import TrialRecord
+from termgym.scheduler import Node, PacedSandbox, TrialProgress
+from termgym.tasks import Task
+from termgym.trial import Step, run_trial
+from trainer.models import IM_END, IM_START, SUBMIT_TOKEN
+
+SYSTEM_PROMPT = (
+    "You operate a Linux shell to complete the user's task. Reply with exactly one shell command per "
+    "turn; you will see its output. When the task is done, reply with <|submit|>."
+)
+
+
+# -- chat framing ----------------------------------------------------------------------------------
+
+
+class ChatFormat:
+    """Token ids of the chat framing. Text is encoded with special tokens split, so no text, however
+    hostile, turns into ``<|im_end|>`` or ``<|submit|>``."""
+
+    def __init__(self, tokenizer, system: str = SYSTEM_PROMPT) -> None:
+        self.tokenizer = tokenizer
+        self.im_start, self.im_end = tokenizer.convert_tokens_to_ids(IM_START), tokenizer.convert_tokens_to_ids(IM_END)
+        self.submit = tokenizer.convert_tokens_to_ids(SUBMIT_TOKEN)
+        self.stop_ids = (self.im_end, self.submit)
+        self.system = system
+
+    def text(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids if text else []
+
+    def prompt(self, instruction: str) -> list[int]:
+        """System turn, user turn with the instruction, then the assistant header."""
+        return (
+            [self.im_start] + self.text(f"system\n{self.system}") + [self.im_end] + self.text("\n")
+            + [self.im_start] + self.text(f"user\n{instruction}") + [self.im_end] + self.text("\n")
+            + [self.im_start] + self.text("assistant\n")
+        )  # fmt: skip
+
+    def observation(self, observation: str, max_tokens: int, *, closed: bool = True) -> list[int]:
+        """A user turn holding the observation (its first ``max_tokens`` tokens), then the next
+        assistant header. It starts with ``<|im_end|>`` when the sampled turn was not ``closed``
+        (it ran out of tokens before its end-of-turn token)."""
+        body = self.text(observation)[:max_tokens]
+        return (
+            ([] if closed else [self.im_end]) + self.text("\n") + [self.im_start] + self.text("user\n") + body + [self.im_end] + self.text("\n")
+            + [self.im_start] + self.text("assistant\n")
+        )  # fmt: skip
+
+    def command(self, sampled: Sequence[int]) -> str:
+        """The shell command a turn's sampled ids spell (special tokens dropped)."""
+        return self.tokenizer.decode([t for t in sampled if t not in self.stop_ids], skip_special_tokens=True)
+
+
+# -- batched sampling ------------------------------------------------------------------------------
+
+
+def next_token_logprobs(model, sequences: Sequence[Sequence[int]], pad_id: int = 0) -> torch.Tensor:
+    """Log-probabilities of the next token after each sequence, ``[len(sequences), vocab]``, in one
+    right-padded forward pass (causal attention: padding after a sequence cannot change it)."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention[row, : len(seq)] = 1
+    last = torch.tensor([len(s) - 1 for s in sequences])
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attention).logits
+    return torch.log_softmax(logits[torch.arange(len(sequences)), last].float(), dim=-1)
+
+
+class BatchedSampler:
+    """The generator: its own copy of the policy's weights (``publish`` replaces them, once per
+    step) and one batched forward per round of next-token requests."""
+
+    def __init__(self, model, *, pad_id: int = 0) -> None:
+        self.model, self.pad_id = model.eval(), pad_id
+        self.version = 0
+        self.forwards = 0  # batched forward passes so far
+        self.requests = 0  # next-token requests served so far
+        self._pending: list[tuple[list[int], torch.Generator, asyncio.Future]] = []
+
+    def publish(self, state_dict: dict, version: int) -> None:
+        """Load the trainer's current weights; trajectories sampled from now on carry ``version``."""
+        self.model.load_state_dict(state_dict)
+        self.version = version
+
+    async def sample(self, ids: Sequence[int], generator: torch.Generator) -> tuple[int, float]:
+        """Sample the next token after ``ids`` with ``generator``; returns ``(token, logprob)``."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._pending.append((list(ids), generator, future))
+        if len(self._pending) == 1:
+            loop.call_soon(self._serve)  # after every coroutine already runnable has queued its request
+        return await future
+
+    def _serve(self) -> None:
+        batch, self._pending = [p for p in self._pending if not p[2].cancelled()], []
+        if not batch:
+            return
+        try:
+            logprobs = next_token_logprobs(self.model, [ids for ids, _, _ in batch], self.pad_id)
+        except Exception as exc:  # a failed forward fails every request in it, never hangs them
+            for _, _, future in batch:
+                future.set_exception(exc)
+            return
+        self.forwards, self.requests = self.forwards + 1, self.requests + len(batch)
+        for row, (_, generator, future) in enumerate(batch):
+            token = int(torch.multinomial(logprobs[row].exp(), 1, generator=generator))
+            future.set_result((token, float(logprobs[row, token])))
+
+
+# -- one episode -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    max_new_tokens: int = 32  # per turn
+    max_context: int = 512  # tokens in the whole episode
+    observation_tokens: int = 64  # per observation
+    retokenize: bool = False  # demonstration only: decode and re-encode the episode (token drift)
+
+
+@dataclass
+class Trajectory:
+    """One episode as the trainer consumes it. Per-token lists are aligned with ``ids``."""
+
+    task: str
+    ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each turn's sampled ids
+    sampled: list[list[int]] = field(default_factory=list)  # each turn's ids as the sampler returned them
+    commands: list[str] = field(default_factory=list)
+    policy_version: int = 0
+    launch: int = 0  # launch order within the step (a deterministic batch order)
+    truncated: bool = False  # ran out of context
+    reward: float = 0.0
+    record: TrialRecord | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def token_drift(trajectory: Trajectory) -> int:
+    """Positions of the loss region whose training id differs from the id the sampler returned
+    (a position past the end of ``ids`` counts as different). Exactly 0 under TITO."""
+    drift = 0
+    for (start, _), sampled in zip(trajectory.turns, trajectory.sampled):
+        for offset, token in enumerate(sampled):
+            position = start + offset
+            drift += position >= len(trajectory.ids) or trajectory.ids[position] != token
+    return drift
+
+
+async def drive_episode(env: AsyncTerminalEnv, instruction: str, sampler: BatchedSampler, chat: ChatFormat,
+                        settings: RolloutSettings, generator: torch.Generator, trajectory: Trajectory) -> Step | None:  # fmt: skip
+    """Run the policy on ``env`` (already reset) until the episode ends, filling ``trajectory``."""
+    prompt = chat.prompt(instruction)
+    trajectory.ids, trajectory.loss_mask, trajectory.logprobs = list(prompt), [0] * len(prompt), [0.0] * len(prompt)
+    step: Step | None = None
+    while not env.done:
+        start, sampled = len(trajectory.ids), []
+        while len(sampled) < settings.max_new_tokens and len(trajectory.ids) < settings.max_context:
+            token, logprob = await sampler.sample(trajectory.ids, generator)
+            trajectory.ids.append(token)
+            trajectory.loss_mask.append(1)
+            trajectory.logprobs.append(logprob)
+            sampled.append(token)
+            if token in chat.stop_ids:
+                break
+        trajectory.turns.append((start, len(trajectory.ids)))
+        trajectory.sampled.append(sampled)
+        command = chat.command(sampled)
+        trajectory.commands.append(command)
+        if chat.submit in sampled:
+            return await env.step(SUBMIT)
+        if len(trajectory.ids) >= settings.max_context:
+            trajectory.truncated = True
+            return await env.step(SUBMIT)
+        step = await env.step(command)
+        if env.done:
+            return step
+        observation = chat.observation(step[0], settings.observation_tokens, closed=chat.im_end in sampled)
+        if len(trajectory.ids) + len(observation) + 1 > settings.max_context:
+            trajectory.truncated = True
+            return await env.step(SUBMIT)
+        trajectory.ids += observation
+        trajectory.loss_mask += [0] * len(observation)
+        trajectory.logprobs += [0.0] * len(observation)
+    return step
+
+
+def retokenized(trajectory: Trajectory, tokenizer) -> Trajectory:
+    """The trajectory as a re-tokenizing trainer would see it: the text decoded and encoded again,
+    the masks kept by position. Used only to show that drift is then non-zero."""
+    text = tokenizer.decode(trajectory.ids, skip_special_tokens=False)
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    n = len(ids)
+    pad = max(n - len(trajectory.ids), 0)
+    return Trajectory(**{
+        **{k: getattr(trajectory, k) for k in trajectory.__dataclass_fields__},
+        "ids": ids, "loss_mask": (trajectory.loss_mask + [0] * pad)[:n], "logprobs": (trajectory.logprobs + [0.0] * pad)[:n],
+    })  # fmt: skip
+
+
+def episode_seed(seed: int, version: int, launch: int) -> int:
+    """A sampling seed per (run seed, policy version, launch index): episodes do not share a random
+    stream, so how requests happen to be batched cannot change what is sampled."""
+    digest = hashlib.sha256(f"{seed}/{version}/{launch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+# -- the scheduler's Runner ------------------------------------------------------------------------
+
+
+@dataclass
+class _PolicyAgent:
+    """termgym's ``Agent`` protocol around the policy, for one trial."""
+
+    runner: PolicyRunner
+    progress: TrialProgress
+    generator: torch.Generator
+    trajectory: Trajectory
+    name: str = "policy"
+
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+        self.progress.env = env
+        r = self.runner
+        return await drive_episode(env, instruction, r.sampler, r.chat, r.settings, self.generator, self.trajectory)
+
+
+class PolicyRunner:
+    """The scheduler's ``Runner`` of trajectories: one trial of ``termgym.trial.run_trial`` with the
+    policy as the agent, every sandbox paced by the shared ``pacer``. Infrastructure faults become
+    the record's error (the scheduler then counts the trial as failed), never an exception."""
+
+    def __init__(self, sampler: BatchedSampler, chat: ChatFormat, options: EnvOptions, pacer: Pacer,
+                 settings: RolloutSettings, *, seed: int = 0,
+                 sandbox_factory: Callable[[Task, EnvOptions], object] | None = None) -> None:  # fmt: skip
+        self.sampler, self.chat, self.options, self.pacer, self.settings = sampler, chat, options, pacer, settings
+        self.seed = seed
+        self.sandbox_factory = sandbox_factory or backend_sandbox_factory
+        self.backend, self.agent_name, self.run_id = options.backend, "policy", options.run_id
+        self._launches: dict[int, int] = {}  # per policy version
+
+    async def run_one(self, task: Task, node: Node, version: int, progress: TrialProgress) -> Trajectory:
+        launch = self._launches.get(version, 0)
+        self._launches[version] = launch + 1
+        generator = torch.Generator().manual_seed(episode_seed(self.seed, version, launch))
+        trajectory = Trajectory(task=task.name, policy_version=version, launch=launch)
+        agent = _PolicyAgent(self, progress, generator, trajectory)
+
+        def paced(task: Task, options: EnvOptions):
+            return PacedSandbox(self.sandbox_factory(task, options), self.pacer, progress)
+
+        record = await run_trial(task, agent, self.options, sandbox_factory=paced)
+        trajectory.record, trajectory.reward = record, record.reward
+        if self.settings.retokenize:
+            trajectory = retokenized(trajectory, self.chat.tokenizer)
+        return trajectory
+
+    def record_of(self, result: Trajectory) -> TrialRecord:
+        assert result.record is not None
+        return result.record
+
+
+def append_trajectories(path: Path, trajectories: Sequence[Trajectory], step: int) -> None:
+    """Append one JSON line per trajectory (with its step) to ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.writelines(json.dumps({"step": step, **json.loads(trajectory.to_json())}) + "\n" for trajectory in trajectories)

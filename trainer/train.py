@@ -1,0 +1,387 @@
+"""PPO for terminal agents, top to bottom (the shape of CleanRL's ppo.py; the arithmetic lives in
+``trainer/ppo.py`` as pure, table-tested functions).
+
+Each step: publish the policy's weights to the generator (version = step), collect a batch of
+trajectories through termgym's ``RolloutScheduler`` (TITO: the sampled ids are trained as they
+are), recompute log-probs under the current weights and token-level values with the critic, run
+GAE over action tokens, whiten the advantages, then several epochs of minibatches of the clipped
+policy loss (skipped during the critic warm-up) and the clipped value loss, each model with its own
+Adam and its own gradient clipping. No KL term. Metrics go to ``metrics.jsonl`` and one line per
+step; a checkpoint (actor, critic, optimizers, step, task-pool draws) lets ``--resume`` continue
+bit-for-bit on CPU.
+
+Multi-process (``torchrun --nproc-per-node N``, gloo on CPU): rank 0 runs the rollouts and
+broadcasts the batch; every rank computes GAE on the whole batch identically, takes its share of
+each minibatch's rows, and gradients are summed across ranks with losses normalised by the
+minibatch's global token count, so N processes compute the same update as one. ``--fsdp`` shards
+both models with FSDP2 instead (FSDP reduces the gradients; checkpoints hold whole tensors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
+
+from termgym.env import EnvOptions, resolve_task
+from termgym.pacing import Pacer
+from termgym.records import append_record
+from termgym.sandboxes import close_backends
+from termgym.scheduler import (
+    KeptTrial,
+    RolloutScheduler,
+    SchedulerConfig,
+    TaskPool,
+    make_nodes,
+    step_metrics,
+)
+from trainer import ppo
+from trainer.config import Config, parse_config
+from trainer.models import Critic, build_tiny_policy, load_policy
+from trainer.rollout import (
+    BatchedSampler,
+    ChatFormat,
+    PolicyRunner,
+    RolloutSettings,
+    Trajectory,
+    append_trajectories,
+    token_drift,
+)
+
+
+class CountingPool(TaskPool):
+    """The scheduler's task pool, counting draws so that a resumed run can replay them."""
+
+    drawn = 0
+
+    def draw(self, n: int) -> list:
+        self.drawn += n
+        return super().draw(n)
+
+
+# -- the batch -------------------------------------------------------------------------------------
+
+
+def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded tensors. Per-token arrays have ``T - 1`` columns, aligned with the *predicted*
+    token ``ids[:, 1:]``: ``mask`` (1 on sampled tokens), ``rollout_logp``, ``rewards`` (the
+    episode's reward on its last sampled token), ``weights`` (the scheduler's per-trial weight)."""
+    width = max(len(t.ids) for t in trajectories)
+    n = len(trajectories)
+    ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention, mask = torch.zeros((n, width), dtype=torch.long), torch.zeros((n, width))
+    rollout_logp, rewards = torch.zeros((n, width)), torch.zeros((n, width))
+    for row, t in enumerate(trajectories):
+        ids[row, : len(t.ids)] = torch.tensor(t.ids)
+        attention[row, : len(t.ids)] = 1
+        mask[row, : len(t.ids)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        rollout_logp[row, : len(t.ids)] = torch.tensor(t.logprobs, dtype=torch.float32)
+        sampled = [i for i, m in enumerate(t.loss_mask) if m]
+        if sampled:
+            rewards[row, sampled[-1]] = t.reward
+    return {
+        "ids": ids, "attention": attention, "mask": mask[:, 1:], "rollout_logp": rollout_logp[:, 1:],
+        "rewards": rewards[:, 1:], "weights": torch.tensor(list(weights), dtype=torch.float32),
+    }  # fmt: skip
+
+
+def forward_logp(policy, ids: torch.Tensor, attention: torch.Tensor, *, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``ids[:, 1:]`` under ``policy``, and the per-position entropy if asked."""
+    logits = policy(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    return ppo.token_logprobs(logits, ids[:, 1:]), ppo.entropy_from_logits(logits) if entropy else None
+
+
+def forward_values(critic, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """The critic's value of the state before each predicted token ``ids[:, 1:]``."""
+    return critic(ids, attention)[:, :-1]
+
+
+# -- one update ------------------------------------------------------------------------------------
+
+
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0 only when sharded
+
+
+def world() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def shard(model: torch.nn.Module, layers: Sequence[torch.nn.Module]) -> None:
+    """FSDP2: each decoder layer, then the rest, sharded over the ranks. Gradients are then
+    reduce-scattered (averaged) by FSDP itself."""
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def sync_gradients(model: torch.nn.Module) -> None:
+    """Sum gradients over ranks (each rank's loss is already scaled to its share of the total).
+    A parameter without a gradient here (an expert no local token was routed to) contributes
+    zeros, so every rank makes the same collective calls. FSDP models reduce their own."""
+    if dist.is_initialized() and not isinstance(model, torch.distributed.fsdp.FSDPModule):
+        for p in model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+
+def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, *, update_policy: bool, step: int) -> dict:
+    """One PPO update on ``batch`` (every rank holds the same batch). Returns its metrics."""
+    b_ids, b_attention, b_mask = batch["ids"], batch["attention"], batch["mask"]
+    with torch.no_grad():
+        b_logp, b_entropy = forward_logp(policy, b_ids, b_attention, entropy=True)
+        b_values = forward_values(critic, b_ids, b_attention) * b_mask
+    b_advantages, b_returns = ppo.masked_gae(batch["rewards"], b_values, b_mask, cfg.gamma, cfg.lam)
+    b_advantages = ppo.whiten(b_advantages, b_mask)
+    metrics = {
+        "explained_variance": ppo.explained_variance(b_returns, b_values, b_mask),
+        "entropy": float(ppo.masked_mean(b_entropy, b_mask)),
+        "logprob_gap": float(ppo.masked_mean((b_logp - batch["rollout_logp"]).abs(), b_mask)),
+    }
+    rank, size = world()
+    order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    b_loss_mask = b_mask * batch["weights"][:, None]  # the scheduler's reweighting, per trajectory
+    losses: dict[str, list[float]] = {"policy_loss": [], "value_loss": [], "clip_fraction": []}
+    for _ in range(cfg.update_epochs):
+        permutation = torch.randperm(len(b_ids), generator=order)
+        for start in range(0, len(b_ids), cfg.minibatch_size):
+            mb = permutation[start : start + cfg.minibatch_size]
+            share = float(b_loss_mask[mb].sum().clamp(min=1.0))  # the minibatch's tokens, all ranks together
+            mine, counted = mb[rank::size], 1.0  # this rank's rows
+            if len(mine) == 0:  # a short last minibatch: run one row that counts for nothing, so
+                mine, counted = mb[:1], 0.0  # every rank still joins the collectives
+            mb_ids, mb_attention, mb_mask = b_ids[mine], b_attention[mine], b_loss_mask[mine] * counted
+            # masked means times this scale sum to the minibatch's global mean (FSDP averages: undo it)
+            scale = float(mb_mask.sum()) / share * (size if cfg.fsdp else 1)
+            if update_policy:
+                actor_opt.zero_grad()
+                mb_logp, _ = forward_logp(policy, mb_ids, mb_attention)
+                pg_loss, clip_fraction = ppo.policy_loss(mb_logp, b_logp[mine], b_advantages[mine], mb_mask, cfg.clip)
+                (pg_loss * scale).backward()
+                if counted:
+                    losses["policy_loss"].append(float(pg_loss.detach()))
+                    losses["clip_fraction"].append(float(clip_fraction))
+                sync_gradients(policy)
+                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+                actor_opt.step()
+            critic_opt.zero_grad()
+            mb_values = forward_values(critic, mb_ids, mb_attention)
+            v_loss = ppo.value_loss(mb_values, b_values[mine], b_returns[mine], mb_mask, cfg.value_clip)
+            (v_loss * scale).backward()
+            if counted:
+                losses["value_loss"].append(float(v_loss.detach()))
+            sync_gradients(critic)
+            torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
+            critic_opt.step()
+    metrics.update({name: (sum(v) / len(v) if v else None) for name, v in losses.items()})
+    return metrics
+
+
+# -- checkpoints -----------------------------------------------------------------------------------
+
+
+def save_checkpoint(out: Path, step: int, drawn: int, policy, critic, actor_opt, critic_opt, skeleton, tokenizer,
+                    cfg: Config) -> None:  # fmt: skip
+    """``checkpoint.pt`` (replaced atomically; whole tensors keyed by parameter name, the same
+    format sharded or not) and ``policy/`` (a normal model directory, written from ``skeleton``,
+    an unsharded copy of the policy). Every rank must call it; rank 0 writes."""
+    state = {
+        "step": step, "drawn": drawn, "config": asdict(cfg),
+        "policy": get_model_state_dict(policy, options=FULL), "critic": get_model_state_dict(critic, options=FULL),
+        "actor_opt": get_optimizer_state_dict(policy, actor_opt, options=FULL),
+        "critic_opt": get_optimizer_state_dict(critic, critic_opt, options=FULL),
+    }  # fmt: skip
+    if world()[0] != 0:
+        return
+    torch.save(state, out / "checkpoint.pt.tmp")
+    os.replace(out / "checkpoint.pt.tmp", out / "checkpoint.pt")
+    skeleton.save_pretrained(out / "policy", state_dict=state["policy"])
+    tokenizer.save_pretrained(out / "policy")
+
+
+# -- the loop --------------------------------------------------------------------------------------
+
+
+def summarise(step: int, kept: Sequence[KeptTrial[Trajectory]], update: dict, result, timings: dict) -> dict:
+    trajectories = [k.result for k in kept]
+    records = [k.record for k in kept]
+    n = max(len(kept), 1)
+    action_tokens = sum(sum(t.loss_mask) for t in trajectories)
+    return {
+        "step": step,
+        "reward": sum(t.reward for t in trajectories) / n,
+        "resolved": sum(r.resolved for r in records) / n,
+        "passed": sum(r.passed for r in records) / n,
+        "turns": sum(r.turns for r in records) / n,
+        "tokens": sum(len(t.ids) for t in trajectories),
+        "action_tokens": action_tokens,
+        "truncated": sum(t.truncated for t in trajectories),
+        "token_drift": sum(token_drift(t) for t in trajectories),
+        "staleness_max": max((k.staleness for k in kept), default=0),
+        "staleness_mean": sum(k.staleness for k in kept) / n,
+        **update,
+        **timings,
+        "update_tokens_per_second": action_tokens / timings["update_seconds"] if timings["update_seconds"] else None,
+        "scheduler": step_metrics(result),
+    }
+
+
+def progress_line(m: dict, steps: int) -> str:
+    ev = m["explained_variance"]
+    return (
+        f"step {m['step'] + 1}/{steps} reward {m['reward']:.3f} resolved {m['resolved']:.2f} passed {m['passed']:.1f} "
+        f"turns {m['turns']:.1f} tokens {m['tokens']} ev {ev:.2f} clip {m['clip_fraction'] or 0:.2f} "
+        f"entropy {m['entropy']:.2f} gap {m['logprob_gap']:.2e} drift {m['token_drift']} "
+        f"stale {m['staleness_max']} ({m['rollout_seconds']:.1f}s rollout, {m['update_seconds']:.1f}s update)"
+    )
+
+
+async def train(cfg: Config) -> dict:
+    """Run ``cfg.steps`` steps (continuing from the checkpoint with ``cfg.resume``); returns the last
+    step's metrics (every rank), or {} when no step ran."""
+    rank, size = world()
+    if cfg.batch_size % size or cfg.minibatch_size % size:
+        raise ValueError(f"batch_size and minibatch_size must be multiples of the {size} processes")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = Path(cfg.model) if cfg.model else out / "init"
+    if not cfg.model and rank == 0 and not (model_dir / "config.json").exists():
+        build_tiny_policy(model_dir, seed=cfg.seed)
+    if size > 1:
+        dist.barrier()
+    policy, tokenizer = load_policy(model_dir)
+    critic = Critic(model_dir)
+    sampler = BatchedSampler(copy.deepcopy(policy), pad_id=tokenizer.pad_token_id)  # unsharded, always
+    pool = CountingPool([resolve_task(name) for name in cfg.tasks] or _bundled_tasks(), shuffle=True, seed=cfg.seed)
+    state = torch.load(out / "checkpoint.pt", weights_only=False) if cfg.resume and (out / "checkpoint.pt").exists() else None
+    if state is not None:
+        policy.load_state_dict(state["policy"])
+        critic.load_state_dict(state["critic"])
+    if cfg.fsdp and size > 1:
+        shard(policy, policy.model.layers)
+        shard(critic, critic.backbone.layers)
+    actor_opt = torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr)
+    critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
+    start = 0
+    if state is not None:
+        loading = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(policy, actor_opt, state["actor_opt"], options=loading)
+        set_optimizer_state_dict(critic, critic_opt, state["critic_opt"], options=loading)
+        pool.draw(state["drawn"])  # the pool's order is a function of its seed and the draws so far
+        start = state["step"]
+    options = EnvOptions(backend=cfg.backend, max_turns=cfg.max_turns, command_timeout=cfg.command_timeout,
+                         run_id=f"train-{out.name}")  # fmt: skip
+    settings = RolloutSettings(cfg.max_new_tokens, cfg.max_context, cfg.observation_tokens, cfg.retokenize)
+    runner = PolicyRunner(sampler, ChatFormat(tokenizer), options, Pacer(), settings, seed=cfg.seed)
+    scheduler_config = SchedulerConfig(batch_size=cfg.batch_size, launch=cfg.launch, mode=cfg.mode,
+                                       nodes=make_nodes([cfg.concurrency]))  # fmt: skip
+    metrics: dict = {}
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=Console(file=sys.stderr), disable=rank != 0)  # fmt: skip
+    steps_bar = progress.add_task("steps", total=cfg.steps, completed=start)
+    trials_bar = progress.add_task("trials", total=cfg.batch_size)
+
+    def on_record(fate: str, record) -> None:
+        append_record(out / "records.jsonl", record)
+        progress.advance(trials_bar, fate == "kept")
+
+    with progress:
+        async with RolloutScheduler(runner, pool, scheduler_config, pacer=Pacer(), on_record=on_record) as scheduler:
+            for step in range(start, cfg.steps):
+                progress.reset(trials_bar, total=cfg.batch_size)
+                # 1. publish the weights, then roll out (rank 0) and share the batch
+                began = time.monotonic()
+                weights = get_model_state_dict(policy, options=FULL)  # a collective when sharded
+                if rank == 0:
+                    sampler.publish(weights, version=step)
+                forwards, requests = sampler.forwards, sampler.requests
+                payload = [None]
+                if rank == 0:
+                    result = await scheduler.step(policy_version=step)
+                    kept = sorted(result.kept, key=lambda k: k.result.launch)  # a batch order that timing cannot change
+                    payload = [(kept, result)]
+                if size > 1:
+                    dist.broadcast_object_list(payload, src=0)
+                kept, result = payload[0]
+                if not kept:
+                    raise RuntimeError(f"step {step}: no trajectory finished (see {out / 'records.jsonl'})")
+                rollout_seconds = time.monotonic() - began
+                # 2. the PPO update (critic only during the warm-up)
+                began = time.monotonic()
+                batch = make_batch([k.result for k in kept], [k.weight for k in kept], tokenizer.pad_token_id)
+                update = ppo_update(policy, critic, actor_opt, critic_opt, batch, cfg,
+                                    update_policy=step >= cfg.critic_warmup_steps, step=step)  # fmt: skip
+                timings = {"rollout_seconds": rollout_seconds, "update_seconds": time.monotonic() - began}
+                # 3. metrics, trajectories, checkpoint
+                metrics = summarise(step, kept, update, result, timings)
+                metrics["warmup"] = step < cfg.critic_warmup_steps
+                served = sampler.forwards - forwards  # rank 0's sampler; other ranks sample nothing
+                metrics["generation_batch_mean"] = (sampler.requests - requests) / served if served else None
+                if rank == 0:
+                    append_trajectories(out / "trajectories.jsonl", [k.result for k in kept], step)
+                    with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
+                        handle.write(json.dumps(metrics) + "\n")
+                    progress.console.print(progress_line(metrics, cfg.steps), highlight=False, soft_wrap=True)
+                    progress.advance(steps_bar)
+                if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+                    save_checkpoint(out, step + 1, pool.drawn, policy, critic, actor_opt, critic_opt, sampler.model,
+                                    tokenizer, cfg)  # fmt: skip
+    return metrics
+
+
+def _bundled_tasks() -> list:
+    from termgym.bundled import bundled_task_paths
+    from termgym.tasks import load_task
+
+    return [load_task(path) for path in bundled_task_paths()]
+
+
+async def _train_then_close(cfg: Config) -> dict:
+    try:
+        return await train(cfg)
+    finally:
+        await close_backends()  # the backends' shared clients (HTTP sessions)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``termgym train`` / ``python -m trainer.train`` / ``torchrun ... -m trainer.train``."""
+    cfg = parse_config(argv)
+    if "RANK" in os.environ and not dist.is_initialized():  # started by torchrun
+        dist.init_process_group("gloo")
+    torch.manual_seed(cfg.seed)
+    try:
+        asyncio.run(_train_then_close(cfg))
+        if dist.is_initialized():
+            dist.barrier()  # no rank tears the group down while another still uses it (not on failure: it would hang)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
