@@ -179,9 +179,11 @@ class LocalSandbox(Sandbox):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         if self._keeper.returncode is None:
+            # os.kill, not Process.kill: that polls first and may reap the exited process behind
+            # the child watcher's back (which then warns "Unknown child process").
             with contextlib.suppress(ProcessLookupError):
-                self._keeper.kill()
-        await self._keeper.wait()
+                os.kill(self._keeper.pid, signal.SIGKILL)
+        await _release(self._keeper)
         self._keeper_pid = None
         self._keeper = None
 
