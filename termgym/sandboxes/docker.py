@@ -158,19 +158,27 @@ class DockerSandbox(Sandbox):
                 await _run(docker_client().api.remove_container, container, force=True)
 
     async def kill_agent_processes(self) -> None:
+        """Kill from inside; if that cannot run (a fork bomb has used up the pids limit, so the
+        engine cannot even start the killer), restart the container: every process goes, the files
+        stay, as on the embedded backend. A container that is gone or stopped is not revived."""
         for channel in self._channels:
             await channel.close()
         self._channels.clear()
+        client, container = docker_client(), self._require()
         capture = OutputCapture(4096)
         try:
             code = await asyncio.wait_for(
-                _run(_exec_blocking, docker_client(), self._require(), ["/bin/sh", "-c", KILL_ALL], "/", capture),
-                60,
+                _run(_exec_blocking, client, container, ["/bin/sh", "-c", KILL_ALL], "/", capture), 60
             )
         except Exception as exc:
             raise _mapped(exc, "could not stop the agent's processes") from exc
-        if code != 0:
-            raise SandboxError(f"could not stop the agent's processes (exit {code}): {capture.text().strip()[:200]}")
+        if code == 0:
+            return
+        try:
+            await _run(client.api.restart, container, timeout=0)
+        except Exception as exc:
+            raise _mapped(exc, f"could not stop the agent's processes (exit {code}: {capture.text().strip()[:150]})") from exc
+        self.warnings.append(f"the agent's processes could not be killed from inside (exit {code}); the container was restarted")
 
     def _require(self) -> str:
         if self._container is None:
