@@ -74,6 +74,8 @@ class Config:
     """under torchrun: shard policy and critic with FSDP2 (fully_shard) instead of replicating them"""
     retokenize: bool = False
     """demonstration only: train on re-tokenized text instead of the sampled ids (token drift > 0)"""
+    routing_replay: bool = True
+    """R3 for MoE policies: the log-prob recompute and the loss forwards use the experts the sampler chose at sampled tokens (prompt and observation tokens route freely); turns the router load-balancing loss off. No effect on a dense policy"""
 
 
 PRESETS: dict[str, dict] = {

@@ -18,6 +18,15 @@ drift then shows up in ``token_drift``.
 
 Generation is batched across the episodes in flight: ``BatchedSampler.sample`` queues a request and
 one forward pass serves every request queued before the event loop gets to it.
+
+Routing (R3, ``trainer/routing.py``): with a mixture-of-experts policy the sampler also records, in
+``Trajectory.routing`` (``[len(ids), layers, top_k]``, int16), the top-k expert ids of every MoE
+layer at each *sampled* position ``p``, taken from the sampler forward that consumed ``ids[p]`` as
+input (the first forward whose input reached position ``p``: the one that sampled ``p + 1``, or for
+a turn's last token the next turn's first forward). That is the routing every later token's
+log-prob depended on. All other rows are ``-1``: prompt and observation positions, and the
+episode's last sampled token, which no forward consumed; in the training forward they take that
+forward's own routing.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -39,6 +49,7 @@ from termgym.scheduler import Node, PacedSandbox, TrialProgress
 from termgym.tasks import Task
 from termgym.trial import Step, run_trial
 from trainer.models import IM_END, IM_START, SUBMIT_TOKEN
+from trainer.routing import NOT_RECORDED, ROUTING_DTYPE, is_moe, record_routing, routing_shape, stack_routing
 
 SYSTEM_PROMPT = (
     "You operate a Linux shell to complete the user's task. Reply with exactly one shell command per "
@@ -89,9 +100,11 @@ class ChatFormat:
 # -- batched sampling ------------------------------------------------------------------------------
 
 
-def next_token_logprobs(model, sequences: Sequence[Sequence[int]], pad_id: int = 0) -> torch.Tensor:
+def next_token_logprobs(model, sequences: Sequence[Sequence[int]], pad_id: int = 0, *,
+                        routing: list | None = None) -> torch.Tensor:  # fmt: skip
     """Log-probabilities of the next token after each sequence, ``[len(sequences), vocab]``, in one
-    right-padded forward pass (causal attention: padding after a sequence cannot change it)."""
+    right-padded forward pass (causal attention: padding after a sequence cannot change it). With a
+    ``routing`` list, it receives that forward's expert ids ``[len(sequences), width, layers, top_k]``."""
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(sequences), width), dtype=torch.long)
@@ -99,8 +112,10 @@ def next_token_logprobs(model, sequences: Sequence[Sequence[int]], pad_id: int =
         ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attention[row, : len(seq)] = 1
     last = torch.tensor([len(s) - 1 for s in sequences])
-    with torch.no_grad():
+    with torch.no_grad(), (record_routing(model) if routing is not None else nullcontext([])) as per_layer:
         logits = model(input_ids=ids, attention_mask=attention).logits
+    if routing is not None:
+        routing.append(stack_routing(per_layer, len(sequences), width))
     return torch.log_softmax(logits[torch.arange(len(sequences)), last].float(), dim=-1)
 
 
@@ -108,12 +123,14 @@ class BatchedSampler:
     """The generator: its own copy of the policy's weights (``publish`` replaces them, once per
     step) and one batched forward per round of next-token requests."""
 
-    def __init__(self, model, *, pad_id: int = 0) -> None:
+    def __init__(self, model, *, pad_id: int = 0, record_routing: bool | None = None) -> None:
         self.model, self.pad_id = model.eval(), pad_id
         self.version = 0
         self.forwards = 0  # batched forward passes so far
         self.requests = 0  # next-token requests served so far
-        self._pending: list[tuple[list[int], torch.Generator, asyncio.Future]] = []
+        self.records_routing = is_moe(model) if record_routing is None else record_routing  # default: MoE policies
+        self.routing_shape = routing_shape(model)  # (MoE layers, top_k)
+        self._pending: list[tuple[list[int], torch.Generator, asyncio.Future, list[int]]] = []
 
     def publish(self, state_dict: dict, version: int) -> None:
         """Load the trainer's current weights; trajectories sampled from now on carry ``version``."""
@@ -122,9 +139,16 @@ class BatchedSampler:
 
     async def sample(self, ids: Sequence[int], generator: torch.Generator) -> tuple[int, float]:
         """Sample the next token after ``ids`` with ``generator``; returns ``(token, logprob)``."""
+        token, logprob, _ = await self.sample_with_routing(ids, generator, ())
+        return token, logprob
+
+    async def sample_with_routing(self, ids: Sequence[int], generator: torch.Generator,
+                                  positions: Sequence[int]) -> tuple[int, float, torch.Tensor | None]:  # fmt: skip
+        """``sample``, plus this forward's routing at ``positions`` of ``ids``
+        (``[len(positions), layers, top_k]``, int16; None when routing is not recorded)."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._pending.append((list(ids), generator, future))
+        self._pending.append((list(ids), generator, future, list(positions)))
         if len(self._pending) == 1:
             loop.call_soon(self._serve)  # after every coroutine already runnable has queued its request
         return await future
@@ -133,16 +157,18 @@ class BatchedSampler:
         batch, self._pending = [p for p in self._pending if not p[2].cancelled()], []
         if not batch:
             return
+        routing: list[torch.Tensor] | None = [] if self.records_routing else None
         try:
-            logprobs = next_token_logprobs(self.model, [ids for ids, _, _ in batch], self.pad_id)
+            logprobs = next_token_logprobs(self.model, [p[0] for p in batch], self.pad_id, routing=routing)
         except Exception as exc:  # a failed forward fails every request in it, never hangs them
-            for _, _, future in batch:
+            for _, _, future, _ in batch:
                 future.set_exception(exc)
             return
         self.forwards, self.requests = self.forwards + 1, self.requests + len(batch)
-        for row, (_, generator, future) in enumerate(batch):
+        for row, (_, generator, future, positions) in enumerate(batch):
             token = int(torch.multinomial(logprobs[row].exp(), 1, generator=generator))
-            future.set_result((token, float(logprobs[row, token])))
+            routed = routing[0][row, positions].clone() if routing else None
+            future.set_result((token, float(logprobs[row, token]), routed))
 
 
 # -- one episode -------------------------------------------------------------------------------------
@@ -172,9 +198,17 @@ class Trajectory:
     truncated: bool = False  # ran out of context
     reward: float = 0.0
     record: TrialRecord | None = None
+    routing: torch.Tensor | None = None  # [len(ids), MoE layers, top_k] int16, -1 where not recorded (module docstring)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        """One JSON object; ``routing`` is null, or one entry per id: null where not recorded, else
+        ``[layers][top_k]`` expert ids."""
+        fields = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "routing"}
+        out = asdict(Trajectory(**fields))  # routing None
+        if self.routing is not None:
+            recorded = (self.routing >= 0).flatten(1).all(1).tolist()
+            out["routing"] = [row if kept else None for row, kept in zip(self.routing.tolist(), recorded)]
+        return json.dumps(out)
 
 
 def token_drift(trajectory: Trajectory) -> int:
@@ -190,14 +224,39 @@ def token_drift(trajectory: Trajectory) -> int:
 
 async def drive_episode(env: AsyncTerminalEnv, instruction: str, sampler: BatchedSampler, chat: ChatFormat,
                         settings: RolloutSettings, generator: torch.Generator, trajectory: Trajectory) -> Step | None:  # fmt: skip
-    """Run the policy on ``env`` (already reset) until the episode ends, filling ``trajectory``."""
+    """Run the policy on ``env`` (already reset) until the episode ends, filling ``trajectory``
+    (and ``trajectory.routing`` when the sampler records routing)."""
+    routed: dict[int, torch.Tensor] | None = {} if getattr(sampler, "records_routing", False) else None
+    try:
+        return await _drive(env, instruction, sampler, chat, settings, generator, trajectory, routed)
+    finally:
+        if routed is not None:
+            layers, top_k = sampler.routing_shape
+            trajectory.routing = torch.full((len(trajectory.ids), layers, top_k), NOT_RECORDED, dtype=ROUTING_DTYPE)
+            for position, row in routed.items():
+                trajectory.routing[position] = row
+
+
+async def _drive(env, instruction: str, sampler, chat: ChatFormat, settings: RolloutSettings,
+                 generator: torch.Generator, trajectory: Trajectory, routed: dict | None) -> Step | None:  # fmt: skip
+    unconsumed: list[int] = []  # sampled positions no sampler forward has read yet
+
+    async def sample() -> tuple[int, float]:
+        if routed is None:
+            return await sampler.sample(trajectory.ids, generator)
+        token, logprob, rows = await sampler.sample_with_routing(trajectory.ids, generator, unconsumed)
+        routed.update(zip(unconsumed, rows))
+        unconsumed.clear()
+        return token, logprob
+
     prompt = chat.prompt(instruction)
     trajectory.ids, trajectory.loss_mask, trajectory.logprobs = list(prompt), [0] * len(prompt), [0.0] * len(prompt)
     step: Step | None = None
     while not env.done:
         start, sampled = len(trajectory.ids), []
         while len(sampled) < settings.max_new_tokens and len(trajectory.ids) < settings.max_context:
-            token, logprob = await sampler.sample(trajectory.ids, generator)
+            token, logprob = await sample()
+            unconsumed.append(len(trajectory.ids))
             trajectory.ids.append(token)
             trajectory.loss_mask.append(1)
             trajectory.logprobs.append(logprob)
@@ -236,6 +295,7 @@ def retokenized(trajectory: Trajectory, tokenizer) -> Trajectory:
     return Trajectory(**{
         **{k: getattr(trajectory, k) for k in trajectory.__dataclass_fields__},
         "ids": ids, "loss_mask": (trajectory.loss_mask + [0] * pad)[:n], "logprobs": (trajectory.logprobs + [0.0] * pad)[:n],
+        "routing": None,  # positions moved: nothing to replay
     })  # fmt: skip
 
 

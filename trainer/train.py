@@ -6,9 +6,11 @@ trajectories through termgym's ``RolloutScheduler`` (TITO: the sampled ids are t
 are), recompute log-probs under the current weights and token-level values with the critic, run
 GAE over action tokens, whiten the advantages, then several epochs of minibatches of the clipped
 policy loss (skipped during the critic warm-up) and the clipped value loss, each model with its own
-Adam and its own gradient clipping. No KL term. Metrics go to ``metrics.jsonl`` and one line per
-step; a checkpoint (actor, critic, optimizers, step, task-pool draws) lets ``--resume`` continue
-bit-for-bit on CPU.
+Adam and its own gradient clipping. No KL term. With an MoE policy and ``routing_replay`` (R3, on by
+default), the log-prob recompute and the policy-loss forwards use the experts the sampler chose at
+the sampled tokens (``trainer/routing.py``), and the router's load-balancing loss is off. Metrics
+go to ``metrics.jsonl`` and one line per step; a checkpoint (actor, critic, optimizers, step,
+task-pool draws) lets ``--resume`` continue bit-for-bit on CPU.
 
 Multi-process (``torchrun --nproc-per-node N``, gloo on CPU): rank 0 runs the rollouts and
 broadcasts the batch; every rank computes GAE on the whole batch identically, takes its share of
@@ -71,6 +73,7 @@ from trainer.rollout import (
     append_trajectories,
     token_drift,
 )
+from trainer.routing import NOT_RECORDED, ROUTING_DTYPE, disable_router_aux_loss, replay_routing
 
 
 class CountingPool(TaskPool):
@@ -89,7 +92,9 @@ class CountingPool(TaskPool):
 def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded tensors. Per-token arrays have ``T - 1`` columns, aligned with the *predicted*
     token ``ids[:, 1:]``: ``mask`` (1 on sampled tokens), ``rollout_logp``, ``rewards`` (the
-    episode's reward on its last sampled token), ``weights`` (the scheduler's per-trial weight)."""
+    episode's reward on its last sampled token), ``weights`` (the scheduler's per-trial weight).
+    ``routing`` is aligned with ``ids`` (``[n, T, layers, top_k]``, -1 where not recorded and on
+    padding), or None when any trajectory has none."""
     width = max(len(t.ids) for t in trajectories)
     n = len(trajectories)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
@@ -103,9 +108,14 @@ def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad
         sampled = [i for i, m in enumerate(t.loss_mask) if m]
         if sampled:
             rewards[row, sampled[-1]] = t.reward
+    routing = None
+    if trajectories and all(t.routing is not None for t in trajectories):
+        routing = torch.full((n, width, *trajectories[0].routing.shape[1:]), NOT_RECORDED, dtype=ROUTING_DTYPE)
+        for row, t in enumerate(trajectories):
+            routing[row, : len(t.ids)] = t.routing
     return {
         "ids": ids, "attention": attention, "mask": mask[:, 1:], "rollout_logp": rollout_logp[:, 1:],
-        "rewards": rewards[:, 1:], "weights": torch.tensor(list(weights), dtype=torch.float32),
+        "rewards": rewards[:, 1:], "weights": torch.tensor(list(weights), dtype=torch.float32), "routing": routing,
     }  # fmt: skip
 
 
@@ -152,8 +162,12 @@ def sync_gradients(model: torch.nn.Module) -> None:
 def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, *, update_policy: bool, step: int) -> dict:
     """One PPO update on ``batch`` (every rank holds the same batch). Returns its metrics."""
     b_ids, b_attention, b_mask = batch["ids"], batch["attention"], batch["mask"]
+    b_routing = batch.get("routing")
+    replay = cfg.routing_replay and b_routing is not None
     with torch.no_grad():
-        b_logp, b_entropy = forward_logp(policy, b_ids, b_attention, entropy=True)
+        # agreement is measured either way; the recorded experts are used only with routing_replay
+        with replay_routing(policy, b_routing, enforce=replay) as routing_stats:
+            b_logp, b_entropy = forward_logp(policy, b_ids, b_attention, entropy=True)
         b_values = forward_values(critic, b_ids, b_attention) * b_mask
     b_advantages, b_returns = ppo.masked_gae(batch["rewards"], b_values, b_mask, cfg.gamma, cfg.lam)
     b_advantages = ppo.whiten(b_advantages, b_mask)
@@ -161,6 +175,8 @@ def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, 
         "explained_variance": ppo.explained_variance(b_returns, b_values, b_mask),
         "entropy": float(ppo.masked_mean(b_entropy, b_mask)),
         "logprob_gap": float(ppo.masked_mean((b_logp - batch["rollout_logp"]).abs(), b_mask)),
+        "routing_replay": replay,
+        "routing_agreement": routing_stats.agreement,  # None: no routing recorded (a dense policy)
     }
     rank, size = world()
     order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
@@ -179,7 +195,8 @@ def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, 
             scale = float(mb_mask.sum()) / share * (size if cfg.fsdp else 1)
             if update_policy:
                 actor_opt.zero_grad()
-                mb_logp, _ = forward_logp(policy, mb_ids, mb_attention)
+                with replay_routing(policy, b_routing[mine] if replay else None):
+                    mb_logp, _ = forward_logp(policy, mb_ids, mb_attention)
                 pg_loss, clip_fraction = ppo.policy_loss(mb_logp, b_logp[mine], b_advantages[mine], mb_mask, cfg.clip)
                 (pg_loss * scale).backward()
                 if counted:
@@ -256,6 +273,7 @@ def progress_line(m: dict, steps: int) -> str:
         f"step {m['step'] + 1}/{steps} reward {m['reward']:.3f} resolved {m['resolved']:.2f} passed {m['passed']:.1f} "
         f"turns {m['turns']:.1f} tokens {m['tokens']} ev {ev:.2f} clip {m['clip_fraction'] or 0:.2f} "
         f"entropy {m['entropy']:.2f} gap {m['logprob_gap']:.2e} drift {m['token_drift']} "
+        + (f"agree {m['routing_agreement']:.3f} " if m.get("routing_agreement") is not None else "") +
         f"stale {m['staleness_max']} ({m['rollout_seconds']:.1f}s rollout, {m['update_seconds']:.1f}s update)"
     )
 
@@ -274,6 +292,8 @@ async def train(cfg: Config) -> dict:
     if size > 1:
         dist.barrier()
     policy, tokenizer = load_policy(model_dir)
+    if cfg.routing_replay:
+        disable_router_aux_loss(policy)  # fixed routing: nothing to balance (and the loss never adds it anyway)
     critic = Critic(model_dir)
     sampler = BatchedSampler(copy.deepcopy(policy), pad_id=tokenizer.pad_token_id)  # unsharded, always
     pool = CountingPool([resolve_task(name) for name in cfg.tasks] or _bundled_tasks(), shuffle=True, seed=cfg.seed)
