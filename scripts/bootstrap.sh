@@ -4,18 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_apt=()
-command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
-command -v nsenter >/dev/null 2>&1 || need_apt+=(util-linux)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "bootstrap: missing ${need_apt[*]}; run: sudo apt-get install -y ${need_apt[*]}" >&2
-    exit 1
-  fi
-  echo "bootstrap: installing ${need_apt[*]} with apt-get" >&2
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
-fi
+. scripts/apt-ensure.sh
+apt_ensure bootstrap bwrap:bubblewrap nsenter:util-linux
 
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3

@@ -5,18 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_apt=()
-command -v dockerd >/dev/null 2>&1 || need_apt+=(docker.io)
-command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  if [ "$(id -u)" -ne 0 ]; then
-    echo "docker-engine: missing ${need_apt[*]}; run: sudo apt-get install -y ${need_apt[*]}" >&2
-    exit 1
-  fi
-  echo "docker-engine: installing ${need_apt[*]} with apt-get" >&2
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
-fi
+. scripts/apt-ensure.sh
+apt_ensure docker-engine dockerd:docker.io debootstrap:debootstrap
 
 socket=/var/run/docker.sock
 answering() { [ -S "$socket" ] && .venv/bin/python -c "import docker; docker.from_env(timeout=5).ping()" >/dev/null 2>&1; }
