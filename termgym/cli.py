@@ -1,4 +1,4 @@
-"""The ``termgym`` command line: check, shell, run, list, demo, gc.
+"""The ``termgym`` command line: check, shell, run, audit, list, demo, gc.
 
 Exit codes: 0 when the trials ran (whatever they scored), 2 for bad usage or an invalid task (one
 line on stderr, no traceback), 1 for an infrastructure failure (the trial's record says which).
@@ -86,6 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, help="task order (with --batch) and simulation seed")
     run.add_argument("--simulate", action="store_true", help="simulated sandboxes and agent on a virtual clock (latency model)")
 
+    audit = commands.add_parser("audit", help="audit tasks: keep only those whose verifiers can be trusted")
+    audit.add_argument("tasks", nargs="+", help="task directories, directories of tasks, or bundled names")
+    backend_option(audit)
+    audit.add_argument("-k", "--k", type=int, default=3, help="oracle runs in fresh sandboxes (default 3)")
+    audit.add_argument("-n", "--concurrency", type=int, default=2, help="tasks audited at once (default 2)")
+    audit.add_argument("--json", action="store_true", help="print the verdicts as JSON on stdout")
+    audit.add_argument("--select", type=Path, default=None, metavar="OUT", help="write the accepted tasks, best first, one per line")
+    audit.add_argument("--min-score", type=float, default=None, help="weighted score a task needs (default 0.5)")
+    audit.add_argument("--judge-url", default=None, help="OpenAI-compatible endpoint for the rubric judge (default: not run)")
+    audit.add_argument("--judge-model", default=None, help="model name for --judge-url")
+    audit.add_argument("--strict", action="store_true", help="exit 1 when any task is rejected")
     commands.add_parser("list", help="list the bundled tasks")
     demo = commands.add_parser("demo", help="check every bundled task with the oracle and the null agent")
     demo.add_argument("-n", "--concurrency", type=int, default=2)
@@ -108,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         handler = {
             "check": cmd_check, "shell": cmd_shell, "run": cmd_run, "list": cmd_list, "demo": cmd_demo,
-            "gc": cmd_gc, "images": cmd_images,
+            "gc": cmd_gc, "images": cmd_images, "audit": cmd_audit,
         }  # fmt: skip
         return asyncio.run(_closing_backends(handler[args.command](args)))
     except (UsageError, TaskError, ValueError) as exc:
@@ -408,6 +419,16 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     out.print(table)
     out.print(f"{healthy}/{len(tasks)} tasks: the oracle resolves them and doing nothing does not · records: {records_path}")
     return 0 if healthy == len(tasks) else 1
+
+
+# -- audit -------------------------------------------------------------------------------------------
+
+
+async def cmd_audit(args: argparse.Namespace) -> int:
+    """Exit 0 when the audit ran, rejects or not (they are in the table); 1 with --strict and a reject."""
+    from termgym.audit_runner import run_audit
+
+    return await run_audit(args, collect_tasks(args.tasks), out)
 
 
 # -- list and gc -------------------------------------------------------------------------------------
