@@ -160,14 +160,32 @@ def test_gc_removes_containers_of_a_killed_run(tmp_path, backend):
     assert len(set(termgym_containers()) - before) >= 2, "the run never started its containers"
     process.send_signal(signal.SIGKILL)
     process.wait()
-    assert set(termgym_containers()) - before, "containers vanished by themselves; gc was not exercised"
+    leftover = set(termgym_containers()) - before
+    assert leftover, "containers vanished by themselves; gc was not exercised"
+    assert processes_of_containers(leftover), "the check below could not see the containers' processes"
     result = termgym_cli("gc", "--backend", "docker")
     assert result.returncode == 0
     assert termgym_containers() == [], "labelled containers survived gc"
-    deadline = time.monotonic() + 10  # removal has returned; give the kernel a moment to reap
-    while pids_matching("sleep 120") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not pids_matching("sleep 120")
+    # No process of the removed containers survives them (found by the container id in its cgroup).
+    deadline = time.monotonic() + 30
+    while (survivors := processes_of_containers(leftover)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not survivors, survivors
+
+
+def processes_of_containers(container_ids: set[str]) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cgroup = open(f"/proc/{pid}/cgroup").read()
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(container_id in cgroup for container_id in container_ids):
+            found.append(f"{pid} {cmdline}")
+    return found
 
 
 def test_tb1_compose_with_extra_services_is_reported_unsupported(tmp_path, backend):
