@@ -83,12 +83,14 @@ def train_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedToken
     )  # fmt: skip
 
 
-def tiny_config(vocab_size: int, *, hidden: int = 64, layers: int = 2, experts: int = 4, context: int = 2048) -> Qwen3MoeConfig:
+def tiny_config(vocab_size: int, *, hidden: int = 64, layers: int = 2, experts: int = 4, context: int = 2048,
+                head_dim: int | None = None) -> Qwen3MoeConfig:  # fmt: skip
     """A Qwen3-MoE configuration of a few hundred thousand parameters: every layer sparse, top-2
-    of ``experts`` experts, tied embeddings, no router auxiliary loss."""
+    of ``experts`` experts, tied embeddings, no router auxiliary loss. ``head_dim`` defaults to
+    ``hidden // 4`` (vLLM's CPU attention needs at least 64)."""
     return Qwen3MoeConfig(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=hidden,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim or hidden // 4,
         num_experts=experts, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
         max_position_embeddings=context, tie_word_embeddings=True, router_aux_loss_coef=0.0,
         output_router_logits=False, pad_token_id=0, eos_token_id=2, bos_token_id=1,

@@ -137,12 +137,13 @@ class BatchedSampler:
         self.model.load_state_dict(state_dict)
         self.version = version
 
-    async def sample(self, ids: Sequence[int], generator: torch.Generator) -> tuple[int, float]:
-        """Sample the next token after ``ids`` with ``generator``; returns ``(token, logprob)``."""
+    async def sample(self, ids: Sequence[int], generator: torch.Generator | None) -> tuple[int, float]:
+        """Sample the next token after ``ids`` with ``generator`` (None: greedy, the most likely
+        token); returns ``(token, logprob)``."""
         token, logprob, _ = await self.sample_with_routing(ids, generator, ())
         return token, logprob
 
-    async def sample_with_routing(self, ids: Sequence[int], generator: torch.Generator,
+    async def sample_with_routing(self, ids: Sequence[int], generator: torch.Generator | None,
                                   positions: Sequence[int]) -> tuple[int, float, torch.Tensor | None]:  # fmt: skip
         """``sample``, plus this forward's routing at ``positions`` of ``ids``
         (``[len(positions), layers, top_k]``, int16; None when routing is not recorded)."""
@@ -166,7 +167,10 @@ class BatchedSampler:
             return
         self.forwards, self.requests = self.forwards + 1, self.requests + len(batch)
         for row, (_, generator, future, positions) in enumerate(batch):
-            token = int(torch.multinomial(logprobs[row].exp(), 1, generator=generator))
+            if generator is None:
+                token = int(logprobs[row].argmax())
+            else:
+                token = int(torch.multinomial(logprobs[row].exp(), 1, generator=generator))
             routed = routing[0][row, positions].clone() if routing else None
             future.set_result((token, float(logprobs[row, token]), routed))
 
