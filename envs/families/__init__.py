@@ -1,0 +1,38 @@
+"""Parametric task families for the training pool and the held-out set (issue 8).
+
+Each family is a module with a pure generator ``make(rng, names) -> TaskSpec``: one instruction
+template, a reference solution whose every command is copied from the instruction by a fixed
+pattern, and 3 to 6 shell assertions that give partial credit step by step. Names and words are
+drawn fresh for every task from a name space partitioned by hash between the splits
+(``names.split_of``), so held-out parameters never occur in training, whatever the seeds.
+
+``generate_split`` writes a split as task directories; ``reference_commands`` reads a task's
+reference commands back. This package holds no task directory itself.
+"""
+
+from __future__ import annotations
+
+from termgym.envs.families import copy_file, dir_and_file, dir_file_copy, make_dir, two_files, write_file
+from termgym.envs.families.names import NamePool, split_of
+from termgym.envs.families.spec import TaskSpec
+from termgym.envs.families.split import FAMILIES, HELDOUT_ONLY, TRAIN_FAMILIES, generate_split, make_task
+from termgym.envs.families.writer import reference_commands, write_task
+
+__all__ = [
+    "FAMILIES",
+    "HELDOUT_ONLY",
+    "TRAIN_FAMILIES",
+    "NamePool",
+    "TaskSpec",
+    "copy_file",
+    "dir_and_file",
+    "dir_file_copy",
+    "generate_split",
+    "make_dir",
+    "make_task",
+    "reference_commands",
+    "split_of",
+    "two_files",
+    "write_file",
+    "write_task",
+]

@@ -1,0 +1,31 @@
+"""``dir-and-file`` (2 turns): ``mkdir /app/DIR`` then ``echo WORD > /app/DIR/NAME.txt``."""
+
+from __future__ import annotations
+
+import random
+
+from termgym.envs.families.names import NamePool
+from termgym.envs.families.spec import TaskSpec, holds_exactly, is_dir, is_file, nothing_else
+
+FAMILY = "dir-and-file"
+
+
+def make(rng: random.Random, names: NamePool) -> TaskSpec:
+    """Five assertions; doing nothing passes only "nothing else in /app", the first command
+    passes two more, both commands all five."""
+    directory, name, word = names.draw(rng, 3)
+    folder, path = f"/app/{directory}", f"/app/{directory}/{name}.txt"
+    return TaskSpec(
+        name=f"{FAMILY}-{directory}",
+        family=FAMILY,
+        instruction=f"Create the directory {folder}, then create the file {path} containing the word {word}.",
+        commands=(f"mkdir {folder}", f"echo {word} > {path}"),
+        assertions=(
+            (f"{folder} is a directory", is_dir(folder)),
+            (f"{folder} holds nothing but {name}.txt", f'{is_dir(folder)} && [ -z "$(ls -A {folder} | grep -vxF {name}.txt)" ]'),
+            (f"{path} exists", is_file(path)),
+            (f"{path} holds exactly {word}", holds_exactly(path, word)),
+            (f"nothing but {folder} and its file in /app", nothing_else((folder, path))),
+        ),
+        params=(directory, name, word),
+    )

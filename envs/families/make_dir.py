@@ -1,0 +1,29 @@
+"""``make-dir`` (1 turn): create the directory /app/DIR → ``mkdir /app/DIR``."""
+
+from __future__ import annotations
+
+import random
+
+from termgym.envs.families.names import NamePool
+from termgym.envs.families.spec import TaskSpec, is_dir, nothing_else
+
+FAMILY = "make-dir"
+
+
+def make(rng: random.Random, names: NamePool) -> TaskSpec:
+    """Four assertions; only "nothing else in /app" passes for doing nothing."""
+    (name,) = names.draw(rng, 1)
+    path = f"/app/{name}"
+    return TaskSpec(
+        name=f"{FAMILY}-{name}",
+        family=FAMILY,
+        instruction=f"Create the directory {path}.",
+        commands=(f"mkdir {path}",),
+        assertions=(
+            (f"{path} exists", f"[ -e {path} ]"),
+            (f"{path} is a directory", is_dir(path)),
+            (f"{path} is empty", f'{is_dir(path)} && [ -z "$(ls -A {path})" ]'),
+            (f"nothing but {path} in /app", nothing_else((path,))),
+        ),
+        params=(name,),
+    )

@@ -1,0 +1,66 @@
+"""The task specification every family generator returns, and the shell snippets they share.
+
+A ``TaskSpec`` is plain data: nothing in it touches the disk (``termgym.envs.families.writer``
+turns one into a task directory). Its guarantees, which every generator keeps:
+
+- ``commands`` is the reference solution, one shell command per agent turn, and each command is
+  built from words that appear literally in ``instruction`` by a fixed pattern of its family;
+- ``files`` are the environment's initial files, ``(absolute path, content)``, all under ``/app``;
+- ``assertions`` are ``(description, POSIX sh snippet)``, 3 to 6 of them; each snippet exits 0
+  when its requirement holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIN_ASSERTIONS, MAX_ASSERTIONS = 3, 6
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One generated task (see the module docstring for what every generator guarantees)."""
+
+    name: str
+    family: str
+    instruction: str
+    commands: tuple[str, ...]
+    files: tuple[tuple[str, str], ...] = ()
+    assertions: tuple[tuple[str, str], ...] = ()
+    params: tuple[str, ...] = ()  # every drawn name and word, for the disjointness checks
+
+    def __post_init__(self) -> None:
+        if not self.commands or any("\n" in c or not c.strip() for c in self.commands):
+            raise ValueError(f"{self.name}: commands must be non-empty single lines")
+        if not MIN_ASSERTIONS <= len(self.assertions) <= MAX_ASSERTIONS:
+            raise ValueError(f"{self.name}: {len(self.assertions)} assertions, need {MIN_ASSERTIONS} to {MAX_ASSERTIONS}")
+        for path, _ in self.files:
+            if not path.startswith("/app/"):
+                raise ValueError(f"{self.name}: initial file {path!r} is not under /app")
+
+
+# -- check snippets (POSIX sh); paths are generated lowercase names, safe to embed unquoted --------
+
+
+def is_file(path: str) -> str:
+    return f"[ -f {path} ]"
+
+
+def is_dir(path: str) -> str:
+    return f"[ -d {path} ]"
+
+
+def holds_exactly(path: str, word: str) -> str:
+    """The file's content is ``word`` (trailing newlines are tolerated, nothing else is)."""
+    return f'[ -f {path} ] && [ "$(cat {path})" = "{word}" ]'
+
+
+def mentions(path: str, word: str) -> str:
+    """The file contains ``word`` as a whole word somewhere (partial credit for near misses)."""
+    return f"[ -f {path} ] && grep -qw -- {word} {path}"
+
+
+def nothing_else(allowed: tuple[str, ...]) -> str:
+    """Nothing exists under /app but ``allowed`` (absolute paths): passes for an untouched /app."""
+    keep = " ".join(f"-e {p}" for p in allowed)
+    return f'[ -z "$(find /app -mindepth 1 | grep -vxF {keep})" ]'

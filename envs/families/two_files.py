@@ -1,0 +1,32 @@
+"""``two-files`` (2 turns, held out: never in training): ``echo W1 > /app/A.txt`` then
+``echo W2 > /app/B.txt``. Its instruction template is unseen in training; its skill (the
+``write-file`` command, twice) is not."""
+
+from __future__ import annotations
+
+import random
+
+from termgym.envs.families.names import NamePool
+from termgym.envs.families.spec import TaskSpec, holds_exactly, is_file, nothing_else
+
+FAMILY = "two-files"
+
+
+def make(rng: random.Random, names: NamePool) -> TaskSpec:
+    """Five assertions; doing nothing passes only "nothing else in /app", the first command two more."""
+    first, second, word1, word2 = names.draw(rng, 4)
+    a, b = f"/app/{first}.txt", f"/app/{second}.txt"
+    return TaskSpec(
+        name=f"{FAMILY}-{first}",
+        family=FAMILY,
+        instruction=f"Create {a} containing the word {word1} and {b} containing the word {word2}.",
+        commands=(f"echo {word1} > {a}", f"echo {word2} > {b}"),
+        assertions=(
+            (f"{a} exists", is_file(a)),
+            (f"{a} holds exactly {word1}", holds_exactly(a, word1)),
+            (f"{b} exists", is_file(b)),
+            (f"{b} holds exactly {word2}", holds_exactly(b, word2)),
+            (f"nothing but {a} and {b} in /app", nothing_else((a, b))),
+        ),
+        params=(first, second, word1, word2),
+    )

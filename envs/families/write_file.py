@@ -1,0 +1,29 @@
+"""``write-file`` (1 turn): create /app/NAME.txt holding WORD → ``echo WORD > /app/NAME.txt``."""
+
+from __future__ import annotations
+
+import random
+
+from termgym.envs.families.names import NamePool
+from termgym.envs.families.spec import TaskSpec, holds_exactly, is_file, mentions, nothing_else
+
+FAMILY = "write-file"
+
+
+def make(rng: random.Random, names: NamePool) -> TaskSpec:
+    """Four assertions; only "nothing else in /app" passes for doing nothing."""
+    name, word = names.draw(rng, 2)
+    path = f"/app/{name}.txt"
+    return TaskSpec(
+        name=f"{FAMILY}-{name}",
+        family=FAMILY,
+        instruction=f"Create the file {path} containing the word {word}.",
+        commands=(f"echo {word} > {path}",),
+        assertions=(
+            (f"{path} exists", is_file(path)),
+            (f"{path} contains the word {word}", mentions(path, word)),
+            (f"{path} holds exactly {word}", holds_exactly(path, word)),
+            (f"nothing but {path} in /app", nothing_else((path,))),
+        ),
+        params=(name, word),
+    )
