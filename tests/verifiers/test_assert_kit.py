@@ -1,0 +1,206 @@
+"""The POSIX-sh assertion kit (verifiers/kit/assert.sh), run on this machine's shells.
+
+Checks what its header promises: every name and message, whatever its bytes, ends up as valid
+UTF-8 JSON that the CTRF parser reads back; the report is valid after every assertion, so a verifier
+killed half-way leaves a report of what it checked; tg_finish's exit status; nothing left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from verifiers import select_report
+from verifiers.ctrf import parse_ctrf
+
+KIT = Path(__file__).resolve().parents[2] / "verifiers" / "kit" / "assert.sh"
+# dash is /bin/sh in the Debian images; bash runs the kit when a test.sh says #!/bin/bash.
+SHELLS = [name for name in ("dash", "bash") if shutil.which(name)] or ["sh"]
+
+
+def run_kit(shell: str, tmp_path: Path, body: str, env: dict[bytes, bytes] | None = None):
+    """Run `body` after sourcing the kit, as a verifier would (LANG=C.UTF-8); returns the process
+    and the report path."""
+    script = tmp_path / "test.sh"
+    script.write_text(f'. "$TERMGYM_ASSERT"\n{body}')
+    report = tmp_path / "logs" / "verifier" / "ctrf.json"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    environ = {
+        b"PATH": os.environb.get(b"PATH", b"/usr/bin:/bin"),
+        b"LANG": b"C.UTF-8",
+        b"TERMGYM_ASSERT": bytes(KIT),
+        b"TG_REPORT": bytes(report),
+        b"TMPDIR": bytes(tmp),
+        **(env or {}),
+    }
+    proc = subprocess.run([shell, str(script)], env=environ, capture_output=True, timeout=60, cwd=tmp_path)
+    return proc, report
+
+
+def expected_text(data: bytes) -> str:
+    """The kit's documented mapping: invalid UTF-8 dropped, tab/LF/CR to spaces, other C0 dropped."""
+    text = data.decode("utf-8", errors="ignore").translate({9: " ", 10: " ", 13: " "})
+    return "".join(c for c in text if ord(c) >= 32)
+
+
+TRICKY = [
+    b"plain name",
+    b'says "hi"',
+    b"back\\slash \\\\ and \\n literally",
+    b'"\\"',
+    b"tab\there\nnewline\r\ncrlf",
+    b"ctl \x01\x02\x1b[31mred\x1b[0m \x1f\x7f end",
+    "ünïcødé ✓ 𝄞 日本語".encode(),
+    b"invalid \xff\xfe \xc3( \xe2\x82 \xf0\x9f\x98 \xed\xa0\x80 \xc0\xaf \xf4\x90\x80\x80 cut\xe2",
+    "mixed \"q\" é\t\\ \x01 ✓".encode() + b"\x80",
+    b"%s %d %% \\x41 $HOME `id` $(id) '",
+    bytes(range(1, 256)),
+]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_any_bytes_become_valid_json(shell, tmp_path):
+    rng = random.Random(7)
+    fuzz = [bytes(rng.randrange(1, 256) for _ in range(rng.randrange(1, 40))) for _ in range(20)]
+    values = TRICKY + fuzz
+    env = {b"V%d" % i: value for i, value in enumerate(values)}
+    body = "".join(f'tg_skip "$V{i}" "$V{len(values) - 1 - i}"\n' for i in range(len(values))) + "tg_finish\n"
+    proc, report = run_kit(shell, tmp_path, body, env)
+    assert proc.returncode == 0, proc.stderr
+    data = report.read_bytes()
+    tests = json.loads(data.decode("utf-8"))["results"]["tests"]  # strict UTF-8, strict JSON
+    assert [(t["name"], t["message"]) for t in tests] == [
+        (expected_text(values[i]), expected_text(values[len(values) - 1 - i])) for i in range(len(values))
+    ]
+    graded = select_report({"ctrf.json": data}, "", 0)
+    assert graded.error is None and len(graded.assertions) == len(values)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_failure_message_is_the_output_tail_even_when_binary(shell, tmp_path):
+    body = r"""
+tg_check "quiet failure" false
+tg_check_sh "chatty failure" 'seq 1 20; printf "\n\n"; exit 3'
+tg_check_sh "long line cut inside a character" 'printf "x"; i=0; while [ $i -lt 200 ]; do printf "é"; i=$((i+1)); done; exit 1'
+tg_check_sh "binary output" 'printf "\377\376\000\001bin\"ary\"\n"; exit 4'
+tg_check "passes" true
+tg_finish
+"""
+    proc, report = run_kit(shell, tmp_path, body)
+    assert proc.returncode == 1
+    got = [(a.name, a.status, a.message) for a in parse_ctrf(report.read_bytes().decode("utf-8")).assertions]
+    assert got == [
+        ("quiet failure", "failed", "exit 1: "),
+        ("chatty failure", "failed", "exit 3: 18 19 20"),  # the last 5 lines, blank ones included
+        ("long line cut inside a character", "failed", "exit 1: x" + "é" * 149),  # 300 bytes, the last one dropped
+        ("binary output", "failed", 'exit 4: bin"ary"'),
+        ("passes", "passed", ""),
+    ]
+    assert b"FAILED  chatty failure" in proc.stdout and b"1 passed, 4 failed, 0 skipped" in proc.stdout
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_report_is_valid_after_every_assertion_and_when_killed(shell, tmp_path):
+    # Each check copies the report as it stands before the check is recorded; the last one kills
+    # the verifier, which must leave the report of the assertions before it.
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    body = "".join(
+        f'tg_check_sh "check {i} \\"q\\" é" \'cp "$TG_REPORT" {snap}/{i}.json; [ {i} -ne 2 ]\'\n' for i in range(5)
+    ) + "tg_skip skipped why\n" + f"tg_check_sh killer 'cp \"$TG_REPORT\" {snap}/6.json; kill -9 $PPID'\ntg_finish\n"
+    proc, report = run_kit(shell, tmp_path, body, {b"TG_REPORT": bytes(tmp_path / "ctrf.json")})
+    assert proc.returncode == -9
+    for i in [0, 1, 2, 3, 4, 6]:
+        seen = parse_ctrf((snap / f"{i}.json").read_bytes().decode("utf-8")).assertions
+        assert len(seen) == i
+    final = parse_ctrf((tmp_path / "ctrf.json").read_bytes().decode("utf-8")).assertions
+    assert [(a.name, a.status) for a in final] == [
+        ('check 0 "q" é', "passed"),
+        ('check 1 "q" é', "passed"),
+        ('check 2 "q" é', "failed"),
+        ('check 3 "q" é', "passed"),
+        ('check 4 "q" é', "passed"),
+        ("skipped", "skipped"),
+    ]
+    summary = json.loads((tmp_path / "ctrf.json").read_text())["results"]["summary"]
+    assert (summary["tests"], summary["passed"], summary["failed"], summary["skipped"]) == (6, 4, 1, 1)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_finish_exit_status_summary_and_cleanup(shell, tmp_path):
+    proc, report = run_kit(shell, tmp_path, "set -eu\ntg_check ok true\ntg_skip later 'not yet'\ntg_finish\n")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.decode().splitlines() == ["ok      ok", "skipped later (not yet)", "1 passed, 0 failed, 1 skipped"]
+    data = json.loads(report.read_text())
+    summary = data["results"]["summary"]
+    assert data["results"]["tool"] == {"name": "termgym-assert"}
+    assert (summary["tests"], summary["passed"], summary["failed"], summary["skipped"]) == (2, 1, 0, 1)
+    assert isinstance(summary["start"], int) and summary["stop"] >= summary["start"] > 0
+    assert sorted(p.name for p in report.parent.iterdir()) == ["ctrf.json"]  # no .tmp left
+    assert list((tmp_path / "tmp").iterdir()) == []  # scratch files removed
+
+    proc, report = run_kit(shell, tmp_path, "set -eu\ntg_check bad false\ntg_finish\n")
+    assert proc.returncode == 1 and json.loads(report.read_text())["results"]["summary"]["failed"] == 1
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_empty_report_written_on_source_and_checks_run_isolated(shell, tmp_path):
+    # Sourcing alone leaves a valid empty report; a check gets stdin from /dev/null; a command
+    # that is not there is a failure, not an error of the verifier.
+    body = """cp "$TG_REPORT" empty.json
+tg_check_sh "stdin is empty" '[ -z "$(cat)" ]'
+tg_check "missing command" no-such-command-xyz
+tg_finish
+"""
+    proc, report = run_kit(shell, tmp_path, body)
+    assert proc.returncode == 1
+    assert parse_ctrf((tmp_path / "empty.json").read_text()).assertions == ()
+    got = [(a.name, a.status) for a in parse_ctrf(report.read_text()).assertions]
+    assert got == [("stdin is empty", "passed"), ("missing command", "failed")]
+
+
+def test_clock_without_milliseconds_still_gives_valid_json(tmp_path):
+    # busybox date prints %3N literally: the kit keeps the seconds, never writes invalid JSON; with
+    # no date at all, 0.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "date").write_text("#!/bin/sh\necho 1700000000%3N\n")
+    (fake / "date").chmod(0o755)
+    path = bytes(fake) + b":" + os.environb.get(b"PATH", b"/usr/bin:/bin")
+    proc, report = run_kit(SHELLS[0], tmp_path, "tg_check ok true\ntg_finish\n", {b"PATH": path})
+    assert proc.returncode == 0
+    summary = json.loads(report.read_text())["results"]["summary"]
+    assert summary["start"] == 1700000000000 and summary["stop"] == 1700000000000
+    (fake / "date").write_text("#!/bin/sh\nexit 1\n")
+    proc, report = run_kit(SHELLS[0], tmp_path, "tg_check ok true\ntg_finish\n", {b"PATH": path})
+    assert proc.returncode == 0
+    summary = json.loads(report.read_text())["results"]["summary"]
+    assert summary["start"] == 0 and summary["stop"] == 0
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_relative_report_path(shell, tmp_path):
+    proc, _ = run_kit(shell, tmp_path, "tg_check ok true\ntg_finish\n", {b"TG_REPORT": b"ctrf.json"})
+    assert proc.returncode == 0, proc.stderr
+    assert [a.name for a in parse_ctrf((tmp_path / "ctrf.json").read_text()).assertions] == ["ok"]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_long_names_and_messages_are_cut_at_4096_bytes(shell, tmp_path):
+    # Escaping in the shell is quadratic in a string's specials, so the kit cuts first; a 100 KB
+    # reason full of quotes stays quick and valid.
+    long_name = b"n" * 5000
+    long_reason = ('"é\\\t' * 20000).encode()
+    env = {b"NAME": long_name, b"REASON": long_reason}
+    proc, report = run_kit(shell, tmp_path, 'tg_skip "$NAME" "$REASON"\ntg_check_sh "$REASON" true\ntg_finish\n', env)
+    assert proc.returncode == 0, proc.stderr
+    tests = json.loads(report.read_bytes().decode("utf-8"))["results"]["tests"]
+    assert tests[0]["name"] == "n" * 4096
+    assert tests[0]["message"] == expected_text(long_reason[:4096]) == tests[1]["name"]
