@@ -24,6 +24,7 @@ test-fast: setup
 bench: engine
 	$(VENV_BIN)/python bench/step_latency.py
 	$(VENV_BIN)/python bench/docker_step.py
+	$(VENV_BIN)/python bench/r3_gap.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache

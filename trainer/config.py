@@ -20,8 +20,8 @@ class Config:
     """policy directory (any causal LM with its tokenizer, loaded locally); empty: build the tiny Qwen3-MoE policy into OUT/init"""
     tasks: tuple[str, ...] = ()
     """task directories or bundled task names; empty: every bundled task"""
-    out: str = "runs/train"
-    """run directory: metrics.jsonl, trajectories.jsonl, records.jsonl, checkpoint.pt, policy/"""
+    out: str = ""
+    """run directory: metrics.jsonl, trajectories.jsonl, records.jsonl, checkpoint.pt, policy/ (with --pool: every phase's output, see trainer/pipeline.py); empty: runs/train-<UTC time>, or runs/pipeline-<UTC time> with --pool"""
     backend: str = "local"
     """sandbox backend (local = the embedded one)"""
     steps: int = 10
@@ -76,12 +76,45 @@ class Config:
     """demonstration only: train on re-tokenized text instead of the sampled ids (token drift > 0)"""
     routing_replay: bool = True
     """R3 for MoE policies: the log-prob recompute and the loss forwards use the experts the sampler chose at sampled tokens (prompt and observation tokens route freely); turns the router load-balancing loss off. No effect on a dense policy"""
+    generator: str = "torch"
+    """rollout engine: torch (the policy's own batched forward; records MoE routing) or vllm (a vLLM engine in its own processes, weights published into it each step and checked against the trainer's log-probs; needs head_dim >= 64; on CPU it cannot return routed experts, so R3 is off for that run)"""
+    sampler_dtype: str = "float32"
+    """torch generator's precision: float32 (the trainer's) or bfloat16, a sampler that differs numerically from the trainer as production samplers do (what R3 is for)"""
+    reward: str = "dense"
+    """what PPO optimises: dense (assertions passed / 20, the verifier's reward) or binary (1 if resolved, else 0)"""
+    pool: int = 0
+    """generate a training pool of this many tasks (envs/families) and a held-out set, audit the pool and train on the accepted tasks: supervised warm start, held-out evaluation, critic warm-up and PPO, evaluation again, plots and a final table. 0: PPO alone on --tasks"""
+    heldout: int = 48
+    """held-out evaluation tasks generated with the pool (names never used in training, and one family never trained on)"""
+    audit_k: int = 1
+    """oracle runs per task when auditing the pool (flaky: rejected)"""
+    sft_steps: int = 0
+    """supervised warm-start steps on the reference trajectories of the audited pool (with --pool)"""
+    sft_batch_size: int = 32
+    """demonstrations per supervised step"""
+    sft_lr: float = 3e-3
+    """supervised learning rate (AdamW, linear warm-up over the first tenth)"""
+    hidden: int = 64
+    """tiny policy: hidden size (when no --model is given)"""
+    layers: int = 2
+    """tiny policy: decoder layers, every one a sparse MoE block"""
+    experts: int = 4
+    """tiny policy: experts per layer (top-2 routing)"""
 
 
 PRESETS: dict[str, dict] = {
-    # For these machines: a tiny MoE policy, four quick bundled tasks, short episodes, larger
-    # learning rates than the published ones (which are for billion-parameter models).
+    # The main job on a 2-core CPU (make demo): a generated, audited pool; a supervised start; PPO
+    # with the dense reward in the bias-correcting scheduler mode; held-out evaluation before and after.
     "tiny": dict(
+        pool=240, heldout=48, audit_k=1, sft_steps=600, sft_batch_size=32, sft_lr=3e-3,
+        hidden=128, layers=3, experts=8,
+        steps=20, batch_size=32, concurrency=8, mode="reweight", max_turns=4, command_timeout=5.0,
+        max_new_tokens=24, max_context=512, observation_tokens=64, actor_lr=2e-4, critic_lr=1e-3,
+        update_epochs=2, minibatch_size=8, critic_warmup_steps=2,
+    ),
+    # PPO alone, for a quick look at the loop: a tiny MoE policy, four quick bundled tasks, short
+    # episodes, larger learning rates than the published ones (which are for billion-parameter models).
+    "tiny-ppo": dict(
         tasks=("text-processing/word-frequency", "file-ops/organize-by-extension",
                "shell-scripting/ipv4-filter", "archives/extract-configs"),  # fmt: skip
         steps=4, batch_size=4, concurrency=4, max_turns=2, command_timeout=5.0, max_new_tokens=16,
@@ -108,7 +141,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(prog: str = "termgym train") -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="Train a terminal agent with PPO on termgym tasks.")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default=None, help="start from a preset (tiny: for a CPU)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None, help="start from a preset (tiny: the whole main job on a CPU; tiny-ppo: PPO alone on four bundled tasks)")
     docs = field_docs(Config)
     for f in dataclasses.fields(Config):
         flag, help_text = "--" + f.name.replace("_", "-"), f"{docs[f.name]} (default: {f.default!r})"
@@ -132,3 +165,19 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
         if given is not None:
             values[f.name] = tuple(given) if isinstance(given, list) else given
     return Config(**values)
+
+
+CHOICES = {"mode": ("wait", "cancel", "carry-over", "reweight"), "generator": ("torch", "vllm"),
+           "reward": ("dense", "binary"), "sampler_dtype": ("float32", "bfloat16")}  # fmt: skip
+
+
+def check_config(cfg: Config) -> None:
+    """One ``ValueError`` line for a value no phase could use, before any work starts."""
+    for name, allowed in CHOICES.items():
+        if getattr(cfg, name) not in allowed:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose one of {', '.join(allowed)}")
+    for name in ("steps", "batch_size", "minibatch_size", "concurrency", "max_turns", "max_new_tokens", "update_epochs"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.pool and (cfg.heldout < 1 or cfg.sft_batch_size < 1 or cfg.sft_steps < 0 or cfg.audit_k < 1):
+        raise ValueError("with --pool, --heldout, --sft-batch-size and --audit-k must be at least 1 (--sft-steps at least 0)")

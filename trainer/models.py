@@ -98,16 +98,18 @@ def tiny_config(vocab_size: int, *, hidden: int = 64, layers: int = 2, experts: 
 
 
 def build_tiny_policy(out_dir: str | os.PathLike, envs_root: Path | None = None, *, seed: int = 0,
-                      vocab_size: int = 1024, hidden: int = 64, layers: int = 2, experts: int = 4) -> Path:  # fmt: skip
+                      vocab_size: int = 1024, hidden: int = 64, layers: int = 2, experts: int = 4,
+                      head_dim: int | None = None) -> Path:  # fmt: skip
     """Train the tokenizer, build a randomly initialised tiny Qwen3-MoE policy (``seed``), and save
-    both to ``out_dir`` as a normal model directory. Returns ``out_dir``."""
+    both to ``out_dir`` as a normal model directory. Returns ``out_dir``. ``head_dim`` as in
+    ``tiny_config`` (64 for a policy vLLM serves on CPU)."""
     if envs_root is None:
         from termgym.bundled import bundled_root
 
         envs_root = Path(bundled_root())
     tokenizer = train_tokenizer(corpus_texts(envs_root), vocab_size)
     torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(tiny_config(len(tokenizer), hidden=hidden, layers=layers, experts=experts))
+    model = Qwen3MoeForCausalLM(tiny_config(len(tokenizer), hidden=hidden, layers=layers, experts=experts, head_dim=head_dim))
     out = Path(out_dir)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

@@ -17,7 +17,10 @@ elsewhere); text in observations and instructions can never produce a special to
 drift then shows up in ``token_drift``.
 
 Generation is batched across the episodes in flight: ``BatchedSampler.sample`` queues a request and
-one forward pass serves every request queued before the event loop gets to it.
+one forward pass serves every request queued before the event loop gets to it. A sampler with a
+``generate_turn`` method (the vLLM generator, ``trainer/vllm_generator.py``) is asked for a whole
+turn at a time instead (up to ``max_new_tokens``, within the context, ending at a stop id); the
+guarantees above hold the same way.
 
 Routing (R3, ``trainer/routing.py``): with a mixture-of-experts policy the sampler also records, in
 ``Trajectory.routing`` (``[len(ids), layers, top_k]``, int16), the top-k expert ids of every MoE
@@ -253,20 +256,36 @@ async def _drive(env, instruction: str, sampler, chat: ChatFormat, settings: Rol
         unconsumed.clear()
         return token, logprob
 
+    async def sample_turn() -> list[int]:  # a whole turn in one request (the vLLM generator)
+        budget = min(settings.max_new_tokens, settings.max_context - len(trajectory.ids))
+        if budget < 1:
+            return []
+        turn = await sampler.generate_turn(trajectory.ids, budget, chat.stop_ids, generator, list(unconsumed))
+        if routed is not None:  # the prompt's unconsumed positions and all sampled ids but the last are now read
+            routed.update(turn.routing or {})
+            unconsumed[:] = [len(trajectory.ids) + len(turn.tokens) - 1] if turn.tokens else unconsumed
+        trajectory.ids += turn.tokens
+        trajectory.loss_mask += [1] * len(turn.tokens)
+        trajectory.logprobs += turn.logprobs
+        return list(turn.tokens)
+
     prompt = chat.prompt(instruction)
     trajectory.ids, trajectory.loss_mask, trajectory.logprobs = list(prompt), [0] * len(prompt), [0.0] * len(prompt)
     step: Step | None = None
     while not env.done:
         start, sampled = len(trajectory.ids), []
-        while len(sampled) < settings.max_new_tokens and len(trajectory.ids) < settings.max_context:
-            token, logprob = await sample()
-            unconsumed.append(len(trajectory.ids))
-            trajectory.ids.append(token)
-            trajectory.loss_mask.append(1)
-            trajectory.logprobs.append(logprob)
-            sampled.append(token)
-            if token in chat.stop_ids:
-                break
+        if hasattr(sampler, "generate_turn"):
+            sampled = await sample_turn()
+        else:
+            while len(sampled) < settings.max_new_tokens and len(trajectory.ids) < settings.max_context:
+                token, logprob = await sample()
+                unconsumed.append(len(trajectory.ids))
+                trajectory.ids.append(token)
+                trajectory.loss_mask.append(1)
+                trajectory.logprobs.append(logprob)
+                sampled.append(token)
+                if token in chat.stop_ids:
+                    break
         trajectory.turns.append((start, len(trajectory.ids)))
         trajectory.sampled.append(sampled)
         command = chat.command(sampled)
@@ -336,9 +355,10 @@ class PolicyRunner:
 
     def __init__(self, sampler: BatchedSampler, chat: ChatFormat, options: EnvOptions, pacer: Pacer,
                  settings: RolloutSettings, *, seed: int = 0,
-                 sandbox_factory: Callable[[Task, EnvOptions], object] | None = None) -> None:  # fmt: skip
+                 sandbox_factory: Callable[[Task, EnvOptions], object] | None = None, binary_reward: bool = False) -> None:  # fmt: skip
         self.sampler, self.chat, self.options, self.pacer, self.settings = sampler, chat, options, pacer, settings
         self.seed = seed
+        self.binary_reward = binary_reward  # train on resolved (0/1) instead of the dense reward
         self.sandbox_factory = sandbox_factory or backend_sandbox_factory
         self.backend, self.agent_name, self.run_id = options.backend, "policy", options.run_id
         self._launches: dict[int, int] = {}  # per policy version
@@ -354,7 +374,8 @@ class PolicyRunner:
             return PacedSandbox(self.sandbox_factory(task, options), self.pacer, progress)
 
         record = await run_trial(task, agent, self.options, sandbox_factory=paced)
-        trajectory.record, trajectory.reward = record, record.reward
+        trajectory.record = record
+        trajectory.reward = float(record.resolved) if self.binary_reward else record.reward
         if self.settings.retokenize:
             trajectory = retokenized(trajectory, self.chat.tokenizer)
         return trajectory

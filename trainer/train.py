@@ -28,7 +28,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -62,7 +62,7 @@ from termgym.scheduler import (
     step_metrics,
 )
 from trainer import ppo
-from trainer.config import Config, parse_config
+from trainer.config import Config, check_config, parse_config
 from trainer.models import Critic, build_tiny_policy, load_policy
 from trainer.rollout import (
     BatchedSampler,
@@ -74,6 +74,7 @@ from trainer.rollout import (
     token_drift,
 )
 from trainer.routing import NOT_RECORDED, ROUTING_DTYPE, disable_router_aux_loss, replay_routing
+from trainer.vllm_generator import VllmGenerator, close_engines
 
 
 class CountingPool(TaskPool):
@@ -281,6 +282,7 @@ def progress_line(m: dict, steps: int) -> str:
 async def train(cfg: Config) -> dict:
     """Run ``cfg.steps`` steps (continuing from the checkpoint with ``cfg.resume``); returns the last
     step's metrics (every rank), or {} when no step ran."""
+    check_config(cfg)
     rank, size = world()
     if cfg.batch_size % size or cfg.minibatch_size % size:
         raise ValueError(f"batch_size and minibatch_size must be multiples of the {size} processes")
@@ -288,14 +290,20 @@ async def train(cfg: Config) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     model_dir = Path(cfg.model) if cfg.model else out / "init"
     if not cfg.model and rank == 0 and not (model_dir / "config.json").exists():
-        build_tiny_policy(model_dir, seed=cfg.seed)
+        build_tiny_policy(model_dir, seed=cfg.seed, head_dim=64 if cfg.generator == "vllm" else None)  # vLLM's CPU attention
     if size > 1:
         dist.barrier()
     policy, tokenizer = load_policy(model_dir)
     if cfg.routing_replay:
         disable_router_aux_loss(policy)  # fixed routing: nothing to balance (and the loss never adds it anyway)
     critic = Critic(model_dir)
-    sampler = BatchedSampler(copy.deepcopy(policy), pad_id=tokenizer.pad_token_id)  # unsharded, always
+    if cfg.generator == "vllm" and rank == 0:  # other ranks sample nothing
+        sampler = VllmGenerator(copy.deepcopy(policy), model_dir, max_context=cfg.max_context, seed=cfg.seed)
+        if not sampler.records_routing:
+            print(f"generator vllm: {sampler.routing_note}", file=sys.stderr)
+    else:
+        sampler_model = copy.deepcopy(policy).to(getattr(torch, cfg.sampler_dtype))  # publish casts into it
+        sampler = BatchedSampler(sampler_model, pad_id=tokenizer.pad_token_id)  # unsharded, always
     pool = CountingPool([resolve_task(name) for name in cfg.tasks] or _bundled_tasks(), shuffle=True, seed=cfg.seed)
     state = torch.load(out / "checkpoint.pt", weights_only=False) if cfg.resume and (out / "checkpoint.pt").exists() else None
     if state is not None:
@@ -316,7 +324,8 @@ async def train(cfg: Config) -> dict:
     options = EnvOptions(backend=cfg.backend, max_turns=cfg.max_turns, command_timeout=cfg.command_timeout,
                          run_id=f"train-{out.name}")  # fmt: skip
     settings = RolloutSettings(cfg.max_new_tokens, cfg.max_context, cfg.observation_tokens, cfg.retokenize)
-    runner = PolicyRunner(sampler, ChatFormat(tokenizer), options, Pacer(), settings, seed=cfg.seed)
+    runner = PolicyRunner(sampler, ChatFormat(tokenizer), options, Pacer(), settings, seed=cfg.seed,
+                          binary_reward=cfg.reward == "binary")  # fmt: skip
     scheduler_config = SchedulerConfig(batch_size=cfg.batch_size, launch=cfg.launch, mode=cfg.mode,
                                        nodes=make_nodes([cfg.concurrency]))  # fmt: skip
     metrics: dict = {}
@@ -361,6 +370,8 @@ async def train(cfg: Config) -> dict:
                 metrics["warmup"] = step < cfg.critic_warmup_steps
                 served = sampler.forwards - forwards  # rank 0's sampler; other ranks sample nothing
                 metrics["generation_batch_mean"] = (sampler.requests - requests) / served if served else None
+                metrics["routing_recorded"] = sampler.records_routing  # False: R3 had nothing to replay
+                metrics["publication_gap"] = getattr(sampler, "publication_gap", None)  # vllm: engine vs trainer
                 if rank == 0:
                     append_trajectories(out / "trajectories.jsonl", [k.result for k in kept], step)
                     with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
@@ -385,11 +396,22 @@ async def _train_then_close(cfg: Config) -> dict:
         return await train(cfg)
     finally:
         await close_backends()  # the backends' shared clients (HTTP sessions)
+        close_engines()  # a vLLM generator's processes, on every path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``termgym train`` / ``python -m trainer.train`` / ``torchrun ... -m trainer.train``."""
     cfg = parse_config(argv)
+    check_config(cfg)
+    if not cfg.out:
+        cfg = replace(cfg, out=time.strftime(f"runs/{'pipeline' if cfg.pool else 'train'}-%Y%m%d-%H%M%S", time.gmtime()))
+    if cfg.pool:
+        if "RANK" in os.environ:
+            raise ValueError("--pool runs the whole pipeline in one process; run its PPO phase alone under torchrun")
+        from trainer.pipeline import run_pipeline_sync
+
+        run_pipeline_sync(cfg)
+        return 0
     if "RANK" in os.environ and not dist.is_initialized():  # started by torchrun
         dist.init_process_group("gloo")
     torch.manual_seed(cfg.seed)

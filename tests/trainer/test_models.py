@@ -58,9 +58,9 @@ def test_every_config_field_has_a_docstring_shown_by_help():
 
 
 def test_preset_then_explicit_flags():
-    cfg = parse_config(["--preset", "tiny", "--steps", "7", "--no-resume", "--tasks", "a", "b"])
+    cfg = parse_config(["--preset", "tiny-ppo", "--steps", "7", "--no-resume", "--tasks", "a", "b"])
     assert cfg.steps == 7 and cfg.tasks == ("a", "b") and cfg.resume is False
-    assert cfg.actor_lr == PRESETS["tiny"]["actor_lr"]
+    assert cfg.actor_lr == PRESETS["tiny-ppo"]["actor_lr"]
     assert parse_config([]).actor_lr == 1e-6 and parse_config([]).critic_lr == 1.5e-5  # the published values
     with pytest.raises(ValueError, match="invalid int"):
         parse_config(["--steps", "x"])

@@ -20,7 +20,7 @@ TASKS = ["archives/extract-configs", "file-ops/organize-by-extension"]
 
 
 def tiny_args(out: Path, model: Path, steps: int, *extra: str) -> list[str]:
-    return ["--preset", "tiny", "--model", str(model), "--out", str(out), "--steps", str(steps), "--tasks", *TASKS,
+    return ["--preset", "tiny-ppo", "--model", str(model), "--out", str(out), "--steps", str(steps), "--tasks", *TASKS,
             "--batch-size", "2", "--minibatch-size", "2", "--concurrency", "2", "--max-turns", "2", *extra]  # fmt: skip
 
 
