@@ -11,8 +11,9 @@ setup:
 engine: setup
 	@bash scripts/docker-engine.sh
 
+# The main job: generate and audit a task pool, supervised warm start, PPO, held-out table (about 10 minutes).
 demo: setup
-	$(VENV_BIN)/termgym demo
+	$(VENV_BIN)/termgym train --preset tiny
 
 test: setup engine
 	$(VENV_BIN)/python -m pytest $(PYTEST_ARGS)
@@ -25,6 +26,7 @@ bench: engine
 	$(VENV_BIN)/python bench/step_latency.py
 	$(VENV_BIN)/python bench/docker_step.py
 	$(VENV_BIN)/python bench/r3_gap.py
+	$(VENV_BIN)/python bench/recipe.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache

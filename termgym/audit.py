@@ -122,6 +122,16 @@ class Verdict:
         }
 
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "Verdict":
+        """The inverse of ``to_dict`` (scores as rounded there)."""
+        return cls(
+            task=data["task"], scores=dict(data["scores"]), score=data["score"],
+            rejects=[Reject(r["kind"], r["reason"]) for r in data["rejects"]], accepted=data["accepted"],
+            checks=dict(data["checks"]), judge=data["judge"], flags=[Reject(r["kind"], r["reason"]) for r in data["flags"]],
+        )  # fmt: skip
+
+
 def weighted_score(scores: dict[str, float]) -> float:
     """The weighted mean over the dimensions present (renormalised); 0.0 when none is."""
     unknown = set(scores) - set(WEIGHTS)

@@ -34,6 +34,7 @@ from termgym.audit import (
     scan_roots,
     solution_prefixes,
 )
+from termgym.audit_cache import AuditCache
 from termgym.dockerfile import CopyStep, DockerfileError, WorkdirStep, parse_dockerfile
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.errors import TermgymError
@@ -198,14 +199,23 @@ async def audit_task(
 
 async def audit_tasks(
     tasks: list[Task], options: EnvOptions, *, k: int = 3, judge: Judge | None = None, concurrency: int = 2,
-    min_score: float = DEFAULT_MIN_SCORE,
+    min_score: float = DEFAULT_MIN_SCORE, cache: AuditCache | None = None,
 ) -> list[Verdict]:  # fmt: skip
-    """Audit tasks, ``concurrency`` at a time (each runs up to k + 5 episodes at once); in input order."""
+    """Audit tasks, ``concurrency`` at a time (each runs up to k + 5 episodes at once); in input order.
+    With a ``cache`` and no judge, a task whose files an earlier audit saw unchanged (same k and
+    minimum score) is not run again, and every fresh verdict is added to the cache."""
     gate = asyncio.Semaphore(max(1, concurrency))
+    use_cache = cache is not None and judge is None and min_score == DEFAULT_MIN_SCORE
 
     async def one(task: Task) -> Verdict:
+        if use_cache and (cached := cache.get(task, k)) is not None:
+            cached.task = task.name  # the same files may sit in a directory of another name
+            return cached
         async with gate:
-            return await audit_task(task, options, k=k, judge=judge, min_score=min_score)
+            verdict = await audit_task(task, options, k=k, judge=judge, min_score=min_score)
+        if use_cache:
+            cache.put(task, k, verdict)
+        return verdict
 
     return list(await asyncio.gather(*(one(task) for task in tasks)))
 
@@ -233,7 +243,11 @@ async def run_audit(args, tasks: list[Task], console) -> int:
     options = EnvOptions(
         backend=args.backend, run_id=f"audit-{uuid.uuid4().hex[:8]}", image_aliases=load_aliases(args.image_alias)
     )
-    verdicts = await audit_tasks(tasks, options, k=args.k, judge=judge, concurrency=args.concurrency, min_score=min_score)
+    cache = AuditCache.load(args.cache) if args.cache is not None else None
+    verdicts = await audit_tasks(tasks, options, k=args.k, judge=judge, concurrency=args.concurrency, min_score=min_score,
+                                 cache=cache)  # fmt: skip
+    if cache is not None:
+        cache.save(args.cache)
     if args.select is not None:
         args.select.parent.mkdir(parents=True, exist_ok=True)
         args.select.write_text("".join(f"{path}\n" for path in _selected_paths(tasks, verdicts)))
@@ -255,7 +269,8 @@ async def run_audit(args, tasks: list[Task], console) -> int:
             )  # fmt: skip
         console.print(table)
         accepted = sum(v.accepted for v in verdicts)
-        console.print(f"{accepted}/{len(verdicts)} tasks accepted" + (f" · selection: {args.select}" if args.select else ""))
+        console.print(f"{accepted}/{len(verdicts)} tasks accepted" + (f" · selection: {args.select}" if args.select else "")
+                      + (f" · {cache.hits} verdicts from the cache {args.cache}" if cache is not None else ""))  # fmt: skip
     return 1 if args.strict and not all(v.accepted for v in verdicts) else 0
 
 

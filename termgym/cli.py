@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--judge-url", default=None, help="OpenAI-compatible endpoint for the rubric judge (default: not run)")
     audit.add_argument("--judge-model", default=None, help="model name for --judge-url")
     audit.add_argument("--strict", action="store_true", help="exit 1 when any task is rejected")
+    audit.add_argument("--cache", type=Path, default=None, metavar="FILE",
+                       help="verdicts by task content: unchanged tasks are not audited again; new verdicts are added")  # fmt: skip
     commands.add_parser("list", help="list the bundled tasks")
     demo = commands.add_parser("demo", help="check every bundled task with the oracle and the null agent")
     demo.add_argument("-n", "--concurrency", type=int, default=2)

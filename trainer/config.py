@@ -88,6 +88,8 @@ class Config:
     """held-out evaluation tasks generated with the pool (names never used in training, and one family never trained on)"""
     audit_k: int = 1
     """oracle runs per task when auditing the pool (flaky: rejected)"""
+    audit_cache: str = ""
+    """earlier verdicts by task content (termgym audit --cache FILE): tasks whose files are unchanged are not audited again; the run writes the complete cache to OUT/audit-cache.json. "bundled": the cache shipped for the families (envs/families/audit-cache.json)"""
     sft_steps: int = 0
     """supervised warm-start steps on the reference trajectories of the audited pool (with --pool)"""
     sft_batch_size: int = 32
@@ -106,9 +108,9 @@ PRESETS: dict[str, dict] = {
     # The main job on a 2-core CPU (make demo): a generated, audited pool; a supervised start; PPO
     # with the dense reward in the bias-correcting scheduler mode; held-out evaluation before and after.
     "tiny": dict(
-        pool=240, heldout=48, audit_k=1, sft_steps=600, sft_batch_size=32, sft_lr=3e-3,
+        pool=2000, heldout=48, audit_k=1, audit_cache="bundled", sft_steps=550, sft_batch_size=32, sft_lr=3e-3,
         hidden=128, layers=3, experts=8,
-        steps=20, batch_size=32, concurrency=8, mode="reweight", max_turns=4, command_timeout=5.0,
+        steps=14, batch_size=32, concurrency=8, mode="reweight", max_turns=4, command_timeout=5.0,
         max_new_tokens=24, max_context=512, observation_tokens=64, actor_lr=2e-4, critic_lr=1e-3,
         update_epochs=2, minibatch_size=8, critic_warmup_steps=2,
     ),

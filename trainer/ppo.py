@@ -78,11 +78,12 @@ def value_loss(
 
 def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> float:
     """1 - Var(R - V) / Var(R) over the mask: 1 is perfect, 0 is as good as predicting the mean,
-    negative is worse. NaN when the returns have no variance."""
+    negative is worse. NaN when the returns have no variance (equal returns everywhere, up to float
+    rounding: a variance below 1e-12 of their mean square)."""
     var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
     residual = returns - values
     var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
-    if float(var_returns) == 0.0:
+    if float(var_returns) <= 1e-12 * max(float(masked_mean(returns**2, mask)), 1e-30):
         return float("nan")
     return float(1.0 - var_residual / var_returns)
 

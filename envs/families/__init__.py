@@ -12,13 +12,28 @@ reference commands back. This package holds no task directory itself.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from termgym.envs.families import copy_file, dir_and_file, dir_file_copy, make_dir, two_files, write_file
 from termgym.envs.families.names import NamePool, split_of
 from termgym.envs.families.spec import TaskSpec
 from termgym.envs.families.split import FAMILIES, HELDOUT_ONLY, TRAIN_FAMILIES, generate_split, make_task
 from termgym.envs.families.writer import reference_commands, write_task
 
+
+
+def bundled_audit_cache() -> Path:
+    """Verdicts of ``termgym audit --k 1`` on the main job's default pool (``--preset tiny``),
+    keyed by task content. Regenerate it after changing a family (a test fails until then)::
+
+        python -m termgym.envs.families /tmp/pool --split train --count POOL --seed 0
+        termgym audit /tmp/pool --k 1 -n 6 --cache envs/families/audit-cache.json
+    """
+    return Path(__file__).resolve().parent / "audit-cache.json"
+
+
 __all__ = [
+    "bundled_audit_cache",
     "FAMILIES",
     "HELDOUT_ONLY",
     "TRAIN_FAMILIES",

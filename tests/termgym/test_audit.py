@@ -210,3 +210,37 @@ def test_every_bundled_task_passes_the_audit(tmp_path, no_leaks):
     scores = {v["task"]: v["score"] for v in verdicts}
     ordered = [scores[load_task(line).name] for line in lines]
     assert len(lines) == 20 and ordered == sorted(ordered, reverse=True)
+
+
+def test_cache_skips_unchanged_tasks_and_misses_on_any_changed_byte(tmp_path, no_leaks):
+    from termgym.audit_cache import AuditCache
+    from termgym.audit_runner import audit_tasks
+
+    task_dir = write_task(tmp_path / "t", solve_sh=THREE_STEPS, test_sh=PER_FILE_TEST)
+    cache = AuditCache()
+    first = asyncio.run(audit_tasks([load_task(task_dir)], OPTIONS, k=1, cache=cache))
+    assert cache.hits == 0 and len(cache.entries) == 1
+    cache.save(tmp_path / "cache.json")
+    reloaded = AuditCache.load(tmp_path / "cache.json")
+
+    again = asyncio.run(audit_tasks([load_task(task_dir)], OPTIONS, k=1, cache=reloaded))
+    assert reloaded.hits == 1 and [v.to_dict() for v in again] == [v.to_dict() for v in first]
+    with open(task_dir / "tests" / "test.sh", "a") as handle:
+        handle.write("# changed\n")
+    asyncio.run(audit_tasks([load_task(task_dir)], OPTIONS, k=1, cache=reloaded))
+    assert reloaded.hits == 1 and len(reloaded.entries) == 2  # a miss, audited and added
+    asyncio.run(audit_tasks([load_task(task_dir)], OPTIONS, k=2, cache=reloaded))
+    assert reloaded.hits == 1 and len(reloaded.entries) == 3  # another k is another audit
+
+
+def test_cli_cache_is_written_then_used_and_a_bad_cache_is_one_line(tmp_path, no_leaks):
+    task = write_task(tmp_path / "t", solve_sh=THREE_STEPS, test_sh=PER_FILE_TEST)
+    cache = tmp_path / "cache.json"
+    first = termgym("audit", str(task), "--k", "1", "--cache", str(cache))
+    assert first.returncode == 0, first.stderr
+    assert "0 verdicts from the cache" in first.stdout and cache.exists()
+    second = termgym("audit", str(task), "--k", "1", "--cache", str(cache))
+    assert "1 verdicts from the cache" in second.stdout and "1/1 tasks accepted" in second.stdout
+    cache.write_text("[1, 2]")
+    bad = termgym("audit", str(task), "--k", "1", "--cache", str(cache))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not an audit cache" in bad.stderr

@@ -64,3 +64,22 @@ def test_preset_then_explicit_flags():
     assert parse_config([]).actor_lr == 1e-6 and parse_config([]).critic_lr == 1.5e-5  # the published values
     with pytest.raises(ValueError, match="invalid int"):
         parse_config(["--steps", "x"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--reward", "sparse"], "--reward 'sparse': choose one of dense, binary"),
+        (["--sampler-dtype", "float16"], "--sampler-dtype 'float16'"),
+        (["--mode", "fastest"], "--mode 'fastest'"),
+        (["--steps", "0"], "--steps must be at least 1"),
+        (["--pool", "10", "--heldout", "0"], "with --pool"),
+    ],
+)
+def test_unusable_values_are_refused_before_any_work(flags, message, tmp_path, capsys):
+    from termgym.cli import main as termgym_main
+
+    assert termgym_main(["train", "--out", str(tmp_path / "run"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()  # refused before the run directory was made

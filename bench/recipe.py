@@ -1,0 +1,186 @@
+"""The published recipe's comparisons at small scale, each over several seeds, at the same budget,
+on the same audited pool and held-out set. One run, one table (mean ± standard deviation over seeds).
+
+Per seed: a tiny MoE policy and its supervised warm start (shared by every arm of that seed), then
+PPO arms from that start:
+
+1. dense per-assertion reward (passed / 20) against binary reward (1 if resolved): held-out resolved
+   rate and mean assertions passed after the same number of PPO steps;
+2. critic warm-up against a cold critic: explained variance at the first policy update and its mean
+   over the first three policy updates;
+3. R3 on against off, with a bfloat16 sampler against the float32 trainer: the mean train/inference
+   log-prob gap over the loss region;
+4. ``cancel`` against the bias-correcting ``reweight`` mode (both over-sampling 560/512): the kept
+   share (weighted share for reweight) of the longest family against its launched share, and the
+   mean step wall time (ratio);
+5. PPO with the critic against a group-relative baseline without a critic is not run (optional in
+   the issue; the trainer has no critic-free mode).
+
+    .venv/bin/python bench/recipe.py [--seeds 0 1 2] [--out runs/recipe-TIME] [--quick]
+
+``--quick`` shrinks everything (for a smoke test); the README's table comes from the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rich.console import Console
+from rich.table import Table
+
+from termgym.sandboxes import close_backends
+from trainer.config import PRESETS, Config
+from trainer.models import load_policy
+from trainer.pipeline import build_policy, held_out, prepare_pool, record_demonstrations, reinforce, warm_start
+
+
+def bench_config(quick: bool) -> Config:
+    """The tiny preset (its audited 2000-task pool and 48 held-out tasks), with a shorter warm start
+    and 8-step PPO arms."""
+    cfg = Config(**PRESETS["tiny"])
+    cfg = replace(cfg, sft_steps=400, steps=8)
+    if quick:
+        cfg = replace(cfg, pool=12, heldout=6, sft_steps=10, steps=3, batch_size=4, minibatch_size=4, hidden=64,
+                      layers=2, experts=4, concurrency=4)  # fmt: skip
+    return cfg
+
+
+def longest_family_shares(metrics: list[dict]) -> tuple[str, float, float, float]:
+    """From the last step's cumulative accounting: the family whose launched trials ran longest,
+    its launched share, kept share and importance-weighted kept share."""
+    run = metrics[-1]["scheduler"]["run"]["families"]
+    groups = run["groups"]
+    longest = max(groups, key=lambda g: groups[g]["launched_seconds"] / max(groups[g]["launched"], 1))
+    g = groups[longest]
+    return longest, g["launched_share"], g["kept_share"], g["weighted_share"]
+
+
+def mean_sd(values: list[float], fmt: str = ".3f") -> str:
+    if not values:
+        return "-"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):{fmt}} ± {sd:{fmt}}"
+
+
+async def one_seed(root: Path, cfg: Config, pool, demos, console: Console) -> dict:
+    """The warm start of one seed and every arm from it; returns the arms' figures."""
+    run = root / f"seed{cfg.seed}"
+    run.mkdir(parents=True)
+    policy, tokenizer = build_policy(run, cfg, console)
+    warm_start(run, cfg, demos, policy, tokenizer, console)
+    start = run / "sft" / "policy"
+    out: dict = {"sft": {"heldout": (await held_out(run, cfg, "sft", policy, tokenizer, pool.heldout, console)).to_dict()}}
+
+    async def arm(name: str, arm_cfg: Config, evaluate: bool) -> list[dict]:
+        console.print(f"[bold]seed {cfg.seed} · {name}[/]")
+        began = time.monotonic()
+        metrics = await reinforce(arm_cfg, start, pool.selection, run / name)
+        out[name] = {"metrics": metrics, "seconds": time.monotonic() - began}
+        if evaluate:
+            trained, _ = load_policy(run / name / "policy")
+            out[name]["heldout"] = (await held_out(run, cfg, name, trained, tokenizer, pool.heldout, console)).to_dict()
+        return metrics
+
+    await arm("dense", cfg, True)  # also: warm critic, R3 on (float32 sampler), reweight
+    await arm("binary", replace(cfg, reward="binary"), True)
+    await arm("cold-critic", replace(cfg, critic_warmup_steps=0, steps=3), False)
+    await arm("r3-on", replace(cfg, sampler_dtype="bfloat16", routing_replay=True, steps=3, critic_warmup_steps=0), False)
+    await arm("r3-off", replace(cfg, sampler_dtype="bfloat16", routing_replay=False, steps=3, critic_warmup_steps=0), False)
+    await arm("cancel", replace(cfg, mode="cancel", steps=4, critic_warmup_steps=4), False)
+    await arm("reweight", replace(cfg, mode="reweight", steps=4, critic_warmup_steps=4), False)
+    return out
+
+
+def figures(results: list[dict], warmup: int) -> list[tuple[str, str, str, str]]:
+    """(comparison, measure, arm A, arm B) rows, each cell mean ± sd over seeds."""
+
+    def policy_ev(arm: str, first: int, count: int) -> list[float]:
+        values = []
+        for r in results:
+            updates = [m["explained_variance"] for m in r[arm]["metrics"] if not m["warmup"]][first : first + count]
+            finite = [v for v in updates if v is not None and math.isfinite(v)]  # NaN: no return variance that step
+            if finite:
+                values.append(statistics.mean(finite))
+        return values
+
+    def gap(arm: str) -> list[float]:
+        return [statistics.mean(m["logprob_gap"] for m in r[arm]["metrics"]) for r in results]
+
+    def held(arm: str, key: str) -> list[float]:
+        return [r[arm]["heldout"][key] for r in results]
+
+    shares = {arm: [longest_family_shares(r[arm]["metrics"]) for r in results] for arm in ("cancel", "reweight")}
+    wall = {arm: [statistics.mean(m["scheduler"]["wall_seconds"] for m in r[arm]["metrics"]) for r in results]
+            for arm in ("cancel", "reweight")}  # fmt: skip
+    longest = shares["cancel"][0][0]
+    return [
+        ("supervised start", "held-out resolved", mean_sd(held("sft", "resolved")), ""),
+        ("1. dense vs binary reward", "held-out resolved", mean_sd(held("dense", "resolved")), mean_sd(held("binary", "resolved"))),
+        ("", "held-out assertions passed", mean_sd(held("dense", "passed")), mean_sd(held("binary", "passed"))),
+        ("2. warm vs cold critic", "EV at the first policy update", mean_sd(policy_ev("dense", 0, 1)), mean_sd(policy_ev("cold-critic", 0, 1))),
+        ("", "EV, mean of the first 3 updates", mean_sd(policy_ev("dense", 0, 3)), mean_sd(policy_ev("cold-critic", 0, 3))),
+        ("3. R3 on vs off (bf16 sampler)", "mean |Δ log p| (loss region)", mean_sd(gap("r3-on"), ".2e"), mean_sd(gap("r3-off"), ".2e")),
+        ("4. reweight vs cancel", f"{longest}: launched share", mean_sd([s[1] for s in shares["reweight"]]),
+         mean_sd([s[1] for s in shares["cancel"]])),
+        ("", f"{longest}: kept share (reweight: weighted)", mean_sd([s[3] for s in shares["reweight"]]),
+         mean_sd([s[2] for s in shares["cancel"]])),
+        ("", "step wall time, reweight / cancel", mean_sd([a / b for a, b in zip(wall["reweight"], wall["cancel"])]), ""),
+    ]  # fmt: skip
+
+
+async def main_async(args) -> int:
+    console = Console(file=sys.stderr, width=None if sys.stderr.isatty() else 140)
+    cfg = replace(bench_config(args.quick), seed=args.seeds[0])
+    root = Path(args.out or time.strftime("runs/recipe-%Y%m%d-%H%M%S", time.gmtime()))
+    if root.exists() and any(root.iterdir()):
+        raise ValueError(f"{root} already holds a run; choose another --out")
+    began = time.monotonic()
+    pool = await prepare_pool(root / "pool", replace(cfg, seed=0), console)  # one pool and held-out set for every seed
+    demos = await record_demonstrations(root / "pool", cfg, pool.selection, console)  # the same for every seed
+    results = [await one_seed(root, replace(cfg, seed=seed), pool, demos, console) for seed in args.seeds]
+    rows = figures(results, cfg.critic_warmup_steps)
+    table = Table(title=f"recipe at small scale · seeds {' '.join(map(str, args.seeds))} · mean ± sd over seeds "
+                        f"· {cfg.steps} PPO steps of {cfg.batch_size} · {len(pool.heldout)} held-out tasks", title_justify="left")  # fmt: skip
+    for column in ("comparison", "measure", "A (recipe)", "B"):
+        table.add_column(column, justify="left" if column in ("comparison", "measure") else "right")
+    for row in rows:
+        table.add_row(*row)
+    Console(width=160).print(table)
+    (root / "recipe.json").write_text(json.dumps({"rows": rows, "seeds": args.seeds,
+                                                  "seconds": time.monotonic() - began}, indent=2) + "\n")  # fmt: skip
+    print(f"{time.monotonic() - began:.0f}s · run directory {root}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    args = parser.parse_args()
+
+    async def run() -> int:
+        try:
+            return await main_async(args)
+        finally:
+            await close_backends()
+
+    try:
+        return asyncio.run(run())
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,111 @@
+"""The main job's parts (held-out evaluation, plots) and a shortened ``termgym train --preset tiny``
+end to end: the run directory, the audited selection as the training pool, no held-out leakage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from termgym.cli import main as termgym_main
+from termgym.env import EnvOptions
+from termgym.envs.families import generate_split
+from termgym.records import TrialRecord
+from termgym.tasks import load_task
+from trainer.evaluate import evaluate, summarise_records
+from trainer.plots import curves, write_plots
+from trainer.rollout import RolloutSettings
+
+
+def test_summary_counts_resolved_passed_and_faults_per_family():
+    records = [
+        TrialRecord("a", "local", "p", resolved=True, reward=0.25, passed=5, family="x"),
+        TrialRecord("b", "local", "p", resolved=False, reward=0.1, passed=2, family="x"),
+        TrialRecord("c", "local", "p", passed=0, family="y", error={"kind": "sandbox_error", "message": "gone"}),
+        TrialRecord("d", "local", "p", passed=1, family="y", error={"kind": "agent_timeout", "message": "slow"}),
+    ]
+    s = summarise_records(records)
+    assert (s.tasks, s.resolved, s.passed, s.errors) == (4, 0.25, 2.0, 1)
+    assert s.families == {"x": {"tasks": 2, "resolved": 0.5, "passed": 3.5}, "y": {"tasks": 2, "resolved": 0.0, "passed": 0.5}}
+
+
+async def test_greedy_evaluation_runs_each_task_once_and_is_reproducible(tmp_path, tiny_policy, no_leaks):
+    policy, tokenizer = tiny_policy
+    tasks = [load_task(p) for p in generate_split(tmp_path, "heldout", 6, seed=1)]
+    options = EnvOptions(backend="local", max_turns=2, command_timeout=5.0)
+    runs = []
+    for _ in range(2):
+        seen = []
+        summary, records = await evaluate(policy, tokenizer, tasks, options, RolloutSettings(8, 512, 32), concurrency=3,
+                                          on_record=lambda r, t: seen.append((r.task, t.commands)))  # fmt: skip
+        assert [r.task for r in records] == [t.name for t in tasks]
+        assert summary.tasks == 6 and summary.errors == 0
+        runs.append(sorted(seen))
+    assert runs[0] == runs[1]  # greedy: the same commands whatever the batching
+
+
+def test_curves_keep_finite_values_and_plots_are_pngs(tmp_path):
+    metrics = [
+        {"step": 0, "reward": 0.1, "resolved": 0.0, "explained_variance": float("nan"), "logprob_gap": 1e-6,
+         "scheduler": {"families": {"tv_distance": 0.2}}},
+        {"step": 1, "reward": 0.2, "resolved": 0.5, "explained_variance": 0.3, "logprob_gap": None, "scheduler": {}},
+    ]  # fmt: skip
+    c = curves(metrics)
+    assert c["explained_variance"] == ([2], [0.3]) and c["reward"] == ([1, 2], [0.1, 0.2])
+    assert c["straggler_bias"] == ([1], [0.2]) and c["logprob_gap"] == ([1], [1e-6])
+    paths = write_plots(tmp_path, metrics, sft_losses=[3.0, 2.0], warmup_steps=1)
+    assert {p.name for p in paths} == {f"{k}.png" for k in (*c, "sft_loss")}
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+@pytest.mark.slow
+def test_shortened_demo_end_to_end(tmp_path, no_leaks, capsys):
+    run = tmp_path / "run"
+    args = ["train", "--preset", "tiny", "--out", str(run), "--pool", "10", "--heldout", "6", "--sft-steps", "20",
+            "--sft-batch-size", "8", "--steps", "3", "--batch-size", "4", "--minibatch-size", "4", "--concurrency", "4",
+            "--hidden", "64", "--layers", "2", "--experts", "4", "--critic-warmup-steps", "1"]  # fmt: skip
+    assert termgym_main(args) == 0
+    err = capsys.readouterr().err
+    assert "supervised start" in err and "after PPO" in err and f"run directory: {run}" in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["heldout"]["sft"]["tasks"] == summary["heldout"]["ppo"]["tasks"] == 6
+    # the training pool is the audited selection, and nothing of the held-out set reached training
+    audit = json.loads((run / "audit.json").read_text())
+    accepted = {v["task"] for v in audit if v["accepted"]}
+    selection = [Path(line) for line in (run / "selection.txt").read_text().split()]
+    assert {load_task(p).name for p in selection} == accepted and summary["accepted"] == len(accepted) > 0
+    trained = {json.loads(line)["task"] for line in (run / "ppo" / "trajectories.jsonl").read_text().splitlines()}
+    demonstrated = {json.loads(line)["task"] for line in (run / "sft" / "demonstrations.jsonl").read_text().splitlines()}
+    assert trained | demonstrated <= accepted
+    heldout = json.loads((run / "tasks" / "heldout" / "split.json").read_text())
+    assert "two-files" in {t["family"] for t in heldout["tasks"]}
+    evaluated = [json.loads(line)["task"] for line in (run / "eval" / "ppo.jsonl").read_text().splitlines()]
+    assert len(evaluated) == 6 and not set(evaluated) & (trained | demonstrated)
+    metrics = [json.loads(line) for line in (run / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["warmup"] for m in metrics] == [True, False, False]
+    assert (run / "ppo" / "checkpoint.pt").exists() and (run / "sft" / "policy" / "config.json").exists()
+    assert {p.name for p in (run / "plots").iterdir()} >= {"reward.png", "resolved.png", "explained_variance.png",
+                                                          "logprob_gap.png", "straggler_bias.png", "sft_loss.png"}  # fmt: skip
+    # the same directory again: one line, exit 2, the first run untouched
+    assert termgym_main(args) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert json.loads((run / "summary.json").read_text()) == summary
+
+
+def test_shipped_audit_cache_covers_the_demo_pool_and_agrees_with_a_fresh_audit(tmp_path, no_leaks):
+    import asyncio
+
+    from termgym.audit_cache import AuditCache
+    from termgym.audit_runner import audit_tasks
+    from termgym.envs.families import bundled_audit_cache
+    from trainer.config import PRESETS
+
+    preset = PRESETS["tiny"]
+    tasks = [load_task(p) for p in generate_split(tmp_path, "train", preset["pool"], seed=0)]
+    cache = AuditCache.load(bundled_audit_cache())
+    missing = [t.name for t in tasks if AuditCache.key(t, preset["audit_k"]) not in cache.entries]
+    assert not missing, f"{len(missing)} pool tasks are not in the shipped cache: regenerate it (envs/families/__init__.py)"
+    sample = tasks[:: len(tasks) // 5][:5]  # every family
+    fresh = asyncio.run(audit_tasks(sample, EnvOptions(run_id="cache-check"), k=preset["audit_k"], concurrency=5))
+    assert [v.to_dict() for v in fresh] == [cache.get(t, preset["audit_k"]).to_dict() for t in sample]

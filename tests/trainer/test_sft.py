@@ -1,0 +1,84 @@
+"""The supervised warm start: demonstrations in the rollout's exact framing, recorded in real
+sandboxes (only resolved ones kept), and a deterministic supervised loop that learns them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.envs.families import generate_split, reference_commands
+from termgym.tasks import load_task
+from trainer.rollout import ChatFormat, RolloutSettings, Trajectory, drive_episode
+from trainer.sft import Demonstration, collect_demonstrations, demonstration_tokens, supervised_train
+
+OPTIONS = EnvOptions(backend="local", max_turns=4, command_timeout=5.0)
+
+
+@pytest.fixture(scope="module")
+def family_tasks(tmp_path_factory):
+    """One task of each training family (write-file, make-dir, copy-file, dir-and-file, dir-file-copy)."""
+    return [load_task(p) for p in generate_split(tmp_path_factory.mktemp("pool"), "train", 5, seed=3)]
+
+
+class ReplaySampler:
+    """A sampler that types a fixed token sequence, one token per request: the policy that
+    would produce exactly the demonstration."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = list(tokens)
+
+    async def sample(self, ids, generator):
+        return self.tokens.pop(0), 0.0
+
+
+async def test_demonstration_tokens_equal_the_rollout_of_the_same_commands(family_tasks, tiny_policy, no_leaks):
+    _, tokenizer = tiny_policy
+    chat = ChatFormat(tokenizer)
+    demos = await collect_demonstrations(family_tasks, lambda t: reference_commands(t.path), OPTIONS)
+    assert len(demos) == len(family_tasks)
+    for task, demo in zip(family_tasks, demos):
+        ids, mask = demonstration_tokens(chat, demo, 64)
+        typed = [token for token, m in zip(ids, mask) if m]
+        trajectory = Trajectory(task=task.name)
+        async with AsyncTerminalEnv(task, OPTIONS) as env:
+            instruction, _ = await env.reset()
+            step = await drive_episode(env, instruction, ReplaySampler(typed), chat, RolloutSettings(48, 512, 64), None, trajectory)
+        assert trajectory.ids == ids and trajectory.loss_mask == mask
+        assert trajectory.commands[:-1] == list(demo.commands)  # the last turn is the submit
+        assert step[4]["resolved"]  # the policy that types the demonstration solves the task
+
+
+async def test_only_resolved_reference_episodes_become_demonstrations(family_tasks, no_leaks):
+    records = []
+    broken = {family_tasks[0].name}
+
+    def commands(task):
+        return ["true"] if task.name in broken else reference_commands(task.path)
+
+    demos = await collect_demonstrations(family_tasks, commands, OPTIONS, on_record=records.append)
+    assert len(records) == len(family_tasks)  # every trial reported, the failed one included
+    assert [d.task for d in demos] == [t.name for t in family_tasks[1:]]
+    assert sorted(r.resolved for r in records) == [False] + [True] * (len(family_tasks) - 1)
+
+
+def test_supervised_training_learns_the_demonstrations_deterministically(tiny_policy):
+    policy, tokenizer = tiny_policy
+    chat = ChatFormat(tokenizer)
+    demos = [Demonstration(f"t{i}", f"Create the directory /app/d{i}.", (f"mkdir /app/d{i}",), ("",)) for i in range(4)]
+    rows = [demonstration_tokens(chat, d, 64) for d in demos]
+    runs = []
+    for _ in range(2):
+        model = copy.deepcopy(policy)
+        torch.manual_seed(0)
+        runs.append(supervised_train(model, rows, steps=30, batch_size=2, lr=1e-2, seed=5, pad_id=tokenizer.pad_token_id))
+    assert runs[0] == runs[1]
+    assert runs[0][-1] < runs[0][0] * 0.5
+    assert not model.training  # left in eval mode for sampling
+
+
+def test_supervised_training_without_demonstrations_is_one_clear_error(tiny_policy):
+    with pytest.raises(ValueError, match="no demonstrations"):
+        supervised_train(tiny_policy[0], [], steps=1, batch_size=1, lr=1e-3, seed=0)

@@ -1,0 +1,250 @@
+"""The main job, end to end (``termgym train --preset tiny``, what ``make demo`` runs):
+
+1. generate a training pool and a held-out set from the task families (``envs/families``): the
+   held-out names are never used in training, and one held-out family is never trained on;
+2. audit the pool (``termgym audit``'s mechanical checks); only accepted tasks train, in the
+   audit's score order, which the task pool reshuffles every epoch;
+3. build the tiny MoE policy (its tokenizer trained on the bundled tasks' text, not on the pool);
+4. record the reference solutions of the accepted tasks in real sandboxes and train on them
+   (the supervised warm start);
+5. evaluate greedily on the held-out set;
+6. critic warm-up, then PPO with the dense per-assertion reward through the scheduler
+   (``trainer/train.py``);
+7. evaluate again; write the curves as PNG files, ``summary.json``, and print the final table.
+
+The run directory holds everything: ``tasks/{train,heldout}/`` (with ``split.json``: the held-out
+set is fixed by the seed and listed there), ``audit.json`` and ``selection.txt``, ``init/`` and
+``sft/policy/`` (model directories), ``sft/demonstrations.jsonl`` and ``sft/records.jsonl``,
+``eval/{sft,ppo}.jsonl`` (one trial record per held-out task), ``ppo/`` (metrics, trajectories,
+records, checkpoint, policy), ``plots/*.png``, ``summary.json``.
+
+Honesty: nothing of the held-out set reaches training (different names by construction, neither set is in
+the tokenizer's corpus, no held-out trial updates weights);
+nothing is tuned on it here: it is evaluated twice, with the same greedy decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from termgym.audit import select_order
+from termgym.audit_cache import AuditCache
+from termgym.audit_runner import audit_tasks
+from termgym.env import EnvOptions
+from termgym.errors import TermgymError
+from termgym.envs.families import bundled_audit_cache, generate_split, reference_commands
+from termgym.records import append_record
+from termgym.tasks import Task, load_task
+from trainer.config import Config
+from trainer.evaluate import EvalSummary, evaluate
+from trainer.models import build_tiny_policy, load_policy
+from trainer.plots import write_plots
+from trainer.rollout import ChatFormat, RolloutSettings
+from trainer.sft import Demonstration, collect_demonstrations, demonstration_tokens, save_demonstrations, supervised_train
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=False)  # fmt: skip
+
+
+def result_table(before: EvalSummary, after: EvalSummary) -> Table:
+    """The final table: held-out results of the supervised start against after PPO."""
+    table = Table(title=f"held-out set ({before.tasks} tasks, greedy)", title_justify="left")
+    for column in ("policy", "resolved", "assertions passed (mean)", "reward (mean)"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for label, s in (("supervised start", before), ("after PPO", after)):
+        table.add_row(label, f"{s.resolved:.1%}", f"{s.passed:.2f}", f"{s.reward:.3f}")
+    return table
+
+
+def family_table(before: EvalSummary, after: EvalSummary, trained: set[str]) -> Table:
+    table = Table(title="held-out resolved rate per family", title_justify="left")
+    for column in ("family", "tasks", "supervised start", "after PPO"):
+        table.add_column(column, justify="left" if column == "family" else "right")
+    for family, b in before.families.items():
+        a = after.families.get(family, {"resolved": float("nan")})
+        name = family if family in trained else f"{family} (never trained on)"
+        table.add_row(name, str(int(b["tasks"])), f"{b['resolved']:.1%}", f"{a['resolved']:.1%}")
+    return table
+
+
+@dataclass
+class Pool:
+    """The generated tasks and the audit's verdict on the training pool."""
+
+    train: list[Task]
+    heldout: list[Task]
+    selection: list[Task]  # accepted training tasks, best audit score first
+    verdicts: list
+
+
+def rollout_options(cfg: Config, label: str) -> EnvOptions:
+    return EnvOptions(backend=cfg.backend, max_turns=cfg.max_turns, command_timeout=cfg.command_timeout, run_id=label)
+
+
+async def prepare_pool(run: Path, cfg: Config, console: Console) -> Pool:
+    """Phases 1 and 2: write ``run/tasks/{train,heldout}``, audit the training pool, write
+    ``audit.json`` and ``selection.txt``."""
+    train_tasks = [load_task(p) for p in generate_split(run / "tasks" / "train", "train", cfg.pool, cfg.seed)]
+    heldout = [load_task(p) for p in generate_split(run / "tasks" / "heldout", "heldout", cfg.heldout, cfg.seed)]
+    console.print(f"[bold]1/7 tasks[/]: {len(train_tasks)} training, {len(heldout)} held-out ({run / 'tasks'})")
+    with _progress(console) as progress:
+        bar = progress.add_task("2/7 audit of the training pool", total=1)
+        cache = AuditCache.load(bundled_audit_cache() if cfg.audit_cache == "bundled" else cfg.audit_cache) if cfg.audit_cache else AuditCache()
+        verdicts = await audit_tasks(train_tasks, rollout_options(cfg, f"audit-{run.name}"), k=cfg.audit_k,
+                                     concurrency=max(1, cfg.concurrency // 2), cache=cache)  # fmt: skip
+        progress.update(bar, completed=1)
+    cache.save(run / "audit-cache.json")
+    if cache.hits:
+        console.print(f"  {cache.hits} verdicts from the audit cache (the same task files, audited before)")
+    (run / "audit.json").write_text(json.dumps([v.to_dict() for v in verdicts], indent=2) + "\n")
+    by_name = {task.name: task for task in train_tasks}
+    selection = [by_name[name] for name in select_order(verdicts)]
+    (run / "selection.txt").write_text("".join(f"{task.path}\n" for task in selection))
+    rejected = [v for v in verdicts if not v.accepted]
+    console.print(f"  accepted {len(selection)}/{len(verdicts)}"
+                  + "".join(f"\n  rejected {v.task}: {'; '.join(r.reason for r in v.rejects) or 'low score'}" for v in rejected[:5]))  # fmt: skip
+    if not selection:
+        raise TermgymError(f"the audit accepted no task of the pool (see {run / 'audit.json'})")
+    return Pool(train_tasks, heldout, selection, verdicts)
+
+
+def build_policy(run: Path, cfg: Config, console: Console):
+    """Phase 3: the tiny MoE policy in ``run/init``. Its tokenizer is trained on the bundled
+    tasks' text, never on the generated pool or the held-out set: names then split into generic
+    pieces that the policy can learn to copy, instead of pool names merged into tokens that no
+    held-out name uses."""
+    init = build_tiny_policy(run / "init", seed=cfg.seed, hidden=cfg.hidden, layers=cfg.layers, experts=cfg.experts,
+                             head_dim=64 if cfg.generator == "vllm" else None)  # vLLM's CPU attention
+    policy, tokenizer = load_policy(init)
+    params = sum(p.numel() for p in policy.parameters())
+    console.print(f"[bold]3/7 policy[/]: tiny Qwen3-MoE, {params / 1e3:.0f}k parameters, "
+                  f"{cfg.layers} layers x {cfg.experts} experts (top-2), vocabulary {len(tokenizer)}")  # fmt: skip
+    return policy, tokenizer
+
+
+async def record_demonstrations(run: Path, cfg: Config, selection: list[Task], console: Console) -> list[Demonstration]:
+    """Phase 4a: the reference trajectories of ``selection`` (resolved ones only), recorded in
+    fresh sandboxes; ``run/sft/demonstrations.jsonl`` and every trial's record in ``run/sft/records.jsonl``."""
+    with _progress(console) as progress:
+        bar = progress.add_task("4/7 reference trajectories", total=len(selection))
+        demos = await collect_demonstrations(
+            selection, lambda task: reference_commands(task.path), rollout_options(cfg, f"reference-{run.name}"),
+            concurrency=cfg.concurrency,
+            on_record=lambda record: (append_record(run / "sft" / "records.jsonl", record), progress.advance(bar)),
+        )  # fmt: skip
+    save_demonstrations(run / "sft" / "demonstrations.jsonl", demos)
+    return demos
+
+
+def warm_start(run: Path, cfg: Config, demos: list[Demonstration], policy, tokenizer, console: Console) -> list[float]:
+    """Phase 4b: train ``policy`` on ``demos`` for ``cfg.sft_steps`` steps and save it to
+    ``run/sft/policy``; returns the loss of every step."""
+    chat = ChatFormat(tokenizer)
+    rows = [demonstration_tokens(chat, demo, cfg.observation_tokens) for demo in demos]
+    began = time.monotonic()
+    with _progress(console) as progress:
+        bar = progress.add_task(f"4/7 supervised warm start on {len(demos)} trajectories", total=cfg.sft_steps)
+        losses = supervised_train(policy, rows, steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
+                                  seed=cfg.seed, pad_id=tokenizer.pad_token_id,
+                                  on_step=lambda step, loss: progress.update(bar, advance=1, description=(
+                                      f"4/7 supervised warm start · loss {loss:.3f}")))  # fmt: skip
+    policy.save_pretrained(run / "sft" / "policy")
+    tokenizer.save_pretrained(run / "sft" / "policy")
+    (run / "sft" / "losses.json").write_text(json.dumps(losses) + "\n")
+    if losses:
+        console.print(f"  loss {losses[0]:.3f} -> {losses[-1]:.3f} in {len(losses)} steps ({time.monotonic() - began:.0f}s)")
+    return losses
+
+
+async def held_out(run: Path, cfg: Config, label: str, model, tokenizer, tasks: list[Task], console: Console) -> EvalSummary:
+    """Greedy evaluation on the held-out set; one record per task in ``run/eval/LABEL.jsonl``."""
+    settings = RolloutSettings(cfg.max_new_tokens, cfg.max_context, cfg.observation_tokens)
+    with _progress(console) as progress:
+        bar = progress.add_task(f"evaluation on the held-out set ({label})", total=len(tasks))
+
+        def on_record(record, trajectory) -> None:
+            append_record(run / "eval" / f"{label}.jsonl", record)
+            progress.advance(bar)
+
+        summary, _ = await evaluate(model, tokenizer, tasks, rollout_options(cfg, f"eval-{label}-{run.name}"), settings,
+                                    concurrency=cfg.concurrency, on_record=on_record)  # fmt: skip
+    console.print(f"  {label}: resolved {summary.resolved:.1%}, mean assertions passed {summary.passed:.2f}")
+    return summary
+
+
+async def reinforce(cfg: Config, model_dir: Path, selection: list[Task], out: Path) -> list[dict]:
+    """Phase 6: critic warm-up and PPO from ``model_dir`` on ``selection`` into ``out``; returns
+    the per-step metrics."""
+    from trainer.train import train  # the PPO loop
+
+    await train(replace(cfg, model=str(model_dir), tasks=tuple(str(t.path) for t in selection), out=str(out), pool=0))
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
+    """Run every phase into ``cfg.out`` (which must not hold an earlier run); returns the summary
+    that ``summary.json`` holds."""
+    console = console or Console(file=sys.stderr, width=None if sys.stderr.isatty() else 120)  # tables unwrapped in logs
+    run = Path(cfg.out)
+    if run.exists() and any(run.iterdir()):
+        raise ValueError(f"{run} already holds a run; choose another --out")
+    if cfg.resume:
+        raise ValueError("--resume continues PPO alone: give it --out RUN/ppo and --model RUN/sft/policy, without --pool")
+    timings: dict[str, float] = {}
+    began = time.monotonic()
+    pool = await prepare_pool(run, cfg, console)
+    timings["tasks_and_audit"] = time.monotonic() - began
+    policy, tokenizer = build_policy(run, cfg, console)
+    began = time.monotonic()
+    demos = await record_demonstrations(run, cfg, pool.selection, console)
+    losses = warm_start(run, cfg, demos, policy, tokenizer, console)
+    timings["supervised"] = time.monotonic() - began
+    began = time.monotonic()
+    before = await held_out(run, cfg, "sft", policy, tokenizer, pool.heldout, console)
+    timings["evaluation"] = time.monotonic() - began
+    began = time.monotonic()
+    console.print(f"[bold]6/7 PPO[/]: {cfg.critic_warmup_steps} critic warm-up steps, then {cfg.steps - cfg.critic_warmup_steps} "
+                  f"policy updates, {cfg.batch_size} trajectories per step ({cfg.mode}, {cfg.reward} reward)")  # fmt: skip
+    metrics = await reinforce(cfg, run / "sft" / "policy", pool.selection, run / "ppo")
+    timings["ppo"] = time.monotonic() - began
+    began = time.monotonic()
+    trained, _ = load_policy(run / "ppo" / "policy")
+    after = await held_out(run, cfg, "ppo", trained, tokenizer, pool.heldout, console)
+    timings["evaluation"] += time.monotonic() - began
+    plots = write_plots(run / "plots", metrics, sft_losses=losses, warmup_steps=cfg.critic_warmup_steps)
+    summary = {
+        "run": str(run), "seed": cfg.seed, "pool": len(pool.train), "accepted": len(pool.selection),
+        "demonstrations": len(demos), "parameters": sum(p.numel() for p in policy.parameters()),
+        "heldout": {"sft": before.to_dict(), "ppo": after.to_dict()},
+        "timings": timings, "plots": [str(p) for p in plots],
+    }  # fmt: skip
+    (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    console.print(result_table(before, after))
+    console.print(family_table(before, after, {t.family for t in pool.selection}))
+    console.print(f"run directory: [bold]{run}[/] (summary.json, plots/, eval/, ppo/checkpoint.pt, ppo/policy/)")
+    return summary
+
+
+def run_pipeline_sync(cfg: Config) -> dict:
+    from termgym.sandboxes import close_backends
+
+    async def main() -> dict:
+        try:
+            return await run_pipeline(cfg)
+        finally:
+            await close_backends()
+
+    torch.manual_seed(cfg.seed)
+    return asyncio.run(main())

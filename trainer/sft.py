@@ -1,0 +1,149 @@
+"""The supervised warm start: reference-solution trajectories of the training pool, recorded in
+real sandboxes, then teacher-forced cross-entropy on the policy's own turns.
+
+A demonstration is what the policy would have produced had it typed the reference commands: the
+same chat prompt, each command's tokens and ``<|im_end|>``, the observation the sandbox really
+returned (framed exactly as ``trainer/rollout.py`` frames it), and ``<|submit|>`` at the end. The
+loss covers only what the policy types (commands, end-of-turn and submit tokens), never the prompt
+or the observations, so supervised training and PPO train the same positions.
+
+Guarantees: ``demonstration_tokens`` is pure and agrees token for token with the rollout framing
+(``tests/trainer/test_sft.py``); ``collect_demonstrations`` keeps only demonstrations whose episode
+the verifier resolved, so a broken reference never teaches; ``supervised_train`` is deterministic
+in its seed on CPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.records import TrialRecord
+from termgym.tasks import Task
+from termgym.trial import Step, run_trial
+from trainer import ppo
+from trainer.rollout import ChatFormat
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One reference episode: the commands typed and what the sandbox answered to each."""
+
+    task: str
+    instruction: str
+    commands: tuple[str, ...]
+    observations: tuple[str, ...]
+
+
+def demonstration_tokens(chat: ChatFormat, demo: Demonstration, observation_tokens: int) -> tuple[list[int], list[int]]:
+    """``(ids, loss_mask)`` of ``demo`` in the rollout's framing; the mask is 1 on the tokens the
+    policy types: each command, its ``<|im_end|>``, and the final ``<|submit|>``."""
+    ids = chat.prompt(demo.instruction)
+    mask = [0] * len(ids)
+    for command, observation in zip(demo.commands, demo.observations):
+        typed = chat.text(command) + [chat.im_end]
+        framed = chat.observation(observation, observation_tokens, closed=True)
+        ids, mask = ids + typed + framed, mask + [1] * len(typed) + [0] * len(framed)
+    return ids + [chat.submit], mask + [1]
+
+
+@dataclass
+class _ReferenceAgent:
+    """Types the reference commands one per turn, recording each observation, then submits."""
+
+    commands: tuple[str, ...]
+    observations: list[str] = field(default_factory=list)
+    name: str = "reference"
+
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+        for command in self.commands:
+            step = await env.step(command)
+            self.observations.append(step[0])
+            if env.done:
+                return step
+        return await env.step(SUBMIT)
+
+
+async def collect_demonstrations(tasks: Sequence[Task], commands: Callable[[Task], Sequence[str]], options: EnvOptions, *,
+                                 concurrency: int = 4, on_record: Callable[[TrialRecord], None] | None = None,
+                                 ) -> list[Demonstration]:  # fmt: skip
+    """One reference episode per task (``commands(task)``: its reference commands), in task order;
+    only episodes the verifier resolved become demonstrations. Every trial's record goes to
+    ``on_record``, resolved or not."""
+    gate = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(task: Task) -> Demonstration | None:
+        agent = _ReferenceAgent(tuple(commands(task)))
+        async with gate:
+            record = await run_trial(task, agent, options)
+        if on_record is not None:
+            on_record(record)
+        if not record.resolved or len(agent.observations) != len(agent.commands):
+            return None
+        return Demonstration(task.name, task.instruction, agent.commands, tuple(agent.observations))
+
+    return [d for d in await asyncio.gather(*(one(task) for task in tasks)) if d is not None]
+
+
+def save_demonstrations(path: Path, demos: Sequence[Demonstration]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(asdict(d)) + "\n" for d in demos), encoding="utf-8")
+
+
+def pad_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``ids``, ``attention`` and the loss mask aligned with ``ids[:, 1:]``."""
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width))
+    for row, (seq, loss_mask) in enumerate(rows):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        attention[row, : len(seq)] = 1
+        mask[row, : len(seq)] = torch.tensor(loss_mask, dtype=torch.float32)
+    return ids, attention, mask[:, 1:]
+
+
+def supervised_loss(policy, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood of the masked tokens (those the policy types)."""
+    logits = policy(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    return -ppo.masked_mean(ppo.token_logprobs(logits, ids[:, 1:]), mask)
+
+
+def supervised_train(policy, rows: Sequence[tuple[list[int], list[int]]], *, steps: int, batch_size: int, lr: float,
+                     seed: int, pad_id: int = 0, max_grad_norm: float = 1.0,
+                     on_step: Callable[[int, float], None] | None = None) -> list[float]:  # fmt: skip
+    """``steps`` AdamW steps on minibatches drawn without replacement (reshuffled every pass) from
+    ``rows``, with a linear warm-up over the first tenth; returns the loss of every step."""
+    if not rows:
+        raise ValueError("no demonstrations to train on (did every reference episode fail?)")
+    order_rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    policy.train()
+    order: list[int] = []
+    losses = []
+    for step in range(steps):
+        if len(order) < batch_size:
+            fresh = list(range(len(rows)))
+            order_rng.shuffle(fresh)
+            order += fresh
+        picked, order = order[:batch_size], order[batch_size:]
+        loss = supervised_loss(policy, *pad_batch([rows[i] for i in picked], pad_id))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+        optimizer.step()
+        schedule.step()
+        losses.append(float(loss.detach()))
+        if on_step is not None:
+            on_step(step, losses[-1])
+    policy.eval()
+    return losses
