@@ -27,6 +27,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from termgym.aio import cancel_and_wait
 from termgym.errors import SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ProcessChannel, Sandbox
@@ -230,11 +231,7 @@ class PersistentShell:
         )
 
     async def close(self) -> None:
-        for task in (self._reader, self._exited):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+        await cancel_and_wait(self._reader, self._exited)
         if self._channel is not None:
             await self._channel.close()
         self._channel = self._reader = self._exited = None

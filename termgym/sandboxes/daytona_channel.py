@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from termgym.aio import cancel_and_wait
 from termgym.errors import SandboxError, SandboxGone
 from termgym.sandboxes.base import ProcessChannel
 from termgym.sandboxes.daytona_policy import command_line, encode_command
@@ -139,9 +140,7 @@ class SessionChannel(ProcessChannel):
             await asyncio.wait_for(
                 self._sandbox.process.delete_session(self.session_id, request_timeout=self._timeout), self._timeout + 5
             )
-        self._follower.cancel()
-        with contextlib.suppress(BaseException):
-            await self._follower
+        await cancel_and_wait(self._follower)
         self._finish()
 
     # -- output ----------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from termgym.aio import cancel_and_wait
 from termgym.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
 from termgym.errors import BackendUnavailable, EnvironmentBuildError, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
@@ -311,11 +312,7 @@ async def _communicate(process: asyncio.subprocess.Process, stdin: bytes | None,
         if not reader.done():
             await asyncio.wait({reader}, timeout=0.1)
     finally:
-        for task in (reader, feeder):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+        await cancel_and_wait(reader, feeder)
 
 
 _POLL_SEC = 0.005
