@@ -108,9 +108,9 @@ PRESETS: dict[str, dict] = {
     # The main job on a 2-core CPU (make demo): a generated, audited pool; a supervised start; PPO
     # with the dense reward in the bias-correcting scheduler mode; held-out evaluation before and after.
     "tiny": dict(
-        pool=2000, heldout=48, audit_k=1, audit_cache="bundled", sft_steps=550, sft_batch_size=32, sft_lr=3e-3,
+        pool=2000, heldout=48, audit_k=1, audit_cache="bundled", sft_steps=600, sft_batch_size=32, sft_lr=3e-3,
         hidden=128, layers=3, experts=8,
-        steps=14, batch_size=32, concurrency=8, mode="reweight", max_turns=4, command_timeout=5.0,
+        steps=16, batch_size=32, concurrency=8, mode="reweight", max_turns=4, command_timeout=5.0,
         max_new_tokens=24, max_context=512, observation_tokens=64, actor_lr=2e-4, critic_lr=1e-3,
         update_epochs=2, minibatch_size=8, critic_warmup_steps=2,
     ),
