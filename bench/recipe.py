@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import math
+import shutil
 import statistics
 import sys
 import time
@@ -38,10 +39,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console
 from rich.table import Table
 
+from termgym.records import TrialRecord
 from termgym.sandboxes import close_backends
+from termgym.tasks import load_task
 from trainer.config import PRESETS, Config
+from trainer.evaluate import summarise_records
 from trainer.models import load_policy
-from trainer.pipeline import build_policy, held_out, prepare_pool, record_demonstrations, reinforce, warm_start
+from trainer.pipeline import Pool, build_policy, held_out, prepare_pool, record_demonstrations, reinforce, warm_start
+from trainer.sft import Demonstration
+
+
+async def reuse_pool(pool_dir: Path) -> Pool:
+    """The pool, held-out set and selection an earlier run of this benchmark wrote (``--resume``)."""
+    train = [load_task(p) for p in sorted((pool_dir / "tasks" / "train").iterdir()) if p.is_dir()]
+    heldout = [load_task(p) for p in sorted((pool_dir / "tasks" / "heldout").iterdir()) if p.is_dir()]
+    selection = [load_task(Path(line)) for line in (pool_dir / "selection.txt").read_text().split()]
+    return Pool(train, heldout, selection, [])
 
 
 def bench_config(quick: bool) -> Config:
@@ -72,23 +85,56 @@ def mean_sd(values: list[float], fmt: str = ".3f") -> str:
     return f"{statistics.mean(values):{fmt}} ± {sd:{fmt}}"
 
 
-async def one_seed(root: Path, cfg: Config, pool, demos, console: Console) -> dict:
-    """The warm start of one seed and every arm from it; returns the arms' figures."""
+def finished_eval(run: Path, label: str, tasks: int) -> dict | None:
+    """A held-out evaluation already on disk (``--resume``), or None."""
+    path = run / "eval" / f"{label}.jsonl"
+    records = [TrialRecord(**json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
+    return summarise_records(records).to_dict() if len(records) == tasks else None
+
+
+def finished_metrics(out: Path, steps: int) -> list[dict] | None:
+    """An arm's metrics already on disk with all its steps (``--resume``), or None."""
+    path = out / "metrics.jsonl"
+    metrics = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return metrics if len(metrics) == steps and (out / "policy").exists() else None
+
+
+async def one_seed(root: Path, cfg: Config, pool, demos, console: Console, resume: bool = False,
+                   skip: frozenset[str] = frozenset()) -> dict:
+    """The warm start of one seed and every arm from it; returns the arms' figures. With
+    ``resume``, a warm start, an arm or an evaluation already complete on disk is reused."""
     run = root / f"seed{cfg.seed}"
-    run.mkdir(parents=True)
-    policy, tokenizer = build_policy(run, cfg, console)
-    warm_start(run, cfg, demos, policy, tokenizer, console)
     start = run / "sft" / "policy"
-    out: dict = {"sft": {"heldout": (await held_out(run, cfg, "sft", policy, tokenizer, pool.heldout, console)).to_dict()}}
+    n = len(pool.heldout)
+    if resume and (start / "config.json").exists():
+        policy, tokenizer = load_policy(start)
+    else:
+        shutil.rmtree(run, ignore_errors=True)
+        run.mkdir(parents=True)
+        policy, tokenizer = build_policy(run, cfg, console)
+        warm_start(run, cfg, demos, policy, tokenizer, console)
+    sft = finished_eval(run, "sft", n) if resume else None
+    out: dict = {"sft": {"heldout": sft or (await held_out(run, cfg, "sft", policy, tokenizer, pool.heldout, console)).to_dict()}}
 
     async def arm(name: str, arm_cfg: Config, evaluate: bool) -> list[dict]:
+        if f"{name}@{cfg.seed}" in skip:
+            console.print(f"[bold]seed {cfg.seed} · {name}[/]: skipped (--skip)")
+            return []
         console.print(f"[bold]seed {cfg.seed} · {name}[/]")
         began = time.monotonic()
-        metrics = await reinforce(arm_cfg, start, pool.selection, run / name)
+        metrics = finished_metrics(run / name, arm_cfg.steps) if resume else None
+        if metrics is None:
+            shutil.rmtree(run / name, ignore_errors=True)
+            (run / "eval" / f"{name}.jsonl").unlink(missing_ok=True)
+            metrics = await reinforce(arm_cfg, start, pool.selection, run / name)
         out[name] = {"metrics": metrics, "seconds": time.monotonic() - began}
         if evaluate:
-            trained, _ = load_policy(run / name / "policy")
-            out[name]["heldout"] = (await held_out(run, cfg, name, trained, tokenizer, pool.heldout, console)).to_dict()
+            done = finished_eval(run, name, n) if resume else None
+            if done is None:
+                (run / "eval" / f"{name}.jsonl").unlink(missing_ok=True)
+                trained, _ = load_policy(run / name / "policy")
+                done = (await held_out(run, cfg, name, trained, tokenizer, pool.heldout, console)).to_dict()
+            out[name]["heldout"] = done
         return metrics
 
     await arm("dense", cfg, True)  # also: warm critic, R3 on (float32 sampler), reweight
@@ -104,9 +150,12 @@ async def one_seed(root: Path, cfg: Config, pool, demos, console: Console) -> di
 def figures(results: list[dict], warmup: int) -> list[tuple[str, str, str, str]]:
     """(comparison, measure, arm A, arm B) rows, each cell mean ± sd over seeds."""
 
+    def having(*arms: str) -> list[dict]:
+        return [r for r in results if all(arm in r for arm in arms)]
+
     def policy_ev(arm: str, first: int, count: int) -> list[float]:
         values = []
-        for r in results:
+        for r in having(arm):
             updates = [m["explained_variance"] for m in r[arm]["metrics"] if not m["warmup"]][first : first + count]
             finite = [v for v in updates if v is not None and math.isfinite(v)]  # NaN: no return variance that step
             if finite:
@@ -114,13 +163,14 @@ def figures(results: list[dict], warmup: int) -> list[tuple[str, str, str, str]]
         return values
 
     def gap(arm: str) -> list[float]:
-        return [statistics.mean(m["logprob_gap"] for m in r[arm]["metrics"]) for r in results]
+        return [statistics.mean(m["logprob_gap"] for m in r[arm]["metrics"]) for r in having(arm)]
 
     def held(arm: str, key: str) -> list[float]:
-        return [r[arm]["heldout"][key] for r in results]
+        return [r[arm]["heldout"][key] for r in having(arm)]
 
-    shares = {arm: [longest_family_shares(r[arm]["metrics"]) for r in results] for arm in ("cancel", "reweight")}
-    wall = {arm: [statistics.mean(m["scheduler"]["wall_seconds"] for m in r[arm]["metrics"]) for r in results]
+    both = having("cancel", "reweight")  # a seed whose arm was skipped leaves this comparison
+    shares = {arm: [longest_family_shares(r[arm]["metrics"]) for r in both] for arm in ("cancel", "reweight")}
+    wall = {arm: [statistics.mean(m["scheduler"]["wall_seconds"] for m in r[arm]["metrics"]) for r in both]
             for arm in ("cancel", "reweight")}  # fmt: skip
     longest = shares["cancel"][0][0]
     return [
@@ -130,7 +180,7 @@ def figures(results: list[dict], warmup: int) -> list[tuple[str, str, str, str]]
         ("2. warm vs cold critic", "EV at the first policy update", mean_sd(policy_ev("dense", 0, 1)), mean_sd(policy_ev("cold-critic", 0, 1))),
         ("", "EV, mean of the first 3 updates", mean_sd(policy_ev("dense", 0, 3)), mean_sd(policy_ev("cold-critic", 0, 3))),
         ("3. R3 on vs off (bf16 sampler)", "mean |Δ log p| (loss region)", mean_sd(gap("r3-on"), ".2e"), mean_sd(gap("r3-off"), ".2e")),
-        ("4. reweight vs cancel", f"{longest}: launched share", mean_sd([s[1] for s in shares["reweight"]]),
+        (f"4. reweight vs cancel ({len(both)} seeds)", f"{longest}: launched share", mean_sd([s[1] for s in shares["reweight"]]),
          mean_sd([s[1] for s in shares["cancel"]])),
         ("", f"{longest}: kept share (reweight: weighted)", mean_sd([s[3] for s in shares["reweight"]]),
          mean_sd([s[2] for s in shares["cancel"]])),
@@ -142,12 +192,19 @@ async def main_async(args) -> int:
     console = Console(file=sys.stderr, width=None if sys.stderr.isatty() else 140)
     cfg = replace(bench_config(args.quick), seed=args.seeds[0])
     root = Path(args.out or time.strftime("runs/recipe-%Y%m%d-%H%M%S", time.gmtime()))
-    if root.exists() and any(root.iterdir()):
-        raise ValueError(f"{root} already holds a run; choose another --out")
+    if root.exists() and any(root.iterdir()) and not args.resume:
+        raise ValueError(f"{root} already holds a run; choose another --out, or --resume it")
     began = time.monotonic()
-    pool = await prepare_pool(root / "pool", replace(cfg, seed=0), console)  # one pool and held-out set for every seed
-    demos = await record_demonstrations(root / "pool", cfg, pool.selection, console)  # the same for every seed
-    results = [await one_seed(root, replace(cfg, seed=seed), pool, demos, console) for seed in args.seeds]
+    if args.resume and (root / "pool" / "sft" / "demonstrations.jsonl").exists():
+        pool = await reuse_pool(root / "pool")
+        demos = [Demonstration(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(line).items()})
+                 for line in (root / "pool" / "sft" / "demonstrations.jsonl").read_text().splitlines()]  # fmt: skip
+    else:
+        shutil.rmtree(root / "pool", ignore_errors=True)
+        pool = await prepare_pool(root / "pool", replace(cfg, seed=0), console)  # one pool and held-out set for every seed
+        demos = await record_demonstrations(root / "pool", cfg, pool.selection, console)  # the same for every seed
+    results = [await one_seed(root, replace(cfg, seed=seed), pool, demos, console, args.resume, frozenset(args.skip))
+               for seed in args.seeds]
     rows = figures(results, cfg.critic_warmup_steps)
     table = Table(title=f"recipe at small scale · seeds {' '.join(map(str, args.seeds))} · mean ± sd over seeds "
                         f"· {cfg.steps} PPO steps of {cfg.batch_size} · {len(pool.heldout)} held-out tasks", title_justify="left")  # fmt: skip
@@ -167,6 +224,9 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    parser.add_argument("--skip", nargs="*", default=[], metavar="ARM@SEED",
+                        help="arms to leave out, e.g. reweight@1 (its comparison then uses the other seeds)")
+    parser.add_argument("--resume", action="store_true", help="reuse the pool, warm starts, arms and evaluations already complete in --out")
     args = parser.parse_args()
 
     async def run() -> int:
