@@ -13,6 +13,8 @@ import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from termgym.scheduler import MODES
+
 
 @dataclass
 class Config:
@@ -169,7 +171,7 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
     return Config(**values)
 
 
-CHOICES = {"mode": ("wait", "cancel", "carry-over", "reweight"), "generator": ("torch", "vllm"),
+CHOICES = {"mode": MODES, "generator": ("torch", "vllm"),
            "reward": ("dense", "binary"), "sampler_dtype": ("float32", "bfloat16")}  # fmt: skip
 
 

@@ -100,6 +100,23 @@ class ChatFormat:
         return self.tokenizer.decode([t for t in sampled if t not in self.stop_ids], skip_special_tokens=True)
 
 
+# -- padding ----------------------------------------------------------------------------------------
+
+
+def pad_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``ids``, ``attention`` and the loss mask aligned with ``ids[:, 1:]``, for
+    ``(ids, loss_mask)`` rows (the trainer's batches and the supervised warm start's)."""
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width))
+    for row, (seq, loss_mask) in enumerate(rows):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        attention[row, : len(seq)] = 1
+        mask[row, : len(seq)] = torch.tensor(loss_mask, dtype=torch.float32)
+    return ids, attention, mask[:, 1:]
+
+
 # -- batched sampling ------------------------------------------------------------------------------
 
 

@@ -29,7 +29,7 @@ from termgym.records import TrialRecord
 from termgym.tasks import Task
 from termgym.trial import Step, run_trial
 from trainer import ppo
-from trainer.rollout import ChatFormat
+from trainer.rollout import ChatFormat, pad_batch
 
 
 @dataclass(frozen=True)
@@ -95,19 +95,6 @@ async def collect_demonstrations(tasks: Sequence[Task], commands: Callable[[Task
 def save_demonstrations(path: Path, demos: Sequence[Demonstration]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(asdict(d)) + "\n" for d in demos), encoding="utf-8")
-
-
-def pad_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``ids``, ``attention`` and the loss mask aligned with ``ids[:, 1:]``."""
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = torch.zeros((len(rows), width))
-    for row, (seq, loss_mask) in enumerate(rows):
-        ids[row, : len(seq)] = torch.tensor(seq)
-        attention[row, : len(seq)] = 1
-        mask[row, : len(seq)] = torch.tensor(loss_mask, dtype=torch.float32)
-    return ids, attention, mask[:, 1:]
 
 
 def supervised_loss(policy, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

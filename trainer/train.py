@@ -71,6 +71,7 @@ from trainer.rollout import (
     RolloutSettings,
     Trajectory,
     append_trajectories,
+    pad_batch,
     token_drift,
 )
 from trainer.routing import NOT_RECORDED, ROUTING_DTYPE, disable_router_aux_loss, replay_routing
@@ -96,15 +97,10 @@ def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad
     episode's reward on its last sampled token), ``weights`` (the scheduler's per-trial weight).
     ``routing`` is aligned with ``ids`` (``[n, T, layers, top_k]``, -1 where not recorded and on
     padding), or None when any trajectory has none."""
-    width = max(len(t.ids) for t in trajectories)
-    n = len(trajectories)
-    ids = torch.full((n, width), pad_id, dtype=torch.long)
-    attention, mask = torch.zeros((n, width), dtype=torch.long), torch.zeros((n, width))
+    ids, attention, mask = pad_batch([(t.ids, t.loss_mask) for t in trajectories], pad_id)
+    n, width = ids.shape
     rollout_logp, rewards = torch.zeros((n, width)), torch.zeros((n, width))
     for row, t in enumerate(trajectories):
-        ids[row, : len(t.ids)] = torch.tensor(t.ids)
-        attention[row, : len(t.ids)] = 1
-        mask[row, : len(t.ids)] = torch.tensor(t.loss_mask, dtype=torch.float32)
         rollout_logp[row, : len(t.ids)] = torch.tensor(t.logprobs, dtype=torch.float32)
         sampled = [i for i, m in enumerate(t.loss_mask) if m]
         if sampled:
@@ -115,7 +111,7 @@ def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad
         for row, t in enumerate(trajectories):
             routing[row, : len(t.ids)] = t.routing
     return {
-        "ids": ids, "attention": attention, "mask": mask[:, 1:], "rollout_logp": rollout_logp[:, 1:],
+        "ids": ids, "attention": attention, "mask": mask, "rollout_logp": rollout_logp[:, 1:],
         "rewards": rewards[:, 1:], "weights": torch.tensor(list(weights), dtype=torch.float32), "routing": routing,
     }  # fmt: skip
 
