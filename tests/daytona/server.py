@@ -128,6 +128,7 @@ class FakeDaytona:
         self.requests: list[RequestRecord] = []
         self.create_times: list[float] = []
         self.sandboxes: dict[str, FakeSandbox] = {}
+        self.peak_live = 0  # the most sandboxes that ever existed at once, counted at each create
         self.snapshots: dict[str, dict[str, Any]] = {}
         self.ghosts: dict[str, dict[str, Any]] = {}  # deleted, still listed when the list is stale
         self.create_bodies: list[dict[str, Any]] = []
@@ -283,6 +284,7 @@ class FakeDaytona:
         sandbox = FakeSandbox(sandbox_id, body["name"], body, self._local(body["name"], dockerfile))
         sandbox.ready_at = asyncio.get_running_loop().time() + self.faults.create_latency
         self.sandboxes[sandbox.id] = sandbox
+        self.peak_live = max(self.peak_live, len(self.sandboxes))
         if outcome == "error-state":
             sandbox.state, sandbox.error_reason = "error", "the runner failed to start the sandbox"
         else:

@@ -159,21 +159,24 @@ async def test_cancelled_trial_deletes_its_sandbox(task_dir, daytona):
     assert not daytona.live()
 
 
+@dataclasses.dataclass(frozen=True)
+class LingeringAgent:
+    """Holds its sandbox for a while before submitting, so that trials certainly overlap."""
+
+    seconds: float
+    name: str = "lingering"
+
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict):
+        await asyncio.sleep(self.seconds)
+        return await env.step(SUBMIT)
+
+
 async def test_concurrency_cap_bounds_live_sandboxes(task_dir, daytona):
     daytona.faults.create_rates, daytona.faults.throttle = {}, None
     provider = get_provider()
     provider.gate = asyncio.Semaphore(2)
-    peak = 0
-
-    async def watch() -> None:
-        nonlocal peak
-        while True:
-            peak = max(peak, len(daytona.live()))
-            await asyncio.sleep(0.01)
-
-    watcher = asyncio.create_task(watch())
     task = load_task(task_dir)
-    records = await asyncio.gather(*(run_trial(task, NullAgent(), options()) for _ in range(6)))
-    watcher.cancel()
+    records = await asyncio.gather(*(run_trial(task, LingeringAgent(0.5), options()) for _ in range(6)))
     assert all(r.error is None for r in records)
-    assert peak == 2
+    assert daytona.peak_live == 2  # the cap is reached (trials overlap) and never exceeded
+    assert not daytona.live()
