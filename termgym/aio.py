@@ -1,13 +1,25 @@
-"""asyncio helpers that never swallow the caller's own cancellation.
+"""asyncio helpers for cancellation that neither gets lost nor leaves things half done.
 
 ``contextlib.suppress(BaseException)`` around ``await task`` after ``task.cancel()`` also swallows
 a cancellation aimed at the *caller* (Ctrl-C, a timeout, the scheduler cancelling a trial) when it
 arrives during that await, and the caller then carries on as if nothing happened.
+
+CPython 3.11's ``asyncio.wait_for`` has the same flaw built in: when the awaited operation finishes
+in the same loop iteration as the caller is cancelled, it returns the result and the cancellation
+is lost; ``wait_for`` here does not.
+
+Some operations must not be cancelled half-way either: on CPython 3.11, a cancellation that lands
+inside ``asyncio.create_subprocess_exec`` (while it connects the pipes) kills only the direct
+child and then waits for pipes that a surviving grandchild holds open, for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 async def cancel_and_wait(*tasks: asyncio.Future | None) -> None:
@@ -22,3 +34,37 @@ async def cancel_and_wait(*tasks: asyncio.Future | None) -> None:
     for task in pending:
         if not task.cancelled():
             task.exception()  # retrieved: no "exception was never retrieved" at exit
+
+
+async def wait_for(awaitable: Awaitable[T], timeout: float) -> T:
+    """``await awaitable``, cancelled and ``TimeoutError`` after ``timeout`` seconds; a cancellation
+    of the caller always propagates (``asyncio.timeout``, not 3.11's ``asyncio.wait_for``)."""
+    async with asyncio.timeout(timeout):
+        return await awaitable
+
+
+async def uninterrupted(work: Awaitable[T], undo: Callable[[T], Awaitable[None]]) -> T:
+    """The result of ``work``, which a cancellation of the caller never interrupts midway. If the
+    caller is cancelled meanwhile, ``work`` still runs to its end, ``undo`` is awaited on what it
+    produced (uninterrupted too), and the cancellation then propagates: nothing is left half made."""
+    task = asyncio.ensure_future(work)
+    interrupted = await _wait_out(task)
+    if not interrupted:
+        return task.result()
+    if task.exception() is None:
+        cleanup = asyncio.ensure_future(undo(task.result()))
+        await _wait_out(cleanup)
+        if not cleanup.cancelled():
+            cleanup.exception()  # retrieved: the cancellation is what propagates
+    raise asyncio.CancelledError
+
+
+async def _wait_out(task: asyncio.Future) -> bool:
+    """Wait until ``task`` is done, whatever cancellations arrive; True if any arrived."""
+    interrupted = False
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError:
+            interrupted = True
+    return interrupted

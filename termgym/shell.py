@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from termgym.aio import cancel_and_wait
+from termgym.aio import cancel_and_wait, wait_for
 from termgym.errors import SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ProcessChannel, Sandbox
@@ -191,7 +191,7 @@ class PersistentShell:
         self._exited = asyncio.create_task(self._channel.wait())
         await self._channel.write(_BOOTSTRAP.encode())
         try:
-            await asyncio.wait_for(self._wait_frame(self._frame), START_TIMEOUT_SEC)
+            await wait_for(self._wait_frame(self._frame), START_TIMEOUT_SEC)
         except TimeoutError as exc:
             raise SandboxError("the shell did not start in time") from exc
         self.pid, _, _ = self._frame.parse_trailer()
@@ -209,7 +209,7 @@ class PersistentShell:
         timed_out = False
         try:
             await self._channel.write(line.encode())
-            await asyncio.wait_for(self._wait_frame(frame), max(timeout, 0.001))
+            await wait_for(self._wait_frame(frame), max(timeout, 0.001))
         except TimeoutError:
             timed_out = True
             if not await self._interrupt(frame):
@@ -248,7 +248,7 @@ class PersistentShell:
             return
         # The shell is gone: give the pump a moment to drain what it printed last.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(frame.done), 0.2)
+            await wait_for(asyncio.shield(frame.done), 0.2)
         if frame.done.done() and frame.done.exception() is None:
             return
         raise _ShellExited()
@@ -262,7 +262,7 @@ class PersistentShell:
             with contextlib.suppress(SandboxError):
                 await self._sandbox.exec(argv, timeout=10, env={"PATH": "/usr/bin:/bin"}, cwd="/")
             with contextlib.suppress(TimeoutError, _ShellExited, SandboxError):
-                await asyncio.wait_for(self._wait_frame(frame), 0.3)
+                await wait_for(self._wait_frame(frame), 0.3)
                 return True
         return False
 

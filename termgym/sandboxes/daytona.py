@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from termgym.aio import wait_for
 from termgym.dockerfile import DockerfileError, parse_dockerfile
 from termgym.errors import BackendUnavailable, EnvironmentBuildError, SandboxError, SandboxGone
 from termgym.output import DEFAULT_OUTPUT_LIMIT
@@ -146,7 +147,7 @@ class DaytonaProvider:
         while True:
             attempt += 1
             try:
-                return await asyncio.wait_for(make(), (timeout or self.settings.request_timeout) + 5)
+                return await wait_for(make(), (timeout or self.settings.request_timeout) + 5)
             except DaytonaError as exc:
                 kind, after = failure_of(exc)
                 delay = retry_delay(self.settings.retry, kind, attempt, after, random.random())
@@ -198,7 +199,7 @@ class DaytonaProvider:
                     if builds > self.settings.retry.transient_attempts:
                         raise SandboxError(f"snapshot {name} could not be created after {builds - 1} attempts")
                     try:
-                        await asyncio.wait_for(
+                        await wait_for(
                             self.client.snapshot.create(params, timeout=spec.build_timeout_sec),
                             spec.build_timeout_sec + 10,
                         )
@@ -413,7 +414,7 @@ class DaytonaSandbox(Sandbox):
             await provider.pacer.acquire()
             provider.create_attempts += 1
             try:
-                return await asyncio.wait_for(provider.client.create(self._params(name, snapshot), timeout=timeout), timeout + 15)
+                return await wait_for(provider.client.create(self._params(name, snapshot), timeout=timeout), timeout + 15)
             except asyncio.CancelledError:
                 await asyncio.shield(self._delete_named(name))
                 raise
@@ -492,7 +493,7 @@ class DaytonaSandbox(Sandbox):
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
-            response = await asyncio.wait_for(
+            response = await wait_for(
                 sandbox.process.exec(encode_command(script), timeout=daemon_timeout), daemon_timeout + 15
             )
         except DaytonaTimeoutError:

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from termgym.aio import cancel_and_wait
+from termgym.aio import cancel_and_wait, wait_for
 from termgym.errors import SandboxError, SandboxGone
 from termgym.sandboxes.base import ProcessChannel
 from termgym.sandboxes.daytona_policy import command_line, encode_command
@@ -137,7 +137,7 @@ class SessionChannel(ProcessChannel):
             with contextlib.suppress(SandboxError):
                 await self._send(self._pending_input + b"\n")
         with contextlib.suppress(DaytonaError, TimeoutError):
-            await asyncio.wait_for(
+            await wait_for(
                 self._sandbox.process.delete_session(self.session_id, request_timeout=self._timeout), self._timeout + 5
             )
         await cancel_and_wait(self._follower)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from termgym.aio import wait_for
 from termgym.errors import BackendUnavailable, SandboxError, SandboxGone
 from termgym.images import ensure_task_image
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
@@ -167,7 +168,7 @@ class DockerSandbox(Sandbox):
         client, container = docker_client(), self._require()
         capture = OutputCapture(4096)
         try:
-            code = await asyncio.wait_for(
+            code = await wait_for(
                 _run(_exec_blocking, client, container, ["/bin/sh", "-c", KILL_ALL], "/", capture), 60
             )
         except Exception as exc:
@@ -204,7 +205,7 @@ class DockerSandbox(Sandbox):
         capture = OutputCapture(output_limit)
         started = time.monotonic()
         try:
-            code = await asyncio.wait_for(
+            code = await wait_for(
                 _run(_exec_blocking, docker_client(), container, command, cwd or self.workdir, capture), limit + 10
             )
         except TimeoutError:
@@ -240,7 +241,7 @@ class DockerSandbox(Sandbox):
         if made.exit_code != 0:
             raise SandboxError(f"upload to {dest} failed: {made.text.strip()[:200]}")
         try:
-            await asyncio.wait_for(_run(docker_client().api.put_archive, self._require(), dest, archive), timeout)
+            await wait_for(_run(docker_client().api.put_archive, self._require(), dest, archive), timeout)
         except Exception as exc:
             raise _mapped(exc, f"upload to {dest} failed") from exc
 

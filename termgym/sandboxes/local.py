@@ -29,10 +29,10 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
-from termgym.aio import cancel_and_wait
+from termgym.aio import cancel_and_wait, uninterrupted, wait_for
 from termgym.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
 from termgym.errors import BackendUnavailable, EnvironmentBuildError, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
@@ -149,15 +149,16 @@ class LocalSandbox(Sandbox):
         return argv
 
     async def _start_keeper(self) -> None:
-        self._keeper = await asyncio.create_subprocess_exec(
-            *self._bwrap_argv(),
+        self._keeper = await _spawn(
+            self._bwrap_argv(),
+            _end_keeper,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         assert self._keeper.stdout is not None and self._keeper.stderr is not None
         try:
-            line = await asyncio.wait_for(self._keeper.stdout.readline(), KEEPER_START_TIMEOUT)
+            line = await wait_for(self._keeper.stdout.readline(), KEEPER_START_TIMEOUT)
             if line != b"ready\n":
                 raise ValueError("the keeper did not start")
             # bwrap (host) -> the namespace's init -> the keeper command: enter the keeper's.
@@ -175,16 +176,7 @@ class LocalSandbox(Sandbox):
     async def _stop_keeper(self) -> None:
         if self._keeper is None:
             return
-        # Killing the namespace's init makes the kernel kill every process in the sandbox.
-        for pid in _children(self._keeper.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if self._keeper.returncode is None:
-            # os.kill, not Process.kill: that polls first and may reap the exited process behind
-            # the child watcher's back (which then warns "Unknown child process").
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self._keeper.pid, signal.SIGKILL)
-        await _release(self._keeper)
+        await _end_keeper(self._keeper)
         self._keeper_pid = None
         self._keeper = None
 
@@ -214,8 +206,9 @@ class LocalSandbox(Sandbox):
         limit = max(timeout, 0.001)
         inner = ["/usr/bin/timeout", "-k", "1", f"{limit:.3f}", *argv]
         command = self._enter_argv(inner, self.env if env is None else env, cwd or self.workdir)
-        process = await asyncio.create_subprocess_exec(
-            *command,
+        process = await _spawn(
+            command,
+            _end_entered,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -224,13 +217,11 @@ class LocalSandbox(Sandbox):
         capture = OutputCapture(output_limit)
         started = time.monotonic()
         try:
-            await asyncio.wait_for(_communicate(process, stdin, capture), limit + 5.0)
+            await wait_for(_communicate(process, stdin, capture), limit + 5.0)
         except TimeoutError:
             pass  # the in-sandbox timeout failed to end it: killed below
         finally:
-            if process.returncode is None:
-                _kill_tree(process.pid)
-            await _release(process)
+            await _end_entered(process)
         code = process.returncode
         if self._keeper_pid is None or not _alive(self._keeper_pid):
             raise SandboxError("the sandbox died while a command was running")
@@ -243,8 +234,9 @@ class LocalSandbox(Sandbox):
         )
 
     async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
-        process = await asyncio.create_subprocess_exec(
-            *self._enter_argv(argv, env, cwd),
+        process = await _spawn(
+            self._enter_argv(argv, env, cwd),
+            _end_entered,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -284,9 +276,7 @@ class _LocalChannel(ProcessChannel):
         if self.closed:
             return
         self.closed = True
-        if self._process.returncode is None:
-            _kill_tree(self._process.pid)
-        await _release(self._process)
+        await _end_entered(self._process)
 
 
 async def _communicate(process: asyncio.subprocess.Process, stdin: bytes | None, capture: OutputCapture) -> None:
@@ -316,6 +306,35 @@ async def _communicate(process: asyncio.subprocess.Process, stdin: bytes | None,
 
 
 _POLL_SEC = 0.005
+
+
+async def _spawn(
+    argv: Sequence[str], end: Callable[[asyncio.subprocess.Process], Awaitable[None]], **kwargs: object
+) -> asyncio.subprocess.Process:
+    """``asyncio.create_subprocess_exec``, which a cancellation never interrupts half-way (see
+    ``termgym.aio``): if the caller is cancelled meanwhile, the process is started, ended with
+    ``end`` and released, and the cancellation propagates."""
+    return await uninterrupted(asyncio.create_subprocess_exec(*argv, **kwargs), end)  # type: ignore[arg-type]
+
+
+async def _end_entered(process: asyncio.subprocess.Process) -> None:
+    """End a command started with ``nsenter`` in a new session, and everything it started."""
+    if process.returncode is None:
+        _kill_tree(process.pid)
+    await _release(process)
+
+
+async def _end_keeper(keeper: asyncio.subprocess.Process) -> None:
+    """End a sandbox: killing the namespace's init makes the kernel kill every process in it."""
+    for pid in _children(keeper.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if keeper.returncode is None:
+        # os.kill, not Process.kill: that polls first and may reap the exited process behind
+        # the child watcher's back (which then warns "Unknown child process").
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(keeper.pid, signal.SIGKILL)
+    await _release(keeper)
 
 
 async def _release(process: asyncio.subprocess.Process, timeout: float = 5.0) -> None:
@@ -367,7 +386,7 @@ def _alive(pid: int) -> bool:
 async def _read_stderr(process: asyncio.subprocess.Process) -> str:
     with contextlib.suppress(Exception):
         assert process.stderr is not None
-        return (await asyncio.wait_for(process.stderr.read(), 1.0)).decode(errors="replace")
+        return (await wait_for(process.stderr.read(), 1.0)).decode(errors="replace")
     return ""
 
 
