@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from termgym.aio import wait_for
+from termgym.aio import uninterrupted, wait_for
 from termgym.errors import BackendUnavailable, SandboxError, SandboxGone
 from termgym.images import ensure_task_image
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
@@ -124,11 +124,16 @@ class DockerSandbox(Sandbox):
             ulimits=[docker.types.Ulimit(name="fsize", soft=resources.storage_mb << 20, hard=resources.storage_mb << 20)],
             init=True,
         )
+
+        async def discard(created: dict) -> None:  # cancelled while the engine was creating it
+            with contextlib.suppress(Exception):
+                await _run(client.api.remove_container, created["Id"], force=True)
+
         try:
-            created = await _run(
+            created = await uninterrupted(_run(
                 client.api.create_container, image.tag, command=["sleep", "infinity"],
                 labels=labels, host_config=host_config, working_dir=self.workdir, environment=dict(self.spec.env),
-            )  # fmt: skip
+            ), discard)  # fmt: skip
             self._container = created["Id"]
             await _run(client.api.start, self._container)
         except Exception as exc:

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import sys
 import textwrap
 import time
@@ -251,3 +252,25 @@ async def test_killer_that_cannot_start_falls_back_to_a_restart(task_dir, backen
     )
     assert record.error is None and record.resolved, record
     assert not pids_matching("sleep 100008")
+
+
+async def test_a_trial_cancelled_while_its_container_is_being_created_leaves_no_container(task_dir, backend, no_leaks, monkeypatch):
+    task = load_task(task_dir)
+    assert (await run_trial(task, OracleAgent(), EnvOptions(backend=backend))).resolved  # the image is built
+    api = docker_client().api
+    real_create, creating = api.create_container, threading.Event()
+
+    def slow_create(*args, **kwargs):  # the engine answers after the trial was cancelled
+        creating.set()
+        created = real_create(*args, **kwargs)
+        time.sleep(0.5)
+        return created
+
+    monkeypatch.setattr(api, "create_container", slow_create)
+    trial = asyncio.create_task(run_trial(task, OracleAgent(), EnvOptions(backend=backend)))
+    while not creating.is_set():
+        await asyncio.sleep(0.01)
+    trial.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await trial
+    # no_leaks: no labelled container is left
