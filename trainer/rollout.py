@@ -181,18 +181,18 @@ class BatchedSampler:
         routing: list[torch.Tensor] | None = [] if self.records_routing else None
         try:
             logprobs = next_token_logprobs(self.model, [p[0] for p in batch], self.pad_id, routing=routing)
-        except Exception as exc:  # a failed forward fails every request in it, never hangs them
+            self.forwards, self.requests = self.forwards + 1, self.requests + len(batch)
+            for row, (_, generator, future, positions) in enumerate(batch):
+                if generator is None:
+                    token = int(logprobs[row].argmax())
+                else:
+                    token = int(torch.multinomial(logprobs[row].exp(), 1, generator=generator))
+                routed = routing[0][row, positions].clone() if routing else None
+                future.set_result((token, float(logprobs[row, token]), routed))
+        except Exception as exc:  # a failure fails every request not yet answered, never hangs them
             for _, _, future, _ in batch:
-                future.set_exception(exc)
-            return
-        self.forwards, self.requests = self.forwards + 1, self.requests + len(batch)
-        for row, (_, generator, future, positions) in enumerate(batch):
-            if generator is None:
-                token = int(logprobs[row].argmax())
-            else:
-                token = int(torch.multinomial(logprobs[row].exp(), 1, generator=generator))
-            routed = routing[0][row, positions].clone() if routing else None
-            future.set_result((token, float(logprobs[row, token]), routed))
+                if not future.done():
+                    future.set_exception(exc)
 
 
 # -- one episode -------------------------------------------------------------------------------------

@@ -131,6 +131,28 @@ def test_the_sampler_serves_concurrent_requests_in_one_forward_and_samples_as_al
         assert abs(together[i][1] - logprob) < 1e-5
 
 
+def test_a_failure_after_the_forward_fails_every_unanswered_request_instead_of_hanging_it(tiny_policy, monkeypatch):
+    model, _ = tiny_policy
+    real, calls = torch.multinomial, []
+
+    def fails_second(*args, **kwargs):  # e.g. probabilities that are not finite for one row
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "multinomial", fails_second)
+
+    async def concurrently():
+        sampler = BatchedSampler(model)
+        requests = (sampler.sample([1, 5 + i], torch.Generator().manual_seed(i)) for i in range(3))
+        return await asyncio.wait_for(asyncio.gather(*requests, return_exceptions=True), 10)
+
+    first, *rest = asyncio.run(concurrently())
+    assert isinstance(first, tuple)  # answered before the failure
+    assert all(isinstance(r, RuntimeError) for r in rest)
+
+
 def test_retokenizing_drifts_where_tito_does_not(tiny_policy):
     _, tokenizer = tiny_policy
     chat = ChatFormat(tokenizer)
