@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -29,9 +30,34 @@ class EvalSummary:
     reward: float  # mean reward
     errors: int  # trials that ended in an infrastructure fault
     families: dict[str, dict[str, float]] = field(default_factory=dict)  # family -> tasks, resolved, passed
+    resolved_tasks: tuple[str, ...] = ()  # names of the tasks resolved, sorted
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class PairedChange:
+    """How a second evaluation of the same tasks differs from the first, task by task."""
+
+    gained: int  # tasks resolved after, not before
+    lost: int  # tasks resolved before, not after
+    p_value: float  # two-sided exact sign test (McNemar) on the tasks that changed; 1.0 when none did
+
+    def describe(self, tasks: int) -> str:
+        verdict = "significant at 5%" if self.p_value < 0.05 else "within noise"
+        return (f"{self.gained} of {tasks} tasks gained, {self.lost} lost "
+                f"(sign test on the changed tasks: p = {self.p_value:.2f}, {verdict})")  # fmt: skip
+
+
+def paired_change(before: EvalSummary, after: EvalSummary) -> PairedChange:
+    """Pure: the tasks each evaluation resolved and the other did not, and the probability of a split
+    at least that uneven if each changed task were equally likely to go either way."""
+    first, second = set(before.resolved_tasks), set(after.resolved_tasks)
+    gained, lost = len(second - first), len(first - second)
+    changed = gained + lost
+    tail = sum(math.comb(changed, k) for k in range(min(gained, lost) + 1)) / 2**changed
+    return PairedChange(gained, lost, min(1.0, 2 * tail))
 
 
 def summarise_records(records: Sequence[TrialRecord]) -> EvalSummary:
@@ -50,6 +76,7 @@ def summarise_records(records: Sequence[TrialRecord]) -> EvalSummary:
             family: {"tasks": len(rs), "resolved": sum(r.resolved for r in rs) / len(rs), "passed": sum(r.passed for r in rs) / len(rs)}
             for family, rs in sorted(by_family.items())
         },
+        resolved_tasks=tuple(sorted(r.task for r in records if r.resolved)),
     )  # fmt: skip
 
 

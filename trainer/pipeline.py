@@ -29,7 +29,7 @@ import asyncio
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -46,7 +46,7 @@ from termgym.envs.families import bundled_audit_cache, generate_split, reference
 from termgym.records import append_record
 from termgym.tasks import Task, load_task
 from trainer.config import Config
-from trainer.evaluate import EvalSummary, evaluate
+from trainer.evaluate import EvalSummary, evaluate, paired_change
 from trainer.models import build_tiny_policy, load_policy
 from trainer.plots import write_plots
 from trainer.rollout import ChatFormat, RolloutSettings
@@ -224,14 +224,16 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     after = await held_out(run, cfg, "ppo", trained, tokenizer, pool.heldout, console)
     timings["evaluation"] += time.monotonic() - began
     plots = write_plots(run / "plots", metrics, sft_losses=losses, warmup_steps=cfg.critic_warmup_steps)
+    change = paired_change(before, after)
     summary = {
         "run": str(run), "seed": cfg.seed, "pool": len(pool.train), "accepted": len(pool.selection),
         "demonstrations": len(demos), "parameters": sum(p.numel() for p in policy.parameters()),
-        "heldout": {"sft": before.to_dict(), "ppo": after.to_dict()},
+        "heldout": {"sft": before.to_dict(), "ppo": after.to_dict(), "change": asdict(change)},
         "timings": timings, "plots": [str(p) for p in plots],
     }  # fmt: skip
     (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     console.print(result_table(before, after))
+    console.print(f"  after PPO against the supervised start: {change.describe(before.tasks)}")
     console.print(family_table(before, after, {t.family for t in pool.selection}))
     console.print(f"run directory: [bold]{run}[/] (summary.json, plots/, eval/, ppo/checkpoint.pt, ppo/policy/)")
     return summary

@@ -13,7 +13,7 @@ from termgym.env import EnvOptions
 from termgym.envs.families import generate_split
 from termgym.records import TrialRecord
 from termgym.tasks import load_task
-from trainer.evaluate import evaluate, summarise_records
+from trainer.evaluate import EvalSummary, evaluate, paired_change, summarise_records
 from trainer.plots import curves, write_plots
 from trainer.rollout import RolloutSettings
 
@@ -28,6 +28,23 @@ def test_summary_counts_resolved_passed_and_faults_per_family():
     s = summarise_records(records)
     assert (s.tasks, s.resolved, s.passed, s.errors) == (4, 0.25, 2.0, 1)
     assert s.families == {"x": {"tasks": 2, "resolved": 0.5, "passed": 3.5}, "y": {"tasks": 2, "resolved": 0.0, "passed": 0.5}}
+    assert s.resolved_tasks == ("a",)
+
+
+def summary_resolving(*names: str) -> EvalSummary:
+    return EvalSummary(tasks=48, resolved=len(names) / 48, passed=0.0, reward=0.0, errors=0, resolved_tasks=names)
+
+
+def test_paired_change_counts_flipped_tasks_and_tests_their_split():
+    unchanged = paired_change(summary_resolving("a", "b"), summary_resolving("a", "b"))
+    assert (unchanged.gained, unchanged.lost, unchanged.p_value) == (0, 0, 1.0)
+    three_up = paired_change(summary_resolving("a"), summary_resolving("a", "b", "c", "d"))
+    assert (three_up.gained, three_up.lost) == (3, 0) and three_up.p_value == 0.25  # 2 * (1/2)^3
+    mixed = paired_change(summary_resolving("a", "b", "c"), summary_resolving("c", "d", "e", "f", "g"))
+    assert (mixed.gained, mixed.lost) == (4, 2) and abs(mixed.p_value - 2 * (1 + 6 + 15) / 64) < 1e-12
+    clear = paired_change(summary_resolving(), summary_resolving(*"abcdefgh"))
+    assert clear.p_value == 2 / 256 and "significant" in clear.describe(48)
+    assert "within noise" in three_up.describe(48) and "3 of 48 tasks gained, 0 lost" in three_up.describe(48)
 
 
 async def test_greedy_evaluation_runs_each_task_once_and_is_reproducible(tmp_path, tiny_policy, no_leaks):
@@ -70,6 +87,10 @@ def test_shortened_demo_end_to_end(tmp_path, no_leaks, capsys):
     assert "supervised start" in err and "after PPO" in err and f"run directory: {run}" in err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["heldout"]["sft"]["tasks"] == summary["heldout"]["ppo"]["tasks"] == 6
+    sft, ppo = (set(summary["heldout"][label]["resolved_tasks"]) for label in ("sft", "ppo"))
+    change = summary["heldout"]["change"]
+    assert (change["gained"], change["lost"]) == (len(ppo - sft), len(sft - ppo)) and 0 < change["p_value"] <= 1
+    assert "after PPO against the supervised start:" in err
     # the training pool is the audited selection, and nothing of the held-out set reached training
     audit = json.loads((run / "audit.json").read_text())
     accepted = {v["task"] for v in audit if v["accepted"]}
