@@ -1,0 +1,115 @@
+"""Does PPO change the agent? PPO from a finished main-job run's supervised checkpoint, then the
+supervised and the PPO policy evaluated greedily on the same tasks, task by task.
+
+    .venv/bin/python bench/ppo_effect.py RUN_DIR [--set routing_replay=false ...] [--out DIR]
+
+``RUN_DIR`` is a directory ``termgym train --preset tiny`` (``make demo``) wrote: its
+``sft/policy``, ``selection.txt`` and ``tasks/heldout``. PPO runs with the preset's settings (each
+``--set FIELD=VALUE`` overrides one ``trainer.config.Config`` field, JSON-valued) on the run's
+audited selection. Both policies are then evaluated on a fixed sample of 96 training tasks (drawn
+with seed 1 from the selection, so every invocation uses the same ones) and on the held-out set,
+and the paired change (tasks gained, lost, exact sign test) is printed. PPO is not deterministic
+(the scheduler keeps the first trials to finish), so compare configurations over several runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import fields, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from termgym.sandboxes import close_backends
+from termgym.tasks import load_task
+from trainer.config import PRESETS, Config
+from trainer.evaluate import evaluate, paired_change
+from trainer.models import load_policy
+from trainer.pipeline import reinforce, rollout_options
+from trainer.rollout import RolloutSettings
+
+TRAINING_SAMPLE = 96
+
+
+def overrides(pairs: list[str]) -> dict:
+    """``FIELD=VALUE`` pairs as Config fields (VALUE is JSON, or a plain string)."""
+    defaults = Config()
+    known = {f.name for f in fields(Config)}
+    out = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in known:
+            raise ValueError(f"--set {pair!r}: expected FIELD=VALUE with a field of trainer.config.Config")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        default = getattr(defaults, name)
+        if isinstance(default, float) and type(parsed) is int:
+            parsed = float(parsed)
+        if default is not None and type(parsed) is not type(default):
+            raise ValueError(f"--set {pair!r}: {name} takes a {type(default).__name__}")
+        out[name] = parsed
+    return out
+
+
+async def main_async(args) -> int:
+    run = Path(args.run)
+    if not (run / "sft" / "policy" / "config.json").exists() or not (run / "selection.txt").exists():
+        raise ValueError(f"{run} is not a finished main-job run (no sft/policy or selection.txt)")
+    cfg = replace(Config(**PRESETS["tiny"]), **overrides(args.set))
+    out = Path(args.out or time.strftime("runs/ppo-effect-%Y%m%d-%H%M%S", time.gmtime()))
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} already holds a run; choose another --out")
+    selection = [Path(line) for line in (run / "selection.txt").read_text().split()]
+    await reinforce(cfg, run / "sft" / "policy", [load_task(p) for p in selection], out)
+    sample = random.Random(1).sample(selection, min(TRAINING_SAMPLE, len(selection)))
+    sets = {
+        f"{len(sample)} training tasks": [load_task(p) for p in sample],
+        "held-out set": [load_task(p) for p in sorted((run / "tasks" / "heldout").iterdir()) if p.is_dir()],
+    }
+    settings = RolloutSettings(cfg.max_new_tokens, cfg.max_context, cfg.observation_tokens)
+    report = {"run": str(run), "out": str(out), "overrides": overrides(args.set)}
+    for label, tasks in sets.items():
+        summaries = []
+        for policy_dir in (run / "sft" / "policy", out / "policy"):
+            policy, tokenizer = load_policy(policy_dir)
+            summary, _ = await evaluate(policy, tokenizer, tasks, rollout_options(cfg, f"effect-{out.name}"), settings,
+                                        concurrency=cfg.concurrency)  # fmt: skip
+            summaries.append(summary)
+        change = paired_change(*summaries)
+        print(f"{label}: supervised {summaries[0].resolved:.1%} -> PPO {summaries[1].resolved:.1%}; "
+              f"{change.describe(len(tasks))}")  # fmt: skip
+        report[label] = {"supervised": summaries[0].resolved, "ppo": summaries[1].resolved, "gained": change.gained,
+                         "lost": change.lost, "p_value": change.p_value}  # fmt: skip
+    (out / "effect.json").write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", help="a finished termgym train --preset tiny run directory")
+    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override a Config field")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    async def run() -> int:
+        try:
+            return await main_async(args)
+        finally:
+            await close_backends()
+
+    try:
+        return asyncio.run(run())
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
