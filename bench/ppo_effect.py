@@ -15,7 +15,6 @@ and the paired change (tasks gained, lost, exact sign test) is printed. PPO is n
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from termgym.sandboxes import close_backends
+from termgym.cli import run_command
 from termgym.tasks import load_task
 from trainer.config import PRESETS, Config
 from trainer.evaluate import evaluate, paired_change
@@ -98,17 +97,7 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    async def run() -> int:
-        try:
-            return await main_async(args)
-        finally:
-            await close_backends()
-
-    try:
-        return asyncio.run(run())
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(main_async(args))
 
 
 if __name__ == "__main__":

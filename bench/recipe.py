@@ -24,7 +24,6 @@ PPO arms from that start:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import shutil
@@ -40,7 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from termgym.records import TrialRecord
-from termgym.sandboxes import close_backends
+from termgym.cli import run_command
 from termgym.tasks import load_task
 from trainer.config import PRESETS, Config
 from trainer.evaluate import summarise_records
@@ -229,17 +228,7 @@ def main() -> int:
     parser.add_argument("--resume", action="store_true", help="reuse the pool, warm starts, arms and evaluations already complete in --out")
     args = parser.parse_args()
 
-    async def run() -> int:
-        try:
-            return await main_async(args)
-        finally:
-            await close_backends()
-
-    try:
-        return asyncio.run(run())
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(main_async(args))
 
 
 if __name__ == "__main__":

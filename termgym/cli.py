@@ -12,7 +12,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,21 +115,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    return _one_line_errors(lambda: _dispatch(argv))
+
+
+def run_command(command: Coroutine[Any, Any, int]) -> int:
+    """Run an async command to its exit code, then close the backends' shared clients, with
+    termgym's exit codes (below); for the benchmarks' entry points."""
+    return _one_line_errors(lambda: asyncio.run(_closing_backends(command)))
+
+
+def _one_line_errors(call: Callable[[], int]) -> int:
+    """``call()``'s exit code; bad input is one line and exit 2, an infrastructure fault one line
+    and exit 1, Ctrl-C exit 130: never a traceback."""
     try:
-        if argv[:1] == ["train"]:
-            return cmd_train(argv[1:])
-        args = build_parser().parse_args(argv)
-        handler = {
-            "check": cmd_check, "shell": cmd_shell, "run": cmd_run, "list": cmd_list, "demo": cmd_demo,
-            "gc": cmd_gc, "images": cmd_images, "audit": cmd_audit,
-        }  # fmt: skip
-        return asyncio.run(_closing_backends(handler[args.command](args)))
+        return call()
     except (UsageError, TaskError, ValueError) as exc:
         return _fail(2, f"error: {exc}")
     except TermgymError as exc:
         return _fail(1, f"{exc.kind}: {exc}")
     except KeyboardInterrupt:
         return _fail(130, "interrupted")
+
+
+def _dispatch(argv: list[str]) -> int:
+    if argv[:1] == ["train"]:
+        return cmd_train(argv[1:])
+    args = build_parser().parse_args(argv)
+    handler = {
+        "check": cmd_check, "shell": cmd_shell, "run": cmd_run, "list": cmd_list, "demo": cmd_demo,
+        "gc": cmd_gc, "images": cmd_images, "audit": cmd_audit,
+    }  # fmt: skip
+    return asyncio.run(_closing_backends(handler[args.command](args)))
 
 
 def cmd_train(argv: Sequence[str]) -> int:
