@@ -29,8 +29,8 @@ from termgym.tasks import load_task
 from trainer.config import PRESETS, Config
 from trainer.evaluate import evaluate, paired_change
 from trainer.models import load_policy
-from trainer.pipeline import reinforce, rollout_options
-from trainer.rollout import RolloutSettings
+from trainer.pipeline import reinforce
+from trainer.rollout import rollout_options, rollout_settings
 
 TRAINING_SAMPLE = 96
 
@@ -72,14 +72,13 @@ async def main_async(args) -> int:
         f"{len(sample)} training tasks": [load_task(p) for p in sample],
         "held-out set": [load_task(p) for p in sorted((run / "tasks" / "heldout").iterdir()) if p.is_dir()],
     }
-    settings = RolloutSettings(cfg.max_new_tokens, cfg.max_context, cfg.observation_tokens)
     report = {"run": str(run), "out": str(out), "overrides": overrides(args.set)}
     for label, tasks in sets.items():
         summaries = []
         for policy_dir in (run / "sft" / "policy", out / "policy"):
             policy, tokenizer = load_policy(policy_dir)
-            summary, _ = await evaluate(policy, tokenizer, tasks, rollout_options(cfg, f"effect-{out.name}"), settings,
-                                        concurrency=cfg.concurrency)  # fmt: skip
+            summary, _ = await evaluate(policy, tokenizer, tasks, rollout_options(cfg, f"effect-{out.name}"),
+                                        rollout_settings(cfg), concurrency=cfg.concurrency)  # fmt: skip
             summaries.append(summary)
         change = paired_change(*summaries)
         print(f"{label}: supervised {summaries[0].resolved:.1%} -> PPO {summaries[1].resolved:.1%}; "

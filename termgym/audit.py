@@ -121,7 +121,6 @@ class Verdict:
             "judge": self.judge,
         }
 
-
     @classmethod
     def from_dict(cls, data: dict) -> "Verdict":
         """The inverse of ``to_dict`` (scores as rounded there)."""

@@ -40,7 +40,6 @@ from rich.table import Table
 from termgym.audit import select_order
 from termgym.audit_cache import AuditCache
 from termgym.audit_runner import audit_tasks
-from termgym.env import EnvOptions
 from termgym.errors import TermgymError
 from termgym.envs.families import bundled_audit_cache, generate_split, reference_commands
 from termgym.records import append_record
@@ -49,8 +48,9 @@ from trainer.config import Config
 from trainer.evaluate import EvalSummary, evaluate, paired_change
 from trainer.models import build_tiny_policy, load_policy
 from trainer.plots import write_plots
-from trainer.rollout import ChatFormat, RolloutSettings
+from trainer.rollout import ChatFormat, rollout_options, rollout_settings
 from trainer.sft import Demonstration, collect_demonstrations, demonstration_tokens, save_demonstrations, supervised_train
+from trainer.vllm_generator import policy_head_dim
 
 
 def _progress(console: Console) -> Progress:
@@ -89,10 +89,6 @@ class Pool:
     verdicts: list
 
 
-def rollout_options(cfg: Config, label: str) -> EnvOptions:
-    return EnvOptions(backend=cfg.backend, max_turns=cfg.max_turns, command_timeout=cfg.command_timeout, run_id=label)
-
-
 async def prepare_pool(run: Path, cfg: Config, console: Console) -> Pool:
     """Phases 1 and 2: write ``run/tasks/{train,heldout}``, audit the training pool, write
     ``audit.json`` and ``selection.txt``."""
@@ -126,7 +122,7 @@ def build_policy(run: Path, cfg: Config, console: Console):
     pieces that the policy can learn to copy, instead of pool names merged into tokens that no
     held-out name uses."""
     init = build_tiny_policy(run / "init", seed=cfg.seed, hidden=cfg.hidden, layers=cfg.layers, experts=cfg.experts,
-                             head_dim=64 if cfg.generator == "vllm" else None)  # vLLM's CPU attention
+                             head_dim=policy_head_dim(cfg.generator))
     policy, tokenizer = load_policy(init)
     params = sum(p.numel() for p in policy.parameters())
     console.print(f"[bold]3/7 policy[/]: tiny Qwen3-MoE, {params / 1e3:.0f}k parameters, "
@@ -170,7 +166,6 @@ def warm_start(run: Path, cfg: Config, demos: list[Demonstration], policy, token
 
 async def held_out(run: Path, cfg: Config, label: str, model, tokenizer, tasks: list[Task], console: Console) -> EvalSummary:
     """Greedy evaluation on the held-out set; one record per task in ``run/eval/LABEL.jsonl``."""
-    settings = RolloutSettings(cfg.max_new_tokens, cfg.max_context, cfg.observation_tokens)
     with _progress(console) as progress:
         bar = progress.add_task(f"evaluation on the held-out set ({label})", total=len(tasks))
 
@@ -178,8 +173,8 @@ async def held_out(run: Path, cfg: Config, label: str, model, tokenizer, tasks: 
             append_record(run / "eval" / f"{label}.jsonl", record)
             progress.advance(bar)
 
-        summary, _ = await evaluate(model, tokenizer, tasks, rollout_options(cfg, f"eval-{label}-{run.name}"), settings,
-                                    concurrency=cfg.concurrency, on_record=on_record)  # fmt: skip
+        summary, _ = await evaluate(model, tokenizer, tasks, rollout_options(cfg, f"eval-{label}-{run.name}"),
+                                    rollout_settings(cfg), concurrency=cfg.concurrency, on_record=on_record)  # fmt: skip
     console.print(f"  {label}: resolved {summary.resolved:.1%}, mean assertions passed {summary.passed:.2f}")
     return summary
 

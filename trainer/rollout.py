@@ -51,6 +51,8 @@ from termgym.records import TrialRecord
 from termgym.scheduler import Node, PacedSandbox, TrialProgress
 from termgym.tasks import Task
 from termgym.trial import Step, run_trial
+from trainer import ppo
+from trainer.config import Config
 from trainer.models import IM_END, IM_START, SUBMIT_TOKEN
 from trainer.routing import NOT_RECORDED, ROUTING_DTYPE, is_moe, record_routing, routing_shape, stack_routing
 
@@ -103,18 +105,31 @@ class ChatFormat:
 # -- padding ----------------------------------------------------------------------------------------
 
 
+def pad_ids(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ``ids`` and their ``attention`` mask (1 on real tokens)."""
+    width = max(len(seq) for seq in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention[row, : len(seq)] = 1
+    return ids, attention
+
+
 def pad_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``ids``, ``attention`` and the loss mask aligned with ``ids[:, 1:]``, for
     ``(ids, loss_mask)`` rows (the trainer's batches and the supervised warm start's)."""
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = torch.zeros((len(rows), width))
-    for row, (seq, loss_mask) in enumerate(rows):
-        ids[row, : len(seq)] = torch.tensor(seq)
-        attention[row, : len(seq)] = 1
-        mask[row, : len(seq)] = torch.tensor(loss_mask, dtype=torch.float32)
+    ids, attention = pad_ids([seq for seq, _ in rows], pad_id)
+    mask = torch.zeros(ids.shape)
+    for row, (_, loss_mask) in enumerate(rows):
+        mask[row, : len(loss_mask)] = torch.tensor(loss_mask, dtype=torch.float32)
     return ids, attention, mask[:, 1:]
+
+
+def forward_logp(policy, ids: torch.Tensor, attention: torch.Tensor, *, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``ids[:, 1:]`` under ``policy``, and the per-position entropy if asked."""
+    logits = policy(input_ids=ids, attention_mask=attention).logits[:, :-1]
+    return ppo.token_logprobs(logits, ids[:, 1:]), ppo.entropy_from_logits(logits) if entropy else None
 
 
 # -- batched sampling ------------------------------------------------------------------------------
@@ -125,12 +140,8 @@ def next_token_logprobs(model, sequences: Sequence[Sequence[int]], pad_id: int =
     """Log-probabilities of the next token after each sequence, ``[len(sequences), vocab]``, in one
     right-padded forward pass (causal attention: padding after a sequence cannot change it). With a
     ``routing`` list, it receives that forward's expert ids ``[len(sequences), width, layers, top_k]``."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attention[row, : len(seq)] = 1
+    ids, attention = pad_ids(sequences, pad_id)
+    width = ids.shape[1]
     last = torch.tensor([len(s) - 1 for s in sequences])
     with torch.no_grad(), (record_routing(model) if routing is not None else nullcontext([])) as per_layer:
         logits = model(input_ids=ids, attention_mask=attention).logits
@@ -204,6 +215,16 @@ class RolloutSettings:
     max_context: int = 512  # tokens in the whole episode
     observation_tokens: int = 64  # per observation
     retokenize: bool = False  # demonstration only: decode and re-encode the episode (token drift)
+
+
+def rollout_settings(cfg: Config) -> RolloutSettings:
+    """The episode limits ``cfg`` sets (every rollout and evaluation of a run uses the same)."""
+    return RolloutSettings(cfg.max_new_tokens, cfg.max_context, cfg.observation_tokens, cfg.retokenize)
+
+
+def rollout_options(cfg: Config, run_id: str) -> EnvOptions:
+    """The environment options ``cfg`` sets, for the trials labelled ``run_id``."""
+    return EnvOptions(backend=cfg.backend, max_turns=cfg.max_turns, command_timeout=cfg.command_timeout, run_id=run_id)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from termgym.records import TrialRecord
 from termgym.tasks import Task
 from termgym.trial import Step, run_trial
 from trainer import ppo
-from trainer.rollout import ChatFormat, pad_batch
+from trainer.rollout import ChatFormat, forward_logp, pad_batch
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,7 @@ def save_demonstrations(path: Path, demos: Sequence[Demonstration]) -> None:
 
 def supervised_loss(policy, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean negative log-likelihood of the masked tokens (those the policy types)."""
-    logits = policy(input_ids=ids, attention_mask=attention).logits[:, :-1]
-    return -ppo.masked_mean(ppo.token_logprobs(logits, ids[:, 1:]), mask)
+    return -ppo.masked_mean(forward_logp(policy, ids, attention)[0], mask)
 
 
 def supervised_train(policy, rows: Sequence[tuple[list[int], list[int]]], *, steps: int, batch_size: int, lr: float,

@@ -49,7 +49,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import fully_shard
 
-from termgym.env import EnvOptions, resolve_task
+from termgym.env import resolve_task
 from termgym.pacing import Pacer
 from termgym.records import append_record
 from termgym.sandboxes import close_backends
@@ -68,14 +68,16 @@ from trainer.rollout import (
     BatchedSampler,
     ChatFormat,
     PolicyRunner,
-    RolloutSettings,
     Trajectory,
     append_trajectories,
+    forward_logp,
     pad_batch,
+    rollout_options,
+    rollout_settings,
     token_drift,
 )
 from trainer.routing import NOT_RECORDED, ROUTING_DTYPE, disable_router_aux_loss, replay_routing
-from trainer.vllm_generator import VllmGenerator, close_engines
+from trainer.vllm_generator import VllmGenerator, close_engines, policy_head_dim
 
 
 class CountingPool(TaskPool):
@@ -114,12 +116,6 @@ def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad
         "ids": ids, "attention": attention, "mask": mask, "rollout_logp": rollout_logp[:, 1:],
         "rewards": rewards[:, 1:], "weights": torch.tensor(list(weights), dtype=torch.float32), "routing": routing,
     }  # fmt: skip
-
-
-def forward_logp(policy, ids: torch.Tensor, attention: torch.Tensor, *, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of ``ids[:, 1:]`` under ``policy``, and the per-position entropy if asked."""
-    logits = policy(input_ids=ids, attention_mask=attention).logits[:, :-1]
-    return ppo.token_logprobs(logits, ids[:, 1:]), ppo.entropy_from_logits(logits) if entropy else None
 
 
 def forward_values(critic, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
@@ -286,7 +282,7 @@ async def train(cfg: Config) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     model_dir = Path(cfg.model) if cfg.model else out / "init"
     if not cfg.model and rank == 0 and not (model_dir / "config.json").exists():
-        build_tiny_policy(model_dir, seed=cfg.seed, head_dim=64 if cfg.generator == "vllm" else None)  # vLLM's CPU attention
+        build_tiny_policy(model_dir, seed=cfg.seed, head_dim=policy_head_dim(cfg.generator))
     if size > 1:
         dist.barrier()
     policy, tokenizer = load_policy(model_dir)
@@ -317,10 +313,8 @@ async def train(cfg: Config) -> dict:
         set_optimizer_state_dict(critic, critic_opt, state["critic_opt"], options=loading)
         pool.draw(state["drawn"])  # the pool's order is a function of its seed and the draws so far
         start = state["step"]
-    options = EnvOptions(backend=cfg.backend, max_turns=cfg.max_turns, command_timeout=cfg.command_timeout,
-                         run_id=f"train-{out.name}")  # fmt: skip
-    settings = RolloutSettings(cfg.max_new_tokens, cfg.max_context, cfg.observation_tokens, cfg.retokenize)
-    runner = PolicyRunner(sampler, ChatFormat(tokenizer), options, Pacer(), settings, seed=cfg.seed,
+    options = rollout_options(cfg, f"train-{out.name}")
+    runner = PolicyRunner(sampler, ChatFormat(tokenizer), options, Pacer(), rollout_settings(cfg), seed=cfg.seed,
                           binary_reward=cfg.reward == "binary")  # fmt: skip
     scheduler_config = SchedulerConfig(batch_size=cfg.batch_size, launch=cfg.launch, mode=cfg.mode,
                                        nodes=make_nodes([cfg.concurrency]))  # fmt: skip

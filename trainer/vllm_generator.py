@@ -49,6 +49,7 @@ from pathlib import Path
 
 import torch
 
+from trainer import ppo
 from trainer.routing import ROUTING_DTYPE, is_moe, routing_shape
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # before vllm is imported: its INFO lines are per request
@@ -56,6 +57,11 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # before vllm is imported:
 MIN_HEAD_DIM = 64  # vLLM's CPU attention backend
 PUBLICATION_TOLERANCE = 1e-3  # max |logp_engine - logp_trainer| after a publication (measured: 1e-6 in float32)
 _OPEN: set[VllmGenerator] = set()  # strong references: close_engines must find every open engine
+
+
+def policy_head_dim(generator: str) -> int | None:
+    """The head size a tiny policy is built with for ``generator`` (None: the model's default)."""
+    return MIN_HEAD_DIM if generator == "vllm" else None
 
 
 class PublicationMismatch(RuntimeError):
@@ -299,8 +305,8 @@ class VllmGenerator:
 
     def _check(self, ids: list[int]) -> float:
         with torch.no_grad():
-            logits = self.model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
-        trainer = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+            logits = self.model(input_ids=torch.tensor([ids])).logits[0, :-1]
+        trainer = ppo.token_logprobs(logits, torch.tensor(ids[1:]))
         return float((self._prompt_logprobs(ids) - trainer).abs().max())
 
     # -- lifetime --------------------------------------------------------------------------------

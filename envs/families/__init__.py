@@ -21,7 +21,6 @@ from termgym.envs.families.split import FAMILIES, HELDOUT_ONLY, TRAIN_FAMILIES, 
 from termgym.envs.families.writer import reference_commands, write_task
 
 
-
 def bundled_audit_cache() -> Path:
     """Verdicts of ``termgym audit --k 1`` on the main job's default pool (``--preset tiny``),
     keyed by task content. Regenerate it after changing a family (a test fails until then)::

@@ -6,15 +6,15 @@ hang behind a trial that never ended after the scheduler cancelled it)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
+import re
 import time
-from pathlib import Path
 
 import pytest
 
 from termgym.aio import cancel_and_wait, uninterrupted, wait_for
 from termgym.sandboxes.local import _end_entered, _spawn
+from tests.conftest import pids_matching
 
 
 async def test_inner_tasks_end_and_their_errors_are_retrieved():
@@ -119,16 +119,6 @@ async def test_uninterrupted_without_cancellation_returns_and_keeps_errors():
 # -- the embedded backend's processes: a cancelled spawn leaves nothing behind ----------------------
 
 
-def _processes_with(marker: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(entry.name))
-    return pids
-
-
 @pytest.mark.parametrize("yields", [0, 1, 2, 3])
 async def test_a_spawn_cancelled_half_way_ends_the_process_and_what_it_started(yields):
     # The child leaves a grandchild holding the output pipe, as nsenter leaves the sandbox's shell:
@@ -145,6 +135,6 @@ async def test_a_spawn_cancelled_half_way_ends_the_process_and_what_it_started(y
         with pytest.raises(asyncio.CancelledError):
             await spawning
     deadline = time.monotonic() + 5
-    while _processes_with(marker) and time.monotonic() < deadline:
+    while pids_matching(re.escape(marker)) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert not _processes_with(marker)
+    assert not pids_matching(re.escape(marker))
