@@ -42,6 +42,9 @@ from termgym.sandboxes.prepare import prepare_environment
 BASE_WRITABLE = ("app", "tmp", "root", "home", "opt", "srv", "mnt", "var", "run", "logs", "tests", "solution")
 HOST_READONLY = ("usr", "etc", "bin", "lib", "lib64", "sbin", "proc", "dev", "sys")
 KEEPER_START_TIMEOUT = 10.0
+# The whole environment of bwrap and nsenter: nothing of this process's environment follows them into
+# the sandbox (an LD_PRELOAD of a host library, as vLLM's import sets, breaks the loader in there).
+HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
 def sandbox_root_dir() -> Path:
@@ -311,10 +314,12 @@ _POLL_SEC = 0.005
 async def _spawn(
     argv: Sequence[str], end: Callable[[asyncio.subprocess.Process], Awaitable[None]], **kwargs: object
 ) -> asyncio.subprocess.Process:
-    """``asyncio.create_subprocess_exec``, which a cancellation never interrupts half-way (see
-    ``termgym.aio``): if the caller is cancelled meanwhile, the process is started, ended with
-    ``end`` and released, and the cancellation propagates."""
-    return await uninterrupted(asyncio.create_subprocess_exec(*argv, **kwargs), end)  # type: ignore[arg-type]
+    """``asyncio.create_subprocess_exec`` with ``HOST_ENV`` as its whole environment, which a
+    cancellation never interrupts half-way (see ``termgym.aio``): if the caller is cancelled
+    meanwhile, the process is started, ended with ``end`` and released, and the cancellation
+    propagates."""
+    spawning = asyncio.create_subprocess_exec(*argv, env=HOST_ENV, **kwargs)  # type: ignore[arg-type]
+    return await uninterrupted(spawning, end)
 
 
 async def _end_entered(process: asyncio.subprocess.Process) -> None:

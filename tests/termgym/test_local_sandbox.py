@@ -53,6 +53,20 @@ async def test_isolation_from_the_host(tmp_path, no_leaks):
         assert (await run(sandbox, "awk 'NR > 2 {print $1}' /proc/net/dev")).split() == ["lo:"]  # loopback only
 
 
+async def test_the_host_environment_never_reaches_the_sandbox(tmp_path, no_leaks, monkeypatch):
+    # vLLM's import sets LD_PRELOAD to a library of this venv: passed through nsenter, the loader
+    # in the sandbox (where that path does not exist) printed an error into every command's
+    # output, and the verifier's report was lost with it.
+    monkeypatch.setenv("LD_PRELOAD", str(tmp_path / "libmissing.so"))
+    monkeypatch.setenv("TERMGYM_HOST_ONLY", "secret")
+    async with LocalSandbox(spec(tmp_path)) as sandbox:
+        assert await run(sandbox, "echo hi") == "hi\n"
+        assert "TERMGYM_HOST_ONLY" not in await run(sandbox, "env")
+        channel = await sandbox.open_process(["/bin/sh", "-c", "echo ready"], env={}, cwd="/")
+        assert await channel.read(4096) == b"ready\n"
+        await channel.close()
+
+
 async def test_dockerfile_subset_prepares_the_environment(tmp_path, no_leaks):
     archive = io.BytesIO()
     with tarfile.open(fileobj=archive, mode="w:gz") as tar:
