@@ -6,17 +6,18 @@ supervised and the PPO policy evaluated greedily on the same tasks, task by task
 ``RUN_DIR`` is a directory ``termgym train --preset tiny`` (``make demo``) wrote: its
 ``sft/policy``, ``selection.txt`` and ``tasks/heldout``. PPO runs with the preset's settings (each
 ``--set FIELD=VALUE`` overrides one ``trainer.config.Config`` field, JSON-valued) on the run's
-audited selection. Both policies are then evaluated on a fixed sample of 96 training tasks (drawn
-with seed 1 from the selection, so every invocation uses the same ones) and on the held-out set,
-and the paired change (tasks gained, lost, exact sign test) is printed. PPO is not deterministic
-(the scheduler keeps the first trials to finish), so compare configurations over several runs.
+audited selection. Both policies are then evaluated on a validation set and on the held-out set,
+and the paired change (tasks gained, lost, exact sign test) is printed. The validation set is the
+next 96 tasks of the run's training split (the same families and name space, none of them in the
+pool: ``generate_split(..., first=pool)``), so settings can be compared on it without looking at
+the held-out set. PPO is not deterministic (the scheduler keeps the first trials to finish), so
+compare configurations over several runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from dataclasses import fields, replace
@@ -25,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from termgym.cli import run_command
+from termgym.envs.families import generate_split
 from termgym.tasks import load_task
 from trainer.config import PRESETS, Config
 from trainer.evaluate import evaluate, paired_change
@@ -32,7 +34,7 @@ from trainer.models import load_policy
 from trainer.pipeline import reinforce
 from trainer.rollout import rollout_options, rollout_settings
 
-TRAINING_SAMPLE = 96
+VALIDATION_TASKS = 96
 
 
 def overrides(pairs: list[str]) -> dict:
@@ -67,9 +69,10 @@ async def main_async(args) -> int:
         raise ValueError(f"{out} already holds a run; choose another --out")
     selection = [Path(line) for line in (run / "selection.txt").read_text().split()]
     await reinforce(cfg, run / "sft" / "policy", [load_task(p) for p in selection], out)
-    sample = random.Random(1).sample(selection, min(TRAINING_SAMPLE, len(selection)))
+    split = json.loads((run / "tasks" / "train" / "split.json").read_text())
+    validation = generate_split(out / "validation", "train", VALIDATION_TASKS, split["seed"], first=split["count"])
     sets = {
-        f"{len(sample)} training tasks": [load_task(p) for p in sample],
+        f"validation ({len(validation)} tasks)": [load_task(p) for p in validation],
         "held-out set": [load_task(p) for p in sorted((run / "tasks" / "heldout").iterdir()) if p.is_dir()],
     }
     report = {"run": str(run), "out": str(out), "overrides": overrides(args.set)}
@@ -83,8 +86,10 @@ async def main_async(args) -> int:
         change = paired_change(*summaries)
         print(f"{label}: supervised {summaries[0].resolved:.1%} -> PPO {summaries[1].resolved:.1%}; "
               f"{change.describe(len(tasks))}")  # fmt: skip
+        families = {family: [s.families.get(family, {}).get("resolved") for s in summaries] for family in summaries[0].families}
+        print("  per family, supervised -> PPO: " + ", ".join(f"{f} {a:.0%} -> {b:.0%}" for f, (a, b) in families.items()))
         report[label] = {"supervised": summaries[0].resolved, "ppo": summaries[1].resolved, "gained": change.gained,
-                         "lost": change.lost, "p_value": change.p_value}  # fmt: skip
+                         "lost": change.lost, "p_value": change.p_value, "families": families}  # fmt: skip
     (out / "effect.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0
 

@@ -113,7 +113,7 @@ PRESETS: dict[str, dict] = {
         pool=2000, heldout=48, audit_k=1, audit_cache="bundled", sft_steps=600, sft_batch_size=32, sft_lr=3e-3,
         hidden=128, layers=3, experts=8,
         steps=16, batch_size=32, concurrency=8, mode="reweight", max_turns=4, command_timeout=5.0,
-        max_new_tokens=24, max_context=512, observation_tokens=64, actor_lr=2e-4, critic_lr=1e-3,
+        max_new_tokens=48, max_context=512, observation_tokens=64, actor_lr=2e-4, critic_lr=1e-3,
         update_epochs=2, minibatch_size=8, critic_warmup_steps=2,
     ),
     # PPO alone, for a quick look at the loop: a tiny MoE policy, four quick bundled tasks, short

@@ -49,7 +49,7 @@ from trainer.evaluate import EvalSummary, evaluate, paired_change
 from trainer.models import build_tiny_policy, load_policy
 from trainer.plots import write_plots
 from trainer.rollout import ChatFormat, rollout_options, rollout_settings
-from trainer.sft import Demonstration, collect_demonstrations, demonstration_tokens, save_demonstrations, supervised_train
+from trainer.sft import Demonstration, budget_problem, collect_demonstrations, demonstration_tokens, save_demonstrations, supervised_train
 from trainer.vllm_generator import policy_head_dim
 
 
@@ -148,6 +148,8 @@ def warm_start(run: Path, cfg: Config, demos: list[Demonstration], policy, token
     """Phase 4b: train ``policy`` on ``demos`` for ``cfg.sft_steps`` steps and save it to
     ``run/sft/policy``; returns the loss of every step."""
     chat = ChatFormat(tokenizer)
+    if problem := budget_problem(chat, demos, cfg.observation_tokens, cfg.max_new_tokens, cfg.max_context):
+        raise ValueError(f"{problem}: the policy could never complete that task (raise the budget)")
     rows = [demonstration_tokens(chat, demo, cfg.observation_tokens) for demo in demos]
     began = time.monotonic()
     with _progress(console) as progress:

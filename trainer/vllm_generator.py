@@ -171,7 +171,10 @@ class VllmGenerator:
         self._serving: asyncio.Task | None = None
         self._engine_lock = threading.Lock()  # one engine call at a time: generate, publish, check
         self._weights_dir = tempfile.mkdtemp(prefix="termgym-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        weakref.finalize(self, shutil.rmtree, self._weights_dir, ignore_errors=True)
+        # the engine's ZeroMQ sockets: vLLM never unlinks them, so they go in a directory removed at close
+        self._sockets_dir = tempfile.mkdtemp(prefix="termgym-vllm-sockets-")
+        weakref.finalize(self, _remove_dirs, self._weights_dir, self._sockets_dir)
+        os.environ["VLLM_RPC_BASE_PATH"] = self._sockets_dir  # read when the engine starts (its processes inherit it)
         if self.records_routing:
             os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # routed experts come only from the V2 runner
         self.llm = None
@@ -183,7 +186,7 @@ class VllmGenerator:
                 worker_extension_cls=f"{__name__}.WeightSync", disable_log_stats=True,
             )  # fmt: skip
         except BaseException:
-            shutil.rmtree(self._weights_dir, ignore_errors=True)
+            _remove_dirs(self._weights_dir, self._sockets_dir)
             raise
         _OPEN.add(self)
         _exit_on_sigterm()
@@ -320,13 +323,18 @@ class VllmGenerator:
                 llm.llm_engine.engine_core.shutdown()
             finally:
                 del llm
-                shutil.rmtree(self._weights_dir, ignore_errors=True)
+                _remove_dirs(self._weights_dir, self._sockets_dir)
 
     def __enter__(self) -> VllmGenerator:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _remove_dirs(*paths: str) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _exit_on_sigterm() -> None:

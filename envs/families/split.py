@@ -1,10 +1,11 @@
 """Write a split (the training pool or the held-out set) as task directories.
 
-Guarantees of ``generate_split(out_dir, split, count, seed)``:
+Guarantees of ``generate_split(out_dir, split, count, seed, first=0)``:
 
 - deterministic in ``(split, seed)``: task ``i`` is drawn from its own ``random.Random`` seeded by
   ``(split, seed, i)``, so the first ``n`` tasks of a larger split are the tasks of a split of
-  ``n``;
+  ``n``, and ``first=n`` continues a split of ``n`` with tasks it does not hold (a validation set
+  in the training name space, disjoint from a pool of ``n``);
 - families are balanced (round-robin over the split's families, in a fixed order);
 - ``train`` uses ``TRAIN_FAMILIES``; ``heldout`` uses every family, including ``HELDOUT_ONLY``,
   which never appears in training;
@@ -50,25 +51,30 @@ def make_task(split: str, seed: int, index: int) -> TaskSpec:
     return replace(spec, name=f"{family}-{index:04d}")
 
 
-def generate_split(out_dir: str | os.PathLike[str], split: str, count: int, seed: int) -> list[Path]:
-    """Write ``count`` tasks as ``out_dir/<family>-<index>`` and ``out_dir/split.json``; returns
-    the task directories in index order. ``out_dir`` may exist but must hold no task of the same name."""
+def generate_split(out_dir: str | os.PathLike[str], split: str, count: int, seed: int, first: int = 0) -> list[Path]:
+    """Write tasks ``first`` to ``first + count - 1`` as ``out_dir/<family>-<index>`` and
+    ``out_dir/split.json``; returns the task directories in index order. ``out_dir`` may exist but
+    must hold no task of the same name."""
     families = split_families(split)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
         raise ValueError(f"count must be an integer from 1 to {MAX_COUNT}, got {count!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
+    if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first <= MAX_COUNT - count:
+        raise ValueError(f"first must be an integer from 0 to {MAX_COUNT - count}, got {first!r}")
     root = Path(out_dir)
-    specs = [make_task(split, seed, i) for i in range(count)]
+    indices = range(first, first + count)
+    specs = [make_task(split, seed, i) for i in indices]
     clashes = [s.name for s in specs if (root / s.name).exists()]
     if clashes:
         raise ValueError(f"{root / clashes[0]} already exists ({len(clashes)} task directories would be overwritten)")
     root.mkdir(parents=True, exist_ok=True)
-    paths = [write_task(s, root / s.name, split=split, seed=seed, index=i) for i, s in enumerate(specs)]
+    paths = [write_task(s, root / s.name, split=split, seed=seed, index=i) for i, s in zip(indices, specs)]
     listing = {
         "split": split,
         "seed": seed,
         "count": count,
+        "first": first,
         "families": list(families),
         "heldout_only": list(HELDOUT_ONLY),
         "tasks": [{"dir": s.name, "family": s.family, "turns": len(s.commands)} for s in specs],

@@ -67,6 +67,19 @@ def test_a_smaller_split_is_a_prefix_of_a_larger_one(tmp_path):
     assert len(large) == 30
 
 
+def test_first_continues_a_split_with_tasks_it_does_not_hold(tmp_path):
+    pool = generate_split(tmp_path / "pool", "train", 10, seed=2)
+    more = generate_split(tmp_path / "more", "train", 5, seed=2, first=10)
+    whole = generate_split(tmp_path / "whole", "train", 15, seed=2)
+    assert [p.name for p in more] == [p.name for p in whole[10:]]
+    assert not {p.name for p in more} & {p.name for p in pool}
+    for p in more:
+        assert tree(p) == tree(tmp_path / "whole" / p.name)
+    assert json.loads((tmp_path / "more" / "split.json").read_text())["first"] == 10
+    with pytest.raises(ValueError, match="first must be"):
+        generate_split(tmp_path / "bad", "train", 5, seed=2, first=-1)
+
+
 @pytest.mark.parametrize("seeds", [(0, 0), (0, 1), (7, 3), (123, 456)])
 def test_no_heldout_name_or_word_ever_occurs_in_training(seeds):
     train_seed, heldout_seed = seeds

@@ -114,6 +114,15 @@ def test_shortened_demo_end_to_end(tmp_path, no_leaks, capsys):
     assert json.loads((run / "summary.json").read_text()) == summary
 
 
+def test_a_turn_budget_too_small_for_the_references_is_one_clear_line(tmp_path, no_leaks, capsys):
+    args = ["train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--pool", "5", "--heldout", "2",
+            "--hidden", "64", "--layers", "2", "--experts", "4", "--max-new-tokens", "6"]  # fmt: skip
+    assert termgym_main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "more than --max-new-tokens 6: the policy could never complete that task" in err[-1]
+    assert not (tmp_path / "run" / "sft" / "policy").exists()  # stopped before training
+
+
 def test_shipped_audit_cache_covers_the_demo_pool_and_agrees_with_a_fresh_audit(tmp_path, no_leaks):
     import asyncio
 

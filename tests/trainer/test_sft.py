@@ -12,7 +12,7 @@ from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.envs.families import generate_split, reference_commands
 from termgym.tasks import load_task
 from trainer.rollout import ChatFormat, RolloutSettings, Trajectory, drive_episode
-from trainer.sft import Demonstration, collect_demonstrations, demonstration_tokens, supervised_train
+from trainer.sft import Demonstration, budget_problem, collect_demonstrations, demonstration_tokens, supervised_train
 
 OPTIONS = EnvOptions(backend="local", max_turns=4, command_timeout=5.0)
 
@@ -82,3 +82,30 @@ def test_supervised_training_learns_the_demonstrations_deterministically(tiny_po
 def test_supervised_training_without_demonstrations_is_one_clear_error(tiny_policy):
     with pytest.raises(ValueError, match="no demonstrations"):
         supervised_train(tiny_policy[0], [], steps=1, batch_size=1, lr=1e-3, seed=0)
+
+
+def test_budget_problem_names_a_demonstration_the_rollout_could_not_reproduce(tiny_policy):
+    chat = ChatFormat(tiny_policy[1])
+    short = Demonstration("short", "Create /app/a.", ("mkdir /app/a",), ("",))
+    long = Demonstration("long", "Copy it.", ("cp /app/stespib/bandus.txt /app/stespib/kelcamhehe.txt",), ("",))
+    turn = len(chat.text(long.commands[0])) + 1  # the command and its end-of-turn token
+    episode = len(demonstration_tokens(chat, long, 64)[0])
+    assert budget_problem(chat, [short, long], 64, max_new_tokens=turn, max_context=episode) is None
+    assert f"long) needs {turn} tokens, more than --max-new-tokens {turn - 1}" in budget_problem(
+        chat, [short, long], 64, max_new_tokens=turn - 1, max_context=episode)
+    assert f"long needs {episode} tokens, more than --max-context {episode - 1}" in budget_problem(
+        chat, [short, long], 64, max_new_tokens=turn, max_context=episode - 1)
+
+
+def test_the_tiny_preset_budgets_fit_every_reference_of_its_pool(tmp_path, tiny_policy):
+    """The main job's turn and context budgets can reproduce the reference of every task it trains
+    on (a command cut at max_new_tokens would make its task impossible); observations as the
+    reference episodes of these families return them (empty)."""
+    from trainer.config import PRESETS
+
+    preset = PRESETS["tiny"]
+    chat = ChatFormat(tiny_policy[1])
+    paths = generate_split(tmp_path, "train", preset["pool"], seed=0)
+    demos = [Demonstration(p.name, (p / "instruction.md").read_text(), tuple(reference_commands(p)),
+                           ("",) * len(reference_commands(p))) for p in paths]  # fmt: skip
+    assert budget_problem(chat, demos, preset["observation_tokens"], preset["max_new_tokens"], preset["max_context"]) is None

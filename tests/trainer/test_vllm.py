@@ -197,6 +197,14 @@ def test_close_shuts_every_engine_process_down(engine):
         asyncio.run(engine.generate_turn([1, 2], 4, (2,), None))
 
 
+def engine_scratch() -> set[Path]:
+    """What a vLLM engine may leave on disk: termgym's weight and socket directories, and any
+    socket file in the temporary directory (vLLM's default place for its ZeroMQ sockets)."""
+    tmp = Path(tempfile.gettempdir())
+    return ({p for p in tmp.iterdir() if p.is_socket()} | set(tmp.glob("termgym-vllm-sockets-*"))
+            | set(tmp.glob("termgym-weights-*")) | set(Path("/dev/shm").glob("termgym-weights-*")))  # fmt: skip
+
+
 HOLD = """
 import copy, sys, time
 from trainer.models import load_policy
@@ -214,6 +222,7 @@ if __name__ == "__main__":
 def test_sigterm_still_shuts_the_engine_down(tmp_path, policy_dir):
     script = tmp_path / "hold.py"
     script.write_text(HOLD)
+    scratch = engine_scratch()
     holder = subprocess.Popen([sys.executable, str(script), str(policy_dir)], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     try:
@@ -224,6 +233,7 @@ def test_sigterm_still_shuts_the_engine_down(tmp_path, policy_dir):
         assert holder.wait(timeout=60) == 128 + signal.SIGTERM
         _, alive = psutil.wait_procs(engine, timeout=15)
         assert not alive, f"engine processes left running: {[p.pid for p in alive]}"
+        assert engine_scratch() <= scratch
     finally:
         if holder.poll() is None:
             holder.kill()
@@ -245,7 +255,7 @@ def test_train_with_the_vllm_generator_end_to_end(tmp_path, policy_dir, no_leaks
             "--tasks", "archives/extract-configs", "file-ops/organize-by-extension", "--batch-size", "2",
             "--minibatch-size", "2", "--concurrency", "2", "--max-turns", "2"]  # fmt: skip
     before = {p.pid for p in engine_processes()}
-    scratch = set(Path(tempfile.gettempdir()).glob("termgym-weights-*")) | set(Path("/dev/shm").glob("termgym-weights-*"))
+    scratch = engine_scratch()
     assert termgym_main(["train", *args]) == 0
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1] and metrics[1]["policy_loss"] is not None
@@ -257,6 +267,6 @@ def test_train_with_the_vllm_generator_end_to_end(tmp_path, policy_dir, no_leaks
     err = capsys.readouterr().err
     assert "routed experts unavailable" in err and "step 2/2" in err
     assert {p.pid for p in engine_processes()} <= before  # the engine is shut down when the run ends
-    assert set(Path(tempfile.gettempdir()).glob("termgym-weights-*")) | set(Path("/dev/shm").glob("termgym-weights-*")) <= scratch
+    assert engine_scratch() <= scratch  # weight files and the engine's sockets removed
     policy, _ = load_policy(out / "policy")
     assert len(moe_routers(policy)) == 2
