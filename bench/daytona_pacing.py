@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -57,7 +58,16 @@ def stats(base: str) -> dict:
 
 
 async def bench(trials: int, latency: float, rate_429: float, concurrency: int, per_second: int = 6) -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="daytona-bench-"))
+    """Run the bench in a scratch directory that is removed afterwards, whatever happens."""
+    workdir, home = Path(tempfile.mkdtemp(prefix="daytona-bench-")), os.getcwd()
+    try:
+        return await _bench_in(workdir, trials, latency, rate_429, concurrency, per_second)
+    finally:
+        os.chdir(home)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _bench_in(workdir: Path, trials: int, latency: float, rate_429: float, concurrency: int, per_second: int) -> int:
     server, base = await start_server(workdir, latency, rate_429)
     os.environ.update(DAYTONA_API_KEY="test-key", DAYTONA_API_URL=f"{base}/api")
     os.chdir(workdir)
@@ -72,13 +82,15 @@ async def bench(trials: int, latency: float, rate_429: float, concurrency: int, 
 
     started = time.monotonic()
     try:
-        records = await asyncio.gather(*(one() for _ in range(trials)))
+        try:
+            records = await asyncio.gather(*(one() for _ in range(trials)))
+        finally:
+            await close_providers()
+        wall = time.monotonic() - started
+        seen = stats(base)
     finally:
-        await close_providers()
-    wall = time.monotonic() - started
-    seen = stats(base)
-    server.send_signal(signal.SIGTERM)
-    await server.wait()
+        server.send_signal(signal.SIGTERM)
+        await server.wait()
 
     times = sorted(seen["create_times"])
     statuses = seen["create_statuses"]
