@@ -58,6 +58,8 @@ class Config:
     """policy learning rate (Adam)"""
     critic_lr: float = 1.5e-5
     """critic learning rate (Adam)"""
+    kl_coef: float = 0.0
+    """weight of a KL penalty to the starting policy (the model as loaded, before any update; per action token, added to the policy loss). It anchors what the reward barely constrains; 0: no reference model is kept"""
     max_grad_norm: float = 1.0
     """gradient clipping, per model"""
     update_epochs: int = 2
@@ -180,6 +182,8 @@ def check_config(cfg: Config) -> None:
     for name, allowed in CHOICES.items():
         if getattr(cfg, name) not in allowed:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose one of {', '.join(allowed)}")
+    if cfg.kl_coef < 0:
+        raise ValueError(f"--kl-coef must be at least 0, got {cfg.kl_coef}")
     for name in ("steps", "batch_size", "minibatch_size", "concurrency", "max_turns", "max_new_tokens", "update_epochs"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")

@@ -66,6 +66,14 @@ def policy_loss(
     return loss, clip_fraction.detach()
 
 
+def kl_to_reference(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from the log-probs of tokens the policy
+    sampled: ``exp(d) - d - 1`` with ``d = ref_logp - logp`` (the "k3" estimator: never negative,
+    0 exactly where the two agree, and unbiased when the tokens are drawn from the policy)."""
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
+
+
 def value_loss(
     values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float = 0.5
 ) -> torch.Tensor:

@@ -152,16 +152,24 @@ def sync_gradients(model: torch.nn.Module) -> None:
             dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
 
 
-def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, *, update_policy: bool, step: int) -> dict:
-    """One PPO update on ``batch`` (every rank holds the same batch). Returns its metrics."""
+def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, *, update_policy: bool, step: int,
+               reference=None) -> dict:  # fmt: skip
+    """One PPO update on ``batch`` (every rank holds the same batch). Returns its metrics. With a
+    ``reference`` model (the starting policy) and ``cfg.kl_coef > 0``, the policy loss adds
+    ``kl_coef`` times the token mean of ``ppo.kl_to_reference``."""
     b_ids, b_attention, b_mask = batch["ids"], batch["attention"], batch["mask"]
     b_routing = batch.get("routing")
     replay = cfg.routing_replay and b_routing is not None
+    anchored = reference is not None and cfg.kl_coef > 0
     with torch.no_grad():
         # agreement is measured either way; the recorded experts are used only with routing_replay
         with replay_routing(policy, b_routing, enforce=replay) as routing_stats:
             b_logp, b_entropy = forward_logp(policy, b_ids, b_attention, entropy=True)
         b_values = forward_values(critic, b_ids, b_attention) * b_mask
+        b_ref_logp = None
+        if anchored:
+            with replay_routing(reference, b_routing if replay else None):
+                b_ref_logp, _ = forward_logp(reference, b_ids, b_attention)
     b_advantages, b_returns = ppo.masked_gae(batch["rewards"], b_values, b_mask, cfg.gamma, cfg.lam)
     b_advantages = ppo.whiten(b_advantages, b_mask)
     metrics = {
@@ -170,6 +178,7 @@ def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, 
         "logprob_gap": float(ppo.masked_mean((b_logp - batch["rollout_logp"]).abs(), b_mask)),
         "routing_replay": replay,
         "routing_agreement": routing_stats.agreement,  # None: no routing recorded (a dense policy)
+        "kl_to_reference": float(ppo.masked_mean(ppo.kl_to_reference(b_logp, b_ref_logp), b_mask)) if anchored else None,
     }
     rank, size = world()
     order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
@@ -191,6 +200,8 @@ def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, 
                 with replay_routing(policy, b_routing[mine] if replay else None):
                     mb_logp, _ = forward_logp(policy, mb_ids, mb_attention)
                 pg_loss, clip_fraction = ppo.policy_loss(mb_logp, b_logp[mine], b_advantages[mine], mb_mask, cfg.clip)
+                if anchored:
+                    pg_loss = pg_loss + cfg.kl_coef * ppo.masked_mean(ppo.kl_to_reference(mb_logp, b_ref_logp[mine]), mb_mask)
                 (pg_loss * scale).backward()
                 if counted:
                     losses["policy_loss"].append(float(pg_loss.detach()))
@@ -266,7 +277,8 @@ def progress_line(m: dict, steps: int) -> str:
         f"step {m['step'] + 1}/{steps} reward {m['reward']:.3f} resolved {m['resolved']:.2f} passed {m['passed']:.1f} "
         f"turns {m['turns']:.1f} tokens {m['tokens']} ev {ev:.2f} clip {m['clip_fraction'] or 0:.2f} "
         f"entropy {m['entropy']:.2f} gap {m['logprob_gap']:.2e} drift {m['token_drift']} "
-        + (f"agree {m['routing_agreement']:.3f} " if m.get("routing_agreement") is not None else "") +
+        + (f"agree {m['routing_agreement']:.3f} " if m.get("routing_agreement") is not None else "")
+        + (f"kl {m['kl_to_reference']:.4f} " if m.get("kl_to_reference") is not None else "") +
         f"stale {m['staleness_max']} ({m['rollout_seconds']:.1f}s rollout, {m['update_seconds']:.1f}s update)"
     )
 
@@ -288,6 +300,8 @@ async def train(cfg: Config) -> dict:
     policy, tokenizer = load_policy(model_dir)
     if cfg.routing_replay:
         disable_router_aux_loss(policy)  # fixed routing: nothing to balance (and the loss never adds it anyway)
+    # the KL anchor: the policy as loaded, before any update or resumed checkpoint (unsharded, frozen)
+    reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     critic = Critic(model_dir)
     if cfg.generator == "vllm" and rank == 0:  # other ranks sample nothing
         sampler = VllmGenerator(copy.deepcopy(policy), model_dir, max_context=cfg.max_context, seed=cfg.seed)
@@ -353,7 +367,7 @@ async def train(cfg: Config) -> dict:
                 began = time.monotonic()
                 batch = make_batch([k.result for k in kept], [k.weight for k in kept], tokenizer.pad_token_id)
                 update = ppo_update(policy, critic, actor_opt, critic_opt, batch, cfg,
-                                    update_policy=step >= cfg.critic_warmup_steps, step=step)  # fmt: skip
+                                    update_policy=step >= cfg.critic_warmup_steps, step=step, reference=reference)  # fmt: skip
                 timings = {"rollout_seconds": rollout_seconds, "update_seconds": time.monotonic() - began}
                 # 3. metrics, trajectories, checkpoint
                 metrics = summarise(step, kept, update, result, timings)

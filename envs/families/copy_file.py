@@ -5,14 +5,14 @@ from __future__ import annotations
 import random
 
 from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import TaskSpec, holds_exactly, is_file, nothing_else
+from termgym.envs.families.spec import TaskSpec, holds_exactly, is_file, only
 
 FAMILY = "copy-file"
 
 
 def make(rng: random.Random, names: NamePool) -> TaskSpec:
-    """Four assertions; "the source is untouched" and "nothing else in /app" pass for doing
-    nothing. The source's content (a drawn word) is not in the instruction: copying needs none."""
+    """Four assertions, none passed by doing nothing. The source's content (a drawn word) is not in
+    the instruction: copying needs none."""
     source, dest, content = names.draw(rng, 3)
     src, dst = f"/app/{source}.txt", f"/app/{dest}.txt"
     return TaskSpec(
@@ -24,8 +24,8 @@ def make(rng: random.Random, names: NamePool) -> TaskSpec:
         assertions=(
             (f"{dst} exists", is_file(dst)),
             (f"{dst} has the content of {src}", holds_exactly(dst, content)),
-            (f"{src} is still there, unchanged", holds_exactly(src, content)),
-            (f"nothing but {src} and {dst} in /app", nothing_else((src, dst))),
+            (f"{src} is still there, unchanged, beside the copy", f"{is_file(dst)} && {holds_exactly(src, content)}"),
+            (f"only {src} and {dst} in /app", only((src, dst))),
         ),
         params=(source, dest, content),
     )

@@ -5,14 +5,13 @@ from __future__ import annotations
 import random
 
 from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import TaskSpec, holds_exactly, is_dir, is_file, nothing_else
+from termgym.envs.families.spec import TaskSpec, holds_exactly, is_dir, is_file, only
 
 FAMILY = "dir-and-file"
 
 
 def make(rng: random.Random, names: NamePool) -> TaskSpec:
-    """Five assertions; doing nothing passes only "nothing else in /app", the first command
-    passes two more, both commands all five."""
+    """Five assertions; doing nothing passes none, the first command one, both commands all five."""
     directory, name, word = names.draw(rng, 3)
     folder, path = f"/app/{directory}", f"/app/{directory}/{name}.txt"
     return TaskSpec(
@@ -22,10 +21,10 @@ def make(rng: random.Random, names: NamePool) -> TaskSpec:
         commands=(f"mkdir {folder}", f"echo {word} > {path}"),
         assertions=(
             (f"{folder} is a directory", is_dir(folder)),
-            (f"{folder} holds nothing but {name}.txt", f'{is_dir(folder)} && [ -z "$(ls -A {folder} | grep -vxF {name}.txt)" ]'),
+            (f"{folder} holds {name}.txt and nothing else", f'{is_file(path)} && [ -z "$(ls -A {folder} | grep -vxF {name}.txt)" ]'),
             (f"{path} exists", is_file(path)),
             (f"{path} holds exactly {word}", holds_exactly(path, word)),
-            (f"nothing but {folder} and its file in /app", nothing_else((folder, path))),
+            (f"only {folder} and its file in /app", only((folder, path))),
         ),
         params=(directory, name, word),
     )

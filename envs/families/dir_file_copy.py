@@ -6,14 +6,14 @@ from __future__ import annotations
 import random
 
 from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import TaskSpec, holds_exactly, is_dir, is_file, nothing_else
+from termgym.envs.families.spec import TaskSpec, holds_exactly, is_dir, is_file, only
 
 FAMILY = "dir-file-copy"
 
 
 def make(rng: random.Random, names: NamePool) -> TaskSpec:
-    """Six assertions; doing nothing passes only "nothing else in /app"; each command of the
-    reference solution passes more (2, 4, then 6)."""
+    """Six assertions; doing nothing passes none; each command of the reference solution passes
+    more (1, 3, then 6)."""
     directory, name, other, word = names.draw(rng, 4)
     folder = f"/app/{directory}"
     path, copy = f"{folder}/{name}.txt", f"{folder}/{other}.txt"
@@ -31,7 +31,7 @@ def make(rng: random.Random, names: NamePool) -> TaskSpec:
             (f"{path} holds exactly {word}", holds_exactly(path, word)),
             (f"{copy} exists", is_file(copy)),
             (f"{copy} holds exactly {word}", holds_exactly(copy, word)),
-            (f"nothing but {folder} and its two files in /app", nothing_else((folder, path, copy))),
+            (f"only {folder} and its two files in /app", only((folder, path, copy))),
         ),
         params=(directory, name, other, word),
     )

@@ -5,13 +5,13 @@ from __future__ import annotations
 import random
 
 from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import TaskSpec, is_dir, nothing_else
+from termgym.envs.families.spec import TaskSpec, is_dir, only
 
 FAMILY = "make-dir"
 
 
 def make(rng: random.Random, names: NamePool) -> TaskSpec:
-    """Four assertions; only "nothing else in /app" passes for doing nothing."""
+    """Four assertions, none passed by doing nothing."""
     (name,) = names.draw(rng, 1)
     path = f"/app/{name}"
     return TaskSpec(
@@ -23,7 +23,7 @@ def make(rng: random.Random, names: NamePool) -> TaskSpec:
             (f"{path} exists", f"[ -e {path} ]"),
             (f"{path} is a directory", is_dir(path)),
             (f"{path} is empty", f'{is_dir(path)} && [ -z "$(ls -A {path})" ]'),
-            (f"nothing but {path} in /app", nothing_else((path,))),
+            (f"only {path} in /app", only((path,))),
         ),
         params=(name,),
     )

@@ -7,7 +7,9 @@ turns one into a task directory). Its guarantees, which every generator keeps:
   built from words that appear literally in ``instruction`` by a fixed pattern of its family;
 - ``files`` are the environment's initial files, ``(absolute path, content)``, all under ``/app``;
 - ``assertions`` are ``(description, POSIX sh snippet)``, 3 to 6 of them; each snippet exits 0
-  when its requirement holds.
+  when its requirement holds. Doing nothing passes none of them, and a command with a misspelt
+  name never scores below stopping before it (``tests/termgym/test_families.py``): trying is never
+  worse than not trying.
 """
 
 from __future__ import annotations
@@ -60,7 +62,11 @@ def mentions(path: str, word: str) -> str:
     return f"[ -f {path} ] && grep -qw -- {word} {path}"
 
 
-def nothing_else(allowed: tuple[str, ...]) -> str:
-    """Nothing exists under /app but ``allowed`` (absolute paths): passes for an untouched /app."""
-    keep = " ".join(f"-e {p}" for p in allowed)
-    return f'[ -z "$(find /app -mindepth 1 | grep -vxF {keep})" ]'
+def only(expected: tuple[str, ...]) -> str:
+    """Every path of ``expected`` (absolute) exists, and nothing else under /app does. It fails for
+    an untouched /app: an assertion that doing nothing passes would pay a policy for not trying,
+    and one that a failed command keeps passing would pay it for failing harmlessly (PPO found
+    that: writing into a directory that does not exist kept this check, a misspelt name lost it)."""
+    present = " && ".join(f"[ -e {p} ]" for p in expected)
+    keep = " ".join(f"-e {p}" for p in expected)
+    return f'{present} && [ -z "$(find /app -mindepth 1 | grep -vxF {keep})" ]'

@@ -7,13 +7,13 @@ from __future__ import annotations
 import random
 
 from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import TaskSpec, holds_exactly, is_file, nothing_else
+from termgym.envs.families.spec import TaskSpec, holds_exactly, is_file, only
 
 FAMILY = "two-files"
 
 
 def make(rng: random.Random, names: NamePool) -> TaskSpec:
-    """Five assertions; doing nothing passes only "nothing else in /app", the first command two more."""
+    """Five assertions; doing nothing passes none, the first command two, both all five."""
     first, second, word1, word2 = names.draw(rng, 4)
     a, b = f"/app/{first}.txt", f"/app/{second}.txt"
     return TaskSpec(
@@ -26,7 +26,7 @@ def make(rng: random.Random, names: NamePool) -> TaskSpec:
             (f"{a} holds exactly {word1}", holds_exactly(a, word1)),
             (f"{b} exists", is_file(b)),
             (f"{b} holds exactly {word2}", holds_exactly(b, word2)),
-            (f"nothing but {a} and {b} in /app", nothing_else((a, b))),
+            (f"only {a} and {b} in /app", only((a, b))),
         ),
         params=(first, second, word1, word2),
     )

@@ -5,13 +5,13 @@ from __future__ import annotations
 import random
 
 from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import TaskSpec, holds_exactly, is_file, mentions, nothing_else
+from termgym.envs.families.spec import TaskSpec, holds_exactly, is_file, mentions, only
 
 FAMILY = "write-file"
 
 
 def make(rng: random.Random, names: NamePool) -> TaskSpec:
-    """Four assertions; only "nothing else in /app" passes for doing nothing."""
+    """Four assertions, none passed by doing nothing."""
     name, word = names.draw(rng, 2)
     path = f"/app/{name}.txt"
     return TaskSpec(
@@ -23,7 +23,7 @@ def make(rng: random.Random, names: NamePool) -> TaskSpec:
             (f"{path} exists", is_file(path)),
             (f"{path} contains the word {word}", mentions(path, word)),
             (f"{path} holds exactly {word}", holds_exactly(path, word)),
-            (f"nothing but {path} in /app", nothing_else((path,))),
+            (f"only {path} in /app", only((path,))),
         ),
         params=(name, word),
     )

@@ -199,13 +199,37 @@ async def test_oracle_resolves_null_fails_and_prefixes_earn_partial_credit(famil
     task = load_task(write_task(spec, tmp_path / spec.name, split="heldout", seed=0, index=0))
     oracle, null = await asyncio.gather(run_trial(task, OracleAgent(), OPTIONS), run_trial(task, NullAgent(), OPTIONS))
     assert oracle.error is None and oracle.resolved and oracle.passed == oracle.total == len(spec.assertions)
-    assert null.error is None and not null.resolved and null.passed < null.total
+    assert null.error is None and null.passed == 0  # doing nothing earns nothing
     scores = [null.passed]
     for keep in range(1, len(spec.commands)):
         prefix = await run_trial(task, ScriptedAgent(spec.commands[:keep]), OPTIONS)
         scores.append(prefix.passed)
     scores.append(oracle.passed)
     assert scores == sorted(set(scores)), scores  # every command earns more credit
+
+
+def misspell(command: str) -> str:
+    """The command with its last path (or word) misspelt: one extra letter."""
+    return command + "x"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+async def test_trying_with_a_misspelt_name_never_scores_below_stopping(family, tmp_path, no_leaks):
+    """After each prefix of the reference, a misspelt next command (a wrong file or directory
+    created, or a command that fails) earns at least what stopping there earns: otherwise a policy
+    learns to fail harmlessly instead of trying (PPO did, against the old "nothing else in /app"
+    check, which an untouched /app passed)."""
+    spec = one_of_each()[family]
+    task = load_task(write_task(spec, tmp_path / spec.name, split="heldout", seed=0, index=0))
+    for keep in range(len(spec.commands)):
+        prefix, wrong = spec.commands[:keep], spec.commands[keep]
+        stopped, tried, failed = await asyncio.gather(
+            run_trial(task, ScriptedAgent(prefix), OPTIONS),
+            run_trial(task, ScriptedAgent((*prefix, misspell(wrong))), OPTIONS),
+            run_trial(task, ScriptedAgent((*prefix, f"echo x > /app/missing/{keep}.txt")), OPTIONS),
+        )  # fmt: skip
+        assert tried.passed >= stopped.passed, (keep, misspell(wrong), tried.assertions)
+        assert failed.passed == stopped.passed, (keep, failed.assertions)  # a failed command changes nothing
 
 
 async def test_the_reference_commands_one_per_turn_resolve_the_task(tmp_path, no_leaks):

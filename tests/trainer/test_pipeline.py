@@ -106,8 +106,10 @@ def test_shortened_demo_end_to_end(tmp_path, no_leaks, capsys):
     metrics = [json.loads(line) for line in (run / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert [m["warmup"] for m in metrics] == [True, False, False]
     assert (run / "ppo" / "checkpoint.pt").exists() and (run / "sft" / "policy" / "config.json").exists()
-    assert {p.name for p in (run / "plots").iterdir()} >= {"reward.png", "resolved.png", "explained_variance.png",
-                                                          "logprob_gap.png", "straggler_bias.png", "sft_loss.png"}  # fmt: skip
+    # explained variance is NaN while every return is equal (a 20-step start resolves nothing): no plot then
+    finite_ev = any(m["explained_variance"] == m["explained_variance"] for m in metrics)
+    assert {p.name for p in (run / "plots").iterdir()} == {"reward.png", "resolved.png", "logprob_gap.png",
+                                                          "straggler_bias.png", "sft_loss.png"} | ({"explained_variance.png"} if finite_ev else set())  # fmt: skip
     # the same directory again: one line, exit 2, the first run untouched
     assert termgym_main(args) == 2
     assert "already holds a run" in capsys.readouterr().err

@@ -120,3 +120,15 @@ def test_token_logprobs_and_entropy():
     logits = T([[[0.0, 0.0], [math.log(3.0), 0.0]]])
     assert torch.allclose(ppo.token_logprobs(logits, torch.tensor([[1, 0]])), T([[math.log(0.5), math.log(0.75)]]))
     assert torch.allclose(ppo.entropy_from_logits(logits)[0, 0], T(math.log(2.0)))
+
+
+def test_kl_to_reference_is_zero_where_they_agree_and_estimates_the_kl_from_samples():
+    same = torch.log(torch.tensor([0.2, 0.5]))
+    assert torch.equal(ppo.kl_to_reference(same, same), torch.zeros(2))
+    assert bool((ppo.kl_to_reference(same, same - 0.3) > 0).all()) and bool((ppo.kl_to_reference(same, same + 0.3) > 0).all())
+    # the token mean over samples of the policy approaches the exact KL(policy || reference)
+    policy, reference = torch.tensor([0.6, 0.3, 0.1]), torch.tensor([0.2, 0.5, 0.3])
+    exact = float((policy * (policy / reference).log()).sum())
+    tokens = torch.multinomial(policy, 200_000, replacement=True, generator=torch.Generator().manual_seed(0))
+    estimate = float(ppo.kl_to_reference(policy.log()[tokens], reference.log()[tokens]).mean())
+    assert estimate == pytest.approx(exact, rel=0.02)

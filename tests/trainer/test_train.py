@@ -102,18 +102,21 @@ def test_two_processes_match_one(tmp_path, tiny_policy_dir, no_leaks, sharding):
             assert torch.allclose(a[part][key], b[part][key], atol=1e-5, rtol=1e-4), (part, key)
 
 
-def test_ppo_update_learns_a_one_token_bandit(tiny_policy_dir):
-    """The update itself, on sampled trajectories of one token: rewarding the upper half of the
-    vocabulary must raise its probability (a sign or masking error in the losses would not)."""
+def bandit_upper_half(policy_dir, kl_coef: float = 0.0) -> tuple[float, float, list[dict]]:
+    """20 PPO updates on a one-token bandit that rewards the upper half of the vocabulary; returns
+    that half's probability before and after, and each update's metrics."""
+    import copy
+
     from trainer.config import Config
     from trainer.models import Critic
     from trainer.rollout import Trajectory
     from trainer.train import make_batch, ppo_update
 
     torch.manual_seed(0)
-    policy, tokenizer = load_policy(tiny_policy_dir)
-    critic = Critic(tiny_policy_dir)
-    cfg = Config(actor_lr=1e-3, critic_lr=1e-3, update_epochs=2, minibatch_size=8, routing_replay=False)
+    policy, tokenizer = load_policy(policy_dir)
+    reference = copy.deepcopy(policy).requires_grad_(False) if kl_coef else None
+    critic = Critic(policy_dir)
+    cfg = Config(actor_lr=1e-3, critic_lr=1e-3, update_epochs=2, minibatch_size=8, routing_replay=False, kl_coef=kl_coef)
     actor_opt = torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr)
     critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
     prompt, half = [1, 2, 3], policy.config.vocab_size // 2
@@ -123,14 +126,30 @@ def test_ppo_update_learns_a_one_token_bandit(tiny_policy_dir):
         with torch.no_grad():
             return float(policy(input_ids=torch.tensor([prompt])).logits[0, -1].softmax(-1)[half:].sum())
 
-    before = upper_half_probability()
+    before, metrics = upper_half_probability(), []
     for step in range(20):
         with torch.no_grad():
             logp = policy(input_ids=torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
         tokens = torch.multinomial(logp.exp(), 32, replacement=True, generator=generator).tolist()
         batch = [Trajectory(task="bandit", ids=[*prompt, t], loss_mask=[0, 0, 0, 1], logprobs=[0.0, 0.0, 0.0, float(logp[t])],
                             reward=float(t >= half)) for t in tokens]  # fmt: skip
-        ppo_update(policy, critic, actor_opt, critic_opt, make_batch(batch, [1.0] * 32, tokenizer.pad_token_id), cfg,
-                   update_policy=True, step=step)  # fmt: skip
-    after = upper_half_probability()
+        metrics.append(ppo_update(policy, critic, actor_opt, critic_opt, make_batch(batch, [1.0] * 32, tokenizer.pad_token_id),
+                                  cfg, update_policy=True, step=step, reference=reference))  # fmt: skip
+    return before, upper_half_probability(), metrics
+
+
+def test_ppo_update_learns_a_one_token_bandit(tiny_policy_dir):
+    """The update itself, on sampled trajectories of one token: rewarding the upper half of the
+    vocabulary must raise its probability (a sign or masking error in the losses would not)."""
+    before, after, metrics = bandit_upper_half(tiny_policy_dir)
     assert after > before + 0.15, (before, after)
+    assert all(m["kl_to_reference"] is None for m in metrics)  # no anchor: no reference model
+
+
+def test_the_kl_anchor_holds_the_policy_near_its_start(tiny_policy_dir):
+    """The same bandit with the KL penalty: the measured KL starts at exactly 0 (the reference is
+    the starting policy) and the policy moves less than without the anchor, but still learns."""
+    before, free, _ = bandit_upper_half(tiny_policy_dir)
+    _, anchored, metrics = bandit_upper_half(tiny_policy_dir, kl_coef=1.0)
+    assert metrics[0]["kl_to_reference"] == 0.0 and metrics[-1]["kl_to_reference"] > 0.0
+    assert before < anchored < free - 0.05, (before, anchored, free)
