@@ -110,12 +110,14 @@ class Config:
 
 PRESETS: dict[str, dict] = {
     # The main job on a 2-core CPU (make demo): a generated, audited pool; a supervised start; PPO
-    # with the dense reward in the bias-correcting scheduler mode; held-out evaluation before and after.
+    # with the dense reward in the bias-correcting scheduler mode, anchored to the supervised start
+    # by a KL penalty (without it, 30 steps cost 10 points on the validation set); held-out
+    # evaluation before and after.
     "tiny": dict(
         pool=2000, heldout=48, audit_k=1, audit_cache="bundled", sft_steps=600, sft_batch_size=32, sft_lr=3e-3,
         hidden=128, layers=3, experts=8,
         steps=16, batch_size=32, concurrency=8, mode="reweight", max_turns=4, command_timeout=5.0,
-        max_new_tokens=48, max_context=512, observation_tokens=64, actor_lr=2e-4, critic_lr=1e-3,
+        max_new_tokens=48, max_context=512, observation_tokens=64, actor_lr=2e-4, critic_lr=1e-3, kl_coef=0.5,
         update_epochs=2, minibatch_size=8, critic_warmup_steps=2,
     ),
     # PPO alone, for a quick look at the loop: a tiny MoE policy, four quick bundled tasks, short
