@@ -118,11 +118,29 @@ def supervised_loss(policy, ids: torch.Tensor, attention: torch.Tensor, mask: to
     return -ppo.masked_mean(forward_logp(policy, ids, attention)[0], mask)
 
 
+def accumulate_supervised_loss(policy, batch: Sequence[tuple[list[int], list[int]]], pad_id: int,
+                               rows_per_forward: int) -> float:  # fmt: skip
+    """Back-propagate ``supervised_loss`` of ``batch`` (the mean over all its typed tokens) in
+    forwards of at most ``rows_per_forward`` rows of similar length, so short rows are not padded
+    to the longest of the batch; returns the loss. The gradient is the one-forward gradient, up to
+    float rounding (about a third less compute on the main job's demonstrations)."""
+    typed = sum(sum(mask) for _, mask in batch)
+    by_length = sorted(batch, key=lambda row: len(row[0]))
+    total = 0.0
+    for start in range(0, len(by_length), rows_per_forward):
+        ids, attention, mask = pad_batch(by_length[start : start + rows_per_forward], pad_id)
+        part = -(forward_logp(policy, ids, attention)[0] * mask).sum() / max(typed, 1)
+        part.backward()
+        total += float(part.detach())
+    return total
+
+
 def supervised_train(policy, rows: Sequence[tuple[list[int], list[int]]], *, steps: int, batch_size: int, lr: float,
-                     seed: int, pad_id: int = 0, max_grad_norm: float = 1.0,
+                     seed: int, pad_id: int = 0, max_grad_norm: float = 1.0, rows_per_forward: int = 8,
                      on_step: Callable[[int, float], None] | None = None) -> list[float]:  # fmt: skip
     """``steps`` AdamW steps on minibatches drawn without replacement (reshuffled every pass) from
-    ``rows``, with a linear warm-up over the first tenth; returns the loss of every step."""
+    ``rows``, with a linear warm-up over the first tenth; returns the loss of every step. Each
+    minibatch runs as ``accumulate_supervised_loss`` forwards of ``rows_per_forward`` rows."""
     if not rows:
         raise ValueError("no demonstrations to train on (did every reference episode fail?)")
     order_rng = random.Random(seed)
@@ -138,13 +156,12 @@ def supervised_train(policy, rows: Sequence[tuple[list[int], list[int]]], *, ste
             order_rng.shuffle(fresh)
             order += fresh
         picked, order = order[:batch_size], order[batch_size:]
-        loss = supervised_loss(policy, *pad_batch([rows[i] for i in picked], pad_id))
         optimizer.zero_grad()
-        loss.backward()
+        loss = accumulate_supervised_loss(policy, [rows[i] for i in picked], pad_id, max(1, rows_per_forward))
         torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
         optimizer.step()
         schedule.step()
-        losses.append(float(loss.detach()))
+        losses.append(loss)
         if on_step is not None:
             on_step(step, losses[-1])
     policy.eval()

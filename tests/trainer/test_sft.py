@@ -109,3 +109,30 @@ def test_the_tiny_preset_budgets_fit_every_reference_of_its_pool(tmp_path, tiny_
     demos = [Demonstration(p.name, (p / "instruction.md").read_text(), tuple(reference_commands(p)),
                            ("",) * len(reference_commands(p))) for p in paths]  # fmt: skip
     assert budget_problem(chat, demos, preset["observation_tokens"], preset["max_new_tokens"], preset["max_context"]) is None
+
+
+def test_length_sorted_forwards_give_the_one_forward_loss_and_gradient(tiny_policy):
+    from trainer.rollout import pad_batch
+    from trainer.sft import accumulate_supervised_loss, supervised_loss
+
+    policy, tokenizer = tiny_policy
+    model = copy.deepcopy(policy)
+    chat = ChatFormat(tokenizer)
+    commands = ("mkdir /app/a", "echo word > /app/a/longer-name.txt", "cp /app/x.txt /app/y.txt", "true")
+    rows = [demonstration_tokens(chat, Demonstration(f"t{i}", f"Task {i}.", commands[: i + 1], ("",) * (i + 1)), 64)
+            for i in range(4)]  # fmt: skip
+    assert len({len(ids) for ids, _ in rows}) == 4  # different lengths: padding differs between the ways
+
+    def gradients() -> list[torch.Tensor]:
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        model.zero_grad()
+        return grads
+
+    reference = supervised_loss(model, *pad_batch(rows, tokenizer.pad_token_id))
+    reference.backward()
+    expected = gradients()
+    for rows_per_forward in (1, 3, 4):
+        loss = accumulate_supervised_loss(model, rows, tokenizer.pad_token_id, rows_per_forward)
+        assert loss == pytest.approx(float(reference), rel=1e-5)
+        for got, want in zip(gradients(), expected, strict=True):
+            assert torch.allclose(got, want, atol=1e-6, rtol=1e-4)
