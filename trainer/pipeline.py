@@ -148,9 +148,9 @@ def warm_start(run: Path, cfg: Config, demos: list[Demonstration], policy, token
     """Phase 4b: train ``policy`` on ``demos`` for ``cfg.sft_steps`` steps and save it to
     ``run/sft/policy``; returns the loss of every step."""
     chat = ChatFormat(tokenizer)
-    if problem := budget_problem(chat, demos, cfg.observation_tokens, cfg.max_new_tokens, cfg.max_context):
-        raise ValueError(f"{problem}: the policy could never complete that task (raise the budget)")
     rows = [demonstration_tokens(chat, demo, cfg.observation_tokens) for demo in demos]
+    if problem := budget_problem(demos, rows, cfg.max_new_tokens, cfg.max_context):
+        raise ValueError(f"{problem}: the policy could never complete that task (raise the budget)")
     began = time.monotonic()
     with _progress(console) as progress:
         bar = progress.add_task(f"4/7 supervised warm start on {len(demos)} trajectories", total=cfg.sft_steps)

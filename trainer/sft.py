@@ -54,19 +54,33 @@ def demonstration_tokens(chat: ChatFormat, demo: Demonstration, observation_toke
     return ids + [chat.submit], mask + [1]
 
 
-def budget_problem(chat: ChatFormat, demos: Sequence[Demonstration], observation_tokens: int, max_new_tokens: int,
+def typed_runs(mask: Sequence[int]) -> list[int]:
+    """Pure: the lengths of the runs of 1 in a demonstration's loss mask, in order: one per
+    command (its tokens and ``<|im_end|>``), then the final ``<|submit|>``."""
+    runs: list[int] = []
+    previous = 0
+    for bit in mask:
+        if bit and previous:
+            runs[-1] += 1
+        elif bit:
+            runs.append(1)
+        previous = bit
+    return runs
+
+
+def budget_problem(demos: Sequence[Demonstration], rows: Sequence[tuple[list[int], list[int]]], max_new_tokens: int,
                    max_context: int) -> str | None:  # fmt: skip
     """Pure: why the rollout's budgets could not reproduce some demonstration (a command longer
     than ``max_new_tokens`` with its end-of-turn token, or an episode longer than ``max_context``),
-    or None when every one fits. A task whose reference does not fit is one the policy can be
-    taught but could never complete."""
-    for demo in demos:
-        for command in demo.commands:
-            if (needed := len(chat.text(command)) + 1) > max_new_tokens:
+    or None when every one fits. ``rows`` are the demonstrations' ``demonstration_tokens``. A task
+    whose reference does not fit is one the policy can be taught but could never complete."""
+    for demo, (ids, mask) in zip(demos, rows, strict=True):
+        for command, needed in zip(demo.commands, typed_runs(mask)):
+            if needed > max_new_tokens:
                 return (f"the reference command {command!r} ({demo.task}) needs {needed} tokens, more than "
                         f"--max-new-tokens {max_new_tokens}")  # fmt: skip
-        if (needed := len(demonstration_tokens(chat, demo, observation_tokens)[0])) > max_context:
-            return f"the reference episode of {demo.task} needs {needed} tokens, more than --max-context {max_context}"
+        if len(ids) > max_context:
+            return f"the reference episode of {demo.task} needs {len(ids)} tokens, more than --max-context {max_context}"
     return None
 
 

@@ -12,7 +12,7 @@ from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.envs.families import generate_split, reference_commands
 from termgym.tasks import load_task
 from trainer.rollout import ChatFormat, RolloutSettings, Trajectory, drive_episode
-from trainer.sft import Demonstration, budget_problem, collect_demonstrations, demonstration_tokens, supervised_train
+from trainer.sft import Demonstration, budget_problem, collect_demonstrations, demonstration_tokens, supervised_train, typed_runs
 
 OPTIONS = EnvOptions(backend="local", max_turns=4, command_timeout=5.0)
 
@@ -89,12 +89,14 @@ def test_budget_problem_names_a_demonstration_the_rollout_could_not_reproduce(ti
     short = Demonstration("short", "Create /app/a.", ("mkdir /app/a",), ("",))
     long = Demonstration("long", "Copy it.", ("cp /app/stespib/bandus.txt /app/stespib/kelcamhehe.txt",), ("",))
     turn = len(chat.text(long.commands[0])) + 1  # the command and its end-of-turn token
-    episode = len(demonstration_tokens(chat, long, 64)[0])
-    assert budget_problem(chat, [short, long], 64, max_new_tokens=turn, max_context=episode) is None
+    rows = [demonstration_tokens(chat, demo, 64) for demo in (short, long)]
+    episode = len(rows[1][0])
+    assert typed_runs(rows[1][1]) == [turn, 1]  # the command, then the submit token
+    assert budget_problem([short, long], rows, max_new_tokens=turn, max_context=episode) is None
     assert f"long) needs {turn} tokens, more than --max-new-tokens {turn - 1}" in budget_problem(
-        chat, [short, long], 64, max_new_tokens=turn - 1, max_context=episode)
+        [short, long], rows, max_new_tokens=turn - 1, max_context=episode)
     assert f"long needs {episode} tokens, more than --max-context {episode - 1}" in budget_problem(
-        chat, [short, long], 64, max_new_tokens=turn, max_context=episode - 1)
+        [short, long], rows, max_new_tokens=turn, max_context=episode - 1)
 
 
 def test_the_tiny_preset_budgets_fit_every_reference_of_its_pool(tmp_path, tiny_policy):
@@ -108,7 +110,8 @@ def test_the_tiny_preset_budgets_fit_every_reference_of_its_pool(tmp_path, tiny_
     paths = generate_split(tmp_path, "train", preset["pool"], seed=0)
     demos = [Demonstration(p.name, (p / "instruction.md").read_text(), tuple(reference_commands(p)),
                            ("",) * len(reference_commands(p))) for p in paths]  # fmt: skip
-    assert budget_problem(chat, demos, preset["observation_tokens"], preset["max_new_tokens"], preset["max_context"]) is None
+    rows = [demonstration_tokens(chat, demo, preset["observation_tokens"]) for demo in demos]
+    assert budget_problem(demos, rows, preset["max_new_tokens"], preset["max_context"]) is None
 
 
 def test_length_sorted_forwards_give_the_one_forward_loss_and_gradient(tiny_policy):
