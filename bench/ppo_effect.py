@@ -7,8 +7,9 @@ supervised and the PPO policy evaluated greedily on the same tasks, task by task
 ``sft/policy``, ``selection.txt`` and ``tasks/heldout``. PPO runs with the preset's settings (each
 ``--set FIELD=VALUE`` overrides one ``trainer.config.Config`` field, JSON-valued) on the run's
 audited selection. Both policies are then evaluated on a validation set and on the held-out set,
-and the paired change (tasks gained, lost, exact sign test) is printed. The validation set is the
-next 96 tasks of the run's training split (the same families and name space, none of them in the
+and the paired change (tasks gained, lost, exact sign test) is printed, greedily and with
+``--samples`` episodes per task at temperature 1 (a task gains when its resolved rate rises).
+The validation set is the next 96 tasks of the run's training split (the same families and name space, none of them in the
 pool: ``generate_split(..., first=pool)``), so settings can be compared on it without looking at
 the held-out set. PPO is not deterministic (the scheduler keeps the first trials to finish), so
 compare configurations over several runs.
@@ -17,6 +18,7 @@ compare configurations over several runs.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
@@ -76,20 +78,21 @@ async def main_async(args) -> int:
         "held-out set": [load_task(p) for p in sorted((run / "tasks" / "heldout").iterdir()) if p.is_dir()],
     }
     report = {"run": str(run), "out": str(out), "overrides": overrides(args.set)}
-    for label, tasks in sets.items():
+    policies = [load_policy(policy_dir) for policy_dir in (run / "sft" / "policy", out / "policy")]
+    decodings = {"greedy": 0, f"sampled, {args.samples} per task": args.samples} if args.samples else {"greedy": 0}
+    for (label, tasks), (decoding, samples) in itertools.product(sets.items(), decodings.items()):
         summaries = []
-        for policy_dir in (run / "sft" / "policy", out / "policy"):
-            policy, tokenizer = load_policy(policy_dir)
-            summary, _ = await evaluate(policy, tokenizer, tasks, rollout_options(cfg, f"effect-{out.name}"),
-                                        rollout_settings(cfg), concurrency=cfg.concurrency)  # fmt: skip
+        for policy, tokenizer in policies:
+            summary, _ = await evaluate(policy, tokenizer, tasks, rollout_options(cfg, f"effect-{out.name}"), rollout_settings(cfg),
+                                        concurrency=cfg.concurrency, samples=samples, seed=cfg.seed)  # fmt: skip
             summaries.append(summary)
         change = paired_change(*summaries)
-        print(f"{label}: supervised {summaries[0].resolved:.1%} -> PPO {summaries[1].resolved:.1%}; "
+        print(f"{label}, {decoding}: supervised {summaries[0].resolved:.1%} -> PPO {summaries[1].resolved:.1%}; "
               f"{change.describe(len(tasks))}")  # fmt: skip
         families = {family: [s.families.get(family, {}).get("resolved") for s in summaries] for family in summaries[0].families}
         print("  per family, supervised -> PPO: " + ", ".join(f"{f} {a:.0%} -> {b:.0%}" for f, (a, b) in families.items()))
-        report[label] = {"supervised": summaries[0].resolved, "ppo": summaries[1].resolved, "gained": change.gained,
-                         "lost": change.lost, "p_value": change.p_value, "families": families}  # fmt: skip
+        report[f"{label}, {decoding}"] = {"supervised": summaries[0].resolved, "ppo": summaries[1].resolved, "gained": change.gained,
+                                          "lost": change.lost, "p_value": change.p_value, "families": families}  # fmt: skip
     (out / "effect.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
@@ -99,6 +102,7 @@ def main() -> int:
     parser.add_argument("run", help="a finished termgym train --preset tiny run directory")
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override a Config field")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--samples", type=int, default=8, help="also evaluate this many episodes per task at temperature 1 (0: greedy only)")
     args = parser.parse_args()
 
     return run_command(main_async(args))

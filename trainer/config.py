@@ -90,6 +90,8 @@ class Config:
     """generate a training pool of this many tasks (envs/families) and a held-out set, audit the pool and train on the accepted tasks: supervised warm start, held-out evaluation, critic warm-up and PPO, evaluation again, plots and a final table. 0: PPO alone on --tasks"""
     heldout: int = 48
     """held-out evaluation tasks generated with the pool (names never used in training, and one family never trained on)"""
+    eval_samples: int = 0
+    """with --pool: besides the greedy evaluation, this many episodes per held-out task sampled at temperature 1 (the distribution PPO trains; the same draws before and after); 0: greedy only"""
     audit_k: int = 1
     """oracle runs per task when auditing the pool (flaky: rejected)"""
     audit_cache: str = ""
@@ -189,5 +191,5 @@ def check_config(cfg: Config) -> None:
     for name in ("steps", "batch_size", "minibatch_size", "concurrency", "max_turns", "max_new_tokens", "update_epochs"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
-    if cfg.pool and (cfg.heldout < 1 or cfg.sft_batch_size < 1 or cfg.sft_steps < 0 or cfg.audit_k < 1):
-        raise ValueError("with --pool, --heldout, --sft-batch-size and --audit-k must be at least 1 (--sft-steps at least 0)")
+    if cfg.pool and (cfg.heldout < 1 or cfg.sft_batch_size < 1 or cfg.sft_steps < 0 or cfg.audit_k < 1 or cfg.eval_samples < 0):
+        raise ValueError("with --pool, --heldout, --sft-batch-size and --audit-k must be at least 1 (--sft-steps and --eval-samples at least 0)")

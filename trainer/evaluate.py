@@ -1,19 +1,28 @@
-"""Held-out evaluation: the policy, decoding greedily, on every task of a fixed set, through the
-normal trial path (fresh sandbox, the task's own verifier).
+"""Held-out evaluation: the policy on every task of a fixed set, through the normal trial path
+(fresh sandbox, the task's own verifier), decoding greedily or sampling several episodes per task.
 
-Guarantees: every task runs exactly once and every trial's record is kept (an infrastructure fault
-counts as unresolved with zero assertions, and is counted in ``errors``); greedy decoding makes the
-result a function of the weights and the tasks alone, whatever the batching.
+Greedy decoding shows what the policy does when deployed; sampling at temperature 1 (``samples=k``)
+measures the distribution PPO actually trains, with k times the episodes, so a change shows through
+the noise of a small set sooner. Each sampled episode's random stream is fixed by (seed, task,
+sample index): two policies evaluated with the same seed face the same draws.
+
+Guarantees: every task runs exactly once per sample (once when greedy) and every trial's record is
+kept (an infrastructure fault counts as unresolved with zero assertions, and is counted in
+``errors``); the result is a function of the weights, the tasks and the seed alone, whatever the
+batching (up to float rounding between batched and cached forwards).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+
+import torch
 
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.records import TrialRecord
@@ -25,12 +34,13 @@ from trainer.rollout import BatchedSampler, ChatFormat, RolloutSettings, Traject
 @dataclass(frozen=True)
 class EvalSummary:
     tasks: int
-    resolved: float  # share of tasks resolved
-    passed: float  # mean assertions passed per task
+    resolved: float  # share of episodes resolved
+    passed: float  # mean assertions passed per episode
     reward: float  # mean reward
     errors: int  # trials that ended in an infrastructure fault
     families: dict[str, dict[str, float]] = field(default_factory=dict)  # family -> tasks, resolved, passed
-    resolved_tasks: tuple[str, ...] = ()  # names of the tasks resolved, sorted
+    task_rates: dict[str, float] = field(default_factory=dict)  # task -> share of its episodes resolved
+    samples: int = 0  # episodes per task sampled at temperature 1; 0: one greedy episode
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -40,8 +50,8 @@ class EvalSummary:
 class PairedChange:
     """How a second evaluation of the same tasks differs from the first, task by task."""
 
-    gained: int  # tasks resolved after, not before
-    lost: int  # tasks resolved before, not after
+    gained: int  # tasks resolved more often after (greedy: resolved after, not before)
+    lost: int  # tasks resolved less often after
     p_value: float  # two-sided exact sign test (McNemar) on the tasks that changed; 1.0 when none did
 
     def describe(self, tasks: int) -> str:
@@ -51,63 +61,79 @@ class PairedChange:
 
 
 def paired_change(before: EvalSummary, after: EvalSummary) -> PairedChange:
-    """Pure: the tasks each evaluation resolved and the other did not, and the probability of a split
-    at least that uneven if each changed task were equally likely to go either way."""
-    first, second = set(before.resolved_tasks), set(after.resolved_tasks)
-    gained, lost = len(second - first), len(first - second)
+    """Pure: the tasks whose resolved rate rose and those whose rate fell, and the probability of a
+    split at least that uneven if each changed task were equally likely to go either way."""
+    names = set(before.task_rates) | set(after.task_rates)
+    gained = sum(after.task_rates.get(n, 0.0) > before.task_rates.get(n, 0.0) for n in names)
+    lost = sum(after.task_rates.get(n, 0.0) < before.task_rates.get(n, 0.0) for n in names)
     changed = gained + lost
     tail = sum(math.comb(changed, k) for k in range(min(gained, lost) + 1)) / 2**changed
     return PairedChange(gained, lost, min(1.0, 2 * tail))
 
 
-def summarise_records(records: Sequence[TrialRecord]) -> EvalSummary:
-    """Pure: the summary of one evaluation's records."""
+def summarise_records(records: Sequence[TrialRecord], samples: int = 0) -> EvalSummary:
+    """Pure: the summary of one evaluation's records (``samples`` per task, 0: one greedy each)."""
     by_family: dict[str, list[TrialRecord]] = defaultdict(list)
+    by_task: dict[str, list[TrialRecord]] = defaultdict(list)
     for record in records:
         by_family[record.family].append(record)
+        by_task[record.task].append(record)
     n = max(len(records), 1)
     return EvalSummary(
-        tasks=len(records),
+        tasks=len(by_task),
         resolved=sum(r.resolved for r in records) / n,
         passed=sum(r.passed for r in records) / n,
         reward=sum(r.reward for r in records) / n,
         errors=sum(r.error is not None and r.error.get("kind") not in ("agent_timeout",) for r in records),
         families={
-            family: {"tasks": len(rs), "resolved": sum(r.resolved for r in rs) / len(rs), "passed": sum(r.passed for r in rs) / len(rs)}
+            family: {"tasks": len({r.task for r in rs}), "resolved": sum(r.resolved for r in rs) / len(rs),
+                     "passed": sum(r.passed for r in rs) / len(rs)}
             for family, rs in sorted(by_family.items())
         },
-        resolved_tasks=tuple(sorted(r.task for r in records if r.resolved)),
+        task_rates={task: sum(r.resolved for r in rs) / len(rs) for task, rs in sorted(by_task.items())},
+        samples=samples,
     )  # fmt: skip
 
 
+def sample_seed(seed: int, task: str, sample: int) -> int:
+    """The random stream of one sampled evaluation episode."""
+    digest = hashlib.sha256(f"eval/{seed}/{task}/{sample}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
 @dataclass
-class _GreedyAgent:
+class _EvalAgent:
     sampler: BatchedSampler
     chat: ChatFormat
     settings: RolloutSettings
+    generator: torch.Generator | None  # None: greedy
     trajectory: Trajectory
-    name: str = "policy-greedy"
+    name: str = "policy-eval"
 
     async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
-        return await drive_episode(env, instruction, self.sampler, self.chat, self.settings, None, self.trajectory)
+        return await drive_episode(env, instruction, self.sampler, self.chat, self.settings, self.generator, self.trajectory)
 
 
 async def evaluate(policy, tokenizer, tasks: Sequence[Task], options: EnvOptions, settings: RolloutSettings, *,
-                   concurrency: int = 8, on_record: Callable[[TrialRecord, Trajectory], None] | None = None,
+                   concurrency: int = 8, samples: int = 0, seed: int = 0,
+                   on_record: Callable[[TrialRecord, Trajectory], None] | None = None,
                    ) -> tuple[EvalSummary, list[TrialRecord]]:  # fmt: skip
-    """Run ``policy`` greedily on each task once, ``concurrency`` trials at a time (their next-token
-    requests batched together); returns the summary and the records in task order."""
+    """Run ``policy`` on each task, greedily once (``samples=0``) or ``samples`` times at
+    temperature 1, ``concurrency`` trials at a time (their next-token requests batched together);
+    returns the summary and the records in task order."""
     sampler = BatchedSampler(copy.deepcopy(policy).eval(), pad_id=tokenizer.pad_token_id, record_routing=False)
     chat = ChatFormat(tokenizer)
     gate = asyncio.Semaphore(max(1, concurrency))
 
-    async def one(task: Task) -> TrialRecord:
+    async def one(task: Task, sample: int | None) -> TrialRecord:
         trajectory = Trajectory(task=task.name)
+        generator = None if sample is None else torch.Generator().manual_seed(sample_seed(seed, task.name, sample))
         async with gate:
-            record = await run_trial(task, _GreedyAgent(sampler, chat, settings, trajectory), options)
+            record = await run_trial(task, _EvalAgent(sampler, chat, settings, generator, trajectory), options)
         if on_record is not None:
             on_record(record, trajectory)
         return record
 
-    records = list(await asyncio.gather(*(one(task) for task in tasks)))
-    return summarise_records(records), records
+    jobs = [(task, None) for task in tasks] if samples < 1 else [(task, i) for task in tasks for i in range(samples)]
+    records = list(await asyncio.gather(*(one(task, sample) for task, sample in jobs)))
+    return summarise_records(records, max(samples, 0)), records

@@ -58,24 +58,41 @@ def _progress(console: Console) -> Progress:
                     console=console, transient=False)  # fmt: skip
 
 
-def result_table(before: EvalSummary, after: EvalSummary) -> Table:
+@dataclass(frozen=True)
+class HeldOut:
+    """One policy's held-out results: greedy, and sampled when ``--eval-samples`` asks for it."""
+
+    greedy: EvalSummary
+    sampled: EvalSummary | None = None
+
+
+def result_table(before: HeldOut, after: HeldOut) -> Table:
     """The final table: held-out results of the supervised start against after PPO."""
-    table = Table(title=f"held-out set ({before.tasks} tasks, greedy)", title_justify="left")
-    for column in ("policy", "resolved", "assertions passed (mean)", "reward (mean)"):
+    table = Table(title=f"held-out set ({before.greedy.tasks} tasks)", title_justify="left")
+    columns = ["policy", "resolved (greedy)", "assertions passed (greedy, mean)", "reward (greedy, mean)"]
+    if before.sampled and after.sampled:
+        columns.append(f"resolved (sampled, {before.sampled.samples} per task)")
+    for column in columns:
         table.add_column(column, justify="left" if column == "policy" else "right")
     for label, s in (("supervised start", before), ("after PPO", after)):
-        table.add_row(label, f"{s.resolved:.1%}", f"{s.passed:.2f}", f"{s.reward:.3f}")
+        g = s.greedy
+        table.add_row(label, f"{g.resolved:.1%}", f"{g.passed:.2f}", f"{g.reward:.3f}",
+                      *([f"{s.sampled.resolved:.1%}"] if len(columns) == 5 and s.sampled else []))  # fmt: skip
     return table
 
 
-def family_table(before: EvalSummary, after: EvalSummary, trained: set[str]) -> Table:
-    table = Table(title="held-out resolved rate per family", title_justify="left")
-    for column in ("family", "tasks", "supervised start", "after PPO"):
+def family_table(before: HeldOut, after: HeldOut, trained: set[str]) -> Table:
+    table = Table(title="held-out resolved rate per family (greedy; sampled)", title_justify="left")
+    sampled = before.sampled is not None and after.sampled is not None
+    for column in ("family", "tasks", "supervised start", "after PPO", *(("sampled, start", "sampled, after") if sampled else ())):
         table.add_column(column, justify="left" if column == "family" else "right")
-    for family, b in before.families.items():
-        a = after.families.get(family, {"resolved": float("nan")})
+    for family, b in before.greedy.families.items():
+        a = after.greedy.families.get(family, {"resolved": float("nan")})
         name = family if family in trained else f"{family} (never trained on)"
-        table.add_row(name, str(int(b["tasks"])), f"{b['resolved']:.1%}", f"{a['resolved']:.1%}")
+        row = [name, str(int(b["tasks"])), f"{b['resolved']:.1%}", f"{a['resolved']:.1%}"]
+        if sampled:
+            row += [f"{s.families.get(family, {'resolved': float('nan')})['resolved']:.1%}" for s in (before.sampled, after.sampled)]  # type: ignore[union-attr]
+        table.add_row(*row)
     return table
 
 
@@ -166,19 +183,24 @@ def warm_start(run: Path, cfg: Config, demos: list[Demonstration], policy, token
     return losses
 
 
-async def held_out(run: Path, cfg: Config, label: str, model, tokenizer, tasks: list[Task], console: Console) -> EvalSummary:
-    """Greedy evaluation on the held-out set; one record per task in ``run/eval/LABEL.jsonl``."""
-    with _progress(console) as progress:
-        bar = progress.add_task(f"evaluation on the held-out set ({label})", total=len(tasks))
+async def held_out(run: Path, cfg: Config, label: str, model, tokenizer, tasks: list[Task], console: Console) -> HeldOut:
+    """Greedy evaluation on the held-out set (one record per task in ``run/eval/LABEL.jsonl``),
+    then ``cfg.eval_samples`` sampled episodes per task (``run/eval/LABEL-sampled.jsonl``), with
+    the same draws whatever the label."""
+    results = []
+    for samples, name in [(0, label)] + ([(cfg.eval_samples, f"{label}-sampled")] if cfg.eval_samples else []):
+        with _progress(console) as progress:
+            bar = progress.add_task(f"evaluation on the held-out set ({name})", total=len(tasks) * max(samples, 1))
 
-        def on_record(record, trajectory) -> None:
-            append_record(run / "eval" / f"{label}.jsonl", record)
-            progress.advance(bar)
+            def on_record(record, trajectory, name=name) -> None:
+                append_record(run / "eval" / f"{name}.jsonl", record)
+                progress.advance(bar)
 
-        summary, _ = await evaluate(model, tokenizer, tasks, rollout_options(cfg, f"eval-{label}-{run.name}"),
-                                    rollout_settings(cfg), concurrency=cfg.concurrency, on_record=on_record)  # fmt: skip
-    console.print(f"  {label}: resolved {summary.resolved:.1%}, mean assertions passed {summary.passed:.2f}")
-    return summary
+            summary, _ = await evaluate(model, tokenizer, tasks, rollout_options(cfg, f"eval-{name}-{run.name}"), rollout_settings(cfg),
+                                        concurrency=cfg.concurrency, samples=samples, seed=cfg.seed, on_record=on_record)  # fmt: skip
+        console.print(f"  {name}: resolved {summary.resolved:.1%}, mean assertions passed {summary.passed:.2f}")
+        results.append(summary)
+    return HeldOut(*results)
 
 
 async def reinforce(cfg: Config, model_dir: Path, selection: list[Task], out: Path) -> list[dict]:
@@ -221,16 +243,22 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     after = await held_out(run, cfg, "ppo", trained, tokenizer, pool.heldout, console)
     timings["evaluation"] += time.monotonic() - began
     plots = write_plots(run / "plots", metrics, sft_losses=losses, warmup_steps=cfg.critic_warmup_steps)
-    change = paired_change(before, after)
+    change = paired_change(before.greedy, after.greedy)
+    heldout = {"sft": before.greedy.to_dict(), "ppo": after.greedy.to_dict(), "change": asdict(change)}
+    if before.sampled and after.sampled:
+        sampled_change = paired_change(before.sampled, after.sampled)
+        heldout["sampled"] = {"sft": before.sampled.to_dict(), "ppo": after.sampled.to_dict(), "change": asdict(sampled_change)}
     summary = {
         "run": str(run), "seed": cfg.seed, "pool": len(pool.train), "accepted": len(pool.selection),
         "demonstrations": len(demos), "parameters": sum(p.numel() for p in policy.parameters()),
-        "heldout": {"sft": before.to_dict(), "ppo": after.to_dict(), "change": asdict(change)},
-        "timings": timings, "plots": [str(p) for p in plots],
+        "heldout": heldout, "timings": timings, "plots": [str(p) for p in plots],
     }  # fmt: skip
     (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     console.print(result_table(before, after))
-    console.print(f"  after PPO against the supervised start: {change.describe(before.tasks)}")
+    console.print(f"  after PPO against the supervised start, greedy: {change.describe(before.greedy.tasks)}")
+    if before.sampled and after.sampled:
+        console.print(f"  sampled ({before.sampled.samples} per task; a task gains when its rate rises): "
+                      f"{sampled_change.describe(before.sampled.tasks)}")  # fmt: skip
     console.print(family_table(before, after, {t.family for t in pool.selection}))
     console.print(f"run directory: [bold]{run}[/] (summary.json, plots/, eval/, ppo/checkpoint.pt, ppo/policy/)")
     return summary

@@ -53,6 +53,7 @@ from termgym.tasks import Task
 from termgym.trial import Step, run_trial
 from trainer import ppo
 from trainer.config import Config
+from trainer.kv_cache import PrefixCache, cached_next_token_logprobs
 from trainer.models import IM_END, IM_START, SUBMIT_TOKEN
 from trainer.routing import NOT_RECORDED, ROUTING_DTYPE, is_moe, record_routing, routing_shape, stack_routing
 
@@ -152,10 +153,13 @@ def next_token_logprobs(model, sequences: Sequence[Sequence[int]], pad_id: int =
 
 class BatchedSampler:
     """The generator: its own copy of the policy's weights (``publish`` replaces them, once per
-    step) and one batched forward per round of next-token requests."""
+    step) and one batched forward per round of next-token requests. With ``kv_cache`` (the
+    default) each forward runs only the tokens its requests appended since their episode's last
+    forward (``trainer/kv_cache.py``); ``forget`` releases an ended episode's cache."""
 
-    def __init__(self, model, *, pad_id: int = 0, record_routing: bool | None = None) -> None:
+    def __init__(self, model, *, pad_id: int = 0, record_routing: bool | None = None, kv_cache: bool = True) -> None:
         self.model, self.pad_id = model.eval(), pad_id
+        self.cache = PrefixCache() if kv_cache else None
         self.version = 0
         self.forwards = 0  # batched forward passes so far
         self.requests = 0  # next-token requests served so far
@@ -167,6 +171,13 @@ class BatchedSampler:
         """Load the trainer's current weights; trajectories sampled from now on carry ``version``."""
         self.model.load_state_dict(state_dict)
         self.version = version
+        if self.cache is not None:
+            self.cache.clear()  # computed with the old weights
+
+    def forget(self, ids: Sequence[int]) -> None:
+        """The episode that ``ids`` are the tokens of has ended: drop its cached prefixes."""
+        if self.cache is not None:
+            self.cache.forget(ids)
 
     async def sample(self, ids: Sequence[int], generator: torch.Generator | None) -> tuple[int, float]:
         """Sample the next token after ``ids`` with ``generator`` (None: greedy, the most likely
@@ -185,21 +196,31 @@ class BatchedSampler:
             loop.call_soon(self._serve)  # after every coroutine already runnable has queued its request
         return await future
 
+    def _forward(self, batch: list) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """Next-token log-probs of every request, and each request's routing at its positions."""
+        sequences = [p[0] for p in batch]
+        if self.cache is not None:
+            positions = [p[3] for p in batch] if self.records_routing else None
+            return cached_next_token_logprobs(self.model, sequences, self.cache, self.pad_id, positions=positions)
+        if not self.records_routing:
+            return next_token_logprobs(self.model, sequences, self.pad_id), None
+        routing: list[torch.Tensor] = []
+        logprobs = next_token_logprobs(self.model, sequences, self.pad_id, routing=routing)
+        return logprobs, [routing[0][row, p[3]].clone() for row, p in enumerate(batch)]
+
     def _serve(self) -> None:
         batch, self._pending = [p for p in self._pending if not p[2].cancelled()], []
         if not batch:
             return
-        routing: list[torch.Tensor] | None = [] if self.records_routing else None
         try:
-            logprobs = next_token_logprobs(self.model, [p[0] for p in batch], self.pad_id, routing=routing)
+            logprobs, routing = self._forward(batch)
             self.forwards, self.requests = self.forwards + 1, self.requests + len(batch)
             for row, (_, generator, future, positions) in enumerate(batch):
                 if generator is None:
                     token = int(logprobs[row].argmax())
                 else:
                     token = int(torch.multinomial(logprobs[row].exp(), 1, generator=generator))
-                routed = routing[0][row, positions].clone() if routing else None
-                future.set_result((token, float(logprobs[row, token]), routed))
+                future.set_result((token, float(logprobs[row, token]), routing[row] if routing is not None else None))
         except Exception as exc:  # a failure fails every request not yet answered, never hangs them
             for _, _, future, _ in batch:
                 if not future.done():
@@ -275,6 +296,8 @@ async def drive_episode(env: AsyncTerminalEnv, instruction: str, sampler: Batche
     try:
         return await _drive(env, instruction, sampler, chat, settings, generator, trajectory, routed)
     finally:
+        if hasattr(sampler, "forget"):
+            sampler.forget(trajectory.ids)
         if routed is not None:
             layers, top_k = sampler.routing_shape
             trajectory.routing = torch.full((len(trajectory.ids), layers, top_k), NOT_RECORDED, dtype=ROUTING_DTYPE)

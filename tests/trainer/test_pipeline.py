@@ -28,11 +28,20 @@ def test_summary_counts_resolved_passed_and_faults_per_family():
     s = summarise_records(records)
     assert (s.tasks, s.resolved, s.passed, s.errors) == (4, 0.25, 2.0, 1)
     assert s.families == {"x": {"tasks": 2, "resolved": 0.5, "passed": 3.5}, "y": {"tasks": 2, "resolved": 0.0, "passed": 0.5}}
-    assert s.resolved_tasks == ("a",)
+    assert s.task_rates == {"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.0} and s.samples == 0
 
 
-def summary_resolving(*names: str) -> EvalSummary:
-    return EvalSummary(tasks=48, resolved=len(names) / 48, passed=0.0, reward=0.0, errors=0, resolved_tasks=names)
+def test_sampled_summary_rates_each_task_over_its_episodes():
+    records = [TrialRecord(t, "local", "p", resolved=ok, passed=int(ok), family=t[0]) for t, ok in
+               (("a1", True), ("a1", False), ("a1", True), ("a1", True), ("b1", False), ("b1", False), ("b1", True), ("b1", False))]  # fmt: skip
+    s = summarise_records(records, samples=4)
+    assert (s.tasks, s.resolved, s.samples) == (2, 0.5, 4)
+    assert s.task_rates == {"a1": 0.75, "b1": 0.25} and s.families["a"] == {"tasks": 1, "resolved": 0.75, "passed": 0.75}
+
+
+def summary_resolving(*names: str, rates: dict[str, float] | None = None) -> EvalSummary:
+    return EvalSummary(tasks=48, resolved=len(names) / 48, passed=0.0, reward=0.0, errors=0,
+                       task_rates={name: 1.0 for name in names} | (rates or {}))  # fmt: skip
 
 
 def test_paired_change_counts_flipped_tasks_and_tests_their_split():
@@ -45,6 +54,10 @@ def test_paired_change_counts_flipped_tasks_and_tests_their_split():
     clear = paired_change(summary_resolving(), summary_resolving(*"abcdefgh"))
     assert clear.p_value == 2 / 256 and "significant" in clear.describe(48)
     assert "within noise" in three_up.describe(48) and "3 of 48 tasks gained, 0 lost" in three_up.describe(48)
+    # sampled: a task counts as gained when its rate rose, lost when it fell, whatever the size
+    rates = paired_change(summary_resolving(rates={"a": 0.5, "b": 0.25, "c": 0.5}),
+                          summary_resolving(rates={"a": 0.75, "b": 0.0, "c": 0.5, "d": 0.25}))  # fmt: skip
+    assert (rates.gained, rates.lost) == (2, 1)
 
 
 async def test_greedy_evaluation_runs_each_task_once_and_is_reproducible(tmp_path, tiny_policy, no_leaks):
@@ -60,6 +73,25 @@ async def test_greedy_evaluation_runs_each_task_once_and_is_reproducible(tmp_pat
         assert summary.tasks == 6 and summary.errors == 0
         runs.append(sorted(seen))
     assert runs[0] == runs[1]  # greedy: the same commands whatever the batching
+
+
+async def test_sampled_evaluation_runs_each_task_k_times_with_draws_fixed_by_the_seed(tmp_path, tiny_policy, no_leaks):
+    policy, tokenizer = tiny_policy
+    tasks = [load_task(p) for p in generate_split(tmp_path, "heldout", 3, seed=1)]
+    options = EnvOptions(backend="local", max_turns=1, command_timeout=5.0)
+
+    async def commands(seed: int, concurrency: int) -> list:
+        seen = []
+        summary, records = await evaluate(policy, tokenizer, tasks, options, RolloutSettings(8, 512, 32), concurrency=concurrency,
+                                          samples=4, seed=seed, on_record=lambda r, t: seen.append((r.task, t.commands[0])))  # fmt: skip
+        assert summary.samples == 4 and summary.tasks == 3 and len(records) == 12
+        assert [r.task for r in records] == [t.name for t in tasks for _ in range(4)]
+        return sorted(seen)
+
+    first = await commands(seed=0, concurrency=5)
+    assert first == await commands(seed=0, concurrency=2)  # the draws, not the batching, decide
+    assert len({c for _, c in first}) > 3  # an untrained policy at temperature 1 types different things
+    assert first != await commands(seed=1, concurrency=5)
 
 
 def test_curves_keep_finite_values_and_plots_are_pngs(tmp_path):
@@ -81,16 +113,19 @@ def test_shortened_demo_end_to_end(tmp_path, no_leaks, capsys):
     run = tmp_path / "run"
     args = ["train", "--preset", "tiny", "--out", str(run), "--pool", "10", "--heldout", "6", "--sft-steps", "20",
             "--sft-batch-size", "8", "--steps", "3", "--batch-size", "4", "--minibatch-size", "4", "--concurrency", "4",
-            "--hidden", "64", "--layers", "2", "--experts", "4", "--critic-warmup-steps", "1"]  # fmt: skip
+            "--hidden", "64", "--layers", "2", "--experts", "4", "--critic-warmup-steps", "1", "--eval-samples", "2"]  # fmt: skip
     assert termgym_main(args) == 0
     err = capsys.readouterr().err
     assert "supervised start" in err and "after PPO" in err and f"run directory: {run}" in err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["heldout"]["sft"]["tasks"] == summary["heldout"]["ppo"]["tasks"] == 6
-    sft, ppo = (set(summary["heldout"][label]["resolved_tasks"]) for label in ("sft", "ppo"))
+    sft, ppo = ({t for t, rate in summary["heldout"][label]["task_rates"].items() if rate} for label in ("sft", "ppo"))
     change = summary["heldout"]["change"]
     assert (change["gained"], change["lost"]) == (len(ppo - sft), len(sft - ppo)) and 0 < change["p_value"] <= 1
-    assert "after PPO against the supervised start:" in err
+    assert "after PPO against the supervised start, greedy:" in err and "sampled (2 per task;" in err
+    sampled, greedy_rates = summary["heldout"]["sampled"], summary["heldout"]["ppo"]["task_rates"]
+    assert sampled["sft"]["samples"] == sampled["ppo"]["samples"] == 2 and set(sampled["ppo"]["task_rates"]) == set(greedy_rates)
+    assert len((run / "eval" / "ppo-sampled.jsonl").read_text().splitlines()) == 2 * len(greedy_rates)
     # the training pool is the audited selection, and nothing of the held-out set reached training
     audit = json.loads((run / "audit.json").read_text())
     accepted = {v["task"] for v in audit if v["accepted"]}

@@ -1,0 +1,89 @@
+"""The sampler's key/value cache: the same log-probs and routing as a full recompute, whatever is
+cached and however requests are batched, at a fraction of the positions computed."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import torch
+
+from trainer.kv_cache import PrefixCache, cached_next_token_logprobs
+from trainer.rollout import BatchedSampler, next_token_logprobs
+from trainer.routing import routing_shape
+
+
+def random_sequences(seed: int, lengths) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(4, 1000) for _ in range(n - 1)] for n in lengths]
+
+
+def full_routing(model, sequences) -> list[torch.Tensor]:
+    routing: list[torch.Tensor] = []
+    next_token_logprobs(model, sequences, routing=routing)
+    return [routing[0][row, : len(seq)] for row, seq in enumerate(sequences)]
+
+
+def test_cached_logprobs_equal_a_full_recompute_whatever_is_cached(tiny_policy):
+    model, _ = tiny_policy
+    cache = PrefixCache()
+    first = random_sequences(0, (30, 12, 45))
+    cached_next_token_logprobs(model, first, cache)
+    # extended by one token, by many, unchanged (a second sample from the same prompt), and new
+    second = [first[0] + [7], first[1] + random_sequences(1, (20,))[0], list(first[2]), random_sequences(2, (17,))[0]]
+    before = cache.computed
+    logprobs, _ = cached_next_token_logprobs(model, second, cache)
+    assert torch.allclose(logprobs, next_token_logprobs(model, second), atol=1e-4)
+    # only the uncached tails ran: 1 + 20 + the unchanged sequence's last token + the new one whole
+    assert cache.computed - before == 1 + 20 + 1 + 17
+
+
+def test_a_sampler_with_the_cache_decodes_what_one_without_decodes(tiny_policy):
+    model, _ = tiny_policy
+    prompts = random_sequences(3, (25, 40, 10))
+
+    async def decode(sampler: BatchedSampler) -> list[list[int]]:
+        async def one(i: int, ids: list[int]) -> list[int]:
+            generator = torch.Generator().manual_seed(i)
+            for _ in range(12):
+                token, _ = await sampler.sample(ids, generator)
+                ids = ids + [token]
+                if i == 1 and len(ids) == 45:  # an observation arrives mid-episode
+                    ids = ids + random_sequences(4, (9,))[0][1:]
+            sampler.forget(ids)
+            return ids
+
+        return list(await asyncio.gather(*(one(i, list(p)) for i, p in enumerate(prompts))))
+
+    cached, plain = BatchedSampler(model), BatchedSampler(model, kv_cache=False)
+    assert asyncio.run(decode(cached)) == asyncio.run(decode(plain))
+    assert cached.cache.computed < (cached.cache.hits + cached.cache.computed) / 5  # most positions reused
+    assert len(cached.cache) == 0  # every episode forgotten at its end
+
+
+def test_routing_of_cached_positions_is_the_routing_of_the_forward_that_computed_them(tiny_policy):
+    model, _ = tiny_policy
+    cache = PrefixCache()
+    sequences = random_sequences(5, (20, 33))
+    cached_next_token_logprobs(model, sequences, cache, positions=[[], []])
+    longer = [sequences[0] + [9, 10, 11], sequences[1] + [12]]
+    positions = [[3, 19, 20, 22], [32, 33]]  # cached, cached, new, new / cached, new
+    _, routed = cached_next_token_logprobs(model, longer, cache, positions=positions)
+    expected = full_routing(model, longer)
+    layers, top_k = routing_shape(model)
+    for row, wanted in enumerate(positions):
+        assert routed[row].shape == (len(wanted), layers, top_k)
+        assert torch.equal(routed[row].sort(-1).values, expected[row][wanted].sort(-1).values)
+
+
+def test_forget_and_capacity_bound_what_the_cache_holds(tiny_policy):
+    model, _ = tiny_policy
+    cache = PrefixCache(capacity=2)
+    a, b, c = random_sequences(6, (8, 9, 10))
+    cached_next_token_logprobs(model, [a], cache)
+    cached_next_token_logprobs(model, [a + [5]], cache)  # replaces a's entry
+    assert len(cache) == 1
+    cached_next_token_logprobs(model, [b, c], cache)
+    assert len(cache) == 2 and cache.lookup(a + [5, 6]) is None  # the least recently used went first
+    cache.forget(c + [1, 2])
+    assert len(cache) == 1 and cache.lookup(b) is not None
