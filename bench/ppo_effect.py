@@ -9,8 +9,8 @@ supervised and the PPO policy evaluated greedily on the same tasks, task by task
 audited selection. Both policies are then evaluated on a validation set and on the held-out set,
 and the paired change (tasks gained, lost, exact sign test) is printed, greedily and with
 ``--samples`` episodes per task at temperature 1 (a task gains when its resolved rate rises).
-The validation set is the next 96 tasks of the run's training split (the same families and name space, none of them in the
-pool: ``generate_split(..., first=pool)``), so settings can be compared on it without looking at
+The validation set is the next ``--validation`` (96) tasks of the run's training split (the
+same families and name space, none of them in the pool: ``generate_split(..., first=pool)``), so settings can be compared on it without looking at
 the held-out set. PPO is not deterministic (the scheduler keeps the first trials to finish), so
 compare configurations over several runs.
 """
@@ -35,9 +35,6 @@ from trainer.evaluate import evaluate, paired_change
 from trainer.models import load_policy
 from trainer.pipeline import reinforce
 from trainer.rollout import rollout_options, rollout_settings
-
-VALIDATION_TASKS = 96
-
 
 def overrides(pairs: list[str]) -> dict:
     """``FIELD=VALUE`` pairs as Config fields (VALUE is JSON, or a plain string)."""
@@ -72,7 +69,7 @@ async def main_async(args) -> int:
     selection = [Path(line) for line in (run / "selection.txt").read_text().split()]
     await reinforce(cfg, run / "sft" / "policy", [load_task(p) for p in selection], out)
     split = json.loads((run / "tasks" / "train" / "split.json").read_text())
-    validation = generate_split(out / "validation", "train", VALIDATION_TASKS, split["seed"], first=split["count"])
+    validation = generate_split(out / "validation", "train", args.validation, split["seed"], first=split["count"])
     sets = {
         f"validation ({len(validation)} tasks)": [load_task(p) for p in validation],
         "held-out set": [load_task(p) for p in sorted((run / "tasks" / "heldout").iterdir()) if p.is_dir()],
@@ -102,6 +99,7 @@ def main() -> int:
     parser.add_argument("run", help="a finished termgym train --preset tiny run directory")
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override a Config field")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--validation", type=int, default=96, help="validation tasks (the training split's next ones)")
     parser.add_argument("--samples", type=int, default=8, help="also evaluate this many episodes per task at temperature 1 (0: greedy only)")
     args = parser.parse_args()
 

@@ -13,8 +13,9 @@ PPO arms from that start:
 4. ``cancel`` against the bias-correcting ``reweight`` mode (both over-sampling 560/512): the kept
    share (weighted share for reweight) of the longest family against its launched share, and the
    mean step wall time (ratio);
-5. PPO with the critic against a group-relative baseline without a critic is not run (optional in
-   the issue; the trainer has no critic-free mode).
+5. PPO with the critic against a group-relative baseline without a critic (``--advantage group``,
+   4 episodes per task, leave-one-out mean as the baseline): held-out resolved rate and mean
+   assertions passed after the same number of PPO steps.
 
     .venv/bin/python bench/recipe.py [--seeds 0 1 2] [--out runs/recipe-TIME] [--quick]
 
@@ -60,7 +61,7 @@ def bench_config(quick: bool) -> Config:
     """The tiny preset (its audited 2000-task pool, 48 held-out tasks and supervised start), with
     PPO arms of 8 steps instead of 16."""
     cfg = Config(**PRESETS["tiny"])
-    cfg = replace(cfg, steps=8)
+    cfg = replace(cfg, steps=8, eval_samples=0)  # greedy held-out evaluations only
     if quick:
         cfg = replace(cfg, pool=12, heldout=6, sft_steps=10, steps=3, batch_size=4, minibatch_size=4, hidden=64,
                       layers=2, experts=4, concurrency=4)  # fmt: skip
@@ -113,7 +114,7 @@ async def one_seed(root: Path, cfg: Config, pool, demos, console: Console, resum
         policy, tokenizer = build_policy(run, cfg, console)
         warm_start(run, cfg, demos, policy, tokenizer, console)
     sft = finished_eval(run, "sft", n) if resume else None
-    out: dict = {"sft": {"heldout": sft or (await held_out(run, cfg, "sft", policy, tokenizer, pool.heldout, console)).to_dict()}}
+    out: dict = {"sft": {"heldout": sft or (await held_out(run, cfg, "sft", policy, tokenizer, pool.heldout, console)).greedy.to_dict()}}
 
     async def arm(name: str, arm_cfg: Config, evaluate: bool) -> list[dict]:
         if f"{name}@{cfg.seed}" in skip:
@@ -132,7 +133,7 @@ async def one_seed(root: Path, cfg: Config, pool, demos, console: Console, resum
             if done is None:
                 (run / "eval" / f"{name}.jsonl").unlink(missing_ok=True)
                 trained, _ = load_policy(run / name / "policy")
-                done = (await held_out(run, cfg, name, trained, tokenizer, pool.heldout, console)).to_dict()
+                done = (await held_out(run, cfg, name, trained, tokenizer, pool.heldout, console)).greedy.to_dict()
             out[name]["heldout"] = done
         return metrics
 
@@ -143,6 +144,7 @@ async def one_seed(root: Path, cfg: Config, pool, demos, console: Console, resum
     await arm("r3-off", replace(cfg, sampler_dtype="bfloat16", routing_replay=False, steps=3, critic_warmup_steps=0), False)
     await arm("cancel", replace(cfg, mode="cancel", steps=4, critic_warmup_steps=4), False)
     await arm("reweight", replace(cfg, mode="reweight", steps=4, critic_warmup_steps=4), False)
+    await arm("group", replace(cfg, advantage="group", group_size=4), True)
     return out
 
 
@@ -184,6 +186,8 @@ def figures(results: list[dict], warmup: int) -> list[tuple[str, str, str, str]]
         ("", f"{longest}: kept share (reweight: weighted)", mean_sd([s[3] for s in shares["reweight"]]),
          mean_sd([s[2] for s in shares["cancel"]])),
         ("", "step wall time, reweight / cancel", mean_sd([a / b for a, b in zip(wall["reweight"], wall["cancel"])]), ""),
+        ("5. critic (GAE) vs group baseline, no critic", "held-out resolved", mean_sd(held("dense", "resolved")), mean_sd(held("group", "resolved"))),
+        ("", "held-out assertions passed", mean_sd(held("dense", "passed")), mean_sd(held("group", "passed"))),
     ]  # fmt: skip
 
 

@@ -46,6 +46,10 @@ class Config:
     """tokens per episode, prompt and observations included; beyond it the episode is truncated"""
     observation_tokens: int = 128
     """tokens kept of each observation"""
+    advantage: str = "gae"
+    """gae: GAE over the critic's token values (the recipe); group: no critic, each episode's reward minus the mean of the other episodes of its task in the batch (RLOO), the same for all its tokens; launch several episodes per task with --group-size"""
+    group_size: int = 1
+    """episodes launched per task in a step (one task drawn, launched this many times); the group advantage needs at least 2"""
     gamma: float = 1.0
     """discount over action tokens"""
     lam: float = 1.0
@@ -116,7 +120,7 @@ PRESETS: dict[str, dict] = {
     # by a KL penalty (without it, 30 steps cost 10 points on the validation set); held-out
     # evaluation before and after.
     "tiny": dict(
-        pool=2000, heldout=48, audit_k=1, audit_cache="bundled", sft_steps=750, sft_batch_size=32, sft_lr=3e-3,
+        pool=2000, heldout=48, eval_samples=4, audit_k=1, audit_cache="bundled", sft_steps=750, sft_batch_size=32, sft_lr=3e-3,
         hidden=128, layers=3, experts=8,
         steps=16, batch_size=32, concurrency=8, mode="reweight", max_turns=4, command_timeout=5.0,
         max_new_tokens=48, max_context=512, observation_tokens=64, actor_lr=2e-4, critic_lr=1e-3, kl_coef=0.5,
@@ -177,7 +181,12 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
     return Config(**values)
 
 
-CHOICES = {"mode": MODES, "generator": ("torch", "vllm"),
+def warmup_steps(cfg: Config) -> int:
+    """Steps of critic-only updates before the first policy update: none without a critic."""
+    return cfg.critic_warmup_steps if cfg.advantage == "gae" else 0
+
+
+CHOICES = {"mode": MODES, "generator": ("torch", "vllm"), "advantage": ("gae", "group"),
            "reward": ("dense", "binary"), "sampler_dtype": ("float32", "bfloat16")}  # fmt: skip
 
 
@@ -188,7 +197,9 @@ def check_config(cfg: Config) -> None:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose one of {', '.join(allowed)}")
     if cfg.kl_coef < 0:
         raise ValueError(f"--kl-coef must be at least 0, got {cfg.kl_coef}")
-    for name in ("steps", "batch_size", "minibatch_size", "concurrency", "max_turns", "max_new_tokens", "update_epochs"):
+    if cfg.advantage == "group" and cfg.group_size < 2:
+        raise ValueError("--advantage group compares episodes of the same task: give --group-size 2 or more")
+    for name in ("steps", "batch_size", "minibatch_size", "concurrency", "max_turns", "max_new_tokens", "update_epochs", "group_size"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     if cfg.pool and (cfg.heldout < 1 or cfg.sft_batch_size < 1 or cfg.sft_steps < 0 or cfg.audit_k < 1 or cfg.eval_samples < 0):

@@ -44,7 +44,7 @@ from termgym.errors import TermgymError
 from termgym.envs.families import bundled_audit_cache, generate_split, reference_commands
 from termgym.records import append_record
 from termgym.tasks import Task, load_task
-from trainer.config import Config
+from trainer.config import Config, warmup_steps
 from trainer.evaluate import EvalSummary, evaluate, paired_change
 from trainer.models import build_tiny_policy, load_policy
 from trainer.plots import write_plots
@@ -234,7 +234,7 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     before = await held_out(run, cfg, "sft", policy, tokenizer, pool.heldout, console)
     timings["evaluation"] = time.monotonic() - began
     began = time.monotonic()
-    console.print(f"[bold]6/7 PPO[/]: {cfg.critic_warmup_steps} critic warm-up steps, then {cfg.steps - cfg.critic_warmup_steps} "
+    console.print(f"[bold]6/7 PPO[/]: {warmup_steps(cfg)} critic warm-up steps, then {cfg.steps - warmup_steps(cfg)} "
                   f"policy updates, {cfg.batch_size} trajectories per step ({cfg.mode}, {cfg.reward} reward)")  # fmt: skip
     metrics = await reinforce(cfg, run / "sft" / "policy", pool.selection, run / "ppo")
     timings["ppo"] = time.monotonic() - began
@@ -242,7 +242,7 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     trained, _ = load_policy(run / "ppo" / "policy")
     after = await held_out(run, cfg, "ppo", trained, tokenizer, pool.heldout, console)
     timings["evaluation"] += time.monotonic() - began
-    plots = write_plots(run / "plots", metrics, sft_losses=losses, warmup_steps=cfg.critic_warmup_steps)
+    plots = write_plots(run / "plots", metrics, sft_losses=losses, warmup_steps=warmup_steps(cfg))
     change = paired_change(before.greedy, after.greedy)
     heldout = {"sft": before.greedy.to_dict(), "ppo": after.greedy.to_dict(), "change": asdict(change)}
     if before.sampled and after.sampled:

@@ -8,6 +8,9 @@ writes anything but its arguments; none changes its inputs.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+
 import torch
 
 
@@ -44,6 +47,27 @@ def masked_gae(
         advantages[:, t] = torch.where(on, candidate, torch.zeros_like(candidate))
     returns = (advantages + values) * mask
     return advantages, returns
+
+
+def leave_one_out_advantages(rewards: torch.Tensor, groups: Sequence[Hashable]) -> torch.Tensor:
+    """Per-episode advantage without a critic (RLOO): each episode's reward minus the mean reward of
+    the *other* episodes of its group (the same task in the same batch). An episode alone in its
+    group gets 0: there is nothing to compare it with. ``rewards`` is ``[episodes]``."""
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for index, group in enumerate(groups):
+        members[group].append(index)
+    advantages = torch.zeros_like(rewards)
+    for indices in members.values():
+        if len(indices) > 1:
+            r = rewards[indices]
+            advantages[indices] = r - (r.sum() - r) / (len(indices) - 1)
+    return advantages
+
+
+def scale_to_unit(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``x`` divided by its root mean square over the mask (not shifted: a zero stays zero); 0
+    elsewhere."""
+    return x * torch.rsqrt(masked_mean(x**2, mask) + eps) * mask
 
 
 def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:

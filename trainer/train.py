@@ -62,7 +62,7 @@ from termgym.scheduler import (
     step_metrics,
 )
 from trainer import ppo
-from trainer.config import Config, check_config, parse_config
+from trainer.config import Config, check_config, parse_config, warmup_steps
 from trainer.models import Critic, build_tiny_policy, load_policy
 from trainer.rollout import (
     BatchedSampler,
@@ -81,13 +81,21 @@ from trainer.vllm_generator import VllmGenerator, close_engines, policy_head_dim
 
 
 class CountingPool(TaskPool):
-    """The scheduler's task pool, counting draws so that a resumed run can replay them."""
+    """The scheduler's task pool, counting draws so that a resumed run can replay them. With
+    ``group_size`` k, each task drawn is launched k times in a row (the group advantage's groups)."""
 
-    drawn = 0
+    drawn = 0  # tasks drawn from the pool's order
+    group_size = 1
 
     def draw(self, n: int) -> list:
-        self.drawn += n
-        return super().draw(n)
+        tasks = super().draw(-(-n // self.group_size))
+        self.drawn += len(tasks)
+        return [task for task in tasks for _ in range(self.group_size)][:n]
+
+    def replay(self, drawn: int) -> None:
+        """Draw what an interrupted run had drawn, so the order continues where it stopped."""
+        TaskPool.draw(self, drawn)
+        self.drawn = drawn
 
 
 # -- the batch -------------------------------------------------------------------------------------
@@ -98,7 +106,8 @@ def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad
     token ``ids[:, 1:]``: ``mask`` (1 on sampled tokens), ``rollout_logp``, ``rewards`` (the
     episode's reward on its last sampled token), ``weights`` (the scheduler's per-trial weight).
     ``routing`` is aligned with ``ids`` (``[n, T, layers, top_k]``, -1 where not recorded and on
-    padding), or None when any trajectory has none."""
+    padding), or None when any trajectory has none. ``episode_rewards`` and ``groups`` (task names)
+    have one entry per trajectory."""
     ids, attention, mask = pad_batch([(t.ids, t.loss_mask) for t in trajectories], pad_id)
     n, width = ids.shape
     rollout_logp, rewards = torch.zeros((n, width)), torch.zeros((n, width))
@@ -115,6 +124,8 @@ def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad
     return {
         "ids": ids, "attention": attention, "mask": mask, "rollout_logp": rollout_logp[:, 1:],
         "rewards": rewards[:, 1:], "weights": torch.tensor(list(weights), dtype=torch.float32), "routing": routing,
+        "episode_rewards": torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
+        "groups": [t.task for t in trajectories],
     }  # fmt: skip
 
 
@@ -156,24 +167,31 @@ def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, 
                reference=None) -> dict:  # fmt: skip
     """One PPO update on ``batch`` (every rank holds the same batch). Returns its metrics. With a
     ``reference`` model (the starting policy) and ``cfg.kl_coef > 0``, the policy loss adds
-    ``kl_coef`` times the token mean of ``ppo.kl_to_reference``."""
+    ``kl_coef`` times the token mean of ``ppo.kl_to_reference``. With ``cfg.advantage == "group"``
+    the critic is neither read nor trained: every token of an episode gets its leave-one-out
+    advantage, scaled to unit root mean square over the batch."""
     b_ids, b_attention, b_mask = batch["ids"], batch["attention"], batch["mask"]
     b_routing = batch.get("routing")
     replay = cfg.routing_replay and b_routing is not None
     anchored = reference is not None and cfg.kl_coef > 0
+    with_critic = cfg.advantage == "gae"
     with torch.no_grad():
         # agreement is measured either way; the recorded experts are used only with routing_replay
         with replay_routing(policy, b_routing, enforce=replay) as routing_stats:
             b_logp, b_entropy = forward_logp(policy, b_ids, b_attention, entropy=True)
-        b_values = forward_values(critic, b_ids, b_attention) * b_mask
+        b_values = forward_values(critic, b_ids, b_attention) * b_mask if with_critic else None
         b_ref_logp = None
         if anchored:
             with replay_routing(reference, b_routing if replay else None):
                 b_ref_logp, _ = forward_logp(reference, b_ids, b_attention)
-    b_advantages, b_returns = ppo.masked_gae(batch["rewards"], b_values, b_mask, cfg.gamma, cfg.lam)
-    b_advantages = ppo.whiten(b_advantages, b_mask)
+    if with_critic:
+        b_advantages, b_returns = ppo.masked_gae(batch["rewards"], b_values, b_mask, cfg.gamma, cfg.lam)
+        b_advantages = ppo.whiten(b_advantages, b_mask)
+    else:
+        per_episode = ppo.leave_one_out_advantages(batch["episode_rewards"], batch["groups"])
+        b_advantages = ppo.scale_to_unit(per_episode[:, None] * b_mask, b_mask)
     metrics = {
-        "explained_variance": ppo.explained_variance(b_returns, b_values, b_mask),
+        "explained_variance": ppo.explained_variance(b_returns, b_values, b_mask) if with_critic else None,
         "entropy": float(ppo.masked_mean(b_entropy, b_mask)),
         "logprob_gap": float(ppo.masked_mean((b_logp - batch["rollout_logp"]).abs(), b_mask)),
         "routing_replay": replay,
@@ -209,6 +227,8 @@ def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, 
                 sync_gradients(policy)
                 torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
                 actor_opt.step()
+            if not with_critic:
+                continue
             critic_opt.zero_grad()
             mb_values = forward_values(critic, mb_ids, mb_attention)
             v_loss = ppo.value_loss(mb_values, b_values[mine], b_returns[mine], mb_mask, cfg.value_clip)
@@ -275,7 +295,7 @@ def progress_line(m: dict, steps: int) -> str:
     ev = m["explained_variance"]
     return (
         f"step {m['step'] + 1}/{steps} reward {m['reward']:.3f} resolved {m['resolved']:.2f} passed {m['passed']:.1f} "
-        f"turns {m['turns']:.1f} tokens {m['tokens']} ev {ev:.2f} clip {m['clip_fraction'] or 0:.2f} "
+        f"turns {m['turns']:.1f} tokens {m['tokens']} " + (f"ev {ev:.2f} " if ev is not None else "") + f"clip {m['clip_fraction'] or 0:.2f} "
         f"entropy {m['entropy']:.2f} gap {m['logprob_gap']:.2e} drift {m['token_drift']} "
         + (f"agree {m['routing_agreement']:.3f} " if m.get("routing_agreement") is not None else "")
         + (f"kl {m['kl_to_reference']:.4f} " if m.get("kl_to_reference") is not None else "") +
@@ -311,6 +331,7 @@ async def train(cfg: Config) -> dict:
         sampler_model = copy.deepcopy(policy).to(getattr(torch, cfg.sampler_dtype))  # publish casts into it
         sampler = BatchedSampler(sampler_model, pad_id=tokenizer.pad_token_id)  # unsharded, always
     pool = CountingPool([resolve_task(name) for name in cfg.tasks] or _bundled_tasks(), shuffle=True, seed=cfg.seed)
+    pool.group_size = cfg.group_size
     state = torch.load(out / "checkpoint.pt", weights_only=False) if cfg.resume and (out / "checkpoint.pt").exists() else None
     if state is not None:
         policy.load_state_dict(state["policy"])
@@ -325,7 +346,7 @@ async def train(cfg: Config) -> dict:
         loading = StateDictOptions(full_state_dict=True)
         set_optimizer_state_dict(policy, actor_opt, state["actor_opt"], options=loading)
         set_optimizer_state_dict(critic, critic_opt, state["critic_opt"], options=loading)
-        pool.draw(state["drawn"])  # the pool's order is a function of its seed and the draws so far
+        pool.replay(state["drawn"])  # the pool's order is a function of its seed and the draws so far
         start = state["step"]
     options = rollout_options(cfg, f"train-{out.name}")
     runner = PolicyRunner(sampler, ChatFormat(tokenizer), options, Pacer(), rollout_settings(cfg), seed=cfg.seed,
@@ -367,11 +388,11 @@ async def train(cfg: Config) -> dict:
                 began = time.monotonic()
                 batch = make_batch([k.result for k in kept], [k.weight for k in kept], tokenizer.pad_token_id)
                 update = ppo_update(policy, critic, actor_opt, critic_opt, batch, cfg,
-                                    update_policy=step >= cfg.critic_warmup_steps, step=step, reference=reference)  # fmt: skip
+                                    update_policy=step >= warmup_steps(cfg), step=step, reference=reference)  # fmt: skip
                 timings = {"rollout_seconds": rollout_seconds, "update_seconds": time.monotonic() - began}
                 # 3. metrics, trajectories, checkpoint
                 metrics = summarise(step, kept, update, result, timings)
-                metrics["warmup"] = step < cfg.critic_warmup_steps
+                metrics["warmup"] = step < warmup_steps(cfg)
                 served = sampler.forwards - forwards  # rank 0's sampler; other ranks sample nothing
                 metrics["generation_batch_mean"] = (sampler.requests - requests) / served if served else None
                 metrics["routing_recorded"] = sampler.records_routing  # False: R3 had nothing to replay

@@ -132,3 +132,18 @@ def test_kl_to_reference_is_zero_where_they_agree_and_estimates_the_kl_from_samp
     tokens = torch.multinomial(policy, 200_000, replacement=True, generator=torch.Generator().manual_seed(0))
     estimate = float(ppo.kl_to_reference(policy.log()[tokens], reference.log()[tokens]).mean())
     assert estimate == pytest.approx(exact, rel=0.02)
+
+
+def test_leave_one_out_advantages_compare_each_episode_with_the_rest_of_its_group():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.5, 0.25, 0.7])
+    groups = ["a", "a", "a", "b", "b", "c"]
+    advantages = ppo.leave_one_out_advantages(rewards, groups)
+    assert torch.allclose(advantages, torch.tensor([1.0, -0.5, -0.5, 0.25, -0.25, 0.0]))  # c is alone: 0
+
+
+def test_scale_to_unit_keeps_zeros_and_signs():
+    x = torch.tensor([[2.0, 2.0, 0.0], [0.0, -4.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    y = ppo.scale_to_unit(x, mask)
+    assert abs(float(ppo.masked_mean(y**2, mask)) - 1.0) < 1e-6
+    assert y[0, 2] == 0 and y[1, 0] == 0 and y[1, 2] == 0 and y[1, 1] < 0 < y[0, 0]

@@ -102,7 +102,7 @@ def test_two_processes_match_one(tmp_path, tiny_policy_dir, no_leaks, sharding):
             assert torch.allclose(a[part][key], b[part][key], atol=1e-5, rtol=1e-4), (part, key)
 
 
-def bandit_upper_half(policy_dir, kl_coef: float = 0.0) -> tuple[float, float, list[dict]]:
+def bandit_upper_half(policy_dir, kl_coef: float = 0.0, advantage: str = "gae") -> tuple[float, float, list[dict]]:
     """20 PPO updates on a one-token bandit that rewards the upper half of the vocabulary; returns
     that half's probability before and after, and each update's metrics."""
     import copy
@@ -116,7 +116,8 @@ def bandit_upper_half(policy_dir, kl_coef: float = 0.0) -> tuple[float, float, l
     policy, tokenizer = load_policy(policy_dir)
     reference = copy.deepcopy(policy).requires_grad_(False) if kl_coef else None
     critic = Critic(policy_dir)
-    cfg = Config(actor_lr=1e-3, critic_lr=1e-3, update_epochs=2, minibatch_size=8, routing_replay=False, kl_coef=kl_coef)
+    cfg = Config(actor_lr=1e-3, critic_lr=1e-3, update_epochs=2, minibatch_size=8, routing_replay=False, kl_coef=kl_coef,
+                 advantage=advantage, group_size=4)  # fmt: skip
     actor_opt = torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr)
     critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
     prompt, half = [1, 2, 3], policy.config.vocab_size // 2
@@ -131,8 +132,8 @@ def bandit_upper_half(policy_dir, kl_coef: float = 0.0) -> tuple[float, float, l
         with torch.no_grad():
             logp = policy(input_ids=torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
         tokens = torch.multinomial(logp.exp(), 32, replacement=True, generator=generator).tolist()
-        batch = [Trajectory(task="bandit", ids=[*prompt, t], loss_mask=[0, 0, 0, 1], logprobs=[0.0, 0.0, 0.0, float(logp[t])],
-                            reward=float(t >= half)) for t in tokens]  # fmt: skip
+        batch = [Trajectory(task=f"bandit-{i // 4}", ids=[*prompt, t], loss_mask=[0, 0, 0, 1], logprobs=[0.0, 0.0, 0.0, float(logp[t])],
+                            reward=float(t >= half)) for i, t in enumerate(tokens)]  # fmt: skip
         metrics.append(ppo_update(policy, critic, actor_opt, critic_opt, make_batch(batch, [1.0] * 32, tokenizer.pad_token_id),
                                   cfg, update_policy=True, step=step, reference=reference))  # fmt: skip
     return before, upper_half_probability(), metrics
@@ -144,6 +145,35 @@ def test_ppo_update_learns_a_one_token_bandit(tiny_policy_dir):
     before, after, metrics = bandit_upper_half(tiny_policy_dir)
     assert after > before + 0.15, (before, after)
     assert all(m["kl_to_reference"] is None for m in metrics)  # no anchor: no reference model
+
+
+def test_the_group_advantage_learns_the_bandit_without_touching_the_critic(tiny_policy_dir):
+    """Groups of 4 episodes of the same task: the leave-one-out advantage alone must raise the
+    rewarded half's probability, and the critic is neither read (no explained variance) nor trained."""
+    before, after, metrics = bandit_upper_half(tiny_policy_dir, advantage="group")
+    assert after > before + 0.15, (before, after)
+    assert all(m["explained_variance"] is None and m["value_loss"] is None for m in metrics)
+
+
+def test_grouped_draws_launch_each_task_group_size_times_and_resume_where_they_stopped():
+    from types import SimpleNamespace
+
+    from trainer.train import CountingPool
+
+    tasks = [SimpleNamespace(name=f"t{i}") for i in range(10)]  # the pool only orders them
+
+    def pool() -> CountingPool:
+        p = CountingPool(tasks, shuffle=True, seed=3)
+        p.group_size = 4
+        return p
+
+    first = pool()
+    drawn = first.draw(10)  # three tasks: 4 + 4 + 2 launches
+    assert [t.name for t in drawn[:4]] == [drawn[0].name] * 4 and drawn[4].name != drawn[0].name
+    assert len(drawn) == 10 and len({t.name for t in drawn}) == 3 and first.drawn == 3
+    resumed = pool()
+    resumed.replay(first.drawn)
+    assert [t.name for t in resumed.draw(8)] == [t.name for t in first.draw(8)]
 
 
 def test_the_kl_anchor_holds_the_policy_near_its_start(tiny_policy_dir):
