@@ -61,7 +61,7 @@ def bench_config(quick: bool) -> Config:
     """The tiny preset (its audited 2000-task pool, 48 held-out tasks and supervised start), with
     PPO arms of 8 steps instead of 16."""
     cfg = Config(**PRESETS["tiny"])
-    cfg = replace(cfg, steps=8, eval_samples=0)  # greedy held-out evaluations only
+    cfg = replace(cfg, steps=8)
     if quick:
         cfg = replace(cfg, pool=12, heldout=6, sft_steps=10, steps=3, batch_size=4, minibatch_size=4, hidden=64,
                       layers=2, experts=4, concurrency=4)  # fmt: skip

@@ -120,7 +120,7 @@ PRESETS: dict[str, dict] = {
     # by a KL penalty (without it, 30 steps cost 10 points on the validation set); held-out
     # evaluation before and after.
     "tiny": dict(
-        pool=2000, heldout=48, eval_samples=4, audit_k=1, audit_cache="bundled", sft_steps=750, sft_batch_size=32, sft_lr=3e-3,
+        pool=2000, heldout=192, audit_k=1, audit_cache="bundled", sft_steps=750, sft_batch_size=32, sft_lr=3e-3,
         hidden=128, layers=3, experts=8,
         steps=16, batch_size=32, concurrency=8, mode="reweight", max_turns=4, command_timeout=5.0,
         max_new_tokens=48, max_context=512, observation_tokens=64, actor_lr=2e-4, critic_lr=1e-3, kl_coef=0.5,

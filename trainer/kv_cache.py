@@ -106,10 +106,9 @@ def cached_next_token_logprobs(model, sequences: Sequence[Sequence[int]], cache:
         attention[row, :p] = 1
         attention[row, width_past : width_past + len(new)] = 1
         position_ids[row] = torch.arange(width_new) + p
-    past_key_values = None
+    stacked = []  # per attention layer: the rows' cached keys and values, padded to width_past
     if width_past:
         template = next(h for h, p in zip(hits, past) if p).layers
-        stacked = []
         for layer, (keys, values) in enumerate(template):
             k = keys.new_zeros((rows, keys.shape[0], width_past, keys.shape[2]))
             v = values.new_zeros((rows, values.shape[0], width_past, values.shape[2]))
@@ -117,10 +116,9 @@ def cached_next_token_logprobs(model, sequences: Sequence[Sequence[int]], cache:
                 if p:
                     k[row, :, :p], v[row, :, :p] = hit.layers[layer][0][:, :p], hit.layers[layer][1][:, :p]
             stacked.append((k, v))
-        past_key_values = DynamicCache(ddp_cache_data=stacked)
     with torch.no_grad(), (record_routing(model) if positions is not None else nullcontext([])) as per_layer:
         out = model(input_ids=ids, attention_mask=attention, position_ids=position_ids,
-                    past_key_values=past_key_values if past_key_values is not None else DynamicCache(), use_cache=True)  # fmt: skip
+                    past_key_values=DynamicCache(ddp_cache_data=stacked) if stacked else DynamicCache(), use_cache=True)  # fmt: skip
     new_routing = stack_routing(per_layer, rows, width_new) if positions is not None else None
     layers = _attention_layers(out.past_key_values)
     routed: list[torch.Tensor] | None = [] if positions is not None else None
@@ -129,7 +127,7 @@ def cached_next_token_logprobs(model, sequences: Sequence[Sequence[int]], cache:
                  torch.cat((v[row, :, :p], v[row, :, width_past : width_past + len(new)]), dim=1)) for k, v in layers]  # fmt: skip
         routing = None
         if new_routing is not None:
-            earlier = hit.routing[:p] if hit is not None and hit.routing is not None else new_routing.new_empty((0, *new_routing.shape[2:]))
+            earlier = hit.routing[:p] if p else new_routing.new_empty((0, *new_routing.shape[2:]))  # type: ignore[union-attr]
             routing = torch.cat((earlier, new_routing[row, : len(new)]))
             routed.append(routing[list(positions[row])].clone())  # type: ignore[union-attr,index]
         cache.store(CacheEntry(tuple(seq), kept, routing), replaces=hit)

@@ -7,7 +7,8 @@
 3. build the tiny MoE policy (its tokenizer trained on the bundled tasks' text, not on the pool);
 4. record the reference solutions of the accepted tasks in real sandboxes and train on them
    (the supervised warm start);
-5. evaluate greedily on the held-out set;
+5. evaluate on the held-out set: greedily, and with ``--eval-samples`` episodes per task sampled at
+   temperature 1;
 6. critic warm-up, then PPO with the dense per-assertion reward through the scheduler
    (``trainer/train.py``);
 7. evaluate again; write the curves as PNG files, ``summary.json``, and print the final table.
@@ -15,8 +16,9 @@
 The run directory holds everything: ``tasks/{train,heldout}/`` (with ``split.json``: the held-out
 set is fixed by the seed and listed there), ``audit.json`` and ``selection.txt``, ``init/`` and
 ``sft/policy/`` (model directories), ``sft/demonstrations.jsonl`` and ``sft/records.jsonl``,
-``eval/{sft,ppo}.jsonl`` (one trial record per held-out task), ``ppo/`` (metrics, trajectories,
-records, checkpoint, policy), ``plots/*.png``, ``summary.json``.
+``eval/{sft,ppo}.jsonl`` (one trial record per held-out task) and ``eval/{sft,ppo}-sampled.jsonl``
+(one per sampled episode), ``ppo/`` (metrics, trajectories, records, checkpoint, policy),
+``plots/*.png``, ``summary.json``.
 
 Honesty: nothing of the held-out set reaches training (different names by construction, neither set is in
 the tokenizer's corpus, no held-out trial updates weights);
@@ -68,31 +70,27 @@ class HeldOut:
 
 def result_table(before: HeldOut, after: HeldOut) -> Table:
     """The final table: held-out results of the supervised start against after PPO."""
+    sampled = before.sampled is not None and after.sampled is not None
     table = Table(title=f"held-out set ({before.greedy.tasks} tasks)", title_justify="left")
-    columns = ["policy", "resolved (greedy)", "assertions passed (greedy, mean)", "reward (greedy, mean)"]
-    if before.sampled and after.sampled:
-        columns.append(f"resolved (sampled, {before.sampled.samples} per task)")
-    for column in columns:
+    for column in ("policy", "resolved (greedy)", "assertions passed (greedy, mean)", "reward (greedy, mean)",
+                   *([f"resolved (sampled, {before.sampled.samples} per task)"] if sampled else [])):  # type: ignore[union-attr]  # fmt: skip
         table.add_column(column, justify="left" if column == "policy" else "right")
     for label, s in (("supervised start", before), ("after PPO", after)):
         g = s.greedy
-        table.add_row(label, f"{g.resolved:.1%}", f"{g.passed:.2f}", f"{g.reward:.3f}",
-                      *([f"{s.sampled.resolved:.1%}"] if len(columns) == 5 and s.sampled else []))  # fmt: skip
+        table.add_row(label, f"{g.resolved:.1%}", f"{g.passed:.2f}", f"{g.reward:.3f}", *([f"{s.sampled.resolved:.1%}"] if sampled else []))  # type: ignore[union-attr]
     return table
 
 
 def family_table(before: HeldOut, after: HeldOut, trained: set[str]) -> Table:
-    table = Table(title="held-out resolved rate per family (greedy; sampled)", title_justify="left")
     sampled = before.sampled is not None and after.sampled is not None
-    for column in ("family", "tasks", "supervised start", "after PPO", *(("sampled, start", "sampled, after") if sampled else ())):
+    table = Table(title="held-out resolved rate per family", title_justify="left")
+    for column in ("family", "tasks", "supervised start", "after PPO", *(("sampled: start", "sampled: after PPO") if sampled else ())):
         table.add_column(column, justify="left" if column == "family" else "right")
+    summaries = (before.greedy, after.greedy, *((before.sampled, after.sampled) if sampled else ()))
     for family, b in before.greedy.families.items():
-        a = after.greedy.families.get(family, {"resolved": float("nan")})
         name = family if family in trained else f"{family} (never trained on)"
-        row = [name, str(int(b["tasks"])), f"{b['resolved']:.1%}", f"{a['resolved']:.1%}"]
-        if sampled:
-            row += [f"{s.families.get(family, {'resolved': float('nan')})['resolved']:.1%}" for s in (before.sampled, after.sampled)]  # type: ignore[union-attr]
-        table.add_row(*row)
+        rates = [s.families.get(family, {"resolved": float("nan")})["resolved"] for s in summaries]  # type: ignore[union-attr]
+        table.add_row(name, str(int(b["tasks"])), *(f"{rate:.1%}" for rate in rates))
     return table
 
 

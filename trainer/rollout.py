@@ -17,7 +17,9 @@ elsewhere); text in observations and instructions can never produce a special to
 drift then shows up in ``token_drift``.
 
 Generation is batched across the episodes in flight: ``BatchedSampler.sample`` queues a request and
-one forward pass serves every request queued before the event loop gets to it. A sampler with a
+one forward pass serves every request queued before the event loop gets to it, over only the
+tokens each request appended since its episode's last forward (the key/value cache,
+``trainer/kv_cache.py``; ``kv_cache=False`` recomputes every position). A sampler with a
 ``generate_turn`` method (the vLLM generator, ``trainer/vllm_generator.py``) is asked for a whole
 turn at a time instead (up to ``max_new_tokens``, within the context, ending at a stop id); the
 guarantees above hold the same way.

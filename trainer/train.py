@@ -6,7 +6,9 @@ trajectories through termgym's ``RolloutScheduler`` (TITO: the sampled ids are t
 are), recompute log-probs under the current weights and token-level values with the critic, run
 GAE over action tokens, whiten the advantages, then several epochs of minibatches of the clipped
 policy loss (skipped during the critic warm-up) and the clipped value loss, each model with its own
-Adam and its own gradient clipping. No KL term. With an MoE policy and ``routing_replay`` (R3, on by
+Adam and its own gradient clipping. ``--kl-coef`` adds a KL penalty to the starting policy;
+``--advantage group`` replaces the critic by a leave-one-out baseline over the episodes of the
+same task (``--group-size`` launches of each task drawn). With an MoE policy and ``routing_replay`` (R3, on by
 default), the log-prob recompute and the policy-loss forwards use the experts the sampler chose at
 the sampled tokens (``trainer/routing.py``), and the router's load-balancing loss is off. Metrics
 go to ``metrics.jsonl`` and one line per step; a checkpoint (actor, critic, optimizers, step,
@@ -84,8 +86,10 @@ class CountingPool(TaskPool):
     """The scheduler's task pool, counting draws so that a resumed run can replay them. With
     ``group_size`` k, each task drawn is launched k times in a row (the group advantage's groups)."""
 
-    drawn = 0  # tasks drawn from the pool's order
-    group_size = 1
+    def __init__(self, tasks, *, shuffle: bool = True, seed: int = 0, group_size: int = 1) -> None:
+        super().__init__(tasks, shuffle=shuffle, seed=seed)
+        self.drawn = 0  # tasks drawn from the pool's order
+        self.group_size = group_size
 
     def draw(self, n: int) -> list:
         tasks = super().draw(-(-n // self.group_size))
@@ -330,8 +334,7 @@ async def train(cfg: Config) -> dict:
     else:
         sampler_model = copy.deepcopy(policy).to(getattr(torch, cfg.sampler_dtype))  # publish casts into it
         sampler = BatchedSampler(sampler_model, pad_id=tokenizer.pad_token_id)  # unsharded, always
-    pool = CountingPool([resolve_task(name) for name in cfg.tasks] or _bundled_tasks(), shuffle=True, seed=cfg.seed)
-    pool.group_size = cfg.group_size
+    pool = CountingPool([resolve_task(name) for name in cfg.tasks] or _bundled_tasks(), seed=cfg.seed, group_size=cfg.group_size)
     state = torch.load(out / "checkpoint.pt", weights_only=False) if cfg.resume and (out / "checkpoint.pt").exists() else None
     if state is not None:
         policy.load_state_dict(state["policy"])

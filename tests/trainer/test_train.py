@@ -163,9 +163,7 @@ def test_grouped_draws_launch_each_task_group_size_times_and_resume_where_they_s
     tasks = [SimpleNamespace(name=f"t{i}") for i in range(10)]  # the pool only orders them
 
     def pool() -> CountingPool:
-        p = CountingPool(tasks, shuffle=True, seed=3)
-        p.group_size = 4
-        return p
+        return CountingPool(tasks, seed=3, group_size=4)
 
     first = pool()
     drawn = first.draw(10)  # three tasks: 4 + 4 + 2 launches
