@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import shutil
 import signal
 import tempfile
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,17 +175,19 @@ class VllmGenerator:
         # the engine's ZeroMQ sockets: vLLM never unlinks them, so they go in a directory removed at close
         self._sockets_dir = tempfile.mkdtemp(prefix="termgym-vllm-sockets-")
         weakref.finalize(self, _remove_dirs, self._weights_dir, self._sockets_dir)
-        os.environ["VLLM_RPC_BASE_PATH"] = self._sockets_dir  # read when the engine starts (its processes inherit it)
+        # read while the engine starts (its processes inherit them); this process's own are restored after
+        engine_environ = {"VLLM_RPC_BASE_PATH": self._sockets_dir}
         if self.records_routing:
-            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # routed experts come only from the V2 runner
+            engine_environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"  # routed experts come only from the V2 runner
         self.llm = None
         try:
-            self.llm = LLM(
-                model=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_context, enforce_eager=True,
-                kv_cache_memory_bytes=kv_cache_bytes, skip_tokenizer_init=True, generation_config="vllm",
-                enable_prefix_caching=True, enable_return_routed_experts=self.records_routing,
-                worker_extension_cls=f"{__name__}.WeightSync", disable_log_stats=True,
-            )  # fmt: skip
+            with scoped_environ(engine_environ):
+                self.llm = LLM(
+                    model=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_context, enforce_eager=True,
+                    kv_cache_memory_bytes=kv_cache_bytes, skip_tokenizer_init=True, generation_config="vllm",
+                    enable_prefix_caching=True, enable_return_routed_experts=self.records_routing,
+                    worker_extension_cls=f"{__name__}.WeightSync", disable_log_stats=True,
+                )  # fmt: skip
         except BaseException:
             _remove_dirs(self._weights_dir, self._sockets_dir)
             raise
@@ -330,6 +333,21 @@ class VllmGenerator:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def scoped_environ(values: dict[str, str]) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` for the block, then put back what was there (or nothing)."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _remove_dirs(*paths: str) -> None:

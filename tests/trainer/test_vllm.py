@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -186,6 +187,7 @@ def test_a_publication_the_engine_did_not_take_fails_loudly(engine, policy_dir, 
 
 
 def test_close_shuts_every_engine_process_down(engine):
+    assert os.environ.get("VLLM_RPC_BASE_PATH") != engine._sockets_dir  # set for the engine's start only
     processes = engine_processes()
     assert len(processes) == 2  # the engine core and its worker
     engine.close()
