@@ -190,7 +190,7 @@ async def held_out(run: Path, cfg: Config, label: str, model, tokenizer, tasks: 
         with _progress(console) as progress:
             bar = progress.add_task(f"evaluation on the held-out set ({name})", total=len(tasks) * max(samples, 1))
 
-            def on_record(record, trajectory, name=name) -> None:
+            def on_record(record, trajectory, name=name, bar=bar) -> None:
                 append_record(run / "eval" / f"{name}.jsonl", record)
                 progress.advance(bar)
 
