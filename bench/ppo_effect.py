@@ -1,18 +1,19 @@
 """Does PPO change the agent? PPO from a finished main-job run's supervised checkpoint, then the
-supervised and the PPO policy evaluated greedily on the same tasks, task by task.
+supervised and the PPO policy evaluated on the same tasks, task by task.
 
     .venv/bin/python bench/ppo_effect.py RUN_DIR [--set routing_replay=false ...] [--out DIR]
+        [--validation 96] [--samples 8]
 
 ``RUN_DIR`` is a directory ``termgym train --preset tiny`` (``make demo``) wrote: its
 ``sft/policy``, ``selection.txt`` and ``tasks/heldout``. PPO runs with the preset's settings (each
 ``--set FIELD=VALUE`` overrides one ``trainer.config.Config`` field, JSON-valued) on the run's
 audited selection. Both policies are then evaluated on a validation set and on the held-out set,
-and the paired change (tasks gained, lost, exact sign test) is printed, greedily and with
-``--samples`` episodes per task at temperature 1 (a task gains when its resolved rate rises).
-The validation set is the next ``--validation`` (96) tasks of the run's training split (the
-same families and name space, none of them in the pool: ``generate_split(..., first=pool)``), so settings can be compared on it without looking at
-the held-out set. PPO is not deterministic (the scheduler keeps the first trials to finish), so
-compare configurations over several runs.
+greedily and with ``--samples`` episodes per task at temperature 1, and the paired change (tasks
+gained, lost, exact sign test; sampled, a task gains when its resolved rate rises) is printed. The
+validation set is the next ``--validation`` tasks of the run's training split (the same families
+and name space, none of them in the pool: ``generate_split(..., first=pool)``), so settings can be
+compared on it without looking at the held-out set. PPO is not deterministic (the scheduler keeps
+the first trials to finish), so compare configurations over several runs.
 """
 
 from __future__ import annotations
