@@ -5,7 +5,8 @@ Per seed: a tiny MoE policy and its supervised warm start (shared by every arm o
 PPO arms from that start:
 
 1. dense per-assertion reward (passed / 20) against binary reward (1 if resolved): held-out resolved
-   rate and mean assertions passed after the same number of PPO steps;
+   rate and mean assertions passed after the same number of PPO steps, and the held-out tasks each
+   arm gained and lost against its supervised start, summed over the seeds (exact sign test);
 2. critic warm-up against a cold critic: explained variance at the first policy update and its mean
    over the first three policy updates;
 3. R3 on against off, with a bfloat16 sampler against the float32 trainer: the mean train/inference
@@ -14,8 +15,7 @@ PPO arms from that start:
    share (weighted share for reweight) of the longest family against its launched share, and the
    mean step wall time (ratio);
 5. PPO with the critic against a group-relative baseline without a critic (``--advantage group``,
-   4 episodes per task, leave-one-out mean as the baseline): held-out resolved rate and mean
-   assertions passed after the same number of PPO steps.
+   4 episodes per task, leave-one-out mean as the baseline): the same measures as in 1.
 
     .venv/bin/python bench/recipe.py [--seeds 0 1 2] [--out runs/recipe-TIME] [--quick]
 
@@ -43,7 +43,7 @@ from termgym.records import TrialRecord
 from termgym.cli import run_command
 from termgym.tasks import load_task
 from trainer.config import PRESETS, Config
-from trainer.evaluate import summarise_records
+from trainer.evaluate import EvalSummary, paired_change, sign_test, summarise_records
 from trainer.models import load_policy
 from trainer.pipeline import Pool, build_policy, held_out, prepare_pool, record_demonstrations, reinforce, warm_start
 from trainer.sft import Demonstration
@@ -169,6 +169,13 @@ def figures(results: list[dict], warmup: int) -> list[tuple[str, str, str, str]]
     def held(arm: str, key: str) -> list[float]:
         return [r[arm]["heldout"][key] for r in having(arm)]
 
+    def flips(arm: str) -> str:
+        """Held-out tasks the arm resolves and its supervised start does not, and the reverse,
+        summed over the seeds, with the sign test on the total."""
+        changes = [paired_change(EvalSummary(**r["sft"]["heldout"]), EvalSummary(**r[arm]["heldout"])) for r in having("sft", arm)]
+        gained, lost = sum(c.gained for c in changes), sum(c.lost for c in changes)
+        return f"{gained} / {lost} (p = {sign_test(gained, lost):.3f})"
+
     both = having("cancel", "reweight")  # a seed whose arm was skipped leaves this comparison
     shares = {arm: [longest_family_shares(r[arm]["metrics"]) for r in both] for arm in ("cancel", "reweight")}
     wall = {arm: [statistics.mean(m["scheduler"]["wall_seconds"] for m in r[arm]["metrics"]) for r in both]
@@ -178,6 +185,7 @@ def figures(results: list[dict], warmup: int) -> list[tuple[str, str, str, str]]
         ("supervised start", "held-out resolved", mean_sd(held("sft", "resolved")), ""),
         ("1. dense vs binary reward", "held-out resolved", mean_sd(held("dense", "resolved")), mean_sd(held("binary", "resolved"))),
         ("", "held-out assertions passed", mean_sd(held("dense", "passed")), mean_sd(held("binary", "passed"))),
+        ("", "tasks gained / lost against the start, all seeds", flips("dense"), flips("binary")),
         ("2. warm vs cold critic", "EV at the first policy update", mean_sd(policy_ev("dense", 0, 1)), mean_sd(policy_ev("cold-critic", 0, 1))),
         ("", "EV, mean of the first 3 updates", mean_sd(policy_ev("dense", 0, 3)), mean_sd(policy_ev("cold-critic", 0, 3))),
         ("3. R3 on vs off (bf16 sampler)", "mean |Δ log p| (loss region)", mean_sd(gap("r3-on"), ".2e"), mean_sd(gap("r3-off"), ".2e")),
@@ -188,6 +196,7 @@ def figures(results: list[dict], warmup: int) -> list[tuple[str, str, str, str]]
         ("", "step wall time, reweight / cancel", mean_sd([a / b for a, b in zip(wall["reweight"], wall["cancel"])]), ""),
         ("5. critic (GAE) vs group baseline, no critic", "held-out resolved", mean_sd(held("dense", "resolved")), mean_sd(held("group", "resolved"))),
         ("", "held-out assertions passed", mean_sd(held("dense", "passed")), mean_sd(held("group", "passed"))),
+        ("", "tasks gained / lost against the start, all seeds", flips("dense"), flips("group")),
     ]  # fmt: skip
 
 

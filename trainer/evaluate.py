@@ -66,9 +66,15 @@ def paired_change(before: EvalSummary, after: EvalSummary) -> PairedChange:
     names = set(before.task_rates) | set(after.task_rates)
     gained = sum(after.task_rates.get(n, 0.0) > before.task_rates.get(n, 0.0) for n in names)
     lost = sum(after.task_rates.get(n, 0.0) < before.task_rates.get(n, 0.0) for n in names)
+    return PairedChange(gained, lost, sign_test(gained, lost))
+
+
+def sign_test(gained: int, lost: int) -> float:
+    """Pure: the two-sided exact sign test's p-value for ``gained`` changes one way and ``lost`` the
+    other (1.0 when nothing changed)."""
     changed = gained + lost
     tail = sum(math.comb(changed, k) for k in range(min(gained, lost) + 1)) / 2**changed
-    return PairedChange(gained, lost, min(1.0, 2 * tail))
+    return min(1.0, 2 * tail)
 
 
 def summarise_records(records: Sequence[TrialRecord], samples: int = 0) -> EvalSummary:
