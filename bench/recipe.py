@@ -58,7 +58,7 @@ async def reuse_pool(pool_dir: Path) -> Pool:
 
 
 def bench_config(quick: bool) -> Config:
-    """The tiny preset (its audited 2000-task pool, 48 held-out tasks and supervised start), with
+    """The tiny preset (its audited 2000-task pool, 192 held-out tasks and supervised start), with
     PPO arms of 8 steps instead of 16."""
     cfg = Config(**PRESETS["tiny"])
     cfg = replace(cfg, steps=8)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -28,7 +27,7 @@ from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.records import TrialRecord
 from termgym.tasks import Task
 from termgym.trial import Step, run_trial
-from trainer.rollout import BatchedSampler, ChatFormat, RolloutSettings, Trajectory, drive_episode
+from trainer.rollout import BatchedSampler, ChatFormat, RolloutSettings, Trajectory, drive_episode, stream_seed
 
 
 @dataclass(frozen=True)
@@ -101,12 +100,6 @@ def summarise_records(records: Sequence[TrialRecord], samples: int = 0) -> EvalS
     )  # fmt: skip
 
 
-def sample_seed(seed: int, task: str, sample: int) -> int:
-    """The random stream of one sampled evaluation episode."""
-    digest = hashlib.sha256(f"eval/{seed}/{task}/{sample}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
-
-
 @dataclass
 class _EvalAgent:
     sampler: BatchedSampler
@@ -133,7 +126,7 @@ async def evaluate(policy, tokenizer, tasks: Sequence[Task], options: EnvOptions
 
     async def one(task: Task, sample: int | None) -> TrialRecord:
         trajectory = Trajectory(task=task.name)
-        generator = None if sample is None else torch.Generator().manual_seed(sample_seed(seed, task.name, sample))
+        generator = None if sample is None else torch.Generator().manual_seed(stream_seed("eval", seed, task.name, sample))
         async with gate:
             record = await run_trial(task, _EvalAgent(sampler, chat, settings, generator, trajectory), options)
         if on_record is not None:

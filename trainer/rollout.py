@@ -385,11 +385,16 @@ def retokenized(trajectory: Trajectory, tokenizer) -> Trajectory:
     })  # fmt: skip
 
 
+def stream_seed(*parts: object) -> int:
+    """A 63-bit seed determined by ``parts`` alone (a hash of their ``/``-joined text)."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
 def episode_seed(seed: int, version: int, launch: int) -> int:
     """A sampling seed per (run seed, policy version, launch index): episodes do not share a random
     stream, so how requests happen to be batched cannot change what is sampled."""
-    digest = hashlib.sha256(f"{seed}/{version}/{launch}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+    return stream_seed(seed, version, launch)
 
 
 # -- the scheduler's Runner ------------------------------------------------------------------------
