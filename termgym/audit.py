@@ -40,8 +40,9 @@ Everything here is pure: no I/O, tested with tables of cases.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from termgym.tasks import Task
 from verifiers import DEFAULT_SCALE
 
 WEIGHTS: dict[str, float] = {
@@ -121,6 +122,12 @@ class Verdict:
             "judge": self.judge,
         }
 
+    @property
+    def assertions(self) -> int | None:
+        """How many assertions the verifier counted on the reference solution (None: not known)."""
+        counted = self.checks.get("assertions", "").partition("/")[0]
+        return int(counted) if counted.isdigit() and int(counted) > 0 else None
+
     @classmethod
     def from_dict(cls, data: dict) -> "Verdict":
         """The inverse of ``to_dict`` (scores as rounded there)."""
@@ -129,6 +136,13 @@ class Verdict:
             rejects=[Reject(r["kind"], r["reason"]) for r in data["rejects"]], accepted=data["accepted"],
             checks=dict(data["checks"]), judge=data["judge"], flags=[Reject(r["kind"], r["reason"]) for r in data["flags"]],
         )  # fmt: skip
+
+
+def with_audited_count(task: Task, verdict: Verdict) -> Task:
+    """``task`` held to the number of assertions its audit counted, unless it declares its own."""
+    if task.expected_assertions is not None or verdict.assertions is None:
+        return task
+    return replace(task, expected_assertions=verdict.assertions)
 
 
 def weighted_score(scores: dict[str, float]) -> float:

@@ -39,6 +39,7 @@ from termgym.dockerfile import CopyStep, DockerfileError, WorkdirStep, parse_doc
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.errors import TermgymError
 from termgym.judge import Judge, JudgeError
+from termgym.output import terminal_safe
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
 from termgym.tasks import Task
@@ -226,6 +227,7 @@ async def audit_tasks(
 async def run_audit(args, tasks: list[Task], console) -> int:
     """``termgym audit``: the per-task table (or JSON), ``--select`` written; the exit code."""
     from rich.table import Table
+    from rich.text import Text
 
     from termgym.images import load_aliases
     from termgym.judge import OpenAIJudge
@@ -258,14 +260,20 @@ async def run_audit(args, tasks: list[Task], console) -> int:
         columns = ("task", "oracle", "null", "prefixes", "asserts", "twice", "leaks", "score", "verdict", "flags")
         for column in columns:
             table.add_column(column, justify="left" if column in ("task", "verdict", "flags") else "right")
+
+        def plain(value: object) -> Text:  # task names, paths and run errors: as text, no terminal controls
+            return Text(terminal_safe(str(value)))
+
         for v in verdicts:
             reasons = "; ".join(f"{r.kind}: {r.reason}" for r in v.rejects)
-            verdict = "[green]accept[/]" if v.accepted else f"[red]reject[/] {reasons or f'score under {min_score:g}'}"
+            verdict = (Text("accept", style="green") if v.accepted
+                       else Text.assemble(("reject", "red"), plain(f" {reasons or f'score under {min_score:g}'}")))  # fmt: skip
             c = v.checks
             table.add_row(
-                v.task.removeprefix("termgym/"), c.get("oracle", "-"), c.get("null", "-"), c.get("partial", "-"),
-                c.get("assertions", "-"), c.get("determinism", "-"), c.get("leakage", "-"), f"{v.score:.3f}", verdict,
-                ", ".join(_SHORT_FLAGS.get(f.kind, f.kind) for f in v.flags) or "-",
+                plain(v.task.removeprefix("termgym/")), plain(c.get("oracle", "-")), plain(c.get("null", "-")),
+                plain(c.get("partial", "-")), plain(c.get("assertions", "-")), plain(c.get("determinism", "-")),
+                plain(c.get("leakage", "-")), f"{v.score:.3f}", verdict,
+                plain(", ".join(_SHORT_FLAGS.get(f.kind, f.kind) for f in v.flags) or "-"),
             )  # fmt: skip
         console.print(table)
         accepted = sum(v.accepted for v in verdicts)

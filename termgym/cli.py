@@ -19,17 +19,20 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from termgym import simclock
 from termgym.bias import TABLE_COLUMNS, BiasReport, summary_line, table_rows
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, resolve_task
 from termgym.errors import TermgymError
 from termgym.images import load_aliases
+from termgym.output import terminal_safe
 from termgym.pacing import Pacer
 from termgym.records import TrialRecord, append_record
 from termgym.sandboxes import BACKENDS, close_backends, preflight
 from termgym.sandboxes.simulated import SimulatedAgent, SimulatedBackend
 from termgym.scheduler import MODES, RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes, step_metrics
+from termgym.tamper import TAMPER_POLICIES
 from termgym.tasks import Task, TaskError, discover_tasks
 from termgym.trial import AGENTS, make_agent, run_trial
 
@@ -59,9 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
             help="build FROM IMAGE where the Dockerfile names NAME and NAME is absent (docker; repeatable)",
         )  # fmt: skip
 
+    def tamper_option(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument(
+            "--tamper", choices=TAMPER_POLICIES, default="warn",
+            help="when the agent changed system paths the verifier may run (docker): warn records them, fail scores 0 (default: warn)",
+        )  # fmt: skip
+
     check = commands.add_parser("check", help="run one trial of a task and show its assertions")
     check.add_argument("task", help="task directory or bundled task name")
     backend_option(check)
+    tamper_option(check)
     check.add_argument("--agent", default="oracle", choices=sorted(AGENTS), help="oracle = reference solution, null = submit at once")
     check.add_argument("--json", action="store_true", help="print the trial record alone, as JSON, on stdout")
 
@@ -73,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run many trials concurrently and write JSONL records")
     run.add_argument("tasks", nargs="+", help="task directories, directories of tasks, or bundled names")
     backend_option(run)
+    tamper_option(run)
     run.add_argument("--agent", default="oracle", choices=sorted(AGENTS))
     run.add_argument("-n", "--concurrency", type=int, default=4)
     run.add_argument("-k", "--attempts", type=int, default=1, help="trials per task")
@@ -166,9 +177,15 @@ async def _closing_backends(command: Coroutine[Any, Any, int]) -> int:
 
 
 def _fail(code: int, message: str) -> int:
-    """One line on stderr, never wrapped, then the exit code."""
-    print(f"termgym: {' '.join(message.split())}", file=sys.stderr)
+    """One line on stderr, never wrapped, without terminal controls, then the exit code."""
+    print(f"termgym: {terminal_safe(' '.join(message.split()))}", file=sys.stderr)
     return code
+
+
+def plain(value: object) -> Text:
+    """Text from a task, a sandbox or a verifier, for Rich: printed as it is (never markup, never
+    emoji codes), after ``terminal_safe`` (no escape sequence or control character)."""
+    return Text(terminal_safe(str(value)))
 
 
 # -- check -------------------------------------------------------------------------------------------
@@ -178,8 +195,9 @@ async def cmd_check(args: argparse.Namespace) -> int:
     task = resolve_task(args.task)
     await asyncio.to_thread(preflight, args.backend)
     options = EnvOptions(
-        backend=args.backend, run_id=f"check-{uuid.uuid4().hex[:8]}", image_aliases=load_aliases(args.image_alias)
-    )
+        backend=args.backend, run_id=f"check-{uuid.uuid4().hex[:8]}", image_aliases=load_aliases(args.image_alias),
+        tamper=args.tamper,
+    )  # fmt: skip
     record = await run_trial(task, make_agent(args.agent), options)
     if args.json:
         print(record.to_json())
@@ -189,20 +207,28 @@ async def cmd_check(args: argparse.Namespace) -> int:
 
 
 def print_record(record: TrialRecord) -> None:
-    out.print(f"[bold]{record.task}[/] · agent {record.agent} · backend {record.backend}")
+    header = plain(f" · agent {record.agent} · backend {record.backend}")
+    out.print(Text.assemble((terminal_safe(record.task), "bold"), header))
     table = Table()
     table.add_column("assertion")
     table.add_column("result", justify="center")
     for assertion in record.assertions:
-        table.add_row(assertion["name"], "[green]pass[/]" if assertion["passed"] else "[red]FAIL[/]")
+        table.add_row(plain(assertion["name"]), "[green]pass[/]" if assertion["passed"] else "[red]FAIL[/]")
     out.print(table)
     verdict = "[green]resolved[/]" if record.resolved else "[red]not resolved[/]"
     out.print(
-        f"{verdict} · reward {record.reward:.3f} · {record.passed}/{record.total} assertions"
-        f" ({record.report_format}) · {record.turns} turns · {record.timings.get('total', 0):.1f}s"
+        Text.assemble(
+            Text.from_markup(verdict),
+            plain(
+                f" · reward {record.reward:.3f} · {record.passed}/{record.total} assertions"
+                f" ({record.report_format}) · {record.turns} turns · {record.timings.get('total', 0):.1f}s"
+            ),
+        )
     )
+    for warning in record.warnings:
+        out.print(Text.assemble(("warning", "yellow"), plain(f" {warning}")))
     if record.error:
-        out.print(f"[yellow]error[/] {record.error['kind']}: {record.error['message']}", markup=True)
+        out.print(Text.assemble(("error", "yellow"), plain(f" {record.error['kind']}: {record.error['message']}")))
 
 
 # -- shell -------------------------------------------------------------------------------------------
@@ -217,14 +243,15 @@ async def cmd_shell(args: argparse.Namespace) -> int:
     )  # fmt: skip
     async with AsyncTerminalEnv(task, options) as env:
         instruction, info = await env.reset()
-        out.print(f"[bold]{task.name}[/] ({info['backend']}) · {SUBMIT} verifies · :quit leaves\n")
-        out.print(instruction, markup=False)
+        header = plain(f" ({info['backend']}) · {SUBMIT} verifies · :quit leaves\n")
+        out.print(Text.assemble((terminal_safe(task.name), "bold"), header))
+        out.print(plain(instruction))
         for warning in info["warnings"]:
-            err.print(f"warning: {warning}", markup=False)
+            err.print(plain(f"warning: {warning}"))
         cwd = info["workdir"]
         while True:
             try:
-                line = await asyncio.to_thread(_read_command, f"{cwd}$ ")
+                line = await asyncio.to_thread(_read_command, terminal_safe(f"{cwd}$ "))
             except EOFError:
                 line = ":quit"
             if line is None or not line.strip():
@@ -234,7 +261,8 @@ async def cmd_shell(args: argparse.Namespace) -> int:
             action = SUBMIT if line.strip() == SUBMIT else line
             obs, reward, terminated, truncated, step_info = await env.step(action)
             if obs:
-                out.print(obs, markup=False, end="" if obs.endswith("\n") else "\n")
+                shown = terminal_safe(obs)
+                out.print(Text(shown), end="" if shown.endswith("\n") else "\n")
             cwd = step_info.get("cwd") or cwd
             if terminated or truncated:
                 _print_final(task, step_info, reward)
@@ -253,6 +281,7 @@ def _print_final(task: Task, info: dict, reward: float) -> None:
     record.assertions = info.get("assertions", [])
     record.resolved, record.passed, record.total = info.get("resolved", False), info.get("passed", 0), info.get("total", 0)
     record.report_format, record.error = info.get("report_format"), info.get("error")
+    record.warnings = list(info.get("warnings", []))
     record.agent = "you"
     print_record(record)
 
@@ -355,7 +384,7 @@ async def run_steps(
         simulated = SimulatedBackend(seed=args.seed)
         runner = TrialRunner(SimulatedAgent(), simulated.options(run_id), pacer, sandbox_factory=simulated)
     else:
-        options = EnvOptions(backend=args.backend, run_id=run_id, image_aliases=load_aliases(args.image_alias))
+        options = EnvOptions(backend=args.backend, run_id=run_id, image_aliases=load_aliases(args.image_alias), tamper=args.tamper)
         runner = TrialRunner(make_agent(args.agent), options, pacer)
     records: list[TrialRecord] = []
     short = 0
@@ -378,7 +407,7 @@ async def run_steps(
                     metrics.write(json.dumps(step_metrics(result)) + "\n")
                 summary = summary_line(result.step, result.mode, result.families, result.run_families,
                                        result.wall_seconds, result.lower_bound)  # fmt: skip
-                progress.console.print(summary, markup=False, soft_wrap=True)
+                progress.console.print(plain(summary), soft_wrap=True)
     return records, scheduler.run_families, short
 
 
@@ -387,8 +416,8 @@ def print_bias_table(report: BiasReport, mode: str, steps: int) -> None:
     table = Table(title=f"straggler bias per family · mode {mode} · {steps} step(s)", title_justify="left")
     for column in TABLE_COLUMNS:
         table.add_column(column, justify="left" if column == "family" else "right")
-    for row in table_rows(report):
-        table.add_row(*row)
+    for family, *counts in table_rows(report):
+        table.add_row(plain(family), *counts)
     out.print(table)
     out.print(
         f"total-variation distance, launched vs kept: {report.tv_distance:.3f}"
@@ -406,8 +435,8 @@ def print_summary(records: Sequence[TrialRecord]) -> None:
     for (task, agent), group in sorted(groups.items()):
         errors = sorted({r.error["kind"] for r in group if r.error})
         table.add_row(
-            task, agent, str(len(group)), str(sum(r.resolved for r in group)),
-            f"{sum(r.reward for r in group) / len(group):.3f}", ", ".join(errors) or "-",
+            plain(task), plain(agent), str(len(group)), str(sum(r.resolved for r in group)),
+            f"{sum(r.reward for r in group) / len(group):.3f}", plain(", ".join(errors) or "-"),
         )  # fmt: skip
     out.print(table)
 
@@ -431,7 +460,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         ok = oracle.resolved and not null.resolved and not oracle.error
         healthy += ok
         table.add_row(
-            task.name, str(oracle.total), f"{oracle.passed}/{oracle.total} r={oracle.reward:.2f}",
+            plain(task.name), str(oracle.total), f"{oracle.passed}/{oracle.total} r={oracle.reward:.2f}",
             f"{null.passed}/{null.total} r={null.reward:.2f}", "[green]yes[/]" if ok else "[red]no[/]",
         )  # fmt: skip
     out.print(table)
@@ -459,8 +488,9 @@ async def cmd_list(args: argparse.Namespace) -> int:
     for column in ("task", "family", "agent timeout", "instruction"):
         table.add_column(column)
     for task in discover_tasks(bundled_root()):
-        first_line = task.instruction.strip().splitlines()[0][:70]
-        table.add_row(task.name, task.family, f"{task.agent_timeout_sec:g}s", first_line)
+        lines = terminal_safe(task.instruction).strip().splitlines()
+        first_line = lines[0][:70] if lines else ""
+        table.add_row(plain(task.name), plain(task.family), f"{task.agent_timeout_sec:g}s", plain(first_line))
     out.print(table)
     return 0
 

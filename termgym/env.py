@@ -6,6 +6,11 @@ An action is one shell command, or ``SUBMIT`` to end the episode. ``terminated``
 submitted; ``truncated`` means the turn budget or the agent timeout ran out. The reward comes on the
 final step, after verification; every other step gives 0.0. ``async with`` stops the sandbox on
 every path out, exceptions and cancellation included.
+
+Outcomes the agent cannot erase: once the agent has run a command, a sandbox that stops working
+from inside (``SandboxBroken``: its processes all killed, its shell off the protocol, a tool the
+harness needs broken) ends the episode with reward 0 and error kind ``broken_by_agent``, which no
+scheduler retries; ``sandbox_error`` is left for faults of the infrastructure.
 """
 
 from __future__ import annotations
@@ -14,15 +19,17 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from termgym.errors import EpisodeError, SandboxError
+from termgym.artifacts import MAX_ARTIFACT_BYTES, artifact_paths, safe_artifacts
+from termgym.errors import EpisodeError, SandboxBroken, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 from termgym.sandboxes import create_sandbox, sandbox_spec
 from termgym.sandboxes.base import Sandbox
 from termgym.shell import CommandResult, PersistentShell
+from termgym.tamper import TAMPER_POLICIES, tamper_warning
 from termgym.tasks import Task, load_task
 from termgym.verification import Verification, verify
 from verifiers import DEFAULT_SCALE
@@ -42,8 +49,11 @@ class EnvOptions:
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     run_id: str = ""
     image_aliases: Mapping[str, str] | None = None  # None: built-in and config-file aliases
+    tamper: str = "warn"  # changed system paths: "warn" records them, "fail" scores the trial 0
 
     def __post_init__(self) -> None:
+        if self.tamper not in TAMPER_POLICIES:
+            raise ValueError(f"tamper must be one of {', '.join(TAMPER_POLICIES)}, got {self.tamper!r}")
         if self.max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {self.max_turns}")
         if self.command_timeout <= 0:
@@ -84,6 +94,8 @@ class AsyncTerminalEnv:
         self.timings: dict[str, float] = {}
         self.verification: Verification | None = None
         self.error: dict[str, str] | None = None
+        self.warnings: list[str] = []
+        self.system_changes: list[str] | None = None
 
     @property
     def agent_timeout(self) -> float:
@@ -94,7 +106,7 @@ class AsyncTerminalEnv:
         itself is deterministic given the task."""
         await self.close()
         self.turns, self.done, self.verification, self.error = 0, False, None, None
-        self.timings = {}
+        self.timings, self.warnings, self.system_changes = {}, [], None
         started = time.monotonic()
         self.sandbox = self._factory(self.task, self.options)
         try:
@@ -107,6 +119,7 @@ class AsyncTerminalEnv:
             await asyncio.shield(self.close())
             raise
         self.timings["setup"] = time.monotonic() - started
+        self.warnings = list(self.sandbox.warnings)
         self._deadline = time.monotonic() + self.agent_timeout
         info = {
             "task": self.task.name,
@@ -133,9 +146,10 @@ class AsyncTerminalEnv:
         try:
             result = await self._shell.run(action, timeout=min(timeout or self.options.command_timeout, remaining))
         except SandboxError as exc:
-            self.error = {"kind": "sandbox_error", "message": str(exc)}
+            self.error = fault(exc, agent_acted=True)  # the command was issued: what broke is the agent's doing
             await self._end_without_verification()
-            return f"[sandbox error: {exc}]", 0.0, False, True, {"error": self.error}
+            await self._collect_warnings()
+            return f"[sandbox error: {exc}]", 0.0, False, True, {"error": self.error, "warnings": list(self.warnings)}
         self.timings["agent"] = self.timings.get("agent", 0.0) + time.monotonic() - started
         self.turns += 1
         obs = format_observation(result)
@@ -177,20 +191,31 @@ class AsyncTerminalEnv:
         await self._end_without_verification()
         started = time.monotonic()
         try:
-            self.verification = await verify(self.task, self.sandbox, reward_scale=self.options.reward_scale)
+            if self.task.verifier_mode == "separate":
+                self.verification = await self._verify_separately(self.sandbox)
+            else:
+                self.verification = await verify(
+                    self.task, self.sandbox, reward_scale=self.options.reward_scale, tamper=self.options.tamper
+                )
         except SandboxError as exc:
-            self.error = {"kind": "sandbox_error", "message": str(exc)}
-            return obs, 0.0, terminated, truncated, {**info, "error": self.error}
+            self.error = fault(exc, agent_acted=self.turns > 0)
         finally:
             self.timings["verify"] = time.monotonic() - started
+        await self._collect_warnings()
         verification = self.verification
-        if verification.timed_out and self.error is None:
+        if verification is None:
+            return obs, 0.0, terminated, truncated, {**info, "error": self.error, "warnings": list(self.warnings)}
+        report = verification.report
+        if verification.tampered:
+            self.error = {"kind": "tampered", "message": tamper_warning(list(verification.system_changes or ()))}
+        elif verification.timed_out and self.error is None:
             self.error = {"kind": "verifier_timeout", "message": f"verifier exceeded {self.task.verifier_timeout_sec:g}s"}
-        elif verification.report.error and self.error is None:
-            self.error = {"kind": "verifier_error", "message": verification.report.error}
+        elif report.error and self.error is None:
+            self.error = {"kind": "verifier_error", "message": report.error}
         elif verification.exit_code is not None and verification.exit_code >= 126 and self.error is None:
             self.error = {"kind": "verifier_error", "message": f"test script exited {verification.exit_code}"}
-        report = verification.report
+        if not report.binary and report.error is None and self.task.expected_assertions is None:
+            self.warnings.append("the report's assertion count is unchecked: the task declares no [verifier].assertions")
         info = {
             **info,
             "resolved": report.resolved,
@@ -200,8 +225,48 @@ class AsyncTerminalEnv:
             "report_format": report.format,
             "verifier_output": verification.output[-4000:],
             "error": self.error,
+            "warnings": list(self.warnings),
         }
         return obs, verification.reward, terminated, truncated, info
+
+    async def _verify_separately(self, agent_sandbox: Sandbox) -> Verification:
+        """Harbor's separate mode: the declared artifacts (and ``/logs/artifacts``) copied from the
+        agent's sandbox into a fresh one of the task's environment, where the verifier runs."""
+        await agent_sandbox.check_alive()
+        await agent_sandbox.kill_agent_processes()
+        changes = await agent_sandbox.changed_system_paths()  # for the record: they do not reach the verifier
+        paths = artifact_paths(self.task.artifacts)
+        try:
+            archive, dropped = safe_artifacts(await agent_sandbox.download_tar(paths, limit=MAX_ARTIFACT_BYTES), paths)
+        except ValueError as exc:
+            raise SandboxBroken(f"the artifacts could not be carried over: {exc}") from exc
+        if dropped:
+            self.warnings.append(f"{len(dropped)} artifact entries were not carried over (links, devices or outside the declared paths)")
+        fresh = self._factory(self.task, self.options)
+        try:
+            await fresh.start()
+            self.warnings += [w for w in fresh.warnings if w not in self.warnings]
+            if archive:
+                await fresh.upload_tar(archive, "/")
+            verification = await verify(self.task, fresh, reward_scale=self.options.reward_scale)
+            return replace(verification, system_changes=tuple(changes) if changes is not None else None)
+        finally:
+            self.warnings += [w for w in await fresh.limit_warnings() if w not in self.warnings]
+            await asyncio.shield(fresh.stop())
+
+    async def _collect_warnings(self) -> None:
+        """The record's view of the episode's end: what the agent changed under system paths and
+        the resource limits its sandbox reached, added to the warnings."""
+        assert self.sandbox is not None
+        verification = self.verification
+        if verification is not None and verification.system_changes is not None:
+            self.system_changes = list(verification.system_changes)
+            if verification.system_changes:
+                self.warnings.append(tamper_warning(list(verification.system_changes)))
+        try:
+            self.warnings += [w for w in await self.sandbox.limit_warnings() if w not in self.warnings]
+        except SandboxError:
+            pass  # the sandbox is gone; its limits cannot be read any more
 
     async def _end_without_verification(self) -> None:
         self.done = True
@@ -212,6 +277,14 @@ class AsyncTerminalEnv:
     def _agent_env(self) -> dict[str, str]:
         assert self.sandbox is not None
         return {"HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", **self.sandbox.env}
+
+
+def fault(exc: SandboxError, *, agent_acted: bool) -> dict[str, str]:
+    """The trial's error for a sandbox fault: ``broken_by_agent`` when the sandbox stopped working
+    from inside after the agent had run a command, else ``sandbox_error`` (the infrastructure's)."""
+    if isinstance(exc, SandboxBroken) and agent_acted:
+        return {"kind": "broken_by_agent", "message": f"{exc} (after the agent's commands)"}
+    return {"kind": "sandbox_error", "message": str(exc)}
 
 
 def default_sandbox_factory(task: Task, options: EnvOptions) -> Sandbox:

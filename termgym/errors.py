@@ -35,7 +35,18 @@ class EnvironmentBuildError(SandboxError):
 
 
 class SandboxGone(SandboxError):
-    """The sandbox disappeared while in use (killed from outside, crashed, deleted)."""
+    """The sandbox disappeared while in use (deleted or lost by its provider, killed from outside)."""
+
+
+class SandboxBroken(SandboxError):
+    """The sandbox stopped working from inside: its processes all ended (its init or keeper
+    exited), its shell stopped speaking termgym's protocol, or a tool the harness runs in it
+    failed. Once the agent has run a command, the trial counts this as the agent's doing
+    (``broken_by_agent``, reward 0, never retried); before that, as an infrastructure fault."""
+
+
+class ShellProtocolError(SandboxBroken):
+    """The persistent shell answered something that is not termgym's end-of-command frame."""
 
 
 class EpisodeError(TermgymError):

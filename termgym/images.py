@@ -154,10 +154,11 @@ _ready: dict[tuple, ImageConfig] = {}
 
 async def ensure_task_image(
     client, *, name: str, context_dir: Path | None, dockerfile: Path | None, image: str | None,
-    aliases: Mapping[str, str], timeout: float, run: Callable,
+    aliases: Mapping[str, str], timeout: float, run: Callable, network: bool = False,
 ) -> ImageConfig:  # fmt: skip
     """The image a trial runs: the task's ``docker_image`` as is, else its Dockerfile built once
-    (tag from the context digest). ``run(fn, *args)`` runs a blocking docker-py call off the loop.
+    (tag from the context digest), with network only when the task allows it (``network``), and
+    never the host's. ``run(fn, *args)`` runs a blocking docker-py call off the loop.
     Raises ``EnvironmentBuildError`` with the build output when the build fails."""
     if dockerfile is None:
         if image is None:
@@ -182,7 +183,8 @@ async def ensure_task_image(
                         f"{dockerfile}: base image {base} is not present and nothing is pulled; "
                         f"add an alias (--image-alias {base}=IMAGE) or build it first"
                     )
-            await run(_build, client, tag, build_context_tar(context_dir, text), timeout, dockerfile)
+            mode = await run(build_network, client, network)
+            await run(_build, client, tag, build_context_tar(context_dir, text), timeout, dockerfile, mode)
         _ready[key] = await run(_image_config, client, tag)
     return _ready[key]
 
@@ -203,14 +205,22 @@ def _image_config(client, tag: str) -> ImageConfig:
     return ImageConfig(tag=tag, env=env, workdir=config.get("WorkingDir") or "/")
 
 
-def _build(client, tag: str, context: bytes, timeout: float, dockerfile: Path) -> None:
+def build_network(client, network: bool) -> str:
+    """The network a build's RUN steps get: ``none`` unless the task allows network, then the
+    engine's bridge (``none`` when it has no bridge: such a step then fails in the build log)."""
+    if network and client.api.networks(names=["bridge"]):
+        return "bridge"
+    return "none"
+
+
+def _build(client, tag: str, context: bytes, timeout: float, dockerfile: Path, network_mode: str) -> None:
     import docker.errors
 
     log: list[str] = []
     try:
         stream = client.api.build(
             fileobj=io.BytesIO(context), custom_context=True, tag=tag, rm=True, forcerm=True, pull=False,
-            network_mode="host", decode=True, timeout=timeout, labels={"termgym": "1"},
+            network_mode=network_mode, decode=True, timeout=timeout, labels={"termgym": "1"},
         )  # fmt: skip
         for chunk in stream:
             if "stream" in chunk:

@@ -1,4 +1,5 @@
-"""Bounded capture of a command's output: keep the head and the tail, count what was dropped.
+"""Bounded capture of a command's output: keep the head and the tail, count what was dropped; and
+``terminal_safe``, which makes untrusted text harmless to print on a terminal.
 
 Guarantees: memory stays within ``head + tail`` bytes however much is fed; the bytes kept are exactly
 the first ``head`` and the last ``tail`` bytes of the stream; decoding never raises (invalid UTF-8
@@ -6,6 +7,8 @@ and binary bytes become U+FFFD).
 """
 
 from __future__ import annotations
+
+import re
 
 DEFAULT_OUTPUT_LIMIT = 64 * 1024
 
@@ -49,3 +52,48 @@ class OutputCapture:
             return head + bytes(self._tail).decode("utf-8", errors="replace")
         tail = bytes(self._tail).decode("utf-8", errors="replace")
         return f"{head}\n[... {self.dropped_bytes} bytes of output dropped ...]\n{tail}"
+
+
+# Every alternative starts with ESC and its quantifiers are possessive over classes disjoint from what
+# follows them, so no match attempt backtracks: one attempt per ESC, each bounded by the next ESC.
+_ESCAPE_SEQUENCE = re.compile(
+    r"\x1b(?:"
+    r"\[[\x20-\x3f]*+[\x40-\x7e]"  # CSI: parameter and intermediate bytes, then a final byte
+    r"|\][^\x07\x1b\x9c]*+(?:\x07|\x1b\\|\x9c)"  # OSC: ends at BEL or ST
+    r"|[PX^_][^\x1b\x9c]*+(?:\x1b\\|\x9c)"  # DCS, SOS, PM, APC: end at ST
+    r"|[\x20-\x2f]++[\x30-\x7e]"  # nF: intermediate bytes, then a final byte (ESC ( B, ESC # 8)
+    r"|[\x30-\x4f\x51-\x57\x59\x5a\x5c\x60-\x7e]"  # two characters: ESC 7, ESC M, ESC c, ESC \ ...
+    r")"
+)
+# C0 controls except tab and newline, DEL, and the C1 controls (ESC and CR among them).
+_CONTROLS = dict.fromkeys([*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)])
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with nothing a terminal would act on, for printing what a task, a sandbox or a
+    verifier wrote.
+
+    Guarantees, applied in this order:
+
+    - every complete escape sequence is removed whole: ESC ``[`` (CSI), parameter and intermediate
+      bytes (0x20-0x3F), a final byte (0x40-0x7E); ESC ``]`` (OSC) up to and including BEL or ST;
+      ESC ``P`` (DCS), ``X`` (SOS), ``^`` (PM) or ``_`` (APC) up to and including ST; ESC,
+      intermediate bytes (0x20-0x2F), a final byte (0x30-0x7E); and ESC followed by any other
+      character from 0x30 to 0x7E (the two-character sequences such as ESC 7, ESC M, ESC c).
+      ST is ESC ``\\`` or U+009C; a string body holds no ESC and no U+009C (and an OSC body no BEL);
+    - any remaining ESC is removed alone (an unterminated or interrupted sequence loses its ESC and
+      keeps the rest as text);
+    - the C1 controls U+0080..U+009F are removed;
+    - every carriage return is removed: ``\\r\\n`` becomes ``\\n``, a lone ``\\r`` disappears;
+    - the other C0 controls (U+0000..U+001F) except tab and newline are removed, and so is DEL
+      (U+007F);
+    - every other character, all printable Unicode included, is kept unchanged and in order.
+
+    So the result holds no character below U+0020 but tab and newline, and none from U+007F to
+    U+009F. It runs in time linear in ``len(text)`` whatever the input (no match attempt backtracks).
+    The result is plain text, not Rich markup: print it with ``markup=False`` or as a
+    ``rich.text.Text``.
+    """
+    if text.isprintable():  # the common case: nothing to remove
+        return text
+    return _ESCAPE_SEQUENCE.sub("", text).translate(_CONTROLS)

@@ -17,7 +17,9 @@ ERROR_KINDS = (
     "agent_timeout",
     "verifier_timeout",
     "verifier_error",
-    "sandbox_error",
+    "sandbox_error",  # an infrastructure fault: the only kind a scheduler retries
+    "broken_by_agent",  # the sandbox died, its shell stopped speaking the protocol or a tool broke after the agent's commands: reward 0
+    "tampered",  # the agent changed system paths and the run's tamper policy is "fail": reward 0
     "build_failed",
     "invalid_task",
     "cancelled",
@@ -42,6 +44,8 @@ class TrialRecord:
     trial_id: str = ""
     family: str = ""
     logs: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # a limit not enforced or reached, a network withheld...
+    system_changes: list[str] | None = None  # what the agent changed under system paths; None: not known
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=False)

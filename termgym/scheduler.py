@@ -265,6 +265,18 @@ class PacedSandbox(Sandbox):
     async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
         await self.inner.upload_tar(archive, dest, timeout=timeout)
 
+    async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
+        return await self.inner.download_tar(paths, limit=limit, timeout=timeout)
+
+    async def check_alive(self) -> None:
+        await self.inner.check_alive()
+
+    async def changed_system_paths(self) -> list[str] | None:
+        return await self.inner.changed_system_paths()
+
+    async def limit_warnings(self) -> list[str]:
+        return await self.inner.limit_warnings()
+
 
 # -- the scheduler -------------------------------------------------------------------------------
 

@@ -2,9 +2,12 @@
 
 The agent's commands run in the shell process itself, so ``cd``, variables, functions and
 background jobs persist from one command to the next, as in a terminal. Each command is sent as one
-line, ``__tg_run NONCE $'...'`` (the command ANSI-C quoted, so any bytes survive), and the shell
-answers on a private file descriptor with ``\\n__TG_<nonce>_ <status> <cwd>``, the pids of its
-background jobs, and an end line. The nonce is random per command, so output cannot forge the end.
+line, ``__tg_run $'...'`` (the command ANSI-C quoted, so any bytes survive), followed by a line
+holding a random nonce. The shell runs the command with standard input from ``/dev/null`` and the
+frame descriptor closed, and only then reads the nonce and answers on the frame descriptor with
+``\n__TG_<nonce>_ <status> <cwd>``, the pids of its background jobs, and an end line. So the nonce
+is in no variable, argument or environment of the shell while a command runs, and output cannot
+forge the end of a command.
 
 Guarantees:
 - output (stdout and stderr interleaved) is capped: the head and tail are kept, with the number of
@@ -14,8 +17,12 @@ Guarantees:
   foreground, not the background jobs of earlier commands) and an in-shell loop is broken by a
   signal the shell traps; the result says ``timed_out`` and the shell survives with its state;
 - if the shell cannot be brought back (the command trapped the signal, ran ``exit``, or killed the
-  shell), a new shell starts in the last known directory and the result says ``shell_restarted``.
-Not guaranteed: commands that read standard input get end-of-file (there is no terminal).
+  shell), a new shell starts in the last known directory and the result says ``shell_restarted``;
+- a shell that answers anything but a well-formed frame raises ``ShellProtocolError``, and one that
+  cannot be started again raises ``SandboxBroken``: never ``ValueError``.
+Not guaranteed: commands that read standard input get end-of-file (there is no terminal). A command
+that reads the shell's own saved input descriptor (bash keeps it open while a redirection is in
+force) can take the nonce line; it only garbles its own observation, never the verdict.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from termgym.aio import cancel_and_wait, wait_for
-from termgym.errors import SandboxError
+from termgym.errors import SandboxBroken, SandboxError, ShellProtocolError
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ProcessChannel, Sandbox
 
@@ -44,13 +51,16 @@ trap 'if [ -n "$__tg_in" ]; then return 124; fi' USR1
 __tg_exec() {{ eval "$1"; }}
 __tg_run() {{
   __tg_in=1
-  __tg_exec "$2" </dev/null
+  __tg_exec "$1" </dev/null {SENTINEL_FD}>&-
   __tg_s=$?
   __tg_in=
-  printf '\\n__TG_%s_ %d %s\\n' "$1" "$__tg_s" "$PWD" >&{SENTINEL_FD}
-  jobs -p >&{SENTINEL_FD}
-  printf '__TG_%s_END\\n' "$1" >&{SENTINEL_FD}
+  IFS= builtin read -r __tg_n
+  builtin printf '\\n__TG_%s_ %d %s\\n' "$__tg_n" "$__tg_s" "${{PWD//$'\\n'/\\\\n}}" >&{SENTINEL_FD}
+  builtin jobs -p >&{SENTINEL_FD}
+  builtin printf '__TG_%s_END\\n' "$__tg_n" >&{SENTINEL_FD}
+  __tg_n=
 }}
+readonly -f __tg_run __tg_exec
 printf '\\n__TG_READY_ %d %s\\n__TG_READY_END\\n' "$$" "$PWD" >&{SENTINEL_FD}
 """
 
@@ -137,13 +147,15 @@ class _Frame:
             self.trailer = bytes(self.pending[:index])
             self.done.set_result(None)
         elif len(self.pending) > 1 << 20:  # a trailer is a line and a few pids; never this long
-            self.done.set_exception(SandboxError("the shell's end-of-command sentinel is malformed"))
+            self.done.set_exception(ShellProtocolError("the shell's end-of-command frame is malformed"))
 
     def parse_trailer(self) -> tuple[int, str, list[int]]:
+        """(status, cwd, background job pids); ``ShellProtocolError`` when the frame is malformed."""
         first, _, rest = self.trailer.decode("utf-8", errors="replace").partition("\n")
         status, _, cwd = first.partition(" ")
-        jobs = [int(p) for p in rest.split() if p.isdigit()]
-        return int(status), cwd, jobs
+        if not status.isdigit() or not all(p.isdigit() for p in rest.split()):
+            raise ShellProtocolError(f"the shell answered a malformed end-of-command frame: {first[:80]!r}")
+        return int(status), cwd, [int(p) for p in rest.split()]
 
 
 class PersistentShell:
@@ -179,7 +191,7 @@ class PersistentShell:
             try:
                 await self._spawn("/")
             except _ShellExited as exc:
-                raise SandboxError("the shell exited as soon as it started") from exc
+                raise SandboxBroken("the shell exited as soon as it started") from exc
 
     async def _spawn(self, cwd: str) -> None:
         self._channel = await self._sandbox.open_process(
@@ -193,7 +205,7 @@ class PersistentShell:
         try:
             await wait_for(self._wait_frame(self._frame), START_TIMEOUT_SEC)
         except TimeoutError as exc:
-            raise SandboxError("the shell did not start in time") from exc
+            raise SandboxBroken("the shell did not start in time") from exc
         self.pid, _, _ = self._frame.parse_trailer()
         self._frame = None
 
@@ -205,15 +217,17 @@ class PersistentShell:
         started = time.monotonic()
         capture, self._stray = self._stray, OutputCapture(self._output_limit)
         frame = self._frame = _Frame(secrets.token_hex(8), capture)
-        line = f"__tg_run {frame.nonce} {bash_quote(command)}\n"
+        lines = f"__tg_run {bash_quote(command)}\n{frame.nonce}\n"
         timed_out = False
         try:
-            await self._channel.write(line.encode())
+            await self._channel.write(lines.encode())
             await wait_for(self._wait_frame(frame), max(timeout, 0.001))
         except TimeoutError:
             timed_out = True
             if not await self._interrupt(frame):
                 return await self._restarted(frame, started, timed_out=True)
+        except ShellProtocolError:
+            raise
         except (SandboxError, _ShellExited):
             return await self._restarted(frame, started, timed_out=False)
         finally:

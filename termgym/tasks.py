@@ -17,7 +17,15 @@ is not a script: ``solution_script`` is None and ``metadata["solution_yaml"]`` n
 
 Defaults: Harbor's ``[agent].timeout_sec`` defaults to None (no limit); termgym uses
 :data:`DEFAULT_AGENT_TIMEOUT_SEC` (900 s) instead. Resources default to the pre-2026 Harbor
-values 1 CPU / 2048 MB / 10240 MB. TB1 timeouts default to 360 s (agent) and 60 s (tests).
+values 1 CPU / 2048 MB / 10240 MB, and must lie within what a container engine accepts
+(:data:`RESOURCE_BOUNDS`). TB1 timeouts default to 360 s (agent) and 60 s (tests).
+
+Verification keys besides Harbor's: ``[verifier].report_format`` (one of the report formats: the
+verifier is graded from that source alone) and ``[verifier].assertions`` (how many assertions the
+verifier defines: a report claiming more is an error). Harbor's ``[verifier].environment_mode =
+"separate"`` grades in a fresh sandbox of the task's environment, into which the top-level
+``artifacts`` paths (and ``/logs/artifacts``) are copied from the agent's; a separate grading
+image (``[verifier.environment]``) is not supported yet.
 
 Every problem raises :class:`TaskError`, whose message is one line naming the offending file.
 """
@@ -32,16 +40,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, get_args
 
 import yaml
 
 from termgym.errors import TermgymError
+from verifiers.report import ReportFormat
 
 __all__ = [
     "DEFAULT_AGENT_TIMEOUT_SEC",
     "DEFAULT_BUILD_TIMEOUT_SEC",
     "DEFAULT_VERIFIER_TIMEOUT_SEC",
+    "RESOURCE_BOUNDS",
     "TB1_DEFAULT_AGENT_TIMEOUT_SEC",
     "TB1_DEFAULT_TEST_TIMEOUT_SEC",
     "Resources",
@@ -57,7 +67,11 @@ DEFAULT_BUILD_TIMEOUT_SEC = 600.0
 TB1_DEFAULT_AGENT_TIMEOUT_SEC = 360.0
 TB1_DEFAULT_TEST_TIMEOUT_SEC = 60.0
 
+# What every container engine accepts (Docker: at least 0.01 CPU and 6 MB of memory); beyond the
+# upper bounds no machine exists, and the engines' integer fields overflow.
+RESOURCE_BOUNDS = {"cpus": (0.01, 4096.0), "memory_mb": (6, 16 * 1024 * 1024), "storage_mb": (1, 1024 * 1024 * 1024)}
 _NETWORK_MODES = {"public": True, "allowlist": True, "no-network": False}
+_VERIFIER_MODES = ("shared", "separate")
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT])(?:I?B)?", re.IGNORECASE)
 _SIZE_FACTOR_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 _HOST_TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
@@ -120,6 +134,10 @@ class Task:
     environment_env: Mapping[str, str]
     workdir: str | None
     metadata: Mapping[str, object]
+    report_format: ReportFormat | None = None  # [verifier].report_format: grade that source alone
+    expected_assertions: int | None = None  # [verifier].assertions, or what an audit counted
+    verifier_mode: Literal["shared", "separate"] = "shared"  # [verifier].environment_mode
+    artifacts: tuple[str, ...] = ()  # absolute paths: copied into a separate verifier's sandbox
 
     def solution_files(self) -> list[tuple[Path, str]]:
         """``(host file, path relative to /solution)`` for each file to upload, sorted.
@@ -250,6 +268,12 @@ def _load_harbor(task_dir: Path, fallback_name: str, environ: Mapping[str, str])
         dockerfile = None
     compose = environment_dir / "docker-compose.yaml"
     solution_dir = task_dir / "solution"
+    if "environment" in verifier:
+        raise TaskError(config, "[verifier.environment] (a separate grading image) is not supported yet; "
+                        'environment_mode = "separate" grades in a fresh sandbox of the task\'s own environment')
+    mode = verifier.get("environment_mode", "shared")
+    if mode not in _VERIFIER_MODES:
+        raise TaskError(config, f"[verifier].environment_mode must be one of {list(_VERIFIER_MODES)}, got {mode!r}")
     return Task(
         name=name,
         family=_family(metadata.get("category"), task_dir),
@@ -277,7 +301,40 @@ def _load_harbor(task_dir: Path, fallback_name: str, environ: Mapping[str, str])
         environment_env=_env(environment, "environment", config, environ),
         workdir=workdir,
         metadata=MappingProxyType(dict(metadata)),
+        report_format=_report_format(verifier, config),
+        expected_assertions=_assertion_count(verifier, config),
+        verifier_mode=mode,
+        artifacts=_artifacts(data.get("artifacts", []), config),
     )
+
+
+def _report_format(verifier: Mapping[str, object], config: Path) -> ReportFormat | None:
+    value = verifier.get("report_format")
+    formats = get_args(ReportFormat)
+    if value is not None and value not in formats:
+        raise TaskError(config, f"[verifier].report_format must be one of {list(formats)}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _assertion_count(verifier: Mapping[str, object], config: Path) -> int | None:
+    value = verifier.get("assertions")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise TaskError(config, f"[verifier].assertions must be a positive integer, got {value!r}")
+    return value
+
+
+def _artifacts(value: object, config: Path) -> tuple[str, ...]:
+    """Harbor's top-level ``artifacts``: paths, or tables with a ``source`` path; each absolute,
+    without ``..``."""
+    if not isinstance(value, list):
+        raise TaskError(config, f"artifacts must be a list of paths, got {value!r}")
+    paths = []
+    for item in value:
+        source = item.get("source") if isinstance(item, dict) else item
+        if not isinstance(source, str) or not source.startswith("/") or ".." in source.split("/") or source.strip("/") == "":
+            raise TaskError(config, f"each artifact must be an absolute path (or a table with one as source), got {item!r}")
+        paths.append("/" + source.strip("/"))
+    return tuple(paths)
 
 
 def _table(data: Mapping[str, object], key: str, config: Path) -> dict[str, object]:
@@ -304,6 +361,15 @@ def _timeout(table: Mapping[str, object], key: str, label: str, default: float, 
 
 
 def _resources(environment: Mapping[str, object], config: Path) -> Resources:
+    resources = _resource_values(environment, config)
+    for key, (low, high) in RESOURCE_BOUNDS.items():
+        value = getattr(resources, key)
+        if not low <= value <= high:
+            raise TaskError(config, f"[environment].{key} = {value:g} is outside what a container engine accepts ({low:g} to {high:g})")
+    return resources
+
+
+def _resource_values(environment: Mapping[str, object], config: Path) -> Resources:
     cpus = _timeout(environment, "cpus", "[environment].cpus", 1.0, config)
     sizes = {}
     for key, legacy, default in (("memory_mb", "memory", 2048), ("storage_mb", "storage", 10240)):

@@ -2,7 +2,7 @@
 
 ``run_trial`` always returns a ``TrialRecord``: infrastructure faults (the sandbox failed, the build
 failed) become the record's ``error``, never an exception; only cancellation propagates, after the
-sandbox has been stopped.
+sandbox has been stopped. A sandbox the agent broke is ``broken_by_agent`` (``termgym.env.fault``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, fault
 from termgym.errors import EnvironmentBuildError, SandboxError
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
@@ -103,16 +103,18 @@ async def run_trial(
         record.error = {"kind": "build_failed", "message": str(exc)}
         record.logs["build"] = exc.log[-20000:]
     except SandboxError as exc:
-        record.error = {"kind": "sandbox_error", "message": str(exc)}
+        record.error = fault(exc, agent_acted=env.turns > 0)
     except ValueError as exc:
         record.error = {"kind": "invalid_task", "message": str(exc)}
     record.turns = record.turns or env.turns
     record.timings = {**env.timings, "total": time.monotonic() - started}
+    record.warnings = record.warnings or list(env.warnings)
+    record.system_changes = env.system_changes
     return record
 
 
 def _fill(record: TrialRecord, env: AsyncTerminalEnv, step: Step | None) -> TrialRecord:
-    record = replace(record, turns=env.turns, error=env.error)
+    record = replace(record, turns=env.turns, error=env.error, warnings=list(env.warnings))
     verification = env.verification
     if verification is None:
         return record

@@ -1,14 +1,24 @@
-"""Verification, exactly as DESIGN.md orders it, on any backend.
+"""Verification, exactly as DESIGN.md orders it, on any backend, hardened against the agent.
 
-After the agent ends: every process the agent started is killed; ``/logs/verifier`` is emptied and
-recreated; ``/tests`` is replaced by a fresh copy of the task's tests (with the assertion kit at
-``/tests/.termgym/assert.sh``); the test script runs as root with a clean environment (the image's
-own ENV, the task's verifier env, ``TEST_DIR=/tests``), in the image's working directory, under the
-verifier timeout. Reports are then read from ``/logs/verifier`` (regular files only, size-capped)
-and the first match wins (see ``verifiers.select_report``).
+After the agent ends: every process in the sandbox is ended (``kill_agent_processes``);
+``/logs/verifier`` and ``/tests`` are replaced by fresh empty directories (whatever the agent made of
+them: a file, a symlink, a full directory), and so is the verifier's own ``HOME``; ``/tests`` gets a
+fresh copy of the task's tests (with the assertion kit at ``/tests/.termgym/assert.sh``); the test
+script runs as root in the image's working directory under the verifier timeout, with a clean
+environment (``verifier_env``). When it exits, every process is ended again, and only then are the
+reports read from ``/logs/verifier``: the report files only (regular files, size-capped, at most
+``MAX_REPORT_FILES`` of them, more is an error), graded by ``verifiers.select_report`` (report
+files above the output; the task's declared format alone when it declares one) and held to the
+number of assertions the task's verifier defines (``verifiers.check_assertion_count``).
 
-What the agent did to ``/logs/verifier`` or ``/tests`` cannot count: both are recreated after its
-processes are gone, and reports are read only from what the verifier wrote.
+What the agent did to ``/logs/verifier``, ``/tests`` or its home cannot count: they are recreated
+after its processes are gone; a process the verifier started cannot rewrite a report while it is
+read. A harness step that fails inside the sandbox (the reset, the upload, reading the reports)
+raises ``SandboxBroken``: the sandbox's own tools or directories were broken.
+
+What it cannot prevent on a backend where the agent is root in the file system the verifier then
+executes (Docker, Daytona): tools the verifier runs replaced by the agent. ``termgym.tamper`` and
+the separate verification mode (``[verifier].environment_mode``) are the answers there.
 """
 
 from __future__ import annotations
@@ -17,30 +27,63 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 
-from termgym.errors import SandboxError
+from termgym.errors import SandboxBroken
 from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, tar_of_files
 from termgym.tasks import Task
-from verifiers import MAX_REPORT_BYTES, AssertionReport, compute_reward, select_report
+from verifiers import (
+    MAX_REPORT_BYTES,
+    AssertionReport,
+    check_assertion_count,
+    compute_reward,
+    report_format_of,
+    select_report,
+    too_many_files_report,
+)
 
 KIT_PATH = "/tests/.termgym/assert.sh"
+VERIFIER_HOME = "/tmp/.termgym-verifier/home"
 MAX_REPORT_FILES = 32
 VERIFIER_OUTPUT_LIMIT = 1 << 20
 
+# Replace /logs/verifier, /tests and the verifier's home with fresh empty directories, whatever the
+# agent left there (a plain file or a symlink in place of /logs, a directory that cannot be removed),
+# and fail, saying so, when that is not possible.
 _RESET = r"""
-[ -L /logs ] && rm -f /logs
-mkdir -p /logs
-rm -rf /logs/verifier /tests 2>/dev/null
-mkdir -p /logs/verifier /tests
-find /tests -mindepth 1 -delete
+for d in /logs /tests; do
+  if [ -L "$d" ] || { [ -e "$d" ] && [ ! -d "$d" ]; }; then rm -f "$d"; fi
+done
+rm -rf /logs/verifier /tests /tmp/.termgym-verifier 2>/dev/null
+mkdir -p /logs/verifier /tests 2>/dev/null
+find /tests -mindepth 1 -delete 2>/dev/null
+mkdir -p -m 700 /tmp/.termgym-verifier/home 2>/dev/null
+for d in /logs/verifier /tests /tmp/.termgym-verifier/home; do
+  if [ -L "$d" ] || [ ! -d "$d" ] || [ -n "$(find "$d" -mindepth 1 -print 2>/dev/null | head -n 1)" ]; then
+    echo "cannot make $d a fresh empty directory"; exit 1
+  fi
+done
 """
 
-# Each regular file at the top of /logs/verifier as: name NUL size NUL first-(cap+1)-bytes.
+# The report files at the top of /logs/verifier (regular files named as a report format reads them)
+# as: name NUL size NUL first-(cap+1)-bytes. More than $2 of them: their count per format, exit 4.
 _READ_REPORTS = r"""
-cap=$1; n=0
+cap=$1; max=$2
 cd /logs/verifier 2>/dev/null || exit 0
+n=0; ctrf=0; junit=0; tap=0; reward=0
 for f in * .[!.]*; do
   [ -f "$f" ] && [ ! -L "$f" ] || continue
-  n=$((n + 1)); [ "$n" -le "$2" ] || break
+  case $f in
+    ctrf.json) ctrf=$((ctrf + 1)) ;;
+    *.xml) junit=$((junit + 1)) ;;
+    *.tap) tap=$((tap + 1)) ;;
+    reward.json|reward.txt) reward=$((reward + 1)) ;;
+    *) continue ;;
+  esac
+  n=$((n + 1))
+done
+if [ "$n" -gt "$max" ]; then printf 'ctrf=%d junit=%d tap=%d reward-file=%d' "$ctrf" "$junit" "$tap" "$reward"; exit 4; fi
+for f in * .[!.]*; do
+  [ -f "$f" ] && [ ! -L "$f" ] || continue
+  case $f in ctrf.json|*.xml|*.tap|reward.json|reward.txt) ;; *) continue ;; esac
   size=$(head -c "$cap" -- "$f" | wc -c)
   printf '%s\0%s\0' "$f" "$size"
   head -c "$cap" -- "$f"
@@ -56,6 +99,16 @@ class Verification:
     timed_out: bool
     output: str
     duration: float
+    system_changes: tuple[str, ...] | None = None  # what the agent changed under system paths; None: unknown
+    tampered: bool = False  # system paths changed under the "fail" policy: the verifier did not run
+
+
+class TooManyReports(Exception):
+    """The verifier wrote more report files than ``MAX_REPORT_FILES``; ``counts`` per format."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        super().__init__(f"{sum(counts.values())} report files")
+        self.counts = counts
 
 
 def assertion_kit() -> bytes:
@@ -63,28 +116,48 @@ def assertion_kit() -> bytes:
 
 
 def verifier_env(task: Task, sandbox: Sandbox) -> dict[str, str]:
+    """The test script's whole environment: the image's own (never the agent's), a fresh ``HOME``,
+    Python without user site-packages and without the working directory on ``sys.path``, git
+    without the agent's global config and with its hooks and fsmonitor off, then the task's
+    ``[verifier].env``, which may override any of these."""
     env = {"PATH": DEFAULT_PATH, **sandbox.env}
     env.update(
-        HOME="/root",
+        HOME=VERIFIER_HOME,
         LANG="C.UTF-8",
         TEST_DIR="/tests",
         TERMGYM_ASSERT=KIT_PATH,
+        PYTHONNOUSERSITE="1",
+        PYTHONSAFEPATH="1",
+        GIT_CONFIG_GLOBAL="/dev/null",
+        GIT_CONFIG_COUNT="2",
+        GIT_CONFIG_KEY_0="core.fsmonitor",
+        GIT_CONFIG_VALUE_0="false",
+        GIT_CONFIG_KEY_1="core.hooksPath",
+        GIT_CONFIG_VALUE_1="/dev/null",
         **dict(task.verifier_env),
     )
     return env
 
 
-async def verify(task: Task, sandbox: Sandbox, *, reward_scale: int) -> Verification:
-    """Run the task's verifier in ``sandbox``; raises ``SandboxError`` only for infrastructure faults."""
+async def verify(task: Task, sandbox: Sandbox, *, reward_scale: int, tamper: str = "warn") -> Verification:
+    """Run the task's verifier in ``sandbox``. Raises ``SandboxBroken`` when a harness step fails
+    inside the sandbox and ``SandboxError`` for infrastructure faults; everything the verifier
+    itself does is data in the result. With ``tamper="fail"``, a sandbox whose system paths the
+    agent changed is not verified: reward 0, ``tampered``."""
     started = time.monotonic()
+    await sandbox.check_alive()  # a sandbox the agent killed is not revived to be graded
     await sandbox.kill_agent_processes()
-    reset = await sandbox.exec(["/bin/sh", "-c", _RESET], timeout=60, cwd="/")
-    if reset.exit_code != 0:
-        raise SandboxError(f"could not reset /tests and /logs/verifier: {reset.text.strip()[:200]}")
+    found = await sandbox.changed_system_paths()
+    changes = tuple(found) if found is not None else None
+    if changes and tamper == "fail":
+        error = f"not verified: the agent changed {len(changes)} system path(s)"
+        report = AssertionReport(format="exit-code", assertions=(), binary=True, source="tamper check", error=error)
+        return Verification(report, 0.0, None, False, "", time.monotonic() - started, changes, tampered=True)
+    await _harness_step(sandbox, ["/bin/sh", "-c", _RESET], "could not reset /tests and /logs/verifier")
     kit = (".termgym/assert.sh", assertion_kit(), 0o755)
     await sandbox.upload_tar(tar_of_files(task.test_files(), [kit]), "/tests")
     script = f"/tests/{task.test_script}"
-    await sandbox.exec(["chmod", "+x", script], timeout=30, cwd="/")
+    await _harness_step(sandbox, ["chmod", "+x", script], f"could not make {script} executable")
     result = await sandbox.exec(
         [script],
         env=verifier_env(task, sandbox),
@@ -92,8 +165,15 @@ async def verify(task: Task, sandbox: Sandbox, *, reward_scale: int) -> Verifica
         timeout=task.verifier_timeout_sec,
         output_limit=VERIFIER_OUTPUT_LIMIT,
     )
-    files = await read_report_files(sandbox)
-    report = select_report(files, result.text, None if result.timed_out else result.exit_code)
+    await sandbox.kill_agent_processes()  # nothing the verifier started may touch its reports now
+    exit_code = None if result.timed_out else result.exit_code
+    try:
+        files = await read_report_files(sandbox)
+    except TooManyReports as exc:
+        report = too_many_files_report(exc.counts, MAX_REPORT_FILES, task.report_format)
+    else:
+        report = select_report(files, result.text, exit_code, declared=task.report_format)
+    report = check_assertion_count(report, task.expected_assertions)
     return Verification(
         report=report,
         reward=compute_reward(report, reward_scale),
@@ -101,21 +181,38 @@ async def verify(task: Task, sandbox: Sandbox, *, reward_scale: int) -> Verifica
         timed_out=result.timed_out,
         output=result.text,
         duration=time.monotonic() - started,
+        system_changes=changes,
     )
 
 
+async def _harness_step(sandbox: Sandbox, argv: list[str], what: str) -> None:
+    result = await sandbox.exec(argv, timeout=60, cwd="/", env={"PATH": DEFAULT_PATH})
+    if result.exit_code != 0:
+        lines = [line for line in result.text.strip().splitlines() if line.strip()]
+        raise SandboxBroken(f"{what}: {lines[-1][:200] if lines else f'exit {result.exit_code}'}")
+
+
 async def read_report_files(sandbox: Sandbox) -> dict[str, bytes]:
-    """The top-level regular files of ``/logs/verifier``; each cut at MAX_REPORT_BYTES + 1 bytes so
-    that an oversized report is seen as oversized, never read whole."""
+    """The report files at the top of ``/logs/verifier`` (regular files a report format reads);
+    each cut at MAX_REPORT_BYTES + 1 bytes so that an oversized report is seen as oversized, never
+    read whole. Raises ``TooManyReports`` beyond ``MAX_REPORT_FILES``, ``SandboxBroken`` when they
+    cannot be read."""
     cap = MAX_REPORT_BYTES + 1
     limit = MAX_REPORT_FILES * (cap + 512)
     result = await sandbox.exec(
         ["/bin/sh", "-c", _READ_REPORTS, "sh", str(cap), str(MAX_REPORT_FILES)],
         timeout=60,
         cwd="/",
+        env={"PATH": DEFAULT_PATH},
         output_limit=limit,
     )
-    return parse_report_stream(result.output)
+    if result.exit_code == 4:
+        counts = dict(item.partition("=")[::2] for item in result.text.split())
+        raise TooManyReports({format: int(n) for format, n in counts.items() if n.isdigit()})
+    if result.exit_code != 0 or result.dropped_bytes:
+        raise SandboxBroken(f"could not read the verifier's reports (exit {result.exit_code})")
+    files = parse_report_stream(result.output)
+    return {name: data for name, data in files.items() if report_format_of(name) is not None}
 
 
 def parse_report_stream(data: bytes) -> dict[str, bytes]:

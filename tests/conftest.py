@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -23,24 +25,20 @@ def write_task(
     verifier_timeout: float = 30.0,
     instruction: str = "Write the word done into /app/result.txt.",
     extra_files: dict[str, str] | None = None,
+    verifier_toml: str = "",
+    environment_toml: str = "",
+    top_toml: str = "",
 ) -> Path:
-    """A Harbor-layout task; by default its verifier checks /app/result.txt in two assertions."""
+    """A Harbor-layout task; by default its verifier checks /app/result.txt in two assertions.
+    ``verifier_toml``, ``environment_toml`` and ``top_toml`` are lines added to ``[verifier]``, to
+    ``[environment]`` and before the first table of ``task.toml``."""
     task = root / name
     (task / "environment").mkdir(parents=True)
     (task / "solution").mkdir()
     (task / "tests").mkdir()
     (task / "task.toml").write_text(
-        textwrap.dedent(f"""\
-        schema_version = "1.1"
-        [metadata]
-        category = "testing"
-        [agent]
-        timeout_sec = {agent_timeout}
-        [verifier]
-        timeout_sec = {verifier_timeout}
-        [environment]
-        network_mode = "no-network"
-        """)
+        f'schema_version = "1.1"\n{top_toml}\n[metadata]\ncategory = "testing"\n[agent]\ntimeout_sec = {agent_timeout}\n'
+        f'[verifier]\ntimeout_sec = {verifier_timeout}\n{verifier_toml}\n[environment]\nnetwork_mode = "no-network"\n{environment_toml}\n'
     )
     (task / "instruction.md").write_text(instruction + "\n")
     (task / "environment" / "Dockerfile").write_text(dockerfile)
@@ -79,11 +77,21 @@ def termgym_containers() -> list[str]:
 
 
 @pytest.fixture
-def no_leaks(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
+def sandbox_dir(monkeypatch: pytest.MonkeyPatch):
+    """A directory of this test's own for sandboxes (``TERMGYM_SANDBOX_DIR``), under /tmp: a
+    sandbox's unprivileged user must be able to reach it, which pytest's private tmp dirs forbid."""
+    root = Path(tempfile.mkdtemp(prefix="termgym-test-sandboxes-"))
+    root.chmod(0o755)
+    monkeypatch.setenv("TERMGYM_SANDBOX_DIR", str(root))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def no_leaks(sandbox_dir: Path, request: pytest.FixtureRequest):
     """Sandboxes go to a private directory; after the test none is left, on disk or running (and,
     for a test on the Docker backend, no labelled container)."""
-    root = tmp_path_factory.mktemp("sandboxes")
-    monkeypatch.setenv("TERMGYM_SANDBOX_DIR", str(root))
+    root = sandbox_dir
     before = set(sandbox_processes())
     on_docker = "backend" in request.fixturenames and request.getfixturevalue("backend") == "docker"
     containers_before = set(termgym_containers()) if on_docker else set()

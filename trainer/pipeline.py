@@ -39,7 +39,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from termgym.audit import select_order
+from termgym.audit import select_order, with_audited_count
 from termgym.audit_cache import AuditCache
 from termgym.audit_runner import audit_tasks
 from termgym.errors import TermgymError
@@ -121,7 +121,8 @@ async def prepare_pool(run: Path, cfg: Config, console: Console) -> Pool:
         console.print(f"  {cache.hits} verdicts from the audit cache (the same task files, audited before)")
     (run / "audit.json").write_text(json.dumps([v.to_dict() for v in verdicts], indent=2) + "\n")
     by_name = {task.name: task for task in train_tasks}
-    selection = [by_name[name] for name in select_order(verdicts)]
+    audited = {verdict.task: verdict for verdict in verdicts}
+    selection = [with_audited_count(by_name[name], audited[name]) for name in select_order(verdicts)]
     (run / "selection.txt").write_text("".join(f"{task.path}\n" for task in selection))
     rejected = [v for v in verdicts if not v.accepted]
     console.print(f"  accepted {len(selection)}/{len(verdicts)}"

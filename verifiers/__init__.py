@@ -2,15 +2,18 @@
 
 Everything here is a pure function of its arguments: no files are read, nothing is run.
 
-Which output is graded (`select_report`): the first source present wins, in this order:
+Which output is graded (`select_report`): the first source present wins, in this order (report
+files always rank above the verifier's output, which the agent's programs can print into):
     1. `ctrf.json` (CTRF JSON, e.g. from pytest-json-ctrf or the termgym assertion kit)
     2. JUnit `*.xml` files, all of them, sorted by name and aggregated
     3. TAP `*.tap` files, all of them, sorted by name and aggregated
-    4. the pytest `-rA` short test summary in the verifier's output (Terminal-Bench 1 style)
-    5. `reward.json`, then 6. `reward.txt` (Harbor style; binary: reward >= 1.0 passes)
+    4. `reward.json`, then 5. `reward.txt` (Harbor style; binary: reward >= 1.0 passes)
+    6. the pytest `-rA` short test summary in the verifier's output (Terminal-Bench 1 style)
     7. the verifier's exit code (binary: 0 passes)
-A source that is present but unusable (malformed, unsafe XML, over `MAX_REPORT_BYTES`) gives a
-report with no assertions and `error` set, never a later source and never an exception.
+A task that declares its report format is graded from that source alone. A source that is present
+but unusable (malformed, unsafe XML, over `MAX_REPORT_BYTES`) gives a report with no assertions and
+`error` set, never a later source and never an exception. `check_assertion_count` holds a report
+to the number of assertions the task's verifier defines (more is an error; fewer count as failed).
 
 The reward (`compute_reward`): 0.0 for a report with an error; 1.0 or 0.0 for binary reports
 (resolved or not); otherwise `passed / scale` (`DEFAULT_SCALE` = 20), which is not capped at 1
@@ -24,7 +27,7 @@ from verifiers.reward_files import from_exit_code, parse_reward_json, parse_rewa
 from verifiers.tap import parse_tap
 from verifiers.report import Assertion, AssertionReport, ReportFormat, ReportParseError, Status
 from verifiers.reward import DEFAULT_SCALE, compute_reward
-from verifiers.select import MAX_REPORT_BYTES, select_report
+from verifiers.select import MAX_REPORT_BYTES, check_assertion_count, report_format_of, select_report, too_many_files_report
 
 __all__ = [
     "DEFAULT_SCALE",
@@ -34,6 +37,7 @@ __all__ = [
     "ReportFormat",
     "ReportParseError",
     "Status",
+    "check_assertion_count",
     "compute_reward",
     "from_exit_code",
     "parse_ctrf",
@@ -42,5 +46,7 @@ __all__ = [
     "parse_reward_json",
     "parse_reward_txt",
     "parse_tap",
+    "report_format_of",
     "select_report",
+    "too_many_files_report",
 ]

@@ -1,27 +1,36 @@
 """Choose which of a verifier's outputs to grade, and parse it without ever raising.
 
-Order (the first source that is present wins, whether or not it parses):
+Order (the first source that is present wins, whether or not it parses). Report files always rank
+above anything parsed from the verifier's output, which a program the agent wrote can print into:
     1. `ctrf.json`
     2. every `*.xml` file (JUnit), sorted by name, aggregated
     3. every `*.tap` file (TAP), sorted by name, aggregated
-    4. the pytest `-rA` short test summary in the verifier's output
-    5. `reward.json`
-    6. `reward.txt`
+    4. `reward.json`
+    5. `reward.txt`
+    6. the pytest `-rA` short test summary in the verifier's output
     7. the verifier's exit code
+A task that declares its report format (`declared`) is graded from that source alone: when the
+verifier did not produce it, the report has `error` set, whatever else exists.
+
 An unusable first source (malformed, wrong structure, unsafe XML, over `MAX_REPORT_BYTES`,
 undecodable) yields a report of that format with no assertions and
 `error="unparseable report <file>: <reason>"`; it never falls through to a later source, so a
 broken `ctrf.json` cannot become a pass by exit code.
+
+`check_assertion_count` holds a per-assertion report to the number of assertions the task's
+verifier defines: more is an error (a forged or runaway report cannot amplify the reward), fewer
+are completed with failed assertions (a verifier stopped half-way never counts as resolved).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from verifiers.ctrf import parse_ctrf
 from verifiers.junit import parse_junit
 from verifiers.pytest_summary import parse_pytest_summary
-from verifiers.report import Assertion, AssertionReport, ReportFormat, ReportParseError
+from verifiers.report import BINARY_FORMATS, REPORT_FORMATS, Assertion, AssertionReport, ReportFormat, ReportParseError
 from verifiers.reward_files import from_exit_code, parse_reward_json, parse_reward_txt
 from verifiers.tap import parse_tap
 
@@ -33,14 +42,18 @@ _MAX_REASON_CHARS = 500
 _FileParser = Callable[[bytes, str], AssertionReport]
 
 
-def select_report(files: Mapping[str, bytes], verifier_output: str, exit_code: int | None) -> AssertionReport:
-    """Grade the first available source in the module's order; never raises for any file content.
+def select_report(
+    files: Mapping[str, bytes], verifier_output: str, exit_code: int | None, *, declared: ReportFormat | None = None
+) -> AssertionReport:
+    """Grade the first available source in the module's order, or the `declared` one alone;
+    never raises for any file content.
 
     `files` maps the names of the files at the top level of the verifier's log directory to their
     content (names holding a path separator, and non-str names, are ignored). `exit_code` is None
     when it is unknown; if no other source exists either, the result is an exit-code report with
     one failed assertion and `error="verifier produced no result"`.
-    Raises ValueError only for arguments of the wrong type (not a Mapping, not a str, not an int).
+    Raises ValueError only for arguments of the wrong type (not a Mapping, not a str, not an int,
+    a `declared` that is not a report format).
     """
     if not isinstance(files, Mapping):
         raise ValueError(f"files must be a Mapping, not {type(files).__name__}")
@@ -49,24 +62,18 @@ def select_report(files: Mapping[str, bytes], verifier_output: str, exit_code: i
     if exit_code is not None and (isinstance(exit_code, bool) or not isinstance(exit_code, int)):
         raise ValueError(f"exit_code must be an int or None, not {type(exit_code).__name__}")
 
+    if declared is not None and declared not in REPORT_FORMATS:
+        raise ValueError(f"declared must be one of {sorted(REPORT_FORMATS)}, not {declared!r}")
+
     names = sorted(name for name in files if isinstance(name, str) and "/" not in name and "\\" not in name)
-    if "ctrf.json" in names:
-        return _from_files("ctrf", files, ["ctrf.json"], _ctrf)
-    xml = [name for name in names if name.endswith(".xml")]
-    if xml:
-        return _from_files("junit", files, xml, _junit)
-    tap = [name for name in names if name.endswith(".tap")]
-    if tap:
-        return _from_files("tap", files, tap, _tap)
-    summary = _pytest_summary(verifier_output)
-    if summary is not None:
-        return summary
-    if "reward.json" in names:
-        return _from_files("reward-file", files, ["reward.json"], _reward_json)
-    if "reward.txt" in names:
-        return _from_files("reward-file", files, ["reward.txt"], _reward_txt)
-    if exit_code is not None:
-        return from_exit_code(exit_code)
+    for format in _ORDER if declared is None else (declared,):
+        report = _SOURCES[format](files, names, verifier_output, exit_code)
+        if report is not None:
+            return report
+    if declared is not None:
+        what = _DECLARED_SOURCE[declared]
+        error = f"the task declares its report as {declared}, but the verifier produced no {what}"
+        return AssertionReport(format=declared, assertions=(), binary=declared in BINARY_FORMATS, source=what, error=error)
     return AssertionReport(
         format="exit-code",
         assertions=(Assertion(name="exit code", status="failed", message=NO_RESULT),),
@@ -74,6 +81,92 @@ def select_report(files: Mapping[str, bytes], verifier_output: str, exit_code: i
         source="exit code",
         error=NO_RESULT,
     )
+
+
+def check_assertion_count(report: AssertionReport, expected: int | None) -> AssertionReport:
+    """`report` held to the `expected` number of counted (passed or failed) assertions.
+
+    Unchanged when `expected` is None, the report is binary or already has an error. A report that
+    counts more assertions than expected becomes an error report (no assertions, never resolved,
+    reward 0); one that counts fewer gets a failed assertion for each one missing, so it is not
+    resolved and its total is `expected`. Raises ValueError for an `expected` below 1.
+    """
+    if expected is None or report.binary or report.error is not None:
+        return report
+    if isinstance(expected, bool) or not isinstance(expected, int) or expected < 1:
+        raise ValueError(f"expected must be a positive int or None, not {expected!r}")
+    if report.total > expected:
+        error = f"the report counts {report.total} assertions; the task's verifier defines {expected}"
+        return replace(report, assertions=(), error=error)
+    missing = tuple(
+        Assertion(name=f"(assertion {index} of {expected} not reported)", status="failed", message="missing from the report")
+        for index in range(report.total + 1, expected + 1)
+    )
+    return replace(report, assertions=report.assertions + missing) if missing else report
+
+
+def too_many_files_report(counts: Mapping[ReportFormat, int], limit: int, declared: ReportFormat | None = None) -> AssertionReport:
+    """The error report for a verifier that wrote more report files than termgym reads (`counts`:
+    report files per format); its format is the one that would have been graded."""
+    present = [f for f in _ORDER if counts.get(f)] if declared is None else [declared]
+    format = present[0] if present else "exit-code"
+    total = sum(counts.values())
+    error = f"the verifier wrote {total} report files to its log directory, more than the {limit} termgym reads"
+    return AssertionReport(format=format, assertions=(), binary=format in BINARY_FORMATS, source="report files", error=error)
+
+
+def report_format_of(name: str) -> ReportFormat | None:
+    """The format a file at the top of the verifier's log directory is read as, if any."""
+    if name == "ctrf.json":
+        return "ctrf"
+    if name.endswith(".xml"):
+        return "junit"
+    if name.endswith(".tap"):
+        return "tap"
+    if name in ("reward.json", "reward.txt"):
+        return "reward-file"
+    return None
+
+
+def _ctrf_source(files, names, output, exit_code):
+    return _from_files("ctrf", files, ["ctrf.json"], _ctrf) if "ctrf.json" in names else None
+
+
+def _junit_source(files, names, output, exit_code):
+    xml = [name for name in names if name.endswith(".xml")]
+    return _from_files("junit", files, xml, _junit) if xml else None
+
+
+def _tap_source(files, names, output, exit_code):
+    tap = [name for name in names if name.endswith(".tap")]
+    return _from_files("tap", files, tap, _tap) if tap else None
+
+
+def _reward_source(files, names, output, exit_code):
+    if "reward.json" in names:
+        return _from_files("reward-file", files, ["reward.json"], _reward_json)
+    if "reward.txt" in names:
+        return _from_files("reward-file", files, ["reward.txt"], _reward_txt)
+    return None
+
+
+def _pytest_source(files, names, output, exit_code):
+    return _pytest_summary(output)
+
+
+def _exit_code_source(files, names, output, exit_code):
+    return from_exit_code(exit_code) if exit_code is not None else None
+
+
+_ORDER: tuple[ReportFormat, ...] = ("ctrf", "junit", "tap", "reward-file", "pytest", "exit-code")
+_SOURCES = {
+    "ctrf": _ctrf_source, "junit": _junit_source, "tap": _tap_source, "reward-file": _reward_source,
+    "pytest": _pytest_source, "exit-code": _exit_code_source,
+}  # fmt: skip
+_DECLARED_SOURCE = {
+    "ctrf": "ctrf.json", "junit": "JUnit *.xml file", "tap": "TAP *.tap file", "reward-file": "reward.json or reward.txt",
+    "pytest": "pytest summary in its output", "exit-code": "exit code",
+}  # fmt: skip
 
 
 def _from_files(

@@ -5,25 +5,29 @@ A sandbox is one isolated machine for one trial. Backends implement five corouti
 ``exec`` (run a command to completion with a timeout), ``open_process`` (a long-lived process with
 byte streams, used for the persistent shell) and ``kill_agent_processes`` (every process started
 since ``start`` is gone when it returns; the sandbox itself stays usable). Files travel as tar
-archives through ``exec`` (``upload_tar``); a backend with a native path overrides it.
+archives through ``exec`` (``upload_tar``, ``download_tar``); a backend with a native path
+overrides them. Two reports have defaults a backend refines: ``changed_system_paths`` (None: this
+backend cannot tell) and ``limit_warnings`` (the resource limits the sandbox reached).
 
 Guarantees callers rely on: every command runs inside the sandbox, never on the host; ``exec``
 never raises for the command's own failure or timeout (that is data in ``ExecResult``) and raises
-``SandboxError`` only for infrastructure faults; ``stop`` runs on every path out of
-``async with``, including cancellation.
+``SandboxError`` only for infrastructure faults (``SandboxBroken`` when the sandbox stopped
+working from inside); ``stop`` runs on every path out of ``async with``, including cancellation.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import base64
+import binascii
 import io
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from termgym.errors import SandboxError
+from termgym.errors import SandboxBroken, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 from termgym.tasks import Resources
 
@@ -127,7 +131,36 @@ class Sandbox(abc.ABC):
         script = 'mkdir -p "$1" && exec tar -x --no-same-owner -C "$1" -f -'
         result = await self.exec(["/bin/sh", "-c", script, "sh", dest], stdin=archive, timeout=timeout, cwd="/")
         if result.exit_code != 0:
-            raise SandboxError(f"upload to {dest} failed: {_last_line(result.text)}")
+            raise SandboxBroken(f"upload to {dest} failed: {_last_line(result.text)}")
+
+    async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
+        """A tar archive of those of the absolute ``paths`` that exist, named relative to ``/``
+        (empty when none does); ``SandboxBroken`` when it is over ``limit`` bytes or unreadable."""
+        script = (
+            'for p; do shift; if [ -e "/$p" ] || [ -L "/$p" ]; then set -- "$@" "$p"; fi; done\n'
+            '[ "$#" -gt 0 ] || exit 0\ntar -C / -cf - -- "$@" 2>/dev/null | base64 -w 0'
+        )
+        relative = [path.strip("/") for path in paths]
+        result = await self.exec(["/bin/sh", "-c", script, "sh", *relative], timeout=timeout, cwd="/", output_limit=limit * 4 // 3 + 8)
+        if result.exit_code != 0 or result.dropped_bytes:
+            raise SandboxBroken(f"could not read {', '.join(paths)} (over {limit >> 20} MB, or tar failed: {_last_line(result.text)})")
+        try:
+            return base64.b64decode(result.output, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise SandboxBroken(f"could not read {', '.join(paths)}: the archive came back garbled") from exc
+
+    async def check_alive(self) -> None:
+        """``SandboxBroken`` if the sandbox's own processes all ended (killed from inside),
+        ``SandboxGone`` if it was removed; the default cannot tell and returns."""
+
+    async def changed_system_paths(self) -> list[str] | None:
+        """What the agent changed under system paths (``termgym.tamper``), or None where this
+        backend cannot tell."""
+        return None
+
+    async def limit_warnings(self) -> list[str]:
+        """One line per resource limit the sandbox reached so far (memory, processes, storage)."""
+        return []
 
     async def upload_files(self, files: Sequence[tuple[Path, str]], dest: str) -> None:
         """Copy host files into ``dest``, each at its relative path, executable bits kept."""

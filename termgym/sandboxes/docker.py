@@ -1,17 +1,22 @@
 """The Docker backend: the task's own image, one container per trial, through the engine's API.
 
-What it covers: the task's Dockerfile built once per content hash (``termgym.images``), FROM aliases
-for air-gapped builds, or the task's ``docker_image`` as is; one container per trial with network
+What it covers: the task's Dockerfile built once per content hash (``termgym.images``), with
+network only when the task allows it (never the host's network namespace), FROM aliases for
+air-gapped builds, or the task's ``docker_image`` as is; one container per trial with network
 ``none`` (unless the task asks for network, which fails clearly when the engine has none), the
-task's CPU and memory limits, a pids limit, a per-file size limit of the task's storage, the labels
-DESIGN.md gives, and the engine's tiny init as PID 1 (it reaps zombies), running a ``sleep`` keeper.
-The persistent shell runs over one attached exec stream; files move as tar archives through the
-API. Killing the agent's processes kills every pid but the init and its keeper, from inside,
-until none is left. ``stop`` removes the container on every path.
+task's CPU (at most the engine's, with a warning) and memory limits, a pids limit, a per-file size
+limit of the task's storage, the labels DESIGN.md gives, and the engine's tiny init as PID 1 (it
+reaps zombies), running a ``sleep`` keeper. The persistent shell runs over one attached exec
+stream; files move as tar archives through the API. Killing the agent's processes restarts the
+container (its init is killed, so the kernel ends every process in it, the keeper included, which
+a root process could otherwise rewrite through ``/proc/<pid>/mem``), then waits until the engine
+lists only the new init and keeper. ``changed_system_paths`` asks the engine what the container
+changed against its image (``termgym.tamper``). ``stop`` removes the container on every path.
 
 What it does not cover: a disk quota (overlay2 on ext4 has none; the per-file limit and the agent
 timeout bound what one trial can write), the other services of a Terminal-Bench 1 compose file
-(reported as unsupported), registries (nothing is pulled).
+(reported as unsupported), registries (nothing is pulled). The agent is root in the file system the
+verifier then runs in: what it changed there is detected, not prevented (see ``termgym.tamper``).
 
 All docker-py calls are blocking; they run in a dedicated thread pool, never on the event loop.
 """
@@ -30,39 +35,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from termgym.aio import uninterrupted, wait_for
-from termgym.errors import BackendUnavailable, SandboxError, SandboxGone
+from termgym.errors import BackendUnavailable, SandboxBroken, SandboxError, SandboxGone
 from termgym.images import ensure_task_image
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.sandboxes.limits import PIDS_LIMIT
+from termgym.tamper import system_changes
 
-PIDS_LIMIT = 512
 START_HINT = "start it with scripts/docker-engine.sh, or as root: dockerd --iptables=false --bridge=none &"
-# Killing every agent process, from inside: every pid but PID 1 (the engine's init, which reaps
-# zombies), the keeper it runs (its oldest child, first in its children list) and this script,
-# until none is left alive. Builtins only, so the script never sees a child of its own; the pids
-# limit keeps a fork bomb finite.
-KILL_ALL = r"""
-read -r keeper rest < /proc/1/task/1/children
-keep=" 1 $keeper $$ "
-attempt=0
-while [ $attempt -lt 100 ]; do
-  attempt=$((attempt + 1))
-  left=0
-  for p in /proc/[0-9]*; do
-    pid=${p#/proc/}
-    case "$keep" in *" $pid "*) continue ;; esac
-    state=
-    while read -r key value rest; do
-      [ "$key" = State: ] && { state=$value; break; }
-    done < "$p/status" 2>/dev/null
-    [ -z "$state" ] || [ "$state" = Z ] && continue
-    kill -9 "$pid" 2>/dev/null
-    left=1
-  done
-  [ $left = 0 ] && exit 0
-done
-exit 1
-"""
+RESTART_TIMEOUT = 30.0
+KEEPER = "sleep infinity"  # what the container runs under its init
+_DIFF_KINDS = {0: "C", 1: "A", 2: "D"}
 
 _pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="termgym-docker")
 _client: Any = None
@@ -98,6 +81,8 @@ class DockerSandbox(Sandbox):
         super().__init__(spec)
         self._container: str | None = None
         self._channels: list[_DockerChannel] = []
+        self._started_at = 0.0  # when this process last started or restarted the container
+        self._keeper: str | None = None  # the keeper's host pid, as the engine lists it
 
     async def start(self) -> None:
         client = await _run(docker_client)
@@ -105,6 +90,7 @@ class DockerSandbox(Sandbox):
         image = await ensure_task_image(
             client, name=self.spec.name, context_dir=self.spec.context_dir, dockerfile=self.spec.dockerfile,
             image=self.spec.image, aliases=self.spec.image_aliases, timeout=self.spec.build_timeout_sec, run=_run,
+            network=self.spec.network,
         )  # fmt: skip
         self.env = {**image.env, **dict(self.spec.env)}
         self.workdir = image.workdir
@@ -113,11 +99,16 @@ class DockerSandbox(Sandbox):
             network = await _run(_network_for_task, client)
         labels = {"termgym": "1", **dict(self.spec.labels), "termgym.task": self.spec.name[:200]}
         resources = self.spec.resources
+        cpus = resources.cpus
+        engine_cpus = await _run(_engine_cpus, client)
+        if engine_cpus and cpus > engine_cpus:
+            self.warnings.append(f"the task asks for {cpus:g} CPUs; the Docker engine has {engine_cpus}: limited to {engine_cpus}")
+            cpus = float(engine_cpus)
         import docker.types
 
         host_config = client.api.create_host_config(
             network_mode=network,
-            nano_cpus=int(resources.cpus * 1e9),
+            nano_cpus=int(cpus * 1e9),
             mem_limit=f"{resources.memory_mb}m",
             memswap_limit=f"{resources.memory_mb}m",
             pids_limit=PIDS_LIMIT,
@@ -131,11 +122,13 @@ class DockerSandbox(Sandbox):
 
         try:
             created = await uninterrupted(_run(
-                client.api.create_container, image.tag, command=["sleep", "infinity"],
+                client.api.create_container, image.tag, command=KEEPER.split(),
                 labels=labels, host_config=host_config, working_dir=self.workdir, environment=dict(self.spec.env),
             ), discard)  # fmt: skip
             self._container = created["Id"]
+            self._started_at = time.time()
             await _run(client.api.start, self._container)
+            self._keeper = _keeper_of(await _run(client.api.top, self._container))
         except Exception as exc:
             raise _mapped(exc, "could not start the container") from exc
 
@@ -164,27 +157,70 @@ class DockerSandbox(Sandbox):
                 await _run(docker_client().api.remove_container, container, force=True)
 
     async def kill_agent_processes(self) -> None:
-        """Kill from inside; if that cannot run (a fork bomb has used up the pids limit, so the
-        engine cannot even start the killer), restart the container: every process goes, the files
-        stay, as on the embedded backend. A container that is gone or stopped is not revived."""
+        """Restart the container: killing its init makes the kernel end every process in it, so
+        nothing is spared, whatever it did to itself; the files stay. Returns once the engine lists
+        exactly the new init and its keeper. A container that does not come back (its keeper was
+        broken from inside) is ``SandboxBroken``."""
         for channel in self._channels:
             await channel.close()
         self._channels.clear()
         client, container = docker_client(), self._require()
-        capture = OutputCapture(4096)
         try:
-            code = await wait_for(
-                _run(_exec_blocking, client, container, ["/bin/sh", "-c", KILL_ALL], "/", capture), 60
-            )
+            await wait_for(_run(client.api.restart, container, timeout=0), RESTART_TIMEOUT)
+            self._started_at = time.time()
+            deadline = time.monotonic() + RESTART_TIMEOUT
+            while True:
+                state = (await _run(client.api.inspect_container, container)).get("State") or {}
+                if not state.get("Running"):
+                    raise SandboxBroken(f"the container stopped as soon as it restarted (exit {state.get('ExitCode')}): its keeper was broken from inside")
+                top = await _run(client.api.top, container)
+                if len(top.get("Processes") or []) == 2:
+                    self._keeper = _keeper_of(top)
+                    return
+                if time.monotonic() > deadline:
+                    raise SandboxError(f"the container still runs {len(top.get('Processes') or [])} processes after a restart")
+                await asyncio.sleep(0.02)
+        except TimeoutError as exc:
+            raise SandboxError(f"the container did not restart within {RESTART_TIMEOUT:g}s") from exc
+        except SandboxError:
+            raise
         except Exception as exc:
-            raise _mapped(exc, "could not stop the agent's processes") from exc
-        if code == 0:
-            return
+            raise await self._fault(exc, "could not end the agent's processes") from exc
+
+    async def check_alive(self) -> None:
+        container = self._require()
         try:
-            await _run(client.api.restart, container, timeout=0)
+            state = (await _run(docker_client().api.inspect_container, container)).get("State") or {}
         except Exception as exc:
-            raise _mapped(exc, f"could not stop the agent's processes (exit {code}: {capture.text().strip()[:150]})") from exc
-        self.warnings.append(f"the agent's processes could not be killed from inside (exit {code}); the container was restarted")
+            raise await self._fault(exc, "could not inspect the container") from exc
+        if state.get("Running"):  # and its keeper too: the engine notices the init's exit a moment later
+            try:
+                top = await _run(docker_client().api.top, container)
+            except Exception as exc:
+                raise await self._fault(exc, "could not list the container's processes") from exc
+            if self._keeper is None or self._keeper in _column(top, "PID"):
+                return
+        oom = " (out of memory)" if state.get("OOMKilled") else ""
+        raise await self._fault(_Stopped(), f"the container stopped{oom}: its processes were all killed from inside")
+
+    async def changed_system_paths(self) -> list[str] | None:
+        try:
+            changes = await _run(docker_client().api.diff, self._require())
+        except Exception as exc:
+            raise await self._fault(exc, "could not list the container's changes") from exc
+        return system_changes((c["Path"], _DIFF_KINDS.get(c.get("Kind"), "C")) for c in changes or [])
+
+    async def _fault(self, exc: Exception, what: str) -> SandboxError:
+        """``_mapped``, told apart for a stopped container: stopped through the engine's API since
+        this process last (re)started it (``docker kill``, ``docker stop``: from outside, so
+        ``SandboxGone``), or by its own processes (``SandboxBroken``). The agent cannot reach the API."""
+        error = _mapped(exc, what)
+        if isinstance(error, SandboxBroken) and self._container is not None:
+            with contextlib.suppress(Exception):
+                events = await _run(_stop_requests, docker_client(), self._container, self._started_at)
+                if events:
+                    return SandboxGone(f"{what}: the container was stopped from outside ({events[0]})")
+        return error
 
     def _require(self) -> str:
         if self._container is None:
@@ -216,7 +252,7 @@ class DockerSandbox(Sandbox):
         except TimeoutError:
             code = None
         except Exception as exc:
-            raise _mapped(exc, "exec failed") from exc
+            raise await self._fault(exc, "exec failed") from exc
         timed_out = code is None or (code in (124, 137) and time.monotonic() - started >= limit)
         return ExecResult(
             exit_code=None if timed_out else code,
@@ -233,7 +269,7 @@ class DockerSandbox(Sandbox):
             exec_id = (await _run(client.api.exec_create, container, ["env", "-i", *pairs, *argv], stdin=True, workdir=cwd))["Id"]
             raw = await _run(client.api.exec_start, exec_id, socket=True)
         except Exception as exc:
-            raise _mapped(exc, "could not start the shell") from exc
+            raise await self._fault(exc, "could not start the shell") from exc
         sock: socket.socket = raw._sock
         sock.setblocking(False)
         reader, writer = await asyncio.open_connection(sock=sock)
@@ -248,7 +284,7 @@ class DockerSandbox(Sandbox):
         try:
             await wait_for(_run(docker_client().api.put_archive, self._require(), dest, archive), timeout)
         except Exception as exc:
-            raise _mapped(exc, f"upload to {dest} failed") from exc
+            raise await self._fault(exc, f"upload to {dest} failed") from exc
 
 
 class _DockerChannel(ProcessChannel):
@@ -334,14 +370,54 @@ def _network_for_task(client: Any) -> str:
     raise SandboxError("the task needs network, but the Docker engine has no bridge network (dockerd --bridge=none)")
 
 
+def _column(top: dict, title: str) -> list[str]:
+    """One column of the engine's process list (``docker top``)."""
+    titles = top.get("Titles") or []
+    index = titles.index(title) if title in titles else None
+    return [row[index] for row in top.get("Processes") or []] if index is not None else []
+
+
+def _keeper_of(top: dict) -> str | None:
+    """The keeper's pid in a fresh container's process list: the child of its init (the only other
+    process then). Recorded before the agent runs anything, since orphans become the init's children too."""
+    pids, parents = _column(top, "PID"), _column(top, "PPID")
+    children = [pid for pid, parent in zip(pids, parents) if parent in pids]
+    return children[0] if len(children) == 1 else None
+
+
+def _stop_requests(client: Any, container: str, since: float) -> list[str]:
+    """The engine's kill, stop and die-by-request events for ``container`` since ``since``."""
+    until = time.time() + 1
+    events = client.api.events(since=since, until=until, decode=True, filters={"container": container, "event": ["kill", "stop"]})
+    return [f"docker {e.get('Action') or e.get('status')}" for e in events]
+
+
+@functools.cache
+def _engine_cpus(client: Any) -> int | None:
+    """The engine's CPU count (asked once per client), or None when it does not say."""
+    try:
+        return int(client.info().get("NCPU") or 0) or None
+    except Exception:  # noqa: BLE001 - the limit is then the task's own
+        return None
+
+
+class _Stopped(Exception):
+    """The engine says the container is not running (as a 409 would)."""
+
+
 def _mapped(exc: Exception, what: str) -> SandboxError:
-    """SDK errors to the termgym tree: a vanished or stopped container is SandboxGone."""
+    """SDK errors to the termgym tree: a removed container is SandboxGone; one that stopped (its
+    init ended: every process in it was killed from inside, or its memory ran out) SandboxBroken."""
     import docker.errors
 
     if isinstance(exc, SandboxError):
         return exc
-    if isinstance(exc, docker.errors.NotFound) or (isinstance(exc, docker.errors.APIError) and exc.status_code == 409):
-        return SandboxGone(f"{what}: the container is gone or stopped")
+    if isinstance(exc, _Stopped):
+        return SandboxBroken(what)
+    if isinstance(exc, docker.errors.NotFound):
+        return SandboxGone(f"{what}: the container is gone")
+    if isinstance(exc, docker.errors.APIError) and exc.status_code == 409:
+        return SandboxBroken(f"{what}: the container has stopped (its processes were all killed from inside)")
     message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
     return SandboxError(f"{what}: {message}")
 

@@ -1,31 +1,49 @@
 """The embedded backend: a bubblewrap sandbox on this machine, no daemon, no image, no network.
 
-What it covers: the host's ``/usr`` and ``/etc`` read-only; private writable directories for
-``/app``, ``/tmp``, ``/root``, ``/home``, ``/opt``, ``/var``, ``/logs``, ``/tests``,
-``/solution`` and every other top-level path the task's Dockerfile uses; fresh PID, network, IPC
-and UTS namespaces (no network at all, only a private loopback); user namespace (root inside is not
-root outside). The sandbox is one long-lived namespace "keeper" process started with
-``--die-with-parent``: when the termgym process dies, for whatever reason, the kernel kills every
-process in the sandbox. Every command enters the keeper's namespaces with ``nsenter``.
+What it covers:
+- **An unprivileged sandbox.** Root inside is never root outside: when termgym runs as root, the
+  sandbox's root is a dedicated unprivileged host uid (one of ``SANDBOX_UID_COUNT`` from
+  ``SANDBOX_UID_BASE``, ``TERMGYM_SANDBOX_UID_BASE`` overrides); otherwise it is the user running
+  termgym. The host's ``/usr`` and ``/etc`` are read-only binds that cannot be remounted (they are
+  locked to the user namespace that made them), host files only root may read stay unreadable,
+  ``/proc/sys`` is read-only, the root directory is read-only, and no nested user namespace can be
+  made. Commands entered later get Docker's default capabilities in the sandbox's namespaces, not
+  all of them, and every host program termgym runs is found by absolute path in root-owned system
+  directories (``termgym.sandboxes.tools``). The same holds when termgym does not run as root.
+- **Limits.** Memory (no swap), processes (``PIDS_LIMIT``) and CPU through cgroups
+  (``termgym.sandboxes.limits``, v2 or v1); storage as a file system of the task's size holding
+  every writable directory (``termgym.sandboxes.storage``; root only), else a per-file size limit.
+  A limit that cannot be enforced here is a warning in the record, and so is a limit reached.
+- **Private writable directories** for ``/app``, ``/tmp``, ``/root``, ``/home``, ``/opt``, ``/var``,
+  ``/logs``, ``/tests``, ``/solution`` and every other top-level path the task's Dockerfile uses;
+  fresh PID, network, IPC and UTS namespaces (no network at all, only a private loopback), a 64 MB
+  ``/dev/shm``. The sandbox is one long-lived namespace "keeper" process started with
+  ``--die-with-parent``: when the termgym process dies, for whatever reason, the kernel kills every
+  process in the sandbox. Every command enters the keeper's namespaces with ``nsenter``.
 
 Killing the agent's processes restarts the keeper: the kernel kills every process of a PID
 namespace when its first process dies, so nothing survives, whatever it forked or however it
-detached. The files stay, since they live in host directories.
+detached (with cgroups, their process list confirms it). The files stay, since they live outside.
 
-What it does not cover: CPU, memory, process-count and disk limits are not enforced (use
-``--backend docker``); the environment is prepared by running the Dockerfile's ``WORKDIR``,
-``ENV``, ``COPY``/``ADD`` and ``RUN`` steps against the host's tools, so a ``RUN`` that needs
-packages the host lacks fails and says to use ``--backend docker``; ``FROM`` is ignored.
+What it does not cover: a seccomp filter (the sandbox can make any system call its capabilities
+allow, so a kernel bug is an escape; use ``--backend docker``); the environment is prepared by
+running the Dockerfile's ``WORKDIR``, ``ENV``, ``COPY``/``ADD`` and ``RUN`` steps against the host's
+tools, so a ``RUN`` that needs packages the host lacks fails and says to use ``--backend docker``;
+``FROM`` is ignored. Host files others may read (``/etc/passwd``, the host's programs) are visible,
+owned by ``nobody`` as the sandbox sees them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
+import secrets
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 import uuid
@@ -34,10 +52,13 @@ from pathlib import Path
 
 from termgym.aio import cancel_and_wait, uninterrupted, wait_for
 from termgym.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
-from termgym.errors import BackendUnavailable, EnvironmentBuildError, SandboxError
+from termgym.errors import BackendUnavailable, EnvironmentBuildError, SandboxBroken, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.sandboxes.limits import SandboxCgroup, remove_stale
 from termgym.sandboxes.prepare import prepare_environment
+from termgym.sandboxes.storage import SizedFilesystem, is_mounted, unmount_sync
+from termgym.sandboxes.tools import host_tool
 
 BASE_WRITABLE = ("app", "tmp", "root", "home", "opt", "srv", "mnt", "var", "run", "logs", "tests", "solution")
 HOST_READONLY = ("usr", "etc", "bin", "lib", "lib64", "sbin", "proc", "dev", "sys")
@@ -45,6 +66,18 @@ KEEPER_START_TIMEOUT = 10.0
 # The whole environment of bwrap and nsenter: nothing of this process's environment follows them into
 # the sandbox (an LD_PRELOAD of a host library, as vLLM's import sets, breaks the loader in there).
 HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+SANDBOX_UID_BASE = 2_000_000_000
+SANDBOX_UID_COUNT = 65536
+# Docker's default capability set: what root in a container may do, without mounts, tracing,
+# module loading or raw devices. Commands entered into the sandbox keep only these.
+COMMAND_CAPABILITIES = (
+    "chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap", "net_bind_service",
+    "net_raw", "sys_chroot", "mknod", "audit_write", "setfcap",
+)  # fmt: skip
+SHM_BYTES = 64 << 20
+# Joins the cgroups named before "--" (each a cgroup.procs file), then runs the rest: a process is
+# in the sandbox's cgroups before it starts, so nothing it forks escapes them.
+_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 
 
 def sandbox_root_dir() -> Path:
@@ -52,9 +85,57 @@ def sandbox_root_dir() -> Path:
     return Path(os.environ.get("TERMGYM_SANDBOX_DIR") or Path(tempfile.gettempdir()) / "termgym")
 
 
+def sandbox_uid() -> int | None:
+    """A fresh unprivileged host uid for a sandbox's root when termgym runs as root; None otherwise
+    (the sandbox's root is then the user running termgym)."""
+    if os.geteuid() != 0:
+        return None
+    base = int(os.environ.get("TERMGYM_SANDBOX_UID_BASE") or SANDBOX_UID_BASE)
+    return base + secrets.randbelow(SANDBOX_UID_COUNT)
+
+
 def require_tools() -> None:
-    if shutil.which("bwrap") is None or shutil.which("nsenter") is None:
-        raise BackendUnavailable("the embedded backend needs bubblewrap and nsenter: apt-get install bubblewrap util-linux")
+    """``BackendUnavailable`` (one line, saying what to do) unless bubblewrap, nsenter and setpriv
+    are here and a sandbox can be made whose root is an unprivileged user."""
+    for name in ("bwrap", "nsenter", "setpriv", "timeout", "env", "sh"):
+        host_tool(name)
+    if not host_tool("setpriv").startswith("/usr/"):
+        raise BackendUnavailable(f"{host_tool('setpriv')} is outside /usr, which is all of the host a sandbox sees")
+    _probe_user_namespaces()
+
+
+@functools.cache
+def _require_searchable(root: Path) -> None:
+    """The sandbox's unprivileged user opens its directories (bubblewrap binds them as that user):
+    every directory down to ``root`` must be searchable by others."""
+    for directory in [root, *root.parents]:
+        if not directory.stat().st_mode & 0o001:
+            raise BackendUnavailable(
+                f"{directory} is not searchable by other users, so a sandbox's unprivileged user cannot reach "
+                f"{root}; set TERMGYM_SANDBOX_DIR to a directory under /tmp, or chmod o+x {directory}"
+            )
+
+
+@functools.cache
+def _bwrap_supports(option: str) -> bool:
+    result = subprocess.run([host_tool("bwrap"), "--help"], capture_output=True, text=True, env=HOST_ENV)
+    return option in result.stdout
+
+
+@functools.cache
+def _probe_user_namespaces() -> None:
+    """Once per process: can an unprivileged sandbox be made here?"""
+    uid = sandbox_uid()
+    argv = [host_tool("bwrap"), "--unshare-user", "--uid", "0", "--gid", "0", "--ro-bind", "/", "/", "--", "/bin/true"]
+    if uid is not None:
+        argv = [host_tool("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]
+    result = subprocess.run(argv, capture_output=True, text=True, env=HOST_ENV)
+    if result.returncode != 0:
+        why = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BackendUnavailable(
+            f"the embedded backend runs each sandbox as an unprivileged user, which needs unprivileged user namespaces "
+            f"({why}); enable them (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0) or use --backend docker"
+        )
 
 
 def writable_roots(plan: EnvironmentPlan | None) -> list[str]:
@@ -83,6 +164,10 @@ class LocalSandbox(Sandbox):
         self._keeper: asyncio.subprocess.Process | None = None
         self._keeper_pid: int | None = None  # host pid of the namespace's first process
         self._channels: list[_LocalChannel] = []
+        self._uid: int | None = None  # the sandbox's root on the host; None: this process's user
+        self._cgroup: SandboxCgroup | None = None
+        self._storage: SizedFilesystem | None = None
+        self._file_size_limit: int | None = None  # bytes a file, where no sized file system is mounted
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -92,12 +177,16 @@ class LocalSandbox(Sandbox):
         self._roots = writable_roots(plan)
         root = sandbox_root_dir()
         root.mkdir(parents=True, exist_ok=True)
+        self._uid = sandbox_uid()
+        if self._uid is not None:
+            _require_searchable(root.resolve())
         self._dir = Path(tempfile.mkdtemp(prefix=f"tg-{_slug(self.spec.name)}-", dir=root))
-        for name in self._roots:
-            (self._dir / "fs" / name).mkdir(parents=True)
-        (self._dir / "fs" / "var" / "tmp").mkdir()
+        self._dir.chmod(0o711)  # the sandbox's user must reach its directories; nobody may list them
         labels = {"termgym": "1", **dict(self.spec.labels), "termgym.task": self.spec.name}
         (self._dir / "labels.json").write_text(json.dumps(labels))
+        await self._make_file_system()
+        self._cgroup, warnings = SandboxCgroup.create(f"termgym-{self._dir.name}", self.spec.resources)
+        self.warnings += warnings
         if self.spec.network:
             self.warnings.append("the task asks for network; the embedded backend has none (use --backend docker)")
         await self._start_keeper()
@@ -107,12 +196,44 @@ class LocalSandbox(Sandbox):
                 self.warnings.append(f"USER {plan.user} ignored: the embedded backend runs as root")
             await prepare_environment(self, plan, self.spec)
 
+    async def _make_file_system(self) -> None:
+        """The sandbox's writable directories, on a file system of the task's storage size where
+        this host allows it, owned by the sandbox's user."""
+        assert self._dir is not None
+        fs = self._dir / "fs"
+        fs.mkdir()
+        size_mb = self.spec.resources.storage_mb
+        try:
+            self._storage = await uninterrupted(
+                SizedFilesystem.create(self._dir / "fs.img", fs, size_mb, self.owner), lambda made: made.remove()
+            )
+        except OSError as exc:
+            self._file_size_limit = size_mb << 20
+            self.warnings.append(f"storage limit enforced per file only ({size_mb} MB a file): {exc}")
+        for path in [*(fs / name for name in self._roots), fs / "var" / "tmp"]:
+            path.mkdir(parents=True, exist_ok=True)
+            os.chown(path, self.owner, self.owner)
+
+    @property
+    def owner(self) -> int:
+        """The host uid (and gid) that is root inside the sandbox."""
+        return self._uid if self._uid is not None else os.getuid()
+
     async def stop(self) -> None:
         for channel in self._channels:
             await channel.close()
         self._channels.clear()
         await self._stop_keeper()
+        if self._cgroup is not None:
+            await self._wait_cgroup_empty()
+            await asyncio.to_thread(self._cgroup.remove)
+            self._cgroup = None
+        if self._storage is not None:
+            await self._storage.remove()
+            self._storage = None
         if self._dir is not None:
+            if is_mounted(self._dir / "fs"):  # a mount made while a cancellation interrupted start()
+                await asyncio.to_thread(unmount_sync, self._dir / "fs")
             await asyncio.to_thread(shutil.rmtree, self._dir, True)
             self._dir = None
 
@@ -121,7 +242,34 @@ class LocalSandbox(Sandbox):
             await channel.close()
         self._channels.clear()
         await self._stop_keeper()
+        if self._cgroup is not None and not await self._wait_cgroup_empty():
+            raise SandboxError("the sandbox's processes did not all end after its keeper was killed")
         await self._start_keeper()
+
+    async def _wait_cgroup_empty(self, timeout: float = 5.0) -> bool:
+        """True once the cgroup holds no process (the kernel reaps a dead namespace's asynchronously)."""
+        assert self._cgroup is not None
+        deadline = time.monotonic() + timeout
+        while self._cgroup.pids():
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(_POLL_SEC)
+        return True
+
+    async def check_alive(self) -> None:
+        if self._keeper_pid is None or not _alive(self._keeper_pid):
+            raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
+
+    async def changed_system_paths(self) -> list[str]:
+        """None, by construction: the system directories are the host's, bound read-only, and the
+        root directory is read-only too."""
+        return []
+
+    async def limit_warnings(self) -> list[str]:
+        warnings = self._cgroup.limit_warnings() if self._cgroup is not None else []
+        if self._storage is not None and self._storage.full():
+            warnings.append(f"the sandbox reached its storage limit ({self._storage.size_mb} MB)")
+        return warnings
 
     def _plan(self) -> EnvironmentPlan | None:
         if self.spec.dockerfile is None:
@@ -138,17 +286,31 @@ class LocalSandbox(Sandbox):
     def _bwrap_argv(self) -> list[str]:
         assert self._dir is not None
         argv = [
-            "bwrap", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
+            host_tool("bwrap"), "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
             "--hostname", "termgym", "--die-with-parent", "--new-session",
             "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc",
             "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
             "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
-            "--proc", "/proc", "--dev", "/dev",
+            "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev",
         ]  # fmt: skip
+        if _bwrap_supports("--disable-userns"):
+            argv.insert(3, "--disable-userns")
+        if _bwrap_supports("--size"):
+            argv += ["--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
         for name in self._roots:
             argv += ["--bind", str(self._dir / "fs" / name), f"/{name}"]
         # The keeper says "ready" once the sandbox is fully set up; commands enter its namespaces.
-        argv += ["--chdir", "/", "--clearenv", "--", "/bin/sh", "-c", "echo ready; exec /bin/sleep infinity"]
+        argv += ["--remount-ro", "/", "--chdir", "/", "--clearenv", "--", "/bin/sh", "-c", "echo ready; exec /bin/sleep infinity"]
+        if self._uid is not None:
+            argv = [host_tool("setpriv"), f"--reuid={self._uid}", f"--regid={self._uid}", "--clear-groups", "--", *argv]
+        return self._on_host(argv)
+
+    def _on_host(self, argv: list[str]) -> list[str]:
+        """``argv`` run in the sandbox's cgroups and under its file size limit, from its first instruction."""
+        if self._file_size_limit is not None:
+            argv = [host_tool("prlimit"), f"--fsize={self._file_size_limit}", "--", *argv]
+        if self._cgroup is not None:
+            argv = [host_tool("sh"), "-c", _JOIN, "sh", *self._cgroup.procs_files, "--", *argv]
         return argv
 
     async def _start_keeper(self) -> None:
@@ -184,13 +346,18 @@ class LocalSandbox(Sandbox):
         self._keeper = None
 
     def _enter_argv(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> list[str]:
+        """``argv`` run in the sandbox as its root, with ``COMMAND_CAPABILITIES`` only, exactly ``env``."""
         if self._keeper_pid is None:
             raise SandboxError("the sandbox is not running")
+        if not _alive(self._keeper_pid):
+            raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
         pairs = [f"{key}={value}" for key, value in env.items()]
-        return [
-            "nsenter", "-t", str(self._keeper_pid), "-U", "-m", "-p", "-n", "-i", "-u", "-r", "-w",
-            "--preserve-credentials", "--", "/usr/bin/env", "-i", "-C", cwd, *pairs, *argv,
-        ]  # fmt: skip
+        capabilities = ",".join(f"+{name}" for name in COMMAND_CAPABILITIES)
+        return self._on_host([
+            host_tool("nsenter"), "-t", str(self._keeper_pid), "-U", "-m", "-p", "-n", "-i", "-u", "-r", "-w", "--",
+            host_tool("setpriv"), "--inh-caps=-all", f"--bounding-set=-all,{capabilities}", "--",
+            "/usr/bin/env", "-i", "-C", cwd, *pairs, *argv,
+        ])  # fmt: skip
 
     # -- commands ----------------------------------------------------------------------------------
 
@@ -227,7 +394,7 @@ class LocalSandbox(Sandbox):
             await _end_entered(process)
         code = process.returncode
         if self._keeper_pid is None or not _alive(self._keeper_pid):
-            raise SandboxError("the sandbox died while a command was running")
+            raise SandboxBroken("every process of the sandbox was killed while a command ran (its keeper is gone)")
         timed_out = code in (124, 137, -9) and time.monotonic() - started >= limit
         return ExecResult(
             exit_code=None if timed_out else code,
@@ -381,11 +548,12 @@ def _children(pid: int) -> list[int]:
 
 
 def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, killed but not yet reaped, is not alive)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    return True
+    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] not in ("Z", "X")
 
 
 async def _read_stderr(process: asyncio.subprocess.Process) -> str:
@@ -400,9 +568,11 @@ def _slug(name: str) -> str:
 
 
 def collect_garbage(root: Path | None = None) -> int:
-    """Remove sandbox directories whose keeper is gone (left by a run that was killed); a sandbox
-    whose keeper still runs belongs to a live run and is kept. Returns how many were removed."""
+    """Remove sandbox directories whose keeper is gone (left by a run that was killed), with their
+    file systems and cgroups; a sandbox whose keeper still runs belongs to a live run and is kept.
+    Returns how many were removed."""
     removed = 0
+    live: set[str] = set()
     for path in sorted((root or sandbox_root_dir()).glob("tg-*")):
         if not (path / "labels.json").exists():
             continue
@@ -411,7 +581,11 @@ def collect_garbage(root: Path | None = None) -> int:
             alive = _alive(pid) and Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap"
         except (OSError, ValueError):
             alive = False
-        if not alive:
-            shutil.rmtree(path, ignore_errors=True)
-            removed += 1
+        if alive:
+            live.add(f"termgym-{path.name}")
+            continue
+        unmount_sync(path / "fs")
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    remove_stale("termgym-tg-", keep=live)
     return removed

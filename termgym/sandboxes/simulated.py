@@ -12,7 +12,9 @@ real time, so a simulated ``run_one`` (a cheaper model of a trial) was not neede
 The shell speaks just enough of ``termgym.shell``'s framing to answer: the ready line, then one
 framed answer per command after that turn's planned time. After the planned turns, the output
 says ``SIM_DONE`` and ``SimulatedAgent`` submits. The verifier (the one ``exec`` of a script under
-``/tests``) exits 0 or 1 as planned, so rewards are binary (report format ``exit-code``). A plan
+``/tests``) exits 0 or 1 as planned, so rewards are binary (report format ``exit-code``); for a task
+that declares the assertion kit's report (``report_format = "ctrf"``), the report read afterwards
+holds its declared number of assertions, all passed or all failed as planned. A plan
 can fail creation (``SandboxError``) or lose the sandbox mid-trial (the shell's stream ends and
 every later call raises ``SandboxGone``), which ``run_trial`` records as ``sandbox_error``.
 
@@ -26,6 +28,7 @@ the loop's clock are the scheduler's to measure.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -39,7 +42,7 @@ from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxS
 from termgym.tasks import Task
 
 SIM_DONE = "[simulated: the agent is done]"
-_COMMAND = re.compile(r"^__tg_run (\S+) ", re.MULTILINE)
+_COMMAND = re.compile(r"^__tg_run [^\n]*\n(\S+)\n", re.MULTILINE)  # the command line, then its nonce
 
 
 class SimulatedBackend:
@@ -62,7 +65,10 @@ class SimulatedBackend:
         spec = SandboxSpec(
             name=task.name, context_dir=None, dockerfile=None, labels={"termgym": "1", "termgym.run": options.run_id or "adhoc"}
         )
-        return SimulatedSandbox(spec, plan_trial(self.model, task.family, self._rng), self, self._ids)
+        sandbox = SimulatedSandbox(spec, plan_trial(self.model, task.family, self._rng), self, self._ids)
+        if task.report_format == "ctrf":
+            sandbox.report_assertions = task.expected_assertions or 1
+        return sandbox
 
     def options(self, run_id: str = "") -> EnvOptions:
         """Env options under which no planned turn hits a turn budget or a timeout."""
@@ -86,6 +92,7 @@ class SimulatedSandbox(Sandbox):
         self._alive = False
         self.lost = False
         self.turns_done = 0
+        self.report_assertions = 0  # assertions in a simulated ctrf.json; 0: the verifier writes no report
         self._shells: list[_SimulatedShell] = []
 
     async def start(self) -> None:
@@ -128,7 +135,16 @@ class SimulatedSandbox(Sandbox):
                 return ExecResult(None, b"", timed_out=True)
             await asyncio.sleep(self.plan.verify_seconds)
             return ExecResult(0 if self.plan.resolved else 1, b"")
+        if self.report_assertions and any("cd /logs/verifier" in word for word in argv):  # the reports are read
+            return ExecResult(0, self._report())
         return ExecResult(0, b"")
+
+    def _report(self) -> bytes:
+        """The report stream (``name NUL size NUL bytes``) of a ctrf.json with the planned outcome."""
+        status = "passed" if self.plan.resolved else "failed"
+        tests = [{"name": f"simulated {i + 1}", "status": status} for i in range(self.report_assertions)]
+        data = json.dumps({"results": {"tests": tests}}).encode()
+        return b"ctrf.json\0" + str(len(data)).encode() + b"\0" + data
 
     async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
         self._check()

@@ -509,9 +509,9 @@ class FakeDaytona:
             return _error(400, "command cannot be empty", toolbox=request)
         command_id = str(uuid.uuid4())
         inner = f"{SESSIONS_DIR}/{session.id}/{command_id}"
-        host = _host_path(sandbox.local, inner)
-        host.mkdir(parents=True)
+        host = _make_host_dir(sandbox.local, inner)
         (host / "output").touch()
+        os.chown(host / "output", sandbox.local.owner, sandbox.local.owner)
         command = FakeCommand(command_id, body["command"], inner, host, bool(body.get("suppressInputEcho")))
         session.commands[command_id] = command
         keeper = "sleep infinity > \"$d/input\""
@@ -588,9 +588,9 @@ class FakeDaytona:
         if not data.endswith("\n"):
             data += "\n"  # the daemon ensures a newline, for commands like `read`
         try:
-            fd = os.open(command.host_dir / "input", os.O_WRONLY | os.O_NONBLOCK)
+            fd = os.open(command.host_dir / "input", os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except OSError as exc:  # no FIFO yet, or nobody reading it yet
-            if exc.errno not in (errno.ENOENT, errno.ENXIO):
+            if exc.errno not in (errno.ENOENT, errno.ENXIO, errno.ELOOP):
                 raise
             return _error(500, f"failed to open input pipe: {exc.strerror}", toolbox=request)
         try:
@@ -603,7 +603,7 @@ class FakeDaytona:
         finally:
             os.close(fd)
         if not command.suppress_echo:
-            with open(command.host_dir / "output", "ab") as handle:
+            with open(os.open(command.host_dir / "output", os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW), "ab") as handle:
                 handle.write(data.encode())
         return web.Response(status=204)
 
@@ -657,10 +657,22 @@ class FakeDaytona:
         return response
 
 
-def _host_path(local: LocalSandbox, inner: str) -> Path:
+def _make_host_dir(local: LocalSandbox, inner: str) -> Path:
+    """Make directory ``inner`` of the sandbox from the host, as the daemon (root in the sandbox)
+    would: each level owned by the sandbox's root, and never through a symlink the sandbox made
+    (which the host would follow out of the sandbox)."""
     assert local.host_dir is not None
-    top, _, rest = inner.strip("/").partition("/")
-    return local.host_dir / "fs" / top / rest
+    path = local.host_dir / "fs"
+    for part in inner.strip("/").split("/"):
+        path = path / part
+        try:
+            os.mkdir(path)
+            os.chown(path, local.owner, local.owner)
+        except FileExistsError:
+            pass
+        if path.is_symlink() or not path.is_dir():
+            raise SandboxError(f"{inner}: {path.name} is not a directory the daemon made")
+    return path
 
 
 def _error(status: int, message: str, *, headers: dict[str, str] | None = None, toolbox: web.Request | None = None) -> web.Response:

@@ -233,23 +233,21 @@ async def test_used_up_pids_limit_still_verifies(tmp_path, backend, no_leaks):
     assert not pids_matching("sleep 1000")
 
 
-async def test_killer_that_cannot_start_falls_back_to_a_restart(task_dir, backend, no_leaks, monkeypatch):
-    """When the engine cannot start the in-container killer (as under a racing fork bomb, "OCI
-    runtime exec failed"), the container is restarted: processes gone, files kept, verified."""
-    from termgym.sandboxes import docker as docker_backend
-
-    real = docker_backend._exec_blocking
-
-    def killer_fails(client, container, command, cwd, capture):
-        if command[-1] == docker_backend.KILL_ALL:
-            capture.feed(b"OCI runtime exec failed: exec failed: unable to start container process")
-            return 126
-        return real(client, container, command, cwd, capture)
-
-    monkeypatch.setattr(docker_backend, "_exec_blocking", killer_fails)
-    record = await run_trial(
-        load_task(task_dir), ScriptedAgent(("echo done > /app/result.txt; sleep 100008 &",)), EnvOptions(backend="docker")
-    )
+async def test_ending_the_agents_processes_spares_nothing_not_even_the_init(tmp_path, backend, no_leaks):
+    """Before verification the container is restarted: the verifier sees a new PID 1 (the old kill
+    loop spared it and its keeper, which a root process could rewrite), the agent's detached
+    process is gone, and the files it wrote are graded."""
+    test_sh = textwrap.dedent(f"""\
+        #!/bin/sh
+        {KIT_SOURCE}
+        tg_check "result exists" test -f /app/result.txt
+        tg_check_sh "a new init" '[ "$(cut -d" " -f22 /proc/1/stat)" != "$(cat /app/init-start)" ]'
+        tg_check_sh "no agent process" '! grep -qs "1000[0]8" /proc/[0-9]*/cmdline'
+        tg_finish
+        """)
+    task = write_task(tmp_path, test_sh=test_sh)
+    agent = ScriptedAgent(("echo done > /app/result.txt; cut -d' ' -f22 /proc/1/stat > /app/init-start; (setsid sleep 100008 &)",))
+    record = await run_trial(load_task(task), agent, EnvOptions(backend="docker"))
     assert record.error is None and record.resolved, record
     assert not pids_matching("sleep 100008")
 

@@ -205,3 +205,19 @@ def test_content_copied_in_the_sandbox_is_a_flag_not_a_reject():
 
 def kinds_of(items) -> list[str]:
     return [item.kind for item in items]
+
+
+def test_an_audited_count_holds_a_task_that_declares_none(tmp_path):
+    from dataclasses import replace
+
+    from termgym.audit import Verdict, with_audited_count
+    from termgym.tasks import load_task
+    from tests.conftest import write_task
+
+    verdict = Verdict(task="demo", scores={}, score=1.0, rejects=[], accepted=True, checks={"assertions": "7/20"})
+    task = load_task(write_task(tmp_path))
+    assert verdict.assertions == 7 and with_audited_count(task, verdict).expected_assertions == 7
+    declared = replace(task, expected_assertions=3)
+    assert with_audited_count(declared, verdict).expected_assertions == 3  # a declaration wins
+    unknown = Verdict(task="demo", scores={}, score=0.0, rejects=[], accepted=False, checks={"assertions": "0/20"})
+    assert unknown.assertions is None and with_audited_count(task, unknown) is task

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from termgym.records import read_records
-from tests.conftest import write_task
+from termgym import audit_runner, cli, sandboxes
+from termgym.audit import Reject, Verdict
+from termgym.records import TrialRecord, read_records
+from tests.conftest import KIT_SOURCE, write_task
 
 
 def termgym(*args: str, stdin: str | None = None, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -142,3 +146,116 @@ def test_bad_scheduler_options_are_one_line_and_exit_2(task_dir, args):
 def test_list_shows_bundled_tasks():
     result = termgym("list")
     assert result.returncode == 0 and "file-ops/bulk-rename" in result.stdout
+
+
+# -- text from tasks, sandboxes and verifiers is printed as text, without terminal controls ---------
+
+ESC = "\x1b"
+MARKUP_NAMES_TEST_SH = textwrap.dedent(f"""\
+    #!/bin/sh
+    {KIT_SOURCE}
+    tg_check "x[/bold]" true
+    tg_check "[red]not red[/red] [/]" true
+    tg_finish
+    """)
+# The kit drops control characters from names: this verifier writes its own report.
+ESCAPE_NAMES_TEST_SH = """#!/bin/sh
+mkdir -p /logs/verifier
+cat > /logs/verifier/ctrf.json <<'EOF'
+{"results":{"tests":[{"name":"\\u001b]0;pwned\\u0007title kept","status":"passed"},
+{"name":"\\u001b]52;c;cm0gLXJmIH4=\\u0007\\u001b[2Jscreen kept\\u001b[0m","status":"passed"},
+{"name":"x[/bold]\\u009b2J\\r\\b","status":"failed"}]}}
+EOF
+"""
+
+
+@pytest.fixture
+def colorless(monkeypatch):
+    """Rich writes no style of its own: every ESC in the output would come from the task."""
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(cli, "out", Console(highlight=False, width=160, color_system=None))
+    monkeypatch.setattr(cli, "err", Console(stderr=True, highlight=False, width=160, color_system=None))
+
+
+def assert_no_terminal_controls(*texts: str) -> None:
+    for text in texts:
+        assert ESC not in text and "\x07" not in text and "\x9b" not in text and "\r" not in text, repr(text)
+        assert "Traceback" not in text
+
+
+@pytest.mark.parametrize(
+    ("test_sh", "shown"),
+    [
+        (MARKUP_NAMES_TEST_SH, ["x[/bold]", "[red]not red[/red] [/]"]),
+        (ESCAPE_NAMES_TEST_SH, ["title kept", "screen kept", "x[/bold]2J"]),
+    ],
+    ids=["markup", "escapes"],
+)
+def test_check_prints_assertion_names_as_text(tmp_path, no_leaks, colorless, test_sh, shown):
+    task_dir = write_task(tmp_path, test_sh=test_sh)
+    with open(task_dir / "task.toml", "a") as toml:  # a task name that is markup too
+        toml.write('[task]\nname = "[/bold]evil \\u001b]0;pwned\\u0007"\n')
+    result = termgym("check", str(task_dir))
+    assert result.returncode == 0, result.stderr
+    assert_no_terminal_controls(result.stdout, result.stderr)
+    for name in shown:
+        assert name in result.stdout
+    assert "[/bold]evil" in result.stdout and "pwned" not in result.stdout and "cm0g" not in result.stdout
+
+
+def test_shell_prints_the_sandbox_as_text(tmp_path, no_leaks, colorless):
+    task_dir = write_task(tmp_path, instruction="Do [bold]this[/] \x1b]0;pwned\x07\x1b[2Jnow.")
+    with open(task_dir / "task.toml", "a") as toml:
+        toml.write('[task]\nname = "x[/bold]"\n')
+    script = (
+        "printf 'out \\033]52;c;cm0gLXJmIH4=\\007\\033[2J[/bold] done\\r\\n'\n"
+        "mkdir -p \"$(printf '/tmp/d\\033[2J')\" && cd \"$(printf '/tmp/d\\033[2J')\"\n"  # the prompt shows the cwd
+        "echo done > /app/result.txt\n:submit\n"
+    )
+    result = termgym("shell", str(task_dir), stdin=script)
+    assert result.returncode == 0, result.stderr
+    assert_no_terminal_controls(result.stdout, result.stderr)
+    assert "x[/bold]" in result.stdout and "Do [bold]this[/] now." in result.stdout
+    assert "out [/bold] done\n" in result.stdout and "/tmp/d$ " in result.stdout and "2/2 assertions" in result.stdout
+
+
+def test_one_line_errors_carry_no_terminal_controls(colorless):
+    result = termgym("check", "/no/such/\x1b]0;pwned\x07task\x1b[2J")
+    assert result.returncode == 2
+    assert_no_terminal_controls(one_line_error(result))
+    assert "/no/such/task" in result.stderr
+
+
+def test_records_and_summaries_print_untrusted_text_as_text(colorless, capsys):
+    record = TrialRecord(task="t[/bold]\x1b]0;pwned\x07", backend="local", agent="oracle", reward=0.0)
+    record.assertions = [{"name": "a[/red]\x1b[2J", "passed": False}]
+    record.total, record.report_format = 1, "ctrf"
+    record.error = {"kind": "verifier_error", "message": "bad [/] report\x1b]52;c;eA==\x07 [bold]x\r\n"}
+    cli.print_record(record)
+    cli.print_summary([record])
+    printed = capsys.readouterr()
+    assert_no_terminal_controls(printed.out, printed.err)
+    assert "t[/bold] · agent oracle" in printed.out and "a[/red]" in printed.out
+    assert "error verifier_error: bad [/] report [bold]x" in printed.out
+    assert printed.out.count("t[/bold]") == 2  # the header and the summary table
+
+
+def test_audit_table_prints_untrusted_text_as_text(tmp_path, colorless, capsys, monkeypatch):
+    verdict = Verdict(
+        task="v[/bold]\x1b]0;pwned\x07", scores={}, score=0.25, accepted=False,
+        rejects=[Reject("test_leakage", "tests/x[/red] \x1b[2Jis in the build context")],
+        checks={"oracle": "3/3", "leakage": "tests/x[/red]\x1b[2J"},
+        flags=[Reject("odd\x1b[31m[/]", "why")],
+    )  # fmt: skip
+
+    async def audit_tasks(tasks, options, **kwargs):
+        return [verdict]
+
+    monkeypatch.setattr(sandboxes, "preflight", lambda backend: None)
+    monkeypatch.setattr(audit_runner, "audit_tasks", audit_tasks)
+    assert cli.main(["audit", str(write_task(tmp_path))]) == 0
+    printed = capsys.readouterr()
+    assert_no_terminal_controls(printed.out, printed.err)
+    assert "v[/bold]" in printed.out and "reject test_leakage: tests/x[/red] is in the build context" in printed.out
+    assert "odd[/]" in printed.out

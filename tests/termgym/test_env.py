@@ -11,6 +11,7 @@ import termgym
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.errors import EpisodeError
 from termgym.tasks import load_task
+from termgym.trial import ScriptedAgent, run_trial
 
 
 async def test_reset_step_submit_gives_dense_reward(task_dir, no_leaks):
@@ -104,3 +105,25 @@ async def test_exception_inside_async_with_removes_the_sandbox(task_dir, no_leak
 def test_options_are_validated(task_dir):
     with pytest.raises(ValueError):
         termgym.make(str(task_dir), max_turns=0)
+
+
+async def test_a_separate_verifier_gets_only_the_declared_artifacts_in_a_fresh_sandbox(tmp_path, no_leaks):
+    import textwrap
+
+    from tests.conftest import KIT_SOURCE, write_task
+
+    test_sh = textwrap.dedent(f"""\
+        #!/bin/sh
+        {KIT_SOURCE}
+        tg_check_sh "the declared artifact" 'grep -qx done /app/result.txt'
+        tg_check_sh "the logs artifacts" 'grep -qx plot /logs/artifacts/plot.txt'
+        tg_check_sh "nothing else of the agent's" '[ ! -e /app/other.txt ] && [ ! -e /tmp/scratch ] && [ ! -e /app/link ]'
+        tg_finish
+        """)
+    task = load_task(write_task(tmp_path, test_sh=test_sh, verifier_toml='environment_mode = "separate"',
+                                top_toml='artifacts = ["/app/result.txt", "/app/link"]'))  # fmt: skip
+    commands = ("echo done > /app/result.txt; echo x > /app/other.txt; touch /tmp/scratch; ln -s /etc/passwd /app/link",
+                "mkdir -p /logs/artifacts && echo plot > /logs/artifacts/plot.txt")  # fmt: skip
+    record = await run_trial(task, ScriptedAgent(commands), EnvOptions())
+    assert record.resolved and record.total == 3, record.assertions
+    assert any("1 artifact entries were not carried over" in w for w in record.warnings), record.warnings

@@ -373,3 +373,16 @@ async def test_a_create_is_never_paced_twice(self_paced, granted):
         await sandbox.start()
         assert inner.started
     assert pacer.granted == granted
+
+
+def test_the_paced_sandbox_forwards_every_coroutine_of_the_contract():
+    """A method the wrapper does not forward would silently fall back to the base default (no
+    liveness check, no tamper list, no limit warnings) for every scheduled trial."""
+    import inspect
+
+    from termgym.sandboxes.base import Sandbox
+    from termgym.scheduler import PacedSandbox
+
+    contract = {name for name, member in inspect.getmembers(Sandbox) if inspect.iscoroutinefunction(member) and not name.startswith("_")}
+    forwarded = {name for name in contract if name in vars(PacedSandbox)}
+    assert contract - {"upload_files"} <= forwarded, sorted(contract - forwarded)

@@ -128,7 +128,8 @@ def test_a_simulated_trial_runs_its_plan_through_the_real_env(bundled_tasks):
     record, elapsed = simclock.run(main())
     plan = plan_trial(replace(BUNDLED, failure_rate=0.0, loss_rate=0.0), bundled_tasks[0].family, random.Random(5))
     assert record.error is None and record.turns == plan.turns and record.resolved == plan.resolved
-    assert record.report_format == "exit-code"
+    assert record.report_format == ("ctrf" if bundled_tasks[0].report_format == "ctrf" else "exit-code")
+    assert record.total == (bundled_tasks[0].expected_assertions or 1)
     expected = plan.create_seconds + plan.agent_seconds + plan.verify_seconds + plan.release_seconds
     assert elapsed == pytest.approx(expected, rel=1e-6, abs=1e-3)
 

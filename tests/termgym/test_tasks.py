@@ -163,7 +163,7 @@ HARBOR_FIELD_CASES = [
     ("legacy-memory-G", '[environment]\nmemory = "2G"', "resources", Resources(memory_mb=2048)),
     ("legacy-memory-M", '[environment]\nmemory = "512M"', "resources", Resources(memory_mb=512)),
     ("legacy-memory-fraction", '[environment]\nmemory = "1.5g"', "resources", Resources(memory_mb=1536)),
-    ("legacy-memory-K", '[environment]\nmemory = "4096K"', "resources", Resources(memory_mb=4)),
+    ("legacy-memory-K", '[environment]\nmemory = "8192K"', "resources", Resources(memory_mb=8)),
     ("legacy-memory-GB", '[environment]\nmemory = "4GB"', "resources", Resources(memory_mb=4096)),
     ("legacy-storage-T", '[environment]\nstorage = "1T"', "resources", Resources(storage_mb=1024 * 1024)),
     ("legacy-storage-10G", '[environment]\nstorage = "10G"', "resources", Resources(storage_mb=10240)),
@@ -184,6 +184,15 @@ HARBOR_FIELD_CASES = [
     ("env-host-plain", '[verifier.env]\nA = "${TG_TEST_SET_VAR}"', "verifier_env", {"A": "from-host"}),
     ("env-not-whole-template-is-literal", '[verifier.env]\nA = "x-${TG_TEST_SET_VAR}"', "verifier_env", {"A": "x-${TG_TEST_SET_VAR}"}),
     ("unknown-keys-ignored", "future_key = 1\n[agent]\nuser = \"agent\"\n[steps]\nx = 1", "agent_timeout_sec", 900.0),
+    ("report-format", '[verifier]\nreport_format = "ctrf"', "report_format", "ctrf"),
+    ("report-format-default", "", "report_format", None),
+    ("assertions", "[verifier]\nassertions = 7", "expected_assertions", 7),
+    ("assertions-default", "", "expected_assertions", None),
+    ("verifier-mode-default", "", "verifier_mode", "shared"),
+    ("verifier-mode-separate", '[verifier]\nenvironment_mode = "separate"', "verifier_mode", "separate"),
+    ("artifacts-paths-and-tables", 'artifacts = ["/app/out.txt", { source = "/data/results/", destination = "r" }]\n',
+     "artifacts", ("/app/out.txt", "/data/results")),
+    ("resources-at-the-engine-bounds", "[environment]\ncpus = 0.01\nmemory_mb = 6\nstorage_mb = 1", "resources", Resources(0.01, 6, 1)),
 ]
 
 
@@ -266,6 +275,22 @@ HARBOR_TOML_ERRORS = [
     ("workdir-relative", '[environment]\nworkdir = "app"', ["[environment].workdir must be an absolute path, got 'app'"]),
     ("schema-version-float", "schema_version = 1.1", ["schema_version must be a string, got 1.1"]),
     ("version-int", "version = 1", ["version must be a string, got 1"]),
+    ("report-format-unknown", '[verifier]\nreport_format = "xml"', ["[verifier].report_format must be one of", "'xml'"]),
+    ("assertions-zero", "[verifier]\nassertions = 0", ["[verifier].assertions must be a positive integer, got 0"]),
+    ("assertions-string", '[verifier]\nassertions = "5"', ["[verifier].assertions must be a positive integer"]),
+    ("verifier-mode-unknown", '[verifier]\nenvironment_mode = "fresh"', ["[verifier].environment_mode must be one of"]),
+    ("verifier-environment-table", '[verifier]\nenvironment_mode = "separate"\n[verifier.environment]\ndocker_image = "x"',
+     ["[verifier.environment] (a separate grading image) is not supported yet"]),
+    ("artifacts-relative", 'artifacts = ["app/out.txt"]', ["each artifact must be an absolute path"]),
+    ("artifacts-dotdot", 'artifacts = ["/app/../etc"]', ["each artifact must be an absolute path"]),
+    ("artifacts-root", 'artifacts = ["/"]', ["each artifact must be an absolute path"]),
+    ("artifacts-not-list", 'artifacts = "/app"', ["artifacts must be a list of paths"]),
+    # values no container engine accepts: an invalid task, never a retried sandbox fault
+    ("cpus-absurd", "[environment]\ncpus = 1e12", ["[environment].cpus = 1e+12 is outside what a container engine accepts"]),
+    ("cpus-tiny", "[environment]\ncpus = 0.001", ["[environment].cpus = 0.001 is outside what a container engine accepts"]),
+    ("memory-absurd", "[environment]\nmemory_mb = 1000000000000000", ["[environment].memory_mb = 1e+15 is outside"]),
+    ("memory-below-docker-minimum", "[environment]\nmemory_mb = 4", ["[environment].memory_mb = 4 is outside", "(6 to"]),
+    ("storage-absurd", '[environment]\nstorage = "100000000T"', ["[environment].storage_mb", "is outside"]),
 ]
 
 

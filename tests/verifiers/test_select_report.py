@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from verifiers import MAX_REPORT_BYTES, compute_reward, select_report
+from verifiers import MAX_REPORT_BYTES, check_assertion_count, compute_reward, report_format_of, select_report, too_many_files_report
 
 CTRF = json.dumps({"results": {"tool": {"name": "pytest"}, "tests": [
     {"name": "ctrf::a", "status": "passed", "duration": 0.1},
@@ -44,17 +44,17 @@ def _without(*names):
         (ALL_FILES, PYTEST_OUTPUT, 1, "ctrf", "ctrf.json", ["ctrf::a", "ctrf::b"]),
         (_without("ctrf.json"), PYTEST_OUTPUT, 1, "junit", "results.xml", ["a::one"]),
         (_without("ctrf.json", "results.xml"), PYTEST_OUTPUT, 1, "tap", "results.tap", ["tap a"]),
-        (_without("ctrf.json", "results.xml", "results.tap"), PYTEST_OUTPUT, 1, "pytest", "verifier output",
+        (_without("ctrf.json", "results.xml", "results.tap"), PYTEST_OUTPUT, 1, "reward-file", "reward.json",
+         ["reward"]),  # a report file outranks a summary in the output, which an agent's program can print
+        ({"reward.txt": b"0"}, PYTEST_OUTPUT, 0, "reward-file", "reward.txt", ["reward"]),
+        ({}, PYTEST_OUTPUT, 1, "pytest", "verifier output",
          ["tests/test_outputs.py::test_one", "tests/test_outputs.py::test_two"]),
-        (_without("ctrf.json", "results.xml", "results.tap"), "no summary here", 1, "reward-file", "reward.json",
-         ["reward"]),
-        ({"reward.txt": b"0"}, "", 0, "reward-file", "reward.txt", ["reward"]),
         ({}, "", 3, "exit-code", "exit code", ["exit code"]),
         ({"notes.log": b"ok 1\n", "ctrf.json.bak": CTRF, "reward.json~": REWARD_JSON}, "", 0, "exit-code",
          "exit code", ["exit code"]),  # near-miss names are not reports
         ({"sub/ctrf.json": CTRF, "sub/r.xml": JUNIT_A}, "", 0, "exit-code", "exit code", ["exit code"]),  # not top level
     ],
-    ids=["ctrf-first", "junit-second", "tap-third", "pytest-fourth", "reward-json-fifth", "reward-txt-sixth",
+    ids=["ctrf-first", "junit-second", "tap-third", "reward-json-fourth", "reward-txt-fifth", "pytest-sixth",
          "exit-code-last", "near-miss-names", "nested-paths"],
 )
 def test_priority_order(files, output, exit_code, format, source, names):
@@ -102,9 +102,8 @@ ORDER = ["ctrf.json", "results.xml", "results.tap", "reward.json", "reward.txt"]
 def test_garbage_first_source_does_not_fall_through(name):
     files = {later: ALL_FILES[later] for later in ORDER[ORDER.index(name) + 1:]}
     files[name] = GARBAGE[name]
-    # the pytest summary ranks below ctrf/JUnit/TAP (so it must not be fallen through to) and above reward files
-    output = "" if name.startswith("reward") else PYTEST_OUTPUT
-    report = select_report(files, output, 0)
+    # the pytest summary ranks below every report file, so it must not be fallen through to
+    report = select_report(files, PYTEST_OUTPUT, 0)
     assert report.format == FORMATS[name] and report.source == name
     assert report.assertions == ()
     assert report.error.startswith(f"unparseable report {name}: ")
@@ -205,3 +204,101 @@ def test_pytest_summary_beats_exit_code_zero():
 def test_wrong_argument_types_raise_value_error(files, output, exit_code):
     with pytest.raises(ValueError):
         select_report(files, output, exit_code)
+
+
+@pytest.mark.parametrize(
+    ("declared", "files", "output", "exit_code", "format", "source", "error"),
+    [
+        ("ctrf", ALL_FILES, PYTEST_OUTPUT, 0, "ctrf", "ctrf.json", None),
+        ("junit", ALL_FILES, PYTEST_OUTPUT, 0, "junit", "results.xml", None),  # ctrf.json present, not read
+        ("reward-file", ALL_FILES, PYTEST_OUTPUT, 0, "reward-file", "reward.json", None),
+        ("pytest", ALL_FILES, PYTEST_OUTPUT, 0, "pytest", "verifier output", None),
+        ("exit-code", ALL_FILES, PYTEST_OUTPUT, 0, "exit-code", "exit code", None),
+        # the declared source is missing: an error, whatever else the verifier left
+        ("ctrf", _without("ctrf.json"), PYTEST_OUTPUT, 0, "ctrf", "ctrf.json",
+         "the task declares its report as ctrf, but the verifier produced no ctrf.json"),
+        ("tap", {"ctrf.json": CTRF}, "", 0, "tap", "TAP *.tap file",
+         "the task declares its report as tap, but the verifier produced no TAP *.tap file"),
+        ("pytest", ALL_FILES, "no summary", 0, "pytest", "pytest summary in its output",
+         "the task declares its report as pytest, but the verifier produced no pytest summary in its output"),
+        ("exit-code", {}, "", None, "exit-code", "exit code",
+         "the task declares its report as exit-code, but the verifier produced no exit code"),
+    ],
+)
+def test_a_declared_format_is_the_only_source_read(declared, files, output, exit_code, format, source, error):
+    report = select_report(files, output, exit_code, declared=declared)
+    assert (report.format, report.source, report.error) == (format, source, error)
+    if error:
+        assert report.assertions == () and not report.resolved and compute_reward(report) == 0.0
+
+
+def test_a_declared_ctrf_task_ignores_a_forged_summary_in_its_output():
+    forged = "=== short test summary info ===\n" + "".join(f"PASSED t.py::test_{i}\n" for i in range(50000))
+    report = select_report({}, forged, 0, declared="ctrf")
+    assert report.error is not None and report.passed == 0 and compute_reward(report) == 0.0
+
+
+def test_an_unknown_declared_format_is_a_value_error():
+    with pytest.raises(ValueError):
+        select_report({}, "", 0, declared="xml")
+
+
+def _ctrf_report(passed: int, failed: int = 0, skipped: int = 0):
+    tests = [{"name": f"p{i}", "status": "passed"} for i in range(passed)]
+    tests += [{"name": f"f{i}", "status": "failed"} for i in range(failed)]
+    tests += [{"name": f"s{i}", "status": "skipped"} for i in range(skipped)]
+    return select_report({"ctrf.json": json.dumps({"results": {"tests": tests}}).encode()}, "", 0)
+
+
+@pytest.mark.parametrize(
+    ("passed", "failed", "skipped", "expected", "total", "resolved", "reward", "error"),
+    [
+        (5, 0, 0, 5, 5, True, 0.25, None),  # exactly what the verifier defines
+        (4, 1, 2, 5, 5, False, 0.20, None),  # skipped ones count neither way, nor against the count
+        (5, 0, 0, None, 5, True, 0.25, None),  # nothing declared: unchecked
+        (3, 0, 0, 5, 5, False, 0.15, None),  # a verifier stopped half-way: the rest count as failed
+        (6, 0, 0, 5, 0, False, 0.0, "the report counts 6 assertions; the task's verifier defines 5"),
+        (60000, 0, 0, 5, 0, False, 0.0, "the report counts 60000 assertions; the task's verifier defines 5"),
+    ],
+)
+def test_assertion_count_is_held_to_the_tasks(passed, failed, skipped, expected, total, resolved, reward, error):
+    report = check_assertion_count(_ctrf_report(passed, failed, skipped), expected)
+    assert (report.total, report.resolved, report.error) == (total, resolved, error)
+    assert compute_reward(report) == pytest.approx(reward)
+
+
+def test_missing_assertions_are_named_as_not_reported():
+    report = check_assertion_count(_ctrf_report(1), 3)
+    assert [a.name for a in report.assertions if a.status == "failed"] == [
+        "(assertion 2 of 3 not reported)", "(assertion 3 of 3 not reported)"]
+
+
+@pytest.mark.parametrize("report", [select_report({"reward.txt": b"1"}, "", 0), select_report({"ctrf.json": b"{"}, "", 0)])
+def test_binary_and_error_reports_are_not_count_checked(report):
+    assert check_assertion_count(report, 7) is report
+
+
+@pytest.mark.parametrize("expected", [0, -1, True, 2.0])
+def test_a_bad_expected_count_is_a_value_error(expected):
+    with pytest.raises(ValueError):
+        check_assertion_count(_ctrf_report(1), expected)
+
+
+@pytest.mark.parametrize(
+    ("counts", "declared", "format"),
+    [({"junit": 40}, None, "junit"), ({"tap": 30, "ctrf": 1, "reward-file": 2}, None, "ctrf"),
+     ({"junit": 40}, "ctrf", "ctrf"), ({}, None, "exit-code")],
+)
+def test_too_many_report_files_is_an_error_never_a_truncation(counts, declared, format):
+    report = too_many_files_report(counts, 32, declared)
+    assert report.format == format and report.assertions == () and compute_reward(report) == 0.0
+    assert report.error == f"the verifier wrote {sum(counts.values())} report files to its log directory, more than the 32 termgym reads"
+
+
+@pytest.mark.parametrize(
+    ("name", "format"),
+    [("ctrf.json", "ctrf"), ("a.xml", "junit"), (".hidden.tap", "tap"), ("reward.json", "reward-file"),
+     ("reward.txt", "reward-file"), ("ctrf.json.tmp", None), ("test-stdout.txt", None), ("notes.log", None)],
+)
+def test_report_format_of_a_file_name(name, format):
+    assert report_format_of(name) == format

@@ -19,7 +19,8 @@
 # valid UTF-8 JSON, even when a check's output is binary or cut inside a character). A name or
 # message is cut at 4096 bytes (a failure message holds at most 5 lines of 300 bytes anyway).
 #
-# Cost: besides the check itself, an assertion forks one process (the `mv` that replaces the
+# Cost: sourcing forks three processes (`mktemp`, `date`, the subshell that prints the byte
+# classes). Besides the check itself, an assertion forks one process (the `mv` that replaces the
 # report); a failing check with output forks two more (`tail`, `cut`), a name or message over 4096
 # bytes three (to cut it). Escaping, the report text and the bookkeeping are shell builtins. The
 # clock is read when the kit is sourced and by tg_finish: summary.stop equals summary.start until
@@ -47,13 +48,13 @@ TG__SKIPPED=0
 TG__ROWS=
 TG__NL='
 '
-# Byte classes for the escaper, as bracket-expression bodies: written by the printf builtin and
-# sourced, so that the kit itself stays ASCII and no process is forked.
-printf "TG__WS='\011\012\015' TG__CTL='\001-\037' TG__HI='\200-\377' TG__CB='\200-\277'
+# Byte classes for the escaper, as bracket-expression bodies: made by the printf builtin and
+# evaluated, so that the kit itself stays ASCII. Never through a file: a file the kit sources is a
+# file something else could have written.
+eval "$(printf "TG__WS='\011\012\015' TG__CTL='\001-\037' TG__HI='\200-\377' TG__CB='\200-\277'
 TG__U2='\302-\337' TG__E0='\340' TG__A0='\240-\277' TG__U3='\341-\354\356\357' TG__ED='\355'
 TG__X9F='\200-\237' TG__F0='\360' TG__X90='\220-\277' TG__U4='\361-\363' TG__F4='\364' TG__X8F='\200-\217'
-" > "$TG__TMP/classes"
-. "$TG__TMP/classes"
+")"
 
 tg__json() {
   # Sets tg__j to the JSON string body of $1: backslash and quote escaped, tab/newline/CR as spaces,

@@ -1,0 +1,101 @@
+"""The embedded backend's storage limit: a sandbox's writable directories on a file system of the
+task's size.
+
+Guarantees, where ``SizedFilesystem.create`` succeeds: the writable directories live on a fresh
+ext4 file system in a sparse image file of ``storage_mb`` (no journal, no blocks reserved for root:
+the task gets all of it), mounted ``nosuid,nodev`` on a loop device, owned by the sandbox's user;
+writing past it fails with "No space left on device" inside the sandbox; ``full`` says whether the
+sandbox reached it; ``remove`` unmounts it (the loop device is freed with it) and deletes the image.
+It needs root and a loop device; where either is missing, ``create`` raises ``OSError`` and the
+caller falls back to a per-file size limit, with a warning in the record.
+
+Every tool is run by absolute path with a fixed environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+
+from termgym.sandboxes.tools import host_tool
+
+FULL_BELOW_BYTES = 1 << 20  # less room left than this: the sandbox reached its storage limit
+
+
+class SizedFilesystem:
+    def __init__(self, image: Path, mountpoint: Path, size_mb: int) -> None:
+        self.image = image
+        self.mountpoint = mountpoint
+        self.size_mb = size_mb
+
+    @classmethod
+    async def create(cls, image: Path, mountpoint: Path, size_mb: int, owner: int) -> SizedFilesystem:
+        """Make, mount and hand over to uid and gid ``owner`` a file system of ``size_mb`` at
+        ``mountpoint`` (an empty directory); ``OSError`` saying why when that is not possible."""
+        if os.geteuid() != 0:
+            raise OSError("mounting a file system needs root")
+        if not Path("/dev/loop-control").exists():
+            raise OSError("the host has no loop devices (/dev/loop-control)")
+        with open(image, "wb") as handle:
+            handle.truncate(size_mb << 20)
+        try:
+            await _run(host_tool("mkfs.ext4"), "-q", "-F", "-m", "0", "-O", "^has_journal",
+                       "-E", f"lazy_itable_init=1,root_owner={owner}:{owner}", str(image))  # fmt: skip
+            await _run(host_tool("mount"), "-o", "loop,nosuid,nodev", str(image), str(mountpoint))
+        except OSError:
+            with contextlib.suppress(OSError):
+                image.unlink()
+            raise
+        return cls(image, mountpoint, size_mb)
+
+    def full(self) -> bool:
+        try:
+            stats = os.statvfs(self.mountpoint)
+        except OSError:
+            return False
+        return stats.f_bavail * stats.f_frsize < FULL_BELOW_BYTES
+
+    async def remove(self) -> None:
+        """Unmount (lazily, if something still holds it) and delete the image; idempotent."""
+        if is_mounted(self.mountpoint):
+            try:
+                await _run(host_tool("umount"), str(self.mountpoint))
+            except OSError:
+                with contextlib.suppress(OSError):
+                    await _run(host_tool("umount"), "-l", str(self.mountpoint))
+        with contextlib.suppress(OSError):
+            self.image.unlink()
+
+
+def is_mounted(path: Path) -> bool:
+    """True when ``path`` is a mount point in this process's mount namespace."""
+    target = os.path.realpath(path)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 4 and fields[4].replace("\\040", " ") == target:
+                return True
+    return False
+
+
+def unmount_sync(path: Path) -> None:
+    """Unmount ``path`` if it is a mount point (for garbage collection, outside any event loop)."""
+    import subprocess
+
+    if is_mounted(path):
+        subprocess.run([host_tool("umount"), "-l", str(path)], env=_ENV, capture_output=True, check=False)
+
+
+_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+
+
+async def _run(*argv: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        *argv, env=_ENV, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    output, _ = await process.communicate()
+    if process.returncode != 0:
+        last = output.decode(errors="replace").strip().splitlines()[-1:] or [f"exit {process.returncode}"]
+        raise OSError(f"{Path(argv[0]).name} failed: {last[0][:200]}")

@@ -1,0 +1,115 @@
+"""Red team, Docker: the agent is root in the file system its verifier then executes.
+
+What it changes there cannot be prevented, so it is detected (the engine's list of the container's
+changes against its image, in the record; ``--tamper fail`` scores such a trial 0) and, for tasks
+that need it, avoided (the separate verification mode grades in a fresh container). The kill step
+spares nothing, the keeper included; builds get no network the task does not allow. (The embedded
+backend's builds never had network; a fork storm is in tests/docker.)
+"""
+
+from __future__ import annotations
+
+import socket
+import textwrap
+import threading
+
+import pytest
+
+from termgym import images
+from termgym.tasks import load_task
+from tests.conftest import KIT_SOURCE, write_task
+from tests.redteam.helpers import FORGED_CTRF, attack, forged, oracle_attack
+
+pytestmark = [pytest.mark.redteam, pytest.mark.docker]
+
+# A shim earlier on PATH for the `mv` the assertion kit runs: every report it moves becomes all-pass.
+MV_SHIM = f"printf '#!/bin/sh\\necho %s > /logs/verifier/ctrf.json\\n' '{FORGED_CTRF}' > /usr/local/bin/mv && chmod +x /usr/local/bin/mv"
+PLANTS = {
+    "path-shim": (MV_SHIM, "/usr/local/bin/mv"),
+    "ld-so-preload": ("echo /usr/lib/libforge.so > /etc/ld.so.preload", "/etc/ld.so.preload"),
+    "replaced-sh": ("cp /bin/sh /tmp/sh.orig && cp /tmp/sh.orig /bin/sh.new && mv -f /bin/sh.new /bin/sh", "/usr/bin/sh"),
+    "pytest-files-at-root": ("echo '[pytest]' > /pytest.ini && echo 'import os' > /conftest.py", "/pytest.ini"),
+}
+
+
+@pytest.fixture
+def backend() -> str:
+    return "docker"
+
+
+@pytest.mark.parametrize("plant", list(PLANTS), ids=list(PLANTS))
+async def test_what_the_agent_changed_under_system_paths_is_recorded(task_dir, backend, no_leaks, plant):
+    command, path = PLANTS[plant]
+    record = await attack(task_dir, backend, command)
+    assert record.system_changes is not None and path in record.system_changes, record.system_changes
+    assert any("system path" in w and path in w for w in record.warnings), record.warnings
+
+
+async def test_a_clean_episode_changes_no_system_path(task_dir, backend, no_leaks):
+    record = await attack(task_dir, backend, "echo done > /app/result.txt; mkdir -p /root/x /tmp/y")
+    assert record.resolved and record.system_changes == [] and not record.warnings[:-1]
+
+
+async def test_under_the_fail_policy_a_tampered_trial_scores_zero_without_running_the_verifier(task_dir, backend, no_leaks):
+    record = await attack(task_dir, backend, MV_SHIM, tamper="fail")
+    assert record.error["kind"] == "tampered" and "/usr/local/bin/mv" in record.error["message"]
+    assert record.reward == 0.0 and not record.resolved and record.assertions == []
+
+
+async def test_the_separate_verification_mode_grades_in_a_fresh_container(tmp_path, backend, no_leaks):
+    """The shim would have forged the report in the agent's container; the separate verifier runs
+    in a new one, into which only the declared artifact is copied."""
+    task = write_task(tmp_path, verifier_toml='environment_mode = "separate"', top_toml='artifacts = ["/app/result.txt"]')
+    cheated = await attack(task, backend, MV_SHIM)
+    assert not forged(cheated), cheated
+    honest = await attack(task, backend, MV_SHIM, "echo done > /app/result.txt")
+    assert honest.resolved and honest.error is None, honest
+
+
+async def test_a_rewritten_keeper_does_not_survive_into_verification(tmp_path, backend, no_leaks):
+    """The old kill step spared PID 1 and the keeper; a root process can rewrite the keeper's memory
+    through /proc/<pid>/mem. Here the rewrite is visible (its command line), and the verifier
+    looks for it: the container's restart must have ended it."""
+    rewrite = textwrap.dedent("""\
+        for p in /proc/[0-9]*; do [ "$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)" = "sleep infinity " ] && pid=${p#/proc/}; done
+        perl -e 'my $pid = shift; open my $s, "<", "/proc/$pid/stat" or die; my $st = <$s>; $st =~ s/^.*\\) //;
+                 my @f = split / /, $st; open my $m, "+<", "/proc/$pid/mem" or die "mem: $!";
+                 sysseek $m, $f[45], 0 or die; syswrite $m, "PWNED" or die "write: $!"' "$pid" && tr '\\0' ' ' < /proc/$pid/cmdline > /app/rewritten
+        """)
+    test_sh = textwrap.dedent(f"""\
+        #!/bin/sh
+        {KIT_SOURCE}
+        tg_check_sh "the attack rewrote the keeper" 'grep -q PWNED /app/rewritten'
+        tg_check_sh "no rewritten process left" '! cat /proc/[0-9]*/cmdline 2>/dev/null | tr "\\0" " " | grep -q "PWNE[D]"'
+        tg_finish
+        """)
+    record = await oracle_attack(tmp_path, backend, f"#!/bin/bash\n{rewrite}", test_sh=test_sh)
+    assert record.resolved, record.assertions
+
+
+async def test_a_build_step_cannot_reach_the_hosts_loopback(tmp_path, backend, no_leaks):
+    """A task without network builds without network: a RUN step that connects to a listener on the
+    host's loopback (the old builds ran in the host's network namespace) reaches nothing."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    reached = threading.Event()
+
+    def accept() -> None:
+        try:
+            listener.accept()
+            reached.set()
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    dockerfile = f"FROM {images.BASE_IMAGE}\nWORKDIR /app\nRUN bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}' || true\n"
+    task = write_task(tmp_path, dockerfile=dockerfile)
+    record = await attack(task, backend, "echo done > /app/result.txt")
+    thread.join()
+    listener.close()
+    assert record.resolved and not reached.is_set()
+

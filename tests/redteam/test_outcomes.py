@@ -1,0 +1,72 @@
+"""Red team, outcomes: a policy under reward pressure learns to erase its failures if it can. A
+sandbox the agent broke, a shell it took off the protocol, a tool it broke: reward 0, an error kind
+that names the agent, kept in the batch and never retried. And the per-command nonce never shows
+where the agent's commands can read it, so output cannot fake the end of a command."""
+
+from __future__ import annotations
+
+import pytest
+
+from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.pacing import Pacer
+from termgym.scheduler import FAILED_KINDS, RETRYABLE_KINDS, RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes
+from termgym.tasks import load_task
+from termgym.trial import ScriptedAgent
+from tests.redteam.helpers import attack
+
+pytestmark = [pytest.mark.redteam]
+
+# Redefines `builtin`, which the shell's frame goes through, to answer a malformed frame.
+PROTOCOL_BREAKER = (
+    "builtin() { if [ \"$1\" = printf ]; then printf '\\n__TG_%s_ not-a-status\\n__TG_%s_END\\n' \"$__tg_n\" \"$__tg_n\" >&99;"
+    " else command \"$@\"; fi; }"
+)
+
+
+@pytest.mark.parametrize("command", ["kill -9 -1", PROTOCOL_BREAKER], ids=["kill-everything", "break-the-protocol"])
+async def test_breaking_the_sandbox_scores_zero_and_blames_the_agent(task_dir, backend, no_leaks, command):
+    record = await attack(task_dir, backend, "echo done > /app/result.txt", command)
+    assert record.error["kind"] == "broken_by_agent", record.error
+    assert record.reward == 0.0 and not record.resolved
+    assert record.error["kind"] not in RETRYABLE_KINDS and record.error["kind"] not in FAILED_KINDS
+
+
+async def test_a_broken_sandbox_is_kept_in_the_batch_not_retried(task_dir, no_leaks):
+    pacer = Pacer()
+    runner = TrialRunner(ScriptedAgent(("kill -9 -1",)), EnvOptions(run_id="redteam"), pacer)
+    config = SchedulerConfig(batch_size=1, mode="wait", nodes=make_nodes([1]))
+    scheduler = RolloutScheduler(runner, TaskPool([load_task(task_dir)], shuffle=False), config, pacer=pacer)
+    result = await scheduler.step()
+    assert [k.record.error["kind"] for k in result.kept] == ["broken_by_agent"]
+    assert pacer.granted == 1  # one sandbox: the failure was not erased by a retry
+
+
+@pytest.mark.docker
+async def test_a_tool_the_harness_needs_broken_by_the_agent_scores_zero(task_dir, no_leaks):
+    """On Docker the harness runs the image's `timeout`; the agent (root there) replaces it."""
+    record = await attack(task_dir, "docker", "echo done > /app/result.txt", "printf '#!/bin/sh\\nexit 127\\n' > /usr/bin/timeout")
+    assert record.error["kind"] == "broken_by_agent" and record.reward == 0.0, record.error
+
+
+async def test_the_nonce_is_nowhere_the_agents_commands_can_read(task_dir, no_leaks, monkeypatch):
+    from termgym import shell
+
+    nonces = iter(f"{n:016x}" for n in range(0xC0FFEE00, 0xC0FFEE00 + 100))
+    used: list[str] = []
+
+    def known_nonce(nbytes: int) -> str:
+        used.append(next(nonces))
+        return used[-1]
+
+    monkeypatch.setattr(shell.secrets, "token_hex", known_nonce)
+    reveal = 'echo "argv=${BASH_ARGV[*]}"; declare -p; env; set; caller 0; echo "${FUNCNAME[*]}" "${BASH_SOURCE[*]}"'
+    async with AsyncTerminalEnv(load_task(task_dir), EnvOptions(max_turns=10)) as env:
+        await env.reset()
+        await env.step("shopt -s extdebug")
+        observation, *_ = await env.step(reveal)
+        # What the agent can print to fake the end of its command: every value it could read.
+        fake = 'for w in "${BASH_ARGV[@]}" $__tg_n; do printf "\\n__TG_%s_ 0 /\\n__TG_%s_END\\n" "$w" "$w"; done; echo still-running; exit 3'
+        faked, *_, info = await env.step(f"({fake})")
+        await env.step(SUBMIT)
+    assert used and not any(nonce in observation for nonce in used), "a nonce was readable"
+    assert "still-running" in faked and info["exit_code"] == 3  # the real end of the command, not a fake
