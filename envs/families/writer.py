@@ -5,7 +5,9 @@ split and the generation seed), ``instruction.md``, ``environment/Dockerfile`` (
 debian:bookworm-slim``, ``WORKDIR /app``, and one ``RUN`` writing the initial files when there are
 any: cheap on the embedded backend, where each step is one command in the sandbox),
 ``solution/solve.sh`` (``#!/bin/sh`` then exactly the reference commands, one per line) and
-``tests/test.sh`` (the assertion kit, one ``tg_check_sh`` per assertion).
+``tests/test.sh`` (the assertion kit, one ``tg_check_sh`` per assertion). The verifier declares its
+report (``ctrf``, the kit's) and its number of assertions, so no other report and no other count is
+ever graded.
 
 ``reference_commands`` reads ``solve.sh`` back: for a written task it returns ``spec.commands``.
 """
@@ -39,7 +41,9 @@ def task_toml(spec: TaskSpec, *, split: str, seed: int, index: int) -> str:
         f"turns = {len(spec.commands)}\n"
         'generator = "termgym.envs.families"\n\n'
         f"[agent]\ntimeout_sec = {AGENT_TIMEOUT_SEC}\n\n"
-        f"[verifier]\ntimeout_sec = {VERIFIER_TIMEOUT_SEC}\n\n"
+        f"[verifier]\ntimeout_sec = {VERIFIER_TIMEOUT_SEC}\n"
+        'report_format = "ctrf"\n'
+        f"assertions = {len(spec.assertions)}\n\n"
         "[environment]\n"
         f"build_timeout_sec = {BUILD_TIMEOUT_SEC}\n"
         "cpus = 1\nmemory_mb = 256\nstorage_mb = 64\n"
