@@ -23,10 +23,12 @@ the separate verification mode (``[verifier].environment_mode``) are the answers
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 from importlib import resources
 
+from termgym.aio import cancel_and_wait
 from termgym.errors import SandboxBroken
 from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, tar_of_files
 from termgym.tasks import Task
@@ -147,19 +149,26 @@ async def verify(task: Task, sandbox: Sandbox, *, reward_scale: int, tamper: str
     started = time.monotonic()
     await sandbox.check_alive()  # a sandbox the agent killed is not revived to be graded
     await sandbox.kill_agent_processes()
-    found = await sandbox.changed_system_paths()
+    # The engine lists the agent's changes while the harness resets what the verifier uses (none of
+    # which is a system path): the list is the agent's alone.
+    listing = asyncio.ensure_future(sandbox.changed_system_paths())
+    try:
+        await _harness_step(sandbox, ["/bin/sh", "-c", _RESET], "could not reset /tests and /logs/verifier")
+        files = dict((relative, host) for host, relative in task.test_files())
+        script = (task.test_script, files.pop(task.test_script).read_bytes(), 0o755)  # executable, whatever its mode
+        kit = (".termgym/assert.sh", assertion_kit(), 0o755)
+        await sandbox.upload_tar(tar_of_files([(host, relative) for relative, host in files.items()], [kit, script]), "/tests")
+        found = await listing
+    except BaseException:
+        await cancel_and_wait(listing)
+        raise
     changes = tuple(found) if found is not None else None
     if changes and tamper == "fail":
         error = f"not verified: the agent changed {len(changes)} system path(s)"
         report = AssertionReport(format="exit-code", assertions=(), binary=True, source="tamper check", error=error)
         return Verification(report, 0.0, None, False, "", time.monotonic() - started, changes, tampered=True)
-    await _harness_step(sandbox, ["/bin/sh", "-c", _RESET], "could not reset /tests and /logs/verifier")
-    kit = (".termgym/assert.sh", assertion_kit(), 0o755)
-    await sandbox.upload_tar(tar_of_files(task.test_files(), [kit]), "/tests")
-    script = f"/tests/{task.test_script}"
-    await _harness_step(sandbox, ["chmod", "+x", script], f"could not make {script} executable")
     result = await sandbox.exec(
-        [script],
+        [f"/tests/{task.test_script}"],
         env=verifier_env(task, sandbox),
         cwd=sandbox.workdir,
         timeout=task.verifier_timeout_sec,
