@@ -205,7 +205,8 @@ class LocalSandbox(Sandbox):
         size_mb = self.spec.resources.storage_mb
         try:
             self._storage = await uninterrupted(
-                SizedFilesystem.create(self._dir / "fs.img", fs, size_mb, self.owner), lambda made: made.remove()
+                SizedFilesystem.create(self._dir / "fs.img", fs, size_mb, self.owner, memory_mb=self.spec.resources.memory_mb),
+                lambda made: made.remove(),
             )
         except OSError as exc:
             self._file_size_limit = size_mb << 20
@@ -475,7 +476,7 @@ async def _communicate(process: asyncio.subprocess.Process, stdin: bytes | None,
         await cancel_and_wait(reader, feeder)
 
 
-_POLL_SEC = 0.005
+_POLL_SEC = 0.001
 
 
 async def _spawn(

@@ -2,12 +2,14 @@
 task's size.
 
 Guarantees, where ``SizedFilesystem.create`` succeeds: the writable directories live on a fresh
-ext4 file system in a sparse image file of ``storage_mb`` (no journal, no blocks reserved for root:
-the task gets all of it), mounted ``nosuid,nodev`` on a loop device, owned by the sandbox's user;
+file system of ``storage_mb``, mounted ``nosuid,nodev`` on the host, owned by the sandbox's user;
 writing past it fails with "No space left on device" inside the sandbox; ``full`` says whether the
-sandbox reached it; ``remove`` unmounts it (the loop device is freed with it) and deletes the image.
-It needs root and a loop device; where either is missing, ``create`` raises ``OSError`` and the
-caller falls back to a per-file size limit, with a warning in the record.
+sandbox reached it; ``remove`` unmounts it and frees what it held. A storage of at most a quarter of
+the task's memory is a ``tmpfs`` (in memory, so what the agent stores also counts against its memory
+limit: a mount costs about a millisecond); a larger one is an ext4 file system in a sparse image file
+(no journal, no blocks reserved for root) on a loop device (about 20 ms to make and remove). It
+needs root (and a loop device for ext4); where that is missing, ``create`` raises ``OSError`` and
+the caller falls back to a per-file size limit, with a warning in the record.
 
 Every tool is run by absolute path with a fixed environment.
 """
@@ -25,17 +27,22 @@ FULL_BELOW_BYTES = 1 << 20  # less room left than this: the sandbox reached its 
 
 
 class SizedFilesystem:
-    def __init__(self, image: Path, mountpoint: Path, size_mb: int) -> None:
-        self.image = image
+    def __init__(self, image: Path | None, mountpoint: Path, size_mb: int) -> None:
+        self.image = image  # None for a tmpfs
         self.mountpoint = mountpoint
         self.size_mb = size_mb
 
     @classmethod
-    async def create(cls, image: Path, mountpoint: Path, size_mb: int, owner: int) -> SizedFilesystem:
+    async def create(cls, image: Path, mountpoint: Path, size_mb: int, owner: int, *, memory_mb: int) -> SizedFilesystem:
         """Make, mount and hand over to uid and gid ``owner`` a file system of ``size_mb`` at
-        ``mountpoint`` (an empty directory); ``OSError`` saying why when that is not possible."""
+        ``mountpoint`` (an empty directory), in memory when ``size_mb`` is at most a quarter of
+        ``memory_mb``, else in the image file ``image``; ``OSError`` saying why when that is not possible."""
         if os.geteuid() != 0:
             raise OSError("mounting a file system needs root")
+        if size_mb * 4 <= memory_mb:
+            options = f"size={size_mb}m,mode=0755,uid={owner},gid={owner},nosuid,nodev"
+            await _run(host_tool("mount"), "-t", "tmpfs", "-o", options, "termgym", str(mountpoint))
+            return cls(None, mountpoint, size_mb)
         if not Path("/dev/loop-control").exists():
             raise OSError("the host has no loop devices (/dev/loop-control)")
         with open(image, "wb") as handle:
@@ -65,8 +72,9 @@ class SizedFilesystem:
             except OSError:
                 with contextlib.suppress(OSError):
                     await _run(host_tool("umount"), "-l", str(self.mountpoint))
-        with contextlib.suppress(OSError):
-            self.image.unlink()
+        if self.image is not None:
+            with contextlib.suppress(OSError):
+                self.image.unlink()
 
 
 def is_mounted(path: Path) -> bool:

@@ -130,3 +130,22 @@ def test_a_real_cgroup_on_this_host_holds_the_limits_and_is_removed():
     finally:
         cgroup.remove()
     assert not any(Path(path).parent.exists() for path in cgroup.procs_files)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
+@pytest.mark.parametrize(("storage_mb", "memory_mb", "fstype"), [(64, 256, "tmpfs"), (65, 256, "ext4"), (1024, 512, "ext4")])
+async def test_the_storage_is_in_memory_only_when_small_against_the_memory_limit(tmp_path, no_leaks, storage_mb, memory_mb, fstype):
+    from termgym.sandboxes.base import SandboxSpec
+    from termgym.sandboxes.local import LocalSandbox
+
+    spec = SandboxSpec(name="storage", context_dir=None, dockerfile=None, resources=Resources(memory_mb=memory_mb, storage_mb=storage_mb))
+    async with LocalSandbox(spec) as sandbox:
+        mountpoint = os.path.realpath(sandbox.host_dir / "fs")
+        mounts = [line.split(" - ")[1].split()[0] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                  if line.split()[4] == mountpoint]  # fmt: skip
+        assert mounts == [fstype]
+        stats = os.statvfs(mountpoint)
+        assert abs(stats.f_blocks * stats.f_frsize - (storage_mb << 20)) <= (storage_mb << 20) // 10  # its size, give or take metadata
+        result = await sandbox.exec(["/bin/sh", "-c", "stat -c %u /app; touch /app/x"], timeout=10)
+        assert result.exit_code == 0 and result.text.split()[0] == "0"  # the sandbox's root owns it
+    assert not any(line.split()[4] == mountpoint for line in Path("/proc/self/mountinfo").read_text().splitlines())
