@@ -54,14 +54,13 @@ _RESET = r"""
 for d in /logs /tests; do
   if [ -L "$d" ] || { [ -e "$d" ] && [ ! -d "$d" ]; }; then rm -f "$d"; fi
 done
-rm -rf /logs/verifier /tests /tmp/.termgym-verifier 2>/dev/null
-mkdir -p /logs/verifier /tests 2>/dev/null
-find /tests -mindepth 1 -delete 2>/dev/null
-mkdir -p -m 700 /tmp/.termgym-verifier/home 2>/dev/null
+rm -rf /logs/verifier /tests/* /tests/.[!.]* /tests/..?* /tmp/.termgym-verifier 2>/dev/null
+mkdir -p /logs/verifier /tests /tmp/.termgym-verifier/home 2>/dev/null
 for d in /logs/verifier /tests /tmp/.termgym-verifier/home; do
-  if [ -L "$d" ] || [ ! -d "$d" ] || [ -n "$(find "$d" -mindepth 1 -print 2>/dev/null | head -n 1)" ]; then
-    echo "cannot make $d a fresh empty directory"; exit 1
-  fi
+  [ -d "$d" ] && [ ! -L "$d" ] || { echo "cannot make $d a fresh directory"; exit 1; }
+  for f in "$d"/* "$d"/.[!.]* "$d"/..?*; do
+    if [ -e "$f" ] || [ -L "$f" ]; then echo "cannot empty $d"; exit 1; fi
+  done
 done
 """
 

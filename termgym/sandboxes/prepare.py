@@ -1,6 +1,7 @@
 """Prepare a sandbox without an image: run the Dockerfile subset that makes sense on the host.
 
-``WORKDIR`` creates the directory, ``ENV`` and ``ARG`` set the environment that later steps and the
+``WORKDIR`` creates the directory (together with the next ``RUN``, in the same command, or before the
+next ``COPY``: one process less per trial), ``ENV`` and ``ARG`` set the environment that later steps and the
 agent see, ``COPY``/``ADD`` copy from the build context (an ``ADD`` of a local tar archive unpacks
 it, as Docker does), ``RUN`` runs inside the sandbox. ``FROM`` is ignored. Any failing step raises
 ``EnvironmentBuildError`` naming the Dockerfile line, with the step's output as the build log.
@@ -24,20 +25,42 @@ async def prepare_environment(sandbox: Sandbox, plan: EnvironmentPlan, spec: San
     """Run ``plan`` in ``sandbox``; then set the sandbox's env and workdir to the image's."""
     deadline = time.monotonic() + spec.build_timeout_sec
     where = spec.dockerfile or "Dockerfile"
+    pending: list[tuple[str, str]] = []  # (directory, where) of WORKDIR steps not made yet
     for step in plan.steps:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise EnvironmentBuildError(f"{where}: environment preparation exceeded {spec.build_timeout_sec:g}s")
         if isinstance(step, WorkdirStep):
-            await _run(sandbox, ["mkdir", "-p", step.path], {}, "/", remaining, f"{where}:{step.line}: WORKDIR")
+            pending.append((step.path, f"{where}:{step.line}: WORKDIR"))
         elif isinstance(step, CopyStep):
+            await _make_dirs(sandbox, pending, remaining)
             await _copy(sandbox, step, spec, f"{where}:{step.line}")
         elif isinstance(step, RunStep):
             argv = ["/bin/sh", "-c", step.command] if isinstance(step.command, str) else list(step.command)
-            await _run(sandbox, argv, dict(step.env), step.workdir, remaining, f"{where}:{step.line}: RUN")
+            what = f"{where}:{step.line}: RUN"
+            if pending:  # made by the same command, then entered: the RUN's own cwd may be one of them
+                dirs = [path for path, _ in pending]
+                what = f"{', '.join(w for _, w in pending)} and {what}"
+                argv = ["/bin/sh", "-c", _DIRS_THEN, "sh", str(len(dirs)), *dirs, step.workdir, *argv]
+                pending = []
+                await _run(sandbox, argv, dict(step.env), "/", remaining, what)
+            else:
+                await _run(sandbox, argv, dict(step.env), step.workdir, remaining, what)
+    await _make_dirs(sandbox, pending, deadline - time.monotonic())
     sandbox.env.update(dict(plan.env))
     sandbox.env.update(dict(spec.env))
     sandbox.workdir = plan.workdir or "/"
+
+
+# mkdir -p the first $1 arguments after it, cd into the next one, exec the rest.
+_DIRS_THEN = 'n=$1; shift; while [ "$n" -gt 0 ]; do mkdir -p -- "$1" || exit 1; shift; n=$((n - 1)); done; cd -- "$1" || exit 1; shift; exec "$@"'
+
+
+async def _make_dirs(sandbox: Sandbox, pending: list[tuple[str, str]], timeout: float) -> None:
+    """Make the pending WORKDIR directories (one command for all), and forget them."""
+    if pending:
+        await _run(sandbox, ["mkdir", "-p", *(path for path, _ in pending)], {}, "/", timeout, ", ".join(w for _, w in pending))
+        pending.clear()
 
 
 async def _run(sandbox: Sandbox, argv: list[str], env: dict[str, str], cwd: str, timeout: float, what: str) -> None:
