@@ -39,7 +39,7 @@ from termgym.dockerfile import CopyStep, DockerfileError, WorkdirStep, parse_doc
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.errors import TermgymError
 from termgym.judge import Judge, JudgeError
-from termgym.output import terminal_safe
+from termgym.output import plain_text as plain
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
 from termgym.tasks import Task
@@ -260,9 +260,6 @@ async def run_audit(args, tasks: list[Task], console) -> int:
         columns = ("task", "oracle", "null", "prefixes", "asserts", "twice", "leaks", "score", "verdict", "flags")
         for column in columns:
             table.add_column(column, justify="left" if column in ("task", "verdict", "flags") else "right")
-
-        def plain(value: object) -> Text:  # task names, paths and run errors: as text, no terminal controls
-            return Text(terminal_safe(str(value)))
 
         for v in verdicts:
             reasons = "; ".join(f"{r.kind}: {r.reason}" for r in v.rejects)

@@ -26,6 +26,7 @@ from termgym.bias import TABLE_COLUMNS, BiasReport, summary_line, table_rows
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, resolve_task
 from termgym.errors import TermgymError
 from termgym.images import load_aliases
+from termgym.output import plain_text as plain
 from termgym.output import terminal_safe
 from termgym.pacing import Pacer
 from termgym.records import TrialRecord, append_record
@@ -180,12 +181,6 @@ def _fail(code: int, message: str) -> int:
     """One line on stderr, never wrapped, without terminal controls, then the exit code."""
     print(f"termgym: {terminal_safe(' '.join(message.split()))}", file=sys.stderr)
     return code
-
-
-def plain(value: object) -> Text:
-    """Text from a task, a sandbox or a verifier, for Rich: printed as it is (never markup, never
-    emoji codes), after ``terminal_safe`` (no escape sequence or control character)."""
-    return Text(terminal_safe(str(value)))
 
 
 # -- check -------------------------------------------------------------------------------------------

@@ -97,3 +97,11 @@ def terminal_safe(text: str) -> str:
     if text.isprintable():  # the common case: nothing to remove
         return text
     return _ESCAPE_SEQUENCE.sub("", text).translate(_CONTROLS)
+
+
+def plain_text(value: object):
+    """``value`` as a ``rich.text.Text`` after ``terminal_safe``: printed as it is (never markup,
+    never emoji codes), with nothing a terminal acts on. For text from a task, a sandbox or a verifier."""
+    from rich.text import Text
+
+    return Text(terminal_safe(str(value)))

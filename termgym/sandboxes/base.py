@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from termgym.errors import SandboxBroken, SandboxError
+from termgym.errors import SandboxBroken
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 from termgym.tasks import Resources
 

@@ -386,7 +386,7 @@ def _keeper_of(top: dict) -> str | None:
 
 
 def _stop_requests(client: Any, container: str, since: float) -> list[str]:
-    """The engine's kill, stop and die-by-request events for ``container`` since ``since``."""
+    """The engine's kill and stop events for ``container`` since ``since`` (requests made through its API)."""
     until = time.time() + 1
     events = client.api.events(since=since, until=until, decode=True, filters={"container": container, "event": ["kill", "stop"]})
     return [f"docker {e.get('Action') or e.get('status')}" for e in events]

@@ -16,7 +16,6 @@ import threading
 import pytest
 
 from termgym import images
-from termgym.tasks import load_task
 from tests.conftest import KIT_SOURCE, write_task
 from tests.redteam.helpers import FORGED_CTRF, attack, forged, oracle_attack
 
