@@ -149,3 +149,37 @@ async def test_the_storage_is_in_memory_only_when_small_against_the_memory_limit
         result = await sandbox.exec(["/bin/sh", "-c", "stat -c %u /app; touch /app/x"], timeout=10)
         assert result.exit_code == 0 and result.text.split()[0] == "0"  # the sandbox's root owns it
     assert not any(line.split()[4] == mountpoint for line in Path("/proc/self/mountinfo").read_text().splitlines())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts and cgroups need root")
+async def test_gc_removes_what_a_killed_run_left_mounted_and_its_cgroups(sandbox_dir):
+    """A run killed with SIGKILL leaves its sandbox directory, the file system mounted on it and
+    its cgroups; ``termgym gc`` (``collect_garbage``) removes all three."""
+    import asyncio
+    import signal
+    import sys
+
+    from termgym.sandboxes.local import collect_garbage
+    from termgym.sandboxes.storage import is_mounted
+
+    script = (
+        "import asyncio, sys\n"
+        "from termgym.sandboxes.base import SandboxSpec\n"
+        "from termgym.sandboxes.local import LocalSandbox\n"
+        "from termgym.tasks import Resources\n"
+        "async def main():\n"
+        "    sandbox = LocalSandbox(SandboxSpec(name='gc', context_dir=None, dockerfile=None, resources=Resources(memory_mb=256, storage_mb=32)))\n"
+        "    await sandbox.start()\n"
+        "    print(sandbox.host_dir, *sandbox._cgroup.procs_files, flush=True)\n"
+        "    await asyncio.sleep(600)\n"
+        "asyncio.run(main())\n"
+    )
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE)
+    host_dir, *procs_files = (await asyncio.wait_for(process.stdout.readline(), 30)).decode().split()
+    process.send_signal(signal.SIGKILL)
+    await process.wait()
+    await asyncio.sleep(0.2)  # the keeper dies with its parent
+    cgroups = [Path(p).parent for p in procs_files]
+    assert Path(host_dir).is_dir() and is_mounted(Path(host_dir) / "fs") and all(c.is_dir() for c in cgroups)
+    assert collect_garbage(sandbox_dir) == 1
+    assert not Path(host_dir).exists() and not is_mounted(Path(host_dir) / "fs") and not any(c.exists() for c in cgroups)
