@@ -5,9 +5,9 @@ background jobs persist from one command to the next, as in a terminal. Each com
 line, ``__tg_run $'...'`` (the command ANSI-C quoted, so any bytes survive), followed by a line
 holding a random nonce. The shell runs the command with standard input from ``/dev/null`` and the
 frame descriptor closed, and only then reads the nonce and answers on the frame descriptor with
-``\n__TG_<nonce>_ <status> <cwd>``, the pids of its background jobs, and an end line. So the nonce
-is in no variable, argument or environment of the shell while a command runs, and output cannot
-forge the end of a command.
+``\\n__TG_<nonce>_ <status> <cwd>`` (a newline in the cwd written as ``\\n``), the pids of its
+background jobs, and an end line. So the nonce is in no variable, argument or environment of the
+shell while a command runs, and output cannot forge the end of a command.
 
 Guarantees:
 - output (stdout and stderr interleaved) is capped: the head and tail are kept, with the number of
@@ -61,7 +61,7 @@ __tg_run() {{
   __tg_n=
 }}
 readonly -f __tg_run __tg_exec
-printf '\\n__TG_READY_ %d %s\\n__TG_READY_END\\n' "$$" "$PWD" >&{SENTINEL_FD}
+builtin printf '\\n__TG_READY_ %d %s\\n__TG_READY_END\\n' "$$" "${{PWD//$'\\n'/\\\\n}}" >&{SENTINEL_FD}
 """
 
 # Kill what the shell runs in the foreground: every descendant of the shell that is not in (or

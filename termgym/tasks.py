@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 import yaml
 
@@ -313,7 +313,7 @@ def _report_format(verifier: Mapping[str, object], config: Path) -> ReportFormat
     formats = get_args(ReportFormat)
     if value is not None and value not in formats:
         raise TaskError(config, f"[verifier].report_format must be one of {list(formats)}, got {value!r}")
-    return value  # type: ignore[return-value]
+    return cast(ReportFormat | None, value)
 
 
 def _assertion_count(verifier: Mapping[str, object], config: Path) -> int | None:
