@@ -1,5 +1,5 @@
 # `make demo` and `make test` each set up everything they need on a fresh machine (scripts/bootstrap.sh).
-.PHONY: setup engine demo test test-fast bench clean
+.PHONY: setup engine demo test test-fast lint format bench clean
 
 VENV_BIN := .venv/bin
 PYTEST_ARGS ?=
@@ -21,6 +21,17 @@ test: setup engine
 # Without the slow tests and without Docker: the embedded backend and the pure logic.
 test-fast: setup
 	$(VENV_BIN)/python -m pytest -m "not slow and not docker" $(PYTEST_ARGS)
+
+# ruff (lint, then the formatter's check) and pyright in basic mode; CI runs it before the tests.
+lint: setup
+	$(VENV_BIN)/ruff check .
+	$(VENV_BIN)/ruff format --check .
+	$(VENV_BIN)/pyright
+
+# Apply the formatter and ruff's safe fixes.
+format: setup
+	$(VENV_BIN)/ruff check --fix .
+	$(VENV_BIN)/ruff format .
 
 bench: engine
 	$(VENV_BIN)/python bench/step_latency.py

@@ -1,5 +1,5 @@
 """Daytona creation pacing at scale: 560 trials of a short task through the real SDK against the
-local Daytona API server (tests/daytona/server.py, run in its own process), with a simulated
+local Daytona API server (tests/termgym/sandboxes/daytona/server.py, run in its own process), with a simulated
 create latency (a new sandbox stays "creating" for a while, as in the cloud).
 
 Prints one table: creation throughput against the configured pace (target: within 5% of 6/s),
@@ -28,11 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from termgym.env import EnvOptions  # noqa: E402
-from termgym.pacing import max_in_any_window  # noqa: E402
-from termgym.sandboxes.daytona import DaytonaSettings, close_providers, get_provider  # noqa: E402
+from termgym.sandboxes.pacing import max_in_any_window  # noqa: E402
+from termgym.sandboxes.daytona.backend import DaytonaSettings, close_providers, get_provider  # noqa: E402
 from termgym.tasks import load_task  # noqa: E402
 from termgym.trial import OracleAgent, run_trial  # noqa: E402
-from tests.conftest import write_task  # noqa: E402
+from tests.helpers import write_task  # noqa: E402
 
 
 async def start_server(workdir: Path, latency: float, rate_429: float) -> tuple[asyncio.subprocess.Process, str]:
@@ -40,7 +40,7 @@ async def start_server(workdir: Path, latency: float, rate_429: float) -> tuple[
     env = {**os.environ, "TERMGYM_SANDBOX_DIR": str(workdir / "sandboxes")}
     log = open(workdir / "server.log", "wb")  # noqa: SIM115 - the server's own chatter, kept out of the table
     server = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.daytona.server", str(port_file), "--create-latency", str(latency),
+        sys.executable, "-m", "tests.termgym.sandboxes.daytona.server", str(port_file), "--create-latency", str(latency),
         "--429-rate", str(rate_429), cwd=ROOT, env=env, stdout=log, stderr=log,
     )  # fmt: skip
     for _ in range(300):

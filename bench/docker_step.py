@@ -29,7 +29,7 @@ from termgym.env import AsyncTerminalEnv, EnvOptions  # noqa: E402
 from termgym.sandboxes.docker import FrameDemux, docker_client  # noqa: E402
 from termgym.tasks import load_task  # noqa: E402
 from termgym.trial import OracleAgent, run_trial  # noqa: E402
-from tests.conftest import write_task  # noqa: E402
+from tests.helpers import write_task  # noqa: E402
 
 
 def median_ms(samples: list[float]) -> float:

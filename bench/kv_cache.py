@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console
 from rich.table import Table
 
-from trainer.config import PRESETS
-from trainer.models import build_tiny_policy, load_policy
-from trainer.rollout import BatchedSampler
+from termgym.trainer.config import PRESETS
+from termgym.trainer.models import build_tiny_policy, load_policy
+from termgym.trainer.sampler import BatchedSampler
 
 
 async def run_episodes(sampler: BatchedSampler, args, vocab: int) -> list[list[int]]:

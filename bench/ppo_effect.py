@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from termgym.cli import run_command
 from termgym.envs.families import generate_split
 from termgym.tasks import load_task
-from trainer.config import PRESETS, Config
-from trainer.evaluate import evaluate, paired_change
-from trainer.models import load_policy
-from trainer.pipeline import reinforce
-from trainer.rollout import rollout_options, rollout_settings
+from termgym.trainer.config import PRESETS, Config
+from termgym.trainer.evaluate import evaluate, paired_change
+from termgym.trainer.models import load_policy
+from termgym.trainer.pipeline import reinforce
+from termgym.trainer.rollout import rollout_options, rollout_settings
 
 def overrides(pairs: list[str]) -> dict:
     """``FIELD=VALUE`` pairs as Config fields (VALUE is JSON, or a plain string)."""

@@ -1,7 +1,7 @@
 """PPO update throughput against the arithmetic floor, on CPU (or CUDA when present).
 
 The floor is one plain forward-and-backward pass of the policy and of the critic over the same
-minibatches (no optimizer, no GAE, no recomputed log-probs). The PPO update (trainer.train.ppo_update,
+minibatches (no optimizer, no GAE, no recomputed log-probs). The PPO update (termgym.trainer.ppo.ppo_update,
 one epoch) adds the no-grad forward passes for old log-probs and values, masked GAE, whitening, the
 clipped losses, gradient clipping and two Adam steps. Prints tokens per second of both and their
 ratio (PPO / floor; the target is at least 0.5).
@@ -21,10 +21,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainer.config import Config
-from trainer.models import Critic, build_tiny_policy, load_policy
-from trainer.rollout import Trajectory
-from trainer.train import forward_logp, forward_values, make_batch, ppo_update
+from termgym.trainer.config import Config
+from termgym.trainer.models import Critic, build_tiny_policy, load_policy
+from termgym.trainer.rollout import Trajectory
+from termgym.trainer.batch import forward_logp, forward_values, make_batch
+from termgym.trainer.ppo import ppo_update
 
 
 def synthetic_batch(batch: int, length: int, vocab: int, pad_id: int) -> dict:

@@ -32,11 +32,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from termgym.env import SUBMIT
-from trainer import ppo
-from trainer.models import build_tiny_policy, load_policy
-from trainer.rollout import BatchedSampler, ChatFormat, RolloutSettings, Trajectory, drive_episode, retokenized, token_drift
-from trainer.routing import record_routing, replay_routing, stack_routing
-from trainer.train import forward_logp, make_batch
+from termgym.trainer import ppo
+from termgym.trainer.models import build_tiny_policy, load_policy
+from termgym.trainer.chat import ChatFormat
+from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, retokenized, token_drift
+from termgym.trainer.sampler import BatchedSampler
+from termgym.trainer.routing import record_routing, replay_routing, stack_routing
+from termgym.trainer.batch import forward_logp, make_batch
 
 INSTRUCTION = "Count the words in /app/notes.txt and write the total to /app/count.txt"
 OBSERVATIONS = ["notes.txt  data.csv\n", "  42 /app/notes.txt\n", "cat: /app/count.txt: No such file or directory\n"]
@@ -110,9 +112,9 @@ def main() -> int:
         bf16 = BatchedSampler(copy.deepcopy(policy).to(torch.bfloat16), pad_id=tokenizer.pad_token_id)
         rows["torch bfloat16 (records routing)"] = measure(policy, tokenizer, asyncio.run(roll_out(bf16, tokenizer, args.episodes)))
         if not args.no_vllm:
-            from trainer.vllm_generator import VllmGenerator
+            from termgym.trainer.vllm_sampler import VllmSampler
 
-            with VllmGenerator(copy.deepcopy(policy), policy_dir, max_context=512, dtype="bfloat16") as engine:
+            with VllmSampler(copy.deepcopy(policy), policy_dir, max_context=512, dtype="bfloat16") as engine:
                 rows["vLLM bfloat16 (no routing on CPU)"] = measure(policy, tokenizer, asyncio.run(roll_out(engine, tokenizer, args.episodes)))
     header = f"{'sampler vs float32 trainer':<34} {'tokens':>6} {'gap R3 off':>10} {'gap R3 on':>9} {'on/off':>6} {'top-1 differs':>13} {'drift TITO':>10} {'drift re-tok':>15}"
     print(header)

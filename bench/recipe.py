@@ -42,11 +42,11 @@ from rich.table import Table
 from termgym.records import TrialRecord
 from termgym.cli import run_command
 from termgym.tasks import load_task
-from trainer.config import PRESETS, Config
-from trainer.evaluate import EvalSummary, paired_change, sign_test, summarise_records
-from trainer.models import load_policy
-from trainer.pipeline import Pool, build_policy, held_out, prepare_pool, record_demonstrations, reinforce, warm_start
-from trainer.sft import Demonstration
+from termgym.trainer.config import PRESETS, Config
+from termgym.trainer.evaluate import EvalSummary, paired_change, sign_test, summarise_records
+from termgym.trainer.models import load_policy
+from termgym.trainer.pipeline import Pool, build_policy, held_out, prepare_pool, record_demonstrations, reinforce, warm_start
+from termgym.trainer.sft import Demonstration
 
 
 async def reuse_pool(pool_dir: Path) -> Pool:

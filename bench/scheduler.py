@@ -1,9 +1,9 @@
 """Rollout scheduling modes side by side, at the published scale, on simulated sandboxes.
 
 Batch 512, 560 launched per step, 6 rollout nodes capped at 70 to 94 trials, creation paced at 6/s
-and 600/min, the 20 bundled tasks with the latency model of ``termgym.latency.BUNDLED``. Each mode
+and 600/min, the 20 bundled tasks with the latency model of ``termgym.scheduling.latency.BUNDLED``. Each mode
 runs the same number of steps with the same seed through the real scheduler, env and trial code
-(``termgym.sandboxes.simulated``) on a virtual clock. Per mode: the mean step wall time against
+(``termgym.scheduling.simulated``) on a virtual clock. Per mode: the mean step wall time against
 its lower bound (pacing alone, or the longest kept trial, whichever is larger), against
 ``cancel``'s wall time, the trials cancelled per step, the longest family's share among launched
 trials against kept (and importance-weighted) trials over the run, and the total-variation
@@ -22,12 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from termgym import simclock  # noqa: E402
-from termgym.bias import PUBLISHED_BATCH, PUBLISHED_LAUNCHED  # noqa: E402
+from termgym.scheduling import simclock  # noqa: E402
+from termgym.scheduling.bias import PUBLISHED_BATCH, PUBLISHED_LAUNCHED  # noqa: E402
 from termgym.bundled import bundled_root  # noqa: E402
-from termgym.pacing import Pacer  # noqa: E402
-from termgym.sandboxes.simulated import SimulatedAgent, SimulatedBackend  # noqa: E402
-from termgym.scheduler import MODES, RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes  # noqa: E402
+from termgym.sandboxes.pacing import Pacer  # noqa: E402
+from termgym.scheduling.simulated import SimulatedAgent, SimulatedBackend  # noqa: E402
+from termgym.scheduling.scheduler import MODES, RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes  # noqa: E402
 from termgym.tasks import discover_tasks  # noqa: E402
 
 CAPS = (70, 75, 80, 85, 90, 94)

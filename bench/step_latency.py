@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from termgym.env import AsyncTerminalEnv, EnvOptions  # noqa: E402
 from termgym.tasks import load_task  # noqa: E402
-from tests.conftest import write_task  # noqa: E402
+from tests.helpers import write_task  # noqa: E402
 
 
 async def measure_step(task_dir: Path, steps: int) -> float:

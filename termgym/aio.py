@@ -16,7 +16,7 @@ child and then waits for pipes that a surviving grandchild holds open, for ever.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -68,3 +68,15 @@ async def _wait_out(task: asyncio.Future) -> bool:
         except asyncio.CancelledError:
             interrupted = True
     return interrupted
+
+
+async def gather_limited(calls: Iterable[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
+    """Await every ``call()``, at most ``limit`` at once, started in order; the results in the
+    order of ``calls``. The first exception propagates (as ``asyncio.gather`` does)."""
+    gate = asyncio.Semaphore(max(1, limit))
+
+    async def one(call: Callable[[], Awaitable[T]]) -> T:
+        async with gate:
+            return await call()
+
+    return list(await asyncio.gather(*(one(call) for call in calls)))

@@ -7,6 +7,7 @@ line on stderr, no traceback), 1 for an infrastructure failure (the trial's reco
 from __future__ import annotations
 
 import argparse
+from importlib.metadata import entry_points
 import asyncio
 import json
 import sys
@@ -17,25 +18,25 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from termgym import simclock
-from termgym.bias import TABLE_COLUMNS, BiasReport, summary_line, table_rows
+from termgym.scheduling import simclock
+from termgym.scheduling.bias import TABLE_COLUMNS, BiasReport, summary_line, table_rows
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, resolve_task
-from termgym.errors import TermgymError
-from termgym.images import load_aliases
+from termgym.errors import ConfigError, TermgymError
+from termgym.images.build import load_aliases
 from termgym.output import plain_text as plain
 from termgym.output import terminal_safe
-from termgym.pacing import Pacer
+from termgym.sandboxes.pacing import Pacer
+from termgym.progress import progress_bar
 from termgym.records import TrialRecord, append_record
-from termgym.sandboxes import BACKENDS, close_backends, preflight
-from termgym.sandboxes.simulated import SimulatedAgent, SimulatedBackend
-from termgym.scheduler import MODES, RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes, step_metrics
+from termgym.sandboxes import BACKENDS, close_backends, preflight, remove_leftovers
+from termgym.scheduling.simulated import SimulatedAgent, SimulatedBackend
+from termgym.scheduling.scheduler import MODES, RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes, step_metrics
 from termgym.tamper import TAMPER_POLICIES
-from termgym.tasks import Task, TaskError, discover_tasks
-from termgym.trial import AGENTS, make_agent, run_trial
+from termgym.tasks import Task, discover_tasks
+from termgym.trial import AGENTS, Agent, make_agent, run_trial, run_trials
 
 INFRA_ERRORS = ("sandbox_error", "build_failed")
 # Piped output is not wrapped at 80 columns: tables stay one row per line for tools and logs.
@@ -43,7 +44,7 @@ err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() el
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
-class UsageError(Exception):
+class UsageError(ConfigError):
     """Bad command-line input: reported in one line, exit 2."""
 
 
@@ -141,7 +142,7 @@ def _one_line_errors(call: Callable[[], int]) -> int:
     and exit 1, Ctrl-C exit 130: never a traceback."""
     try:
         return call()
-    except (UsageError, TaskError, ValueError) as exc:
+    except ConfigError as exc:  # bad input (a TaskError too); any other exception is a bug, not the user's
         return _fail(2, f"error: {exc}")
     except TermgymError as exc:
         return _fail(1, f"{exc.kind}: {exc}")
@@ -161,9 +162,13 @@ def _dispatch(argv: list[str]) -> int:
 
 
 def cmd_train(argv: Sequence[str]) -> int:
-    """``termgym train ...``: the trainer's own command line (trainer/config.py)."""
+    """``termgym train ...``: the trainer's own command line. The trainer plugs in as the ``train``
+    entry point of the ``termgym.commands`` group (pyproject.toml), so termgym never imports it."""
+    found = entry_points(group="termgym.commands", name="train")
+    if not found:
+        raise UsageError("the trainer is not installed (pip install -e '.[train]')")
     try:
-        from trainer.train import main as train_main
+        train_main = next(iter(found)).load()
     except ImportError as exc:
         raise UsageError(f"the trainer needs the train extra (pip install -e '.[train]'): {exc}") from exc
     return train_main(argv)
@@ -305,26 +310,19 @@ async def run_many(
     ``records_path`` as soon as its trial ends."""
     if concurrency < 1:
         raise UsageError(f"concurrency must be at least 1, got {concurrency}")
-    gate = asyncio.Semaphore(concurrency)
-    records: list[TrialRecord] = []
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
-    ) as progress:
+    with progress_bar(err) as progress:
         bar = progress.add_task("trials", total=len(jobs))
 
-        async def one(task: Task, agent: str) -> None:
-            async with gate:
-                record = await run_trial(task, make_agent(agent), EnvOptions(backend=backend, run_id=run_id))
+        def on_record(record: TrialRecord, agent: Agent) -> None:
             append_record(records_path, record)
-            records.append(record)
             progress.advance(bar)
 
-        await asyncio.gather(*(one(task, agent) for task, agent in jobs))
-    return records
+        options = EnvOptions(backend=backend, run_id=run_id)
+        return await run_trials([(task, make_agent(agent)) for task, agent in jobs], options, concurrency=concurrency, on_record=on_record)
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
-    """Steps of the rollout scheduler (``termgym.scheduler``). Without ``--batch``: one step in
+    """Steps of the rollout scheduler (``termgym.scheduling.scheduler``). Without ``--batch``: one step in
     mode wait that keeps every trial (each task ``-k`` times, at most ``-n`` at once)."""
     if args.attempts < 1:
         raise UsageError(f"--attempts must be at least 1, got {args.attempts}")
@@ -383,9 +381,7 @@ async def run_steps(
         runner = TrialRunner(make_agent(args.agent), options, pacer)
     records: list[TrialRecord] = []
     short = 0
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err
-    ) as progress:
+    with progress_bar(err) as progress:
         bar = progress.add_task("kept", total=config.batch_size)
 
         def on_record(fate: str, record: TrialRecord) -> None:
@@ -407,7 +403,7 @@ async def run_steps(
 
 
 def print_bias_table(report: BiasReport, mode: str, steps: int) -> None:
-    """Per family, over the whole run: launched against kept (termgym.bias defines each column)."""
+    """Per family, over the whole run: launched against kept (termgym.scheduling.bias defines each column)."""
     table = Table(title=f"straggler bias per family · mode {mode} · {steps} step(s)", title_justify="left")
     for column in TABLE_COLUMNS:
         table.add_column(column, justify="left" if column == "family" else "right")
@@ -468,7 +464,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 
 async def cmd_audit(args: argparse.Namespace) -> int:
     """Exit 0 when the audit ran, rejects or not (they are in the table); 1 with --strict and a reject."""
-    from termgym.audit_runner import run_audit
+    from termgym.audit.runner import run_audit
 
     return await run_audit(args, collect_tasks(args.tasks), out)
 
@@ -491,27 +487,12 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_gc(args: argparse.Namespace) -> int:
-    if args.backend == "daytona":
-        from termgym.sandboxes.daytona import collect_garbage as daytona_gc
-
-        preflight("daytona")
-        out.print(f"removed {await daytona_gc()} leftover daytona sandbox(es)")
-        return 0
-    if args.backend == "docker":
-        from termgym.sandboxes.docker import collect_garbage as docker_gc
-
-        containers, images = await asyncio.to_thread(docker_gc, args.images)
-        out.print(f"removed {containers} leftover docker container(s) and {images} cached task image(s)")
-        return 0
-    from termgym.sandboxes.local import collect_garbage
-
-    removed = await asyncio.to_thread(collect_garbage)
-    out.print(f"removed {removed} leftover {args.backend} sandbox(es)")
+    out.print(await remove_leftovers(args.backend, images=args.images))
     return 0
 
 
 async def cmd_images(args: argparse.Namespace) -> int:
-    from termgym.images import BASE_IMAGE, bootstrap_base_image
+    from termgym.images.build import BASE_IMAGE, bootstrap_base_image
     from termgym.sandboxes.docker import docker_client
 
     client = docker_client()

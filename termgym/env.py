@@ -24,15 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from termgym.artifacts import MAX_ARTIFACT_BYTES, artifact_paths, safe_artifacts
-from termgym.errors import EpisodeError, SandboxBroken, SandboxError
+from termgym.errors import ConfigError, EpisodeError, SandboxBroken, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT
-from termgym.sandboxes import create_sandbox, sandbox_spec
-from termgym.sandboxes.base import Sandbox
+from termgym.records import TrialError
+from termgym.images.build import load_aliases
+from termgym.sandboxes import create_sandbox
+from termgym.sandboxes.base import Sandbox, SandboxSpec
 from termgym.shell import CommandResult, PersistentShell
 from termgym.tamper import TAMPER_POLICIES, tamper_warning
 from termgym.tasks import Task, load_task
 from termgym.verification import Verification, verify
-from verifiers import DEFAULT_SCALE
+from termgym.verifiers import DEFAULT_SCALE
 
 SUBMIT = ":submit"
 DEFAULT_MAX_TURNS = 50
@@ -53,13 +55,13 @@ class EnvOptions:
 
     def __post_init__(self) -> None:
         if self.tamper not in TAMPER_POLICIES:
-            raise ValueError(f"tamper must be one of {', '.join(TAMPER_POLICIES)}, got {self.tamper!r}")
+            raise ConfigError(f"tamper must be one of {', '.join(TAMPER_POLICIES)}, got {self.tamper!r}")
         if self.max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, got {self.max_turns}")
+            raise ConfigError(f"max_turns must be at least 1, got {self.max_turns}")
         if self.command_timeout <= 0:
-            raise ValueError(f"command_timeout must be positive, got {self.command_timeout}")
+            raise ConfigError(f"command_timeout must be positive, got {self.command_timeout}")
         if self.agent_timeout is not None and self.agent_timeout <= 0:
-            raise ValueError(f"agent_timeout must be positive, got {self.agent_timeout}")
+            raise ConfigError(f"agent_timeout must be positive, got {self.agent_timeout}")
 
 
 def format_observation(result: CommandResult) -> str:
@@ -93,7 +95,7 @@ class AsyncTerminalEnv:
         self._deadline = 0.0
         self.timings: dict[str, float] = {}
         self.verification: Verification | None = None
-        self.error: dict[str, str] | None = None
+        self.error: TrialError | None = None
         self.warnings: list[str] = []
         self.system_changes: list[str] | None = None
 
@@ -279,12 +281,30 @@ class AsyncTerminalEnv:
         return {"HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", **self.sandbox.env}
 
 
-def fault(exc: SandboxError, *, agent_acted: bool) -> dict[str, str]:
+def fault(exc: SandboxError, *, agent_acted: bool) -> TrialError:
     """The trial's error for a sandbox fault: ``broken_by_agent`` when the sandbox stopped working
     from inside after the agent had run a command, else ``sandbox_error`` (the infrastructure's)."""
     if isinstance(exc, SandboxBroken) and agent_acted:
         return {"kind": "broken_by_agent", "message": f"{exc} (after the agent's commands)"}
     return {"kind": "sandbox_error", "message": str(exc)}
+
+
+def sandbox_spec(task: Task, *, run_id: str, image_aliases: Mapping[str, str] | None = None) -> SandboxSpec:
+    """The sandbox a task's environment needs, labelled as DESIGN.md says. ``image_aliases``
+    defaults to the built-in ones plus the config file's (``termgym.images.build.load_aliases``)."""
+    return SandboxSpec(
+        name=task.name,
+        context_dir=task.environment_dir,
+        dockerfile=task.dockerfile,
+        image=task.docker_image,
+        resources=task.resources,
+        network=task.network,
+        env=dict(task.environment_env),
+        labels={"termgym": "1", "termgym.run": run_id or "adhoc"},
+        build_timeout_sec=task.build_timeout_sec,
+        compose_file=task.compose_file,
+        image_aliases=dict(image_aliases) if image_aliases is not None else load_aliases(),
+    )
 
 
 def default_sandbox_factory(task: Task, options: EnvOptions) -> Sandbox:
@@ -299,7 +319,7 @@ def make(task: Task | str, backend: str = "local", **options: Any) -> AsyncTermi
     try:
         env_options = EnvOptions(backend=backend, **options)
     except TypeError as exc:  # an unknown option name
-        raise ValueError(f"termgym.make: {exc}") from exc
+        raise ConfigError(f"termgym.make: {exc}") from exc
     return AsyncTerminalEnv(resolved, env_options)
 
 

@@ -1,8 +1,20 @@
-"""The exceptions termgym raises: one flat tree, each a narrow fault with a one-line meaning.
+"""The exceptions termgym raises: one tree under ``TermgymError``, each a narrow fault with a
+one-line meaning.
 
 Expected outcomes (a command's non-zero exit, a command timeout, truncated output, a failing
 verifier) are data in results, never exceptions. These are for faults of the infrastructure or of
-the input. Every message is one line, fit to show a user as it is.
+the input. Every message is one line, fit to show a user as it is. The CLI and ``run_trial`` map
+these and only these: ``ConfigError`` (bad input: one line, exit 2; a trial's ``invalid_task``),
+any other ``TermgymError`` (a fault: one line, exit 1). Anything else is a bug and is not dressed
+up as the user's bad input.
+
+    TermgymError
+      ConfigError (also a ValueError)   bad input: a flag, an option, a file, a task (TaskError)
+      SandboxError                      the sandbox could not be created, used or reached
+        BackendUnavailable, EnvironmentBuildError, SandboxGone,
+        SandboxBroken > ShellProtocolError
+      EpisodeError                      the environment used out of order
+      TrainingError                     the trainer cannot go on (nothing finished, a check failed)
 """
 
 from __future__ import annotations
@@ -12,6 +24,13 @@ class TermgymError(Exception):
     """Base of every termgym error."""
 
     kind = "error"
+
+
+class ConfigError(TermgymError, ValueError):
+    """Bad input: a command-line flag, an option, a configuration file, a value out of range. Also
+    a ``ValueError``, so that code validating arguments reads as usual."""
+
+    kind = "usage_error"
 
 
 class SandboxError(TermgymError):
@@ -53,3 +72,10 @@ class EpisodeError(TermgymError):
     """The environment was used out of order (step before reset, step after the episode ended)."""
 
     kind = "usage_error"
+
+
+class TrainingError(TermgymError):
+    """The trainer cannot go on: no trajectory finished, no demonstration to learn from, the
+    sampler's weights disagree with the trainer's."""
+
+    kind = "training_error"

@@ -11,19 +11,30 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict, get_args
 
-ERROR_KINDS = (
+# sandbox_error: an infrastructure fault, the only kind a scheduler retries. broken_by_agent: the
+# sandbox died, its shell stopped speaking the protocol or a tool broke after the agent's commands
+# (reward 0). tampered: the agent changed system paths and the run's tamper policy is "fail" (reward 0).
+ErrorKind = Literal[
     "agent_timeout",
     "verifier_timeout",
     "verifier_error",
-    "sandbox_error",  # an infrastructure fault: the only kind a scheduler retries
-    "broken_by_agent",  # the sandbox died, its shell stopped speaking the protocol or a tool broke after the agent's commands: reward 0
-    "tampered",  # the agent changed system paths and the run's tamper policy is "fail": reward 0
+    "sandbox_error",
+    "broken_by_agent",
+    "tampered",
     "build_failed",
     "invalid_task",
     "cancelled",
-)
+]
+ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
+
+
+class TrialError(TypedDict):
+    """A record's ``error``: what ended the trial abnormally, in one line."""
+
+    kind: ErrorKind
+    message: str
 
 
 @dataclass
@@ -38,7 +49,7 @@ class TrialRecord:
     assertions: list[dict[str, Any]] = field(default_factory=list)
     report_format: str | None = None
     turns: int = 0
-    error: dict[str, str] | None = None
+    error: TrialError | None = None
     timings: dict[str, float] = field(default_factory=dict)
     run_id: str = ""
     trial_id: str = ""

@@ -44,8 +44,9 @@ from typing import Literal, cast, get_args
 
 import yaml
 
-from termgym.errors import TermgymError
-from verifiers.report import ReportFormat
+from termgym.errors import ConfigError
+from termgym.verifiers.report import ReportFormat
+from termgym.sandboxes.base import Resources
 
 __all__ = [
     "DEFAULT_AGENT_TIMEOUT_SEC",
@@ -77,7 +78,7 @@ _SIZE_FACTOR_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 _HOST_TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
 
 
-class TaskError(TermgymError, ValueError):
+class TaskError(ConfigError):
     """A task directory that cannot be loaded.
 
     ``str(error)`` is one line, ``"<offending file or directory>: <problem>"``; ``path`` and
@@ -90,15 +91,6 @@ class TaskError(TermgymError, ValueError):
         self.path = Path(path)
         self.problem = " ".join(problem.split())
         super().__init__(f"{self.path}: {self.problem}")
-
-
-@dataclass(frozen=True)
-class Resources:
-    """What the sandbox gets: ``cpus`` > 0, ``memory_mb`` and ``storage_mb`` >= 1."""
-
-    cpus: float = 1.0
-    memory_mb: int = 2048
-    storage_mb: int = 10240
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from termgym.aio import gather_limited
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, fault
-from termgym.errors import EnvironmentBuildError, SandboxError
+from termgym.errors import ConfigError, EnvironmentBuildError, SandboxError
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
-from termgym.tasks import Task
+from termgym.tasks import Task, TaskError
 
 Step = tuple[str, float, bool, bool, dict]
 
@@ -48,7 +49,7 @@ class OracleAgent:
     async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
         task = env.task
         if task.solution_script is None:
-            raise ValueError(f"{task.path}: the task has no reference solution")
+            raise TaskError(task.path, "the task has no reference solution")
         await env.upload(task.solution_files(), "/solution")
         step = await env.step(f"bash /solution/{task.solution_script}", timeout=env.agent_timeout)
         if env.done:
@@ -77,7 +78,7 @@ AGENTS = {"oracle": OracleAgent, "null": NullAgent}
 
 def make_agent(name: str) -> Agent:
     if name not in AGENTS:
-        raise ValueError(f"unknown agent {name!r}; choose one of: {', '.join(AGENTS)}")
+        raise ConfigError(f"unknown agent {name!r}; choose one of: {', '.join(AGENTS)}")
     return AGENTS[name]()
 
 
@@ -104,13 +105,32 @@ async def run_trial(
         record.logs["build"] = exc.log[-20000:]
     except SandboxError as exc:
         record.error = fault(exc, agent_acted=env.turns > 0)
-    except ValueError as exc:
+    except ConfigError as exc:
         record.error = {"kind": "invalid_task", "message": str(exc)}
     record.turns = record.turns or env.turns
     record.timings = {**env.timings, "total": time.monotonic() - started}
     record.warnings = record.warnings or list(env.warnings)
     record.system_changes = env.system_changes
     return record
+
+
+async def run_trials(
+    jobs: Sequence[tuple[Task, Agent]], options: EnvOptions, *, concurrency: int,
+    on_record: Callable[[TrialRecord, Agent], None] | None = None,
+) -> list[TrialRecord]:  # fmt: skip
+    """Every ``(task, agent)`` trial of ``jobs``, at most ``concurrency`` at once. ``on_record`` gets
+    each record (with its job's agent) as soon as its trial ends; the records come back in job
+    order. Like ``run_trial``, a trial's fault is its record's error, never an exception."""
+    if concurrency < 1:
+        raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
+
+    async def one(task: Task, agent: Agent) -> TrialRecord:
+        record = await run_trial(task, agent, options)
+        if on_record is not None:
+            on_record(record, agent)
+        return record
+
+    return await gather_limited([lambda t=task, a=agent: one(t, a) for task, agent in jobs], concurrency)
 
 
 def _fill(record: TrialRecord, env: AsyncTerminalEnv, step: Step | None) -> TrialRecord:

@@ -32,7 +32,7 @@ from termgym.aio import cancel_and_wait
 from termgym.errors import SandboxBroken
 from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, tar_of_files
 from termgym.tasks import Task
-from verifiers import (
+from termgym.verifiers import (
     MAX_REPORT_BYTES,
     AssertionReport,
     check_assertion_count,
@@ -113,7 +113,7 @@ class TooManyReports(Exception):
 
 
 def assertion_kit() -> bytes:
-    return resources.files("verifiers").joinpath("kit/assert.sh").read_bytes()
+    return resources.files("termgym.verifiers").joinpath("kit/assert.sh").read_bytes()
 
 
 def verifier_env(task: Task, sandbox: Sandbox) -> dict[str, str]:

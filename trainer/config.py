@@ -13,7 +13,8 @@ import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from termgym.scheduler import MODES
+from termgym.errors import ConfigError
+from termgym.scheduling.scheduler import MODES
 
 
 @dataclass
@@ -150,7 +151,7 @@ def field_docs(cls: type) -> dict[str, str]:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line from the caller, not argparse's usage block
-        raise ValueError(f"{message} (see {self.prog} --help)")
+        raise ConfigError(f"{message} (see {self.prog} --help)")
 
 
 def build_parser(prog: str = "termgym train") -> argparse.ArgumentParser:
@@ -194,13 +195,13 @@ def check_config(cfg: Config) -> None:
     """One ``ValueError`` line for a value no phase could use, before any work starts."""
     for name, allowed in CHOICES.items():
         if getattr(cfg, name) not in allowed:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose one of {', '.join(allowed)}")
+            raise ConfigError(f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose one of {', '.join(allowed)}")
     if cfg.kl_coef < 0:
-        raise ValueError(f"--kl-coef must be at least 0, got {cfg.kl_coef}")
+        raise ConfigError(f"--kl-coef must be at least 0, got {cfg.kl_coef}")
     if cfg.advantage == "group" and cfg.group_size < 2:
-        raise ValueError("--advantage group compares episodes of the same task: give --group-size 2 or more")
+        raise ConfigError("--advantage group compares episodes of the same task: give --group-size 2 or more")
     for name in ("steps", "batch_size", "minibatch_size", "concurrency", "max_turns", "max_new_tokens", "update_epochs", "group_size"):
         if getattr(cfg, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     if cfg.pool and (cfg.heldout < 1 or cfg.sft_batch_size < 1 or cfg.sft_steps < 0 or cfg.audit_k < 1 or cfg.eval_samples < 0):
-        raise ValueError("with --pool, --heldout, --sft-batch-size and --audit-k must be at least 1 (--sft-steps and --eval-samples at least 0)")
+        raise ConfigError("with --pool, --heldout, --sft-batch-size and --audit-k must be at least 1 (--sft-steps and --eval-samples at least 0)")

@@ -14,7 +14,6 @@ batching (up to float rounding between batched and cached forwards).
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import math
 from collections import defaultdict
@@ -26,8 +25,10 @@ import torch
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.records import TrialRecord
 from termgym.tasks import Task
-from termgym.trial import Step, run_trial
-from trainer.rollout import BatchedSampler, ChatFormat, RolloutSettings, Trajectory, drive_episode, stream_seed
+from termgym.trial import Step, run_trials
+from termgym.trainer.chat import ChatFormat
+from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, stream_seed
+from termgym.trainer.sampler import BatchedSampler
 
 
 @dataclass(frozen=True)
@@ -122,17 +123,16 @@ async def evaluate(policy, tokenizer, tasks: Sequence[Task], options: EnvOptions
     returns the summary and the records in task order."""
     sampler = BatchedSampler(copy.deepcopy(policy).eval(), pad_id=tokenizer.pad_token_id, record_routing=False)
     chat = ChatFormat(tokenizer)
-    gate = asyncio.Semaphore(max(1, concurrency))
 
-    async def one(task: Task, sample: int | None) -> TrialRecord:
-        trajectory = Trajectory(task=task.name)
+    def agent(task: Task, sample: int | None) -> _EvalAgent:
         generator = None if sample is None else torch.Generator().manual_seed(stream_seed("eval", seed, task.name, sample))
-        async with gate:
-            record = await run_trial(task, _EvalAgent(sampler, chat, settings, generator, trajectory), options)
-        if on_record is not None:
-            on_record(record, trajectory)
-        return record
+        return _EvalAgent(sampler, chat, settings, generator, Trajectory(task=task.name))
 
-    jobs = [(task, None) for task in tasks] if samples < 1 else [(task, i) for task in tasks for i in range(samples)]
-    records = list(await asyncio.gather(*(one(task, sample) for task, sample in jobs)))
+    def recorded(record: TrialRecord, agent: _EvalAgent) -> None:
+        if on_record is not None:
+            on_record(record, agent.trajectory)
+
+    draws = [(task, None) for task in tasks] if samples < 1 else [(task, i) for task in tasks for i in range(samples)]
+    jobs = [(task, agent(task, sample)) for task, sample in draws]
+    records = await run_trials(jobs, options, concurrency=max(1, concurrency), on_record=recorded)
     return summarise_records(records, max(samples, 0)), records

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from trainer.routing import record_routing, stack_routing
+from termgym.trainer.routing import record_routing, stack_routing
 
 
 @dataclass

@@ -28,6 +28,8 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from termgym.errors import ConfigError
+
 hf_logging.disable_progress_bar()  # loading a local directory needs no progress bar
 
 IM_START, IM_END, SUBMIT_TOKEN, PAD = "<|im_start|>", "<|im_end|>", "<|submit|>", "<|pad|>"
@@ -122,7 +124,7 @@ def load_policy(model_dir: str | os.PathLike) -> tuple[PreTrainedModel, PreTrain
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     for token in (IM_END, SUBMIT_TOKEN):
         if tokenizer.convert_tokens_to_ids(token) in (None, tokenizer.unk_token_id):
-            raise ValueError(f"{model_dir}: the tokenizer has no {token} token; the trainer needs it")
+            raise ConfigError(f"{model_dir}: the tokenizer has no {token} token; the trainer needs it")
     return model.eval(), tokenizer
 
 

@@ -10,7 +10,7 @@
 5. evaluate on the held-out set: greedily, and with ``--eval-samples`` episodes per task sampled at
    temperature 1;
 6. critic warm-up, then PPO with the dense per-assertion reward through the scheduler
-   (``trainer/train.py``);
+   (``trainer/ppo.py``);
 7. evaluate again; write the curves as PNG files, ``summary.json``, and print the final table.
 
 The run directory holds everything: ``tasks/{train,heldout}/`` (with ``split.json``: the held-out
@@ -27,37 +27,32 @@ nothing is tuned on it here: it is evaluated twice, with the same greedy decodin
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from termgym.audit import select_order, with_audited_count
-from termgym.audit_cache import AuditCache
-from termgym.audit_runner import audit_tasks
-from termgym.errors import TermgymError
+from termgym.audit.rubric import select_order, with_audited_count
+from termgym.audit.cache import AuditCache
+from termgym.audit.runner import audit_tasks
+from termgym.errors import ConfigError, TermgymError
 from termgym.envs.families import bundled_audit_cache, generate_split, reference_commands
+from termgym.progress import progress_bar
 from termgym.records import append_record
 from termgym.tasks import Task, load_task
-from trainer.config import Config, warmup_steps
-from trainer.evaluate import EvalSummary, evaluate, paired_change
-from trainer.models import build_tiny_policy, load_policy
-from trainer.plots import write_plots
-from trainer.rollout import ChatFormat, rollout_options, rollout_settings
-from trainer.sft import Demonstration, budget_problem, collect_demonstrations, demonstration_tokens, save_demonstrations, supervised_train
-from trainer.vllm_generator import policy_head_dim
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=False)  # fmt: skip
+from termgym.trainer.config import Config, warmup_steps
+from termgym.trainer.evaluate import EvalSummary, evaluate, paired_change
+from termgym.trainer.models import build_tiny_policy, load_policy
+from termgym.trainer.plots import write_plots
+from termgym.trainer.ppo import train
+from termgym.trainer.chat import ChatFormat
+from termgym.trainer.rollout import rollout_options, rollout_settings
+from termgym.trainer.sft import Demonstration, budget_problem, collect_demonstrations, demonstration_tokens, save_demonstrations, supervised_train
+from termgym.trainer.vllm_sampler import policy_head_dim
 
 
 @dataclass(frozen=True)
@@ -110,7 +105,7 @@ async def prepare_pool(run: Path, cfg: Config, console: Console) -> Pool:
     train_tasks = [load_task(p) for p in generate_split(run / "tasks" / "train", "train", cfg.pool, cfg.seed)]
     heldout = [load_task(p) for p in generate_split(run / "tasks" / "heldout", "heldout", cfg.heldout, cfg.seed)]
     console.print(f"[bold]1/7 tasks[/]: {len(train_tasks)} training, {len(heldout)} held-out ({run / 'tasks'})")
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         bar = progress.add_task("2/7 audit of the training pool", total=1)
         cache = AuditCache.load(bundled_audit_cache() if cfg.audit_cache == "bundled" else cfg.audit_cache) if cfg.audit_cache else AuditCache()
         verdicts = await audit_tasks(train_tasks, rollout_options(cfg, f"audit-{run.name}"), k=cfg.audit_k,
@@ -149,7 +144,7 @@ def build_policy(run: Path, cfg: Config, console: Console):
 async def record_demonstrations(run: Path, cfg: Config, selection: list[Task], console: Console) -> list[Demonstration]:
     """Phase 4a: the reference trajectories of ``selection`` (resolved ones only), recorded in
     fresh sandboxes; ``run/sft/demonstrations.jsonl`` and every trial's record in ``run/sft/records.jsonl``."""
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         bar = progress.add_task("4/7 reference trajectories", total=len(selection))
         demos = await collect_demonstrations(
             selection, lambda task: reference_commands(task.path), rollout_options(cfg, f"reference-{run.name}"),
@@ -166,9 +161,9 @@ def warm_start(run: Path, cfg: Config, demos: list[Demonstration], policy, token
     chat = ChatFormat(tokenizer)
     rows = [demonstration_tokens(chat, demo, cfg.observation_tokens) for demo in demos]
     if problem := budget_problem(demos, rows, cfg.max_new_tokens, cfg.max_context):
-        raise ValueError(f"{problem}: the policy could never complete that task (raise the budget)")
+        raise ConfigError(f"{problem}: the policy could never complete that task (raise the budget)")
     began = time.monotonic()
-    with _progress(console) as progress:
+    with progress_bar(console) as progress:
         bar = progress.add_task(f"4/7 supervised warm start on {len(demos)} trajectories", total=cfg.sft_steps)
         losses = supervised_train(policy, rows, steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
                                   seed=cfg.seed, pad_id=tokenizer.pad_token_id,
@@ -188,7 +183,7 @@ async def held_out(run: Path, cfg: Config, label: str, model, tokenizer, tasks: 
     the same draws whatever the label."""
     results = []
     for samples, name in [(0, label)] + ([(cfg.eval_samples, f"{label}-sampled")] if cfg.eval_samples else []):
-        with _progress(console) as progress:
+        with progress_bar(console) as progress:
             bar = progress.add_task(f"evaluation on the held-out set ({name})", total=len(tasks) * max(samples, 1))
 
             def on_record(record, trajectory, name=name, bar=bar) -> None:
@@ -205,10 +200,7 @@ async def held_out(run: Path, cfg: Config, label: str, model, tokenizer, tasks: 
 async def reinforce(cfg: Config, model_dir: Path, selection: list[Task], out: Path) -> list[dict]:
     """Phase 6: critic warm-up and PPO from ``model_dir`` on ``selection`` into ``out``; returns
     the per-step metrics."""
-    from trainer.train import train  # the PPO loop
-
-    await train(replace(cfg, model=str(model_dir), tasks=tuple(str(t.path) for t in selection), out=str(out), pool=0))
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return await train(replace(cfg, model=str(model_dir), tasks=tuple(str(t.path) for t in selection), out=str(out), pool=0))
 
 
 async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
@@ -217,9 +209,9 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     console = console or Console(file=sys.stderr, width=None if sys.stderr.isatty() else 120)  # tables unwrapped in logs
     run = Path(cfg.out)
     if run.exists() and any(run.iterdir()):
-        raise ValueError(f"{run} already holds a run; choose another --out")
+        raise ConfigError(f"{run} already holds a run; choose another --out")
     if cfg.resume:
-        raise ValueError("--resume continues PPO alone: give it --out RUN/ppo and --model RUN/sft/policy, without --pool")
+        raise ConfigError("--resume continues PPO alone: give it --out RUN/ppo and --model RUN/sft/policy, without --pool")
     timings: dict[str, float] = {}
     began = time.monotonic()
     pool = await prepare_pool(run, cfg, console)
@@ -261,16 +253,3 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     console.print(family_table(before, after, {t.family for t in pool.selection}))
     console.print(f"run directory: [bold]{run}[/] (summary.json, plots/, eval/, ppo/checkpoint.pt, ppo/policy/)")
     return summary
-
-
-def run_pipeline_sync(cfg: Config) -> dict:
-    from termgym.sandboxes import close_backends
-
-    async def main() -> dict:
-        try:
-            return await run_pipeline(cfg)
-        finally:
-            await close_backends()
-
-    torch.manual_seed(cfg.seed)
-    return asyncio.run(main())

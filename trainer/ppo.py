@@ -1,131 +1,314 @@
-"""PPO's arithmetic as pure tensor functions: masked GAE, whitening, clipped losses, diagnostics.
+"""PPO for terminal agents, top to bottom, in the shape of CleanRL's ppo.py: ``train`` sets up, then
+loops over steps (roll out, update, log); ``ppo_update`` is one update. The arithmetic lives in
+``trainer/losses.py`` as pure, table-tested functions; batches in ``trainer/batch.py``; several
+processes in ``trainer/distributed.py``; checkpoints in ``trainer/checkpoint.py``; the command
+line (and ``--pool``, the whole main job) in ``trainer/cli.py``.
 
-Conventions shared by every function: tensors are ``[batch, time]``; ``mask`` is 1.0 on action
-(sampled) tokens and 0.0 elsewhere (prompt, observation, framing, padding); position ``t`` of
-``values`` is the critic's estimate before action token ``t`` is emitted. No function reads or
-writes anything but its arguments; none changes its inputs.
+Each step: publish the policy's weights to the generator (version = step), collect a batch of
+trajectories through termgym's ``RolloutScheduler`` (TITO: the sampled ids are trained as they
+are), recompute log-probs under the current weights and token-level values with the critic, run
+GAE over action tokens, whiten the advantages, then several epochs of minibatches of the clipped
+policy loss (skipped during the critic warm-up) and the clipped value loss, each model with its own
+Adam and its own gradient clipping. ``--kl-coef`` adds a KL penalty to the starting policy;
+``--advantage group`` replaces the critic by a leave-one-out baseline over the episodes of the
+same task (``--group-size`` launches of each task drawn). With an MoE policy and ``routing_replay`` (R3, on by
+default), the log-prob recompute and the policy-loss forwards use the experts the sampler chose at
+the sampled tokens (``trainer/routing.py``), and the router's load-balancing loss is off. Metrics
+go to ``metrics.jsonl`` and one line per step (``train`` returns every step's); a checkpoint (actor, critic, optimizers, step,
+task-pool draws) lets ``--resume`` continue bit-for-bit on CPU.
+
+Multi-process (``torchrun --nproc-per-node N``, gloo on CPU): rank 0 runs the rollouts and
+broadcasts the batch; every rank computes GAE on the whole batch identically, takes its share of
+each minibatch's rows, and gradients are summed across ranks with losses normalised by the
+minibatch's global token count, so N processes compute the same update as one. ``--fsdp`` shards
+both models with FSDP2 instead (FSDP reduces the gradients; checkpoints hold whole tensors).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Hashable, Sequence
+import copy
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
+from rich.console import Console
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+import torch.distributed as dist
+from termgym.bundled import bundled_task_paths
+from termgym.env import resolve_task
+from termgym.errors import ConfigError, TrainingError
+from termgym.progress import progress_bar
+from termgym.records import append_record
+from termgym.sandboxes.pacing import Pacer
+from termgym.scheduling.scheduler import KeptTrial, RolloutScheduler, SchedulerConfig, TaskPool, make_nodes, step_metrics
+from termgym.tasks import Task, load_task
+from termgym.trainer import losses
+from termgym.trainer.batch import forward_logp, forward_values, make_batch
+from termgym.trainer.chat import ChatFormat
+from termgym.trainer.checkpoint import load_checkpoint, restore_optimizers, save_checkpoint
+from termgym.trainer.config import Config, check_config, warmup_steps
+from termgym.trainer.distributed import FULL, shard, sync_gradients, world
+from termgym.trainer.models import Critic, build_tiny_policy, load_policy
+from termgym.trainer.rollout import PolicyRunner, Trajectory, append_trajectories, rollout_options, rollout_settings, token_drift
+from termgym.trainer.routing import disable_router_aux_loss, replay_routing
+from termgym.trainer.sampler import BatchedSampler, Sampler
+from termgym.trainer.vllm_sampler import VllmSampler, policy_head_dim
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` over positions where ``mask`` is 1 (0.0 when the mask is empty)."""
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+class CountingPool(TaskPool):
+    """The scheduler's task pool, counting draws so that a resumed run can replay them. With
+    ``group_size`` k, each task drawn is launched k times in a row (the group advantage's groups)."""
+
+    def __init__(self, tasks, *, shuffle: bool = True, seed: int = 0, group_size: int = 1) -> None:
+        super().__init__(tasks, shuffle=shuffle, seed=seed)
+        self.drawn = 0  # tasks drawn from the pool's order
+        self.group_size = group_size
+
+    def draw(self, n: int) -> list:
+        tasks = super().draw(-(-n // self.group_size))
+        self.drawn += len(tasks)
+        return [task for task in tasks for _ in range(self.group_size)][:n]
+
+    def replay(self, drawn: int) -> None:
+        """Draw what an interrupted run had drawn, so the order continues where it stopped."""
+        TaskPool.draw(self, drawn)
+        self.drawn = drawn
 
 
-def masked_gae(
-    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation over action tokens only.
-
-    Positions where ``mask`` is 0 are skipped as if absent: the last action token of one turn
-    bootstraps from the value of the first action token of the next turn (the observation tokens
-    in between carry no reward and no value of their own). After the last action token the episode
-    is over: the bootstrap value is 0. Returns ``(advantages, returns)``, both 0 where the mask is
-    0; ``returns = advantages + values`` on action tokens. Rewards at masked-out positions must be 0.
-    """
-    if rewards.shape != values.shape or values.shape != mask.shape:
-        raise ValueError(f"shapes differ: rewards {tuple(rewards.shape)}, values {tuple(values.shape)}, mask {tuple(mask.shape)}")
-    if bool(((rewards != 0) & (mask == 0)).any()):
-        raise ValueError("a reward sits on a masked-out position; put it on an action token")
-    batch, time = rewards.shape
-    advantages = torch.zeros_like(values)
-    next_value = torch.zeros(batch, dtype=values.dtype)
-    running = torch.zeros(batch, dtype=values.dtype)
-    for t in reversed(range(time)):
-        on = mask[:, t] > 0
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        candidate = delta + gamma * lam * running
-        running = torch.where(on, candidate, running)
-        next_value = torch.where(on, values[:, t], next_value)
-        advantages[:, t] = torch.where(on, candidate, torch.zeros_like(candidate))
-    returns = (advantages + values) * mask
-    return advantages, returns
+# -- one update ------------------------------------------------------------------------------------
 
 
-def leave_one_out_advantages(rewards: torch.Tensor, groups: Sequence[Hashable]) -> torch.Tensor:
-    """Per-episode advantage without a critic (RLOO): each episode's reward minus the mean reward of
-    the *other* episodes of its group (the same task in the same batch). An episode alone in its
-    group gets 0: there is nothing to compare it with. ``rewards`` is ``[episodes]``."""
-    members: dict[Hashable, list[int]] = defaultdict(list)
-    for index, group in enumerate(groups):
-        members[group].append(index)
-    advantages = torch.zeros_like(rewards)
-    for indices in members.values():
-        if len(indices) > 1:
-            r = rewards[indices]
-            advantages[indices] = r - (r.sum() - r) / (len(indices) - 1)
-    return advantages
+def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, *, update_policy: bool, step: int,
+               reference=None) -> dict:  # fmt: skip
+    """One PPO update on ``batch`` (every rank holds the same batch). Returns its metrics. With a
+    ``reference`` model (the starting policy) and ``cfg.kl_coef > 0``, the policy loss adds
+    ``kl_coef`` times the token mean of ``losses.kl_to_reference``. With ``cfg.advantage == "group"``
+    the critic is neither read nor trained: every token of an episode gets its leave-one-out
+    advantage, scaled to unit root mean square over the batch."""
+    b_ids, b_attention, b_mask = batch["ids"], batch["attention"], batch["mask"]
+    b_routing = batch.get("routing")
+    replay = cfg.routing_replay and b_routing is not None
+    anchored = reference is not None and cfg.kl_coef > 0
+    with_critic = cfg.advantage == "gae"
+    with torch.no_grad():
+        # agreement is measured either way; the recorded experts are used only with routing_replay
+        with replay_routing(policy, b_routing, enforce=replay) as routing_stats:
+            b_logp, b_entropy = forward_logp(policy, b_ids, b_attention, entropy=True)
+        b_values = forward_values(critic, b_ids, b_attention) * b_mask if with_critic else None
+        b_ref_logp = None
+        if anchored:
+            with replay_routing(reference, b_routing if replay else None):
+                b_ref_logp, _ = forward_logp(reference, b_ids, b_attention)
+    if with_critic:
+        b_advantages, b_returns = losses.masked_gae(batch["rewards"], b_values, b_mask, cfg.gamma, cfg.lam)
+        b_advantages = losses.whiten(b_advantages, b_mask)
+    else:
+        per_episode = losses.leave_one_out_advantages(batch["episode_rewards"], batch["groups"])
+        b_advantages = losses.scale_to_unit(per_episode[:, None] * b_mask, b_mask)
+    metrics = {
+        "explained_variance": losses.explained_variance(b_returns, b_values, b_mask) if with_critic else None,
+        "entropy": float(losses.masked_mean(b_entropy, b_mask)),
+        "logprob_gap": float(losses.masked_mean((b_logp - batch["rollout_logp"]).abs(), b_mask)),
+        "routing_replay": replay,
+        "routing_agreement": routing_stats.agreement,  # None: no routing recorded (a dense policy)
+        "kl_to_reference": float(losses.masked_mean(losses.kl_to_reference(b_logp, b_ref_logp), b_mask)) if anchored else None,
+    }
+    rank, size = world()
+    order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+    b_loss_mask = b_mask * batch["weights"][:, None]  # the scheduler's reweighting, per trajectory
+    minibatch_losses: dict[str, list[float]] = {"policy_loss": [], "value_loss": [], "clip_fraction": []}
+    for _ in range(cfg.update_epochs):
+        permutation = torch.randperm(len(b_ids), generator=order)
+        for start in range(0, len(b_ids), cfg.minibatch_size):
+            mb = permutation[start : start + cfg.minibatch_size]
+            share = float(b_loss_mask[mb].sum().clamp(min=1.0))  # the minibatch's tokens, all ranks together
+            mine, counted = mb[rank::size], 1.0  # this rank's rows
+            if len(mine) == 0:  # a short last minibatch: run one row that counts for nothing, so
+                mine, counted = mb[:1], 0.0  # every rank still joins the collectives
+            mb_ids, mb_attention, mb_mask = b_ids[mine], b_attention[mine], b_loss_mask[mine] * counted
+            # masked means times this scale sum to the minibatch's global mean (FSDP averages: undo it)
+            scale = float(mb_mask.sum()) / share * (size if cfg.fsdp else 1)
+            if update_policy:
+                actor_opt.zero_grad()
+                with replay_routing(policy, b_routing[mine] if replay else None):
+                    mb_logp, _ = forward_logp(policy, mb_ids, mb_attention)
+                pg_loss, clip_fraction = losses.policy_loss(mb_logp, b_logp[mine], b_advantages[mine], mb_mask, cfg.clip)
+                if anchored:
+                    pg_loss = pg_loss + cfg.kl_coef * losses.masked_mean(losses.kl_to_reference(mb_logp, b_ref_logp[mine]), mb_mask)
+                (pg_loss * scale).backward()
+                if counted:
+                    minibatch_losses["policy_loss"].append(float(pg_loss.detach()))
+                    minibatch_losses["clip_fraction"].append(float(clip_fraction))
+                sync_gradients(policy)
+                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+                actor_opt.step()
+            if not with_critic:
+                continue
+            critic_opt.zero_grad()
+            mb_values = forward_values(critic, mb_ids, mb_attention)
+            v_loss = losses.value_loss(mb_values, b_values[mine], b_returns[mine], mb_mask, cfg.value_clip)
+            (v_loss * scale).backward()
+            if counted:
+                minibatch_losses["value_loss"].append(float(v_loss.detach()))
+            sync_gradients(critic)
+            torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
+            critic_opt.step()
+    metrics.update({name: (sum(v) / len(v) if v else None) for name, v in minibatch_losses.items()})
+    return metrics
 
 
-def scale_to_unit(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """``x`` divided by its root mean square over the mask (not shifted: a zero stays zero); 0
-    elsewhere."""
-    return x * torch.rsqrt(masked_mean(x**2, mask) + eps) * mask
+# -- the loop --------------------------------------------------------------------------------------
 
 
-def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """``x`` shifted and scaled to mean 0 and (population) variance 1 over the mask; 0 elsewhere."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
-    return (x - mean) * torch.rsqrt(var + eps) * mask
+def summarise(step: int, kept: Sequence[KeptTrial[Trajectory]], update: dict, result, timings: dict) -> dict:
+    trajectories = [k.result for k in kept]
+    records = [k.record for k in kept]
+    n = max(len(kept), 1)
+    action_tokens = sum(sum(t.loss_mask) for t in trajectories)
+    return {
+        "step": step,
+        "reward": sum(t.reward for t in trajectories) / n,
+        "resolved": sum(r.resolved for r in records) / n,
+        "passed": sum(r.passed for r in records) / n,
+        "turns": sum(r.turns for r in records) / n,
+        "tokens": sum(len(t.ids) for t in trajectories),
+        "action_tokens": action_tokens,
+        "truncated": sum(t.truncated for t in trajectories),
+        "token_drift": sum(token_drift(t) for t in trajectories),
+        "staleness_max": max((k.staleness for k in kept), default=0),
+        "staleness_mean": sum(k.staleness for k in kept) / n,
+        **update,
+        **timings,
+        "update_tokens_per_second": action_tokens / timings["update_seconds"] if timings["update_seconds"] else None,
+        "scheduler": step_metrics(result),
+    }
 
 
-def policy_loss(
-    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float = 0.2
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate (symmetric clip), token mean over the mask. Returns ``(loss,
-    clip_fraction)``: the fraction of masked tokens whose clipped term was the one taken."""
-    ratio = torch.exp(logp - old_logp)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
-    clip_fraction = masked_mean((clipped > unclipped).float(), mask)
-    return loss, clip_fraction.detach()
+def progress_line(m: dict, steps: int) -> str:
+    ev = m["explained_variance"]
+    return (
+        f"step {m['step'] + 1}/{steps} reward {m['reward']:.3f} resolved {m['resolved']:.2f} passed {m['passed']:.1f} "
+        f"turns {m['turns']:.1f} tokens {m['tokens']} " + (f"ev {ev:.2f} " if ev is not None else "") + f"clip {m['clip_fraction'] or 0:.2f} "
+        f"entropy {m['entropy']:.2f} gap {m['logprob_gap']:.2e} drift {m['token_drift']} "
+        + (f"agree {m['routing_agreement']:.3f} " if m.get("routing_agreement") is not None else "")
+        + (f"kl {m['kl_to_reference']:.4f} " if m.get("kl_to_reference") is not None else "") +
+        f"stale {m['staleness_max']} ({m['rollout_seconds']:.1f}s rollout, {m['update_seconds']:.1f}s update)"
+    )
 
 
-def kl_to_reference(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token estimate of KL(policy || reference) from the log-probs of tokens the policy
-    sampled: ``exp(d) - d - 1`` with ``d = ref_logp - logp`` (the "k3" estimator: never negative,
-    0 exactly where the two agree, and unbiased when the tokens are drawn from the policy)."""
-    d = ref_logp - logp
-    return torch.exp(d) - d - 1.0
+def make_sampler(cfg: Config, policy, model_dir: Path, pad_id: int, rank: int) -> Sampler:
+    """The rollout's sampler: its own copy of the policy (unsharded, always). With ``--generator
+    vllm`` rank 0 starts an engine (other ranks sample nothing)."""
+    if cfg.generator == "vllm" and rank == 0:
+        sampler = VllmSampler(copy.deepcopy(policy), model_dir, max_context=cfg.max_context, seed=cfg.seed)
+        if not sampler.records_routing:
+            print(f"generator vllm: {sampler.routing_note}", file=sys.stderr)
+        return sampler
+    sampler_model = copy.deepcopy(policy).to(getattr(torch, cfg.sampler_dtype))  # publish casts into it
+    return BatchedSampler(sampler_model, pad_id=pad_id)
 
 
-def value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float = 0.5
-) -> torch.Tensor:
-    """Clipped value loss: 0.5 * max((V - R)^2, (V_old + clamp(V - V_old, -clip, clip) - R)^2),
-    token mean over the mask."""
-    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
-    loss = torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
-    return 0.5 * masked_mean(loss, mask)
+def bundled_tasks() -> list[Task]:
+    """The bundled tasks: what trains when neither ``--tasks`` nor ``--pool`` says otherwise."""
+    return [load_task(path) for path in bundled_task_paths()]
 
 
-def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> float:
-    """1 - Var(R - V) / Var(R) over the mask: 1 is perfect, 0 is as good as predicting the mean,
-    negative is worse. NaN when the returns have no variance (equal returns everywhere, up to float
-    rounding: a variance below 1e-12 of their mean square)."""
-    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
-    residual = returns - values
-    var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
-    if float(var_returns) <= 1e-12 * max(float(masked_mean(returns**2, mask)), 1e-30):
-        return float("nan")
-    return float(1.0 - var_residual / var_returns)
+async def train(cfg: Config) -> list[dict]:
+    """Run ``cfg.steps`` steps (continuing from the checkpoint with ``cfg.resume``); returns every
+    step this call ran, its metrics in order (on every rank; empty when no step ran)."""
+    check_config(cfg)
+    rank, size = world()
+    if cfg.batch_size % size or cfg.minibatch_size % size:
+        raise ConfigError(f"batch_size and minibatch_size must be multiples of the {size} processes")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = Path(cfg.model) if cfg.model else out / "init"
+    if not cfg.model and rank == 0 and not (model_dir / "config.json").exists():
+        build_tiny_policy(model_dir, seed=cfg.seed, head_dim=policy_head_dim(cfg.generator))
+    if size > 1:
+        dist.barrier()
+    policy, tokenizer = load_policy(model_dir)
+    if cfg.routing_replay:
+        disable_router_aux_loss(policy)  # fixed routing: nothing to balance (and the loss never adds it anyway)
+    # the KL anchor: the policy as loaded, before any update or resumed checkpoint (unsharded, frozen)
+    reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+    critic = Critic(model_dir)
+    sampler = make_sampler(cfg, policy, model_dir, tokenizer.pad_token_id, rank)
+    pool = CountingPool([resolve_task(name) for name in cfg.tasks] or bundled_tasks(), seed=cfg.seed, group_size=cfg.group_size)
+    state = load_checkpoint(out) if cfg.resume else None
+    if state is not None:
+        policy.load_state_dict(state["policy"])
+        critic.load_state_dict(state["critic"])
+    if cfg.fsdp and size > 1:
+        shard(policy, policy.model.layers)
+        shard(critic, critic.backbone.layers)
+    actor_opt = torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr)
+    critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
+    start = 0
+    if state is not None:
+        restore_optimizers(state, policy, critic, actor_opt, critic_opt)
+        pool.replay(state["drawn"])  # the pool's order is a function of its seed and the draws so far
+        start = state["step"]
+    options = rollout_options(cfg, f"train-{out.name}")
+    runner = PolicyRunner(sampler, ChatFormat(tokenizer), options, Pacer(), rollout_settings(cfg), seed=cfg.seed,
+                          binary_reward=cfg.reward == "binary")  # fmt: skip
+    scheduler_config = SchedulerConfig(batch_size=cfg.batch_size, launch=cfg.launch, mode=cfg.mode,
+                                       nodes=make_nodes([cfg.concurrency]))  # fmt: skip
+    history: list[dict] = []
+    progress = progress_bar(Console(file=sys.stderr), disable=rank != 0)
+    steps_bar = progress.add_task("steps", total=cfg.steps, completed=start)
+    trials_bar = progress.add_task("trials", total=cfg.batch_size)
 
+    def on_record(fate: str, record) -> None:
+        append_record(out / "records.jsonl", record)
+        progress.advance(trials_bar, fate == "kept")
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-position entropy of the categorical distribution given by ``logits`` (last dimension)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] at every position, in float32."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    with progress:
+        async with RolloutScheduler(runner, pool, scheduler_config, pacer=Pacer(), on_record=on_record) as scheduler:
+            for step in range(start, cfg.steps):
+                progress.reset(trials_bar, total=cfg.batch_size)
+                # 1. publish the weights, then roll out (rank 0) and share the batch
+                began = time.monotonic()
+                weights = get_model_state_dict(policy, options=FULL)  # a collective when sharded
+                if rank == 0:
+                    sampler.publish(weights, version=step)
+                forwards, requests = sampler.forwards, sampler.requests
+                payload = [None]
+                if rank == 0:
+                    result = await scheduler.step(policy_version=step)
+                    kept = sorted(result.kept, key=lambda k: k.result.launch)  # a batch order that timing cannot change
+                    payload = [(kept, result)]
+                if size > 1:
+                    dist.broadcast_object_list(payload, src=0)
+                kept, result = payload[0]
+                if not kept:
+                    raise TrainingError(f"step {step}: no trajectory finished (see {out / 'records.jsonl'})")
+                rollout_seconds = time.monotonic() - began
+                # 2. the PPO update (critic only during the warm-up)
+                began = time.monotonic()
+                batch = make_batch([k.result for k in kept], [k.weight for k in kept], tokenizer.pad_token_id)
+                update = ppo_update(policy, critic, actor_opt, critic_opt, batch, cfg,
+                                    update_policy=step >= warmup_steps(cfg), step=step, reference=reference)  # fmt: skip
+                timings = {"rollout_seconds": rollout_seconds, "update_seconds": time.monotonic() - began}
+                # 3. metrics, trajectories, checkpoint
+                metrics = summarise(step, kept, update, result, timings)
+                metrics["warmup"] = step < warmup_steps(cfg)
+                served = sampler.forwards - forwards  # rank 0's sampler; other ranks sample nothing
+                metrics["generation_batch_mean"] = (sampler.requests - requests) / served if served else None
+                metrics["routing_recorded"] = sampler.records_routing  # False: R3 had nothing to replay
+                metrics["publication_gap"] = sampler.publication_gap  # vllm: engine vs trainer
+                if rank == 0:
+                    append_trajectories(out / "trajectories.jsonl", [k.result for k in kept], step)
+                    with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
+                        handle.write(json.dumps(metrics) + "\n")
+                    progress.console.print(progress_line(metrics, cfg.steps), highlight=False, soft_wrap=True)
+                    progress.advance(steps_bar)
+                history.append(metrics)
+                if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+                    save_checkpoint(out, step + 1, pool.drawn, policy, critic, actor_opt, critic_opt, sampler.model,
+                                    tokenizer, cfg)  # fmt: skip
+    return history

@@ -16,13 +16,11 @@ elsewhere); text in observations and instructions can never produce a special to
 ``retokenize=True`` (a demonstration of what TITO avoids) re-encodes the decoded text, and the
 drift then shows up in ``token_drift``.
 
-Generation is batched across the episodes in flight: ``BatchedSampler.sample`` queues a request and
-one forward pass serves every request queued before the event loop gets to it, over only the
-tokens each request appended since its episode's last forward (the key/value cache,
-``trainer/kv_cache.py``; ``kv_cache=False`` recomputes every position). A sampler with a
-``generate_turn`` method (the vLLM generator, ``trainer/vllm_generator.py``) is asked for a whole
-turn at a time instead (up to ``max_new_tokens``, within the context, ending at a stop id); the
-guarantees above hold the same way.
+Each turn is one ``generate_turn`` request to the sampler (the ``Sampler`` protocol,
+``trainer/sampler.py``): up to ``max_new_tokens``, within the context, ending at a stop id. The
+torch sampler batches across the episodes in flight (one forward pass serves every next-token
+request queued before the event loop gets to it, over only the tokens each request appended since
+its episode's last forward); the vLLM sampler (``trainer/vllm_sampler.py``) serves whole turns.
 
 Routing (R3, ``trainer/routing.py``): with a mixture-of-experts policy the sampler also records, in
 ``Trajectory.routing`` (``[len(ids), layers, top_k]``, int16), the top-k expert ids of every MoE
@@ -36,11 +34,9 @@ forward's own routing.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,188 +44,15 @@ import torch
 
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.env import default_sandbox_factory as backend_sandbox_factory
-from termgym.pacing import Pacer
 from termgym.records import TrialRecord
-from termgym.scheduler import Node, PacedSandbox, TrialProgress
+from termgym.sandboxes.pacing import Pacer
+from termgym.scheduling.scheduler import Node, PacedSandbox, TrialProgress
 from termgym.tasks import Task
 from termgym.trial import Step, run_trial
-from trainer import ppo
-from trainer.config import Config
-from trainer.kv_cache import PrefixCache, cached_next_token_logprobs
-from trainer.models import IM_END, IM_START, SUBMIT_TOKEN
-from trainer.routing import NOT_RECORDED, ROUTING_DTYPE, is_moe, record_routing, routing_shape, stack_routing
-
-SYSTEM_PROMPT = (
-    "You operate a Linux shell to complete the user's task. Reply with exactly one shell command per "
-    "turn; you will see its output. When the task is done, reply with <|submit|>."
-)
-
-
-# -- chat framing ----------------------------------------------------------------------------------
-
-
-class ChatFormat:
-    """Token ids of the chat framing. Text is encoded with special tokens split, so no text, however
-    hostile, turns into ``<|im_end|>`` or ``<|submit|>``."""
-
-    def __init__(self, tokenizer, system: str = SYSTEM_PROMPT) -> None:
-        self.tokenizer = tokenizer
-        self.im_start, self.im_end = tokenizer.convert_tokens_to_ids(IM_START), tokenizer.convert_tokens_to_ids(IM_END)
-        self.submit = tokenizer.convert_tokens_to_ids(SUBMIT_TOKEN)
-        self.stop_ids = (self.im_end, self.submit)
-        self.system = system
-
-    def text(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids if text else []
-
-    def prompt(self, instruction: str) -> list[int]:
-        """System turn, user turn with the instruction, then the assistant header."""
-        return (
-            [self.im_start] + self.text(f"system\n{self.system}") + [self.im_end] + self.text("\n")
-            + [self.im_start] + self.text(f"user\n{instruction}") + [self.im_end] + self.text("\n")
-            + [self.im_start] + self.text("assistant\n")
-        )  # fmt: skip
-
-    def observation(self, observation: str, max_tokens: int, *, closed: bool = True) -> list[int]:
-        """A user turn holding the observation (its first ``max_tokens`` tokens), then the next
-        assistant header. It starts with ``<|im_end|>`` when the sampled turn was not ``closed``
-        (it ran out of tokens before its end-of-turn token)."""
-        body = self.text(observation)[:max_tokens]
-        return (
-            ([] if closed else [self.im_end]) + self.text("\n") + [self.im_start] + self.text("user\n") + body + [self.im_end] + self.text("\n")
-            + [self.im_start] + self.text("assistant\n")
-        )  # fmt: skip
-
-    def command(self, sampled: Sequence[int]) -> str:
-        """The shell command a turn's sampled ids spell (special tokens dropped)."""
-        return self.tokenizer.decode([t for t in sampled if t not in self.stop_ids], skip_special_tokens=True)
-
-
-# -- padding ----------------------------------------------------------------------------------------
-
-
-def pad_ids(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ``ids`` and their ``attention`` mask (1 on real tokens)."""
-    width = max(len(seq) for seq in sequences)
-    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attention[row, : len(seq)] = 1
-    return ids, attention
-
-
-def pad_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``ids``, ``attention`` and the loss mask aligned with ``ids[:, 1:]``, for
-    ``(ids, loss_mask)`` rows (the trainer's batches and the supervised warm start's)."""
-    ids, attention = pad_ids([seq for seq, _ in rows], pad_id)
-    mask = torch.zeros(ids.shape)
-    for row, (_, loss_mask) in enumerate(rows):
-        mask[row, : len(loss_mask)] = torch.tensor(loss_mask, dtype=torch.float32)
-    return ids, attention, mask[:, 1:]
-
-
-def forward_logp(policy, ids: torch.Tensor, attention: torch.Tensor, *, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of ``ids[:, 1:]`` under ``policy``, and the per-position entropy if asked."""
-    logits = policy(input_ids=ids, attention_mask=attention).logits[:, :-1]
-    return ppo.token_logprobs(logits, ids[:, 1:]), ppo.entropy_from_logits(logits) if entropy else None
-
-
-# -- batched sampling ------------------------------------------------------------------------------
-
-
-def next_token_logprobs(model, sequences: Sequence[Sequence[int]], pad_id: int = 0, *,
-                        routing: list | None = None) -> torch.Tensor:  # fmt: skip
-    """Log-probabilities of the next token after each sequence, ``[len(sequences), vocab]``, in one
-    right-padded forward pass (causal attention: padding after a sequence cannot change it). With a
-    ``routing`` list, it receives that forward's expert ids ``[len(sequences), width, layers, top_k]``."""
-    ids, attention = pad_ids(sequences, pad_id)
-    width = ids.shape[1]
-    last = torch.tensor([len(s) - 1 for s in sequences])
-    with torch.no_grad(), (record_routing(model) if routing is not None else nullcontext([])) as per_layer:
-        logits = model(input_ids=ids, attention_mask=attention).logits
-    if routing is not None:
-        routing.append(stack_routing(per_layer, len(sequences), width))
-    return torch.log_softmax(logits[torch.arange(len(sequences)), last].float(), dim=-1)
-
-
-class BatchedSampler:
-    """The generator: its own copy of the policy's weights (``publish`` replaces them, once per
-    step) and one batched forward per round of next-token requests. With ``kv_cache`` (the
-    default) each forward runs only the tokens its requests appended since their episode's last
-    forward (``trainer/kv_cache.py``); ``forget`` releases an ended episode's cache."""
-
-    def __init__(self, model, *, pad_id: int = 0, record_routing: bool | None = None, kv_cache: bool = True) -> None:
-        self.model, self.pad_id = model.eval(), pad_id
-        self.cache = PrefixCache() if kv_cache else None
-        self.version = 0
-        self.forwards = 0  # batched forward passes so far
-        self.requests = 0  # next-token requests served so far
-        self.records_routing = is_moe(model) if record_routing is None else record_routing  # default: MoE policies
-        self.routing_shape = routing_shape(model)  # (MoE layers, top_k)
-        self._pending: list[tuple[list[int], torch.Generator, asyncio.Future, list[int]]] = []
-
-    def publish(self, state_dict: dict, version: int) -> None:
-        """Load the trainer's current weights; trajectories sampled from now on carry ``version``."""
-        self.model.load_state_dict(state_dict)
-        self.version = version
-        if self.cache is not None:
-            self.cache.clear()  # computed with the old weights
-
-    def forget(self, ids: Sequence[int]) -> None:
-        """The episode that ``ids`` are the tokens of has ended: drop its cached prefixes."""
-        if self.cache is not None:
-            self.cache.forget(ids)
-
-    async def sample(self, ids: Sequence[int], generator: torch.Generator | None) -> tuple[int, float]:
-        """Sample the next token after ``ids`` with ``generator`` (None: greedy, the most likely
-        token); returns ``(token, logprob)``."""
-        token, logprob, _ = await self.sample_with_routing(ids, generator, ())
-        return token, logprob
-
-    async def sample_with_routing(self, ids: Sequence[int], generator: torch.Generator | None,
-                                  positions: Sequence[int]) -> tuple[int, float, torch.Tensor | None]:  # fmt: skip
-        """``sample``, plus this forward's routing at ``positions`` of ``ids``
-        (``[len(positions), layers, top_k]``, int16; None when routing is not recorded)."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._pending.append((list(ids), generator, future, list(positions)))
-        if len(self._pending) == 1:
-            loop.call_soon(self._serve)  # after every coroutine already runnable has queued its request
-        return await future
-
-    def _forward(self, batch: list) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """Next-token log-probs of every request, and each request's routing at its positions."""
-        sequences = [p[0] for p in batch]
-        if self.cache is not None:
-            positions = [p[3] for p in batch] if self.records_routing else None
-            return cached_next_token_logprobs(self.model, sequences, self.cache, self.pad_id, positions=positions)
-        if not self.records_routing:
-            return next_token_logprobs(self.model, sequences, self.pad_id), None
-        routing: list[torch.Tensor] = []
-        logprobs = next_token_logprobs(self.model, sequences, self.pad_id, routing=routing)
-        return logprobs, [routing[0][row, p[3]].clone() for row, p in enumerate(batch)]
-
-    def _serve(self) -> None:
-        batch, self._pending = [p for p in self._pending if not p[2].cancelled()], []
-        if not batch:
-            return
-        try:
-            logprobs, routing = self._forward(batch)
-            self.forwards, self.requests = self.forwards + 1, self.requests + len(batch)
-            for row, (_, generator, future, positions) in enumerate(batch):
-                if generator is None:
-                    token = int(logprobs[row].argmax())
-                else:
-                    token = int(torch.multinomial(logprobs[row].exp(), 1, generator=generator))
-                future.set_result((token, float(logprobs[row, token]), routing[row] if routing is not None else None))
-        except Exception as exc:  # a failure fails every request not yet answered, never hangs them
-            for _, _, future, _ in batch:
-                if not future.done():
-                    future.set_exception(exc)
-
-
-# -- one episode -------------------------------------------------------------------------------------
+from termgym.trainer.chat import ChatFormat
+from termgym.trainer.config import Config
+from termgym.trainer.routing import NOT_RECORDED, ROUTING_DTYPE
+from termgym.trainer.sampler import Sampler
 
 
 @dataclass(frozen=True)
@@ -290,16 +113,15 @@ def token_drift(trajectory: Trajectory) -> int:
     return drift
 
 
-async def drive_episode(env: AsyncTerminalEnv, instruction: str, sampler: BatchedSampler, chat: ChatFormat,
-                        settings: RolloutSettings, generator: torch.Generator, trajectory: Trajectory) -> Step | None:  # fmt: skip
+async def drive_episode(env: AsyncTerminalEnv, instruction: str, sampler: Sampler, chat: ChatFormat,
+                        settings: RolloutSettings, generator: torch.Generator | None, trajectory: Trajectory) -> Step | None:  # fmt: skip
     """Run the policy on ``env`` (already reset) until the episode ends, filling ``trajectory``
     (and ``trajectory.routing`` when the sampler records routing)."""
-    routed: dict[int, torch.Tensor] | None = {} if getattr(sampler, "records_routing", False) else None
+    routed: dict[int, torch.Tensor] | None = {} if sampler.records_routing else None
     try:
         return await _drive(env, instruction, sampler, chat, settings, generator, trajectory, routed)
     finally:
-        if hasattr(sampler, "forget"):
-            sampler.forget(trajectory.ids)
+        sampler.forget(trajectory.ids)
         if routed is not None:
             layers, top_k = sampler.routing_shape
             trajectory.routing = torch.full((len(trajectory.ids), layers, top_k), NOT_RECORDED, dtype=ROUTING_DTYPE)
@@ -307,48 +129,26 @@ async def drive_episode(env: AsyncTerminalEnv, instruction: str, sampler: Batche
                 trajectory.routing[position] = row
 
 
-async def _drive(env, instruction: str, sampler, chat: ChatFormat, settings: RolloutSettings,
-                 generator: torch.Generator, trajectory: Trajectory, routed: dict | None) -> Step | None:  # fmt: skip
+async def _drive(env: AsyncTerminalEnv, instruction: str, sampler: Sampler, chat: ChatFormat, settings: RolloutSettings,
+                 generator: torch.Generator | None, trajectory: Trajectory, routed: dict | None) -> Step | None:  # fmt: skip
     unconsumed: list[int] = []  # sampled positions no sampler forward has read yet
-
-    async def sample() -> tuple[int, float]:
-        if routed is None:
-            return await sampler.sample(trajectory.ids, generator)
-        token, logprob, rows = await sampler.sample_with_routing(trajectory.ids, generator, unconsumed)
-        routed.update(zip(unconsumed, rows))
-        unconsumed.clear()
-        return token, logprob
-
-    async def sample_turn() -> list[int]:  # a whole turn in one request (the vLLM generator)
-        budget = min(settings.max_new_tokens, settings.max_context - len(trajectory.ids))
-        if budget < 1:
-            return []
-        turn = await sampler.generate_turn(trajectory.ids, budget, chat.stop_ids, generator, list(unconsumed))
-        if routed is not None:  # the prompt's unconsumed positions and all sampled ids but the last are now read
-            routed.update(turn.routing or {})
-            unconsumed[:] = [len(trajectory.ids) + len(turn.tokens) - 1] if turn.tokens else unconsumed
-        trajectory.ids += turn.tokens
-        trajectory.loss_mask += [1] * len(turn.tokens)
-        trajectory.logprobs += turn.logprobs
-        return list(turn.tokens)
-
     prompt = chat.prompt(instruction)
     trajectory.ids, trajectory.loss_mask, trajectory.logprobs = list(prompt), [0] * len(prompt), [0.0] * len(prompt)
     step: Step | None = None
     while not env.done:
-        start, sampled = len(trajectory.ids), []
-        if hasattr(sampler, "generate_turn"):
-            sampled = await sample_turn()
-        else:
-            while len(sampled) < settings.max_new_tokens and len(trajectory.ids) < settings.max_context:
-                token, logprob = await sample()
-                unconsumed.append(len(trajectory.ids))
-                trajectory.ids.append(token)
-                trajectory.loss_mask.append(1)
-                trajectory.logprobs.append(logprob)
-                sampled.append(token)
-                if token in chat.stop_ids:
-                    break
+        start = len(trajectory.ids)
+        budget = min(settings.max_new_tokens, settings.max_context - start)
+        sampled: list[int] = []
+        if budget >= 1:
+            positions = list(unconsumed) if routed is not None else []
+            turn = await sampler.generate_turn(trajectory.ids, budget, chat.stop_ids, generator, positions)
+            sampled = list(turn.tokens)
+            if routed is not None and sampled:  # the unconsumed positions and all sampled ids but the last are now read
+                routed.update(turn.routing or {})
+                unconsumed[:] = [start + len(sampled) - 1]
+            trajectory.ids += sampled
+            trajectory.loss_mask += [1] * len(sampled)
+            trajectory.logprobs += turn.logprobs
         trajectory.turns.append((start, len(trajectory.ids)))
         trajectory.sampled.append(sampled)
         command = chat.command(sampled)
@@ -421,7 +221,7 @@ class PolicyRunner:
     policy as the agent, every sandbox paced by the shared ``pacer``. Infrastructure faults become
     the record's error (the scheduler then counts the trial as failed), never an exception."""
 
-    def __init__(self, sampler: BatchedSampler, chat: ChatFormat, options: EnvOptions, pacer: Pacer,
+    def __init__(self, sampler: Sampler, chat: ChatFormat, options: EnvOptions, pacer: Pacer,
                  settings: RolloutSettings, *, seed: int = 0,
                  sandbox_factory: Callable[[Task, EnvOptions], object] | None = None, binary_reward: bool = False) -> None:  # fmt: skip
         self.sampler, self.chat, self.options, self.pacer, self.settings = sampler, chat, options, pacer, settings

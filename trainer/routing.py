@@ -33,11 +33,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from termgym.errors import ConfigError
+
 NOT_RECORDED = -1
 ROUTING_DTYPE = torch.int16  # expert ids up to 32767 (Qwen3.5-122B-A10B has 256 experts)
 
 
-class UnsupportedRouter(ValueError):
+class UnsupportedRouter(ConfigError):
     """The router's forward is not softmax, top-k, optional renormalisation: replay would change it."""
 
 

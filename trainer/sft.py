@@ -15,7 +15,6 @@ in its seed on CPU.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 from collections.abc import Callable, Sequence
@@ -24,12 +23,14 @@ from pathlib import Path
 
 import torch
 
+from termgym.errors import TrainingError
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.records import TrialRecord
 from termgym.tasks import Task
-from termgym.trial import Step, run_trial
-from trainer import ppo
-from trainer.rollout import ChatFormat, forward_logp, pad_batch
+from termgym.trial import Step, run_trials
+from termgym.trainer import losses
+from termgym.trainer.batch import forward_logp, pad_batch
+from termgym.trainer.chat import ChatFormat
 
 
 @dataclass(frozen=True)
@@ -107,19 +108,14 @@ async def collect_demonstrations(tasks: Sequence[Task], commands: Callable[[Task
     """One reference episode per task (``commands(task)``: its reference commands), in task order;
     only episodes the verifier resolved become demonstrations. Every trial's record goes to
     ``on_record``, resolved or not."""
-    gate = asyncio.Semaphore(max(1, concurrency))
-
-    async def one(task: Task) -> Demonstration | None:
-        agent = _ReferenceAgent(tuple(commands(task)))
-        async with gate:
-            record = await run_trial(task, agent, options)
-        if on_record is not None:
-            on_record(record)
-        if not record.resolved or len(agent.observations) != len(agent.commands):
-            return None
-        return Demonstration(task.name, task.instruction, agent.commands, tuple(agent.observations))
-
-    return [d for d in await asyncio.gather(*(one(task) for task in tasks)) if d is not None]
+    jobs = [(task, _ReferenceAgent(tuple(commands(task)))) for task in tasks]
+    records = await run_trials(jobs, options, concurrency=max(1, concurrency),
+                               on_record=lambda record, agent: on_record(record) if on_record is not None else None)  # fmt: skip
+    return [
+        Demonstration(task.name, task.instruction, agent.commands, tuple(agent.observations))
+        for (task, agent), record in zip(jobs, records)
+        if record.resolved and len(agent.observations) == len(agent.commands)
+    ]
 
 
 def save_demonstrations(path: Path, demos: Sequence[Demonstration]) -> None:
@@ -129,7 +125,7 @@ def save_demonstrations(path: Path, demos: Sequence[Demonstration]) -> None:
 
 def supervised_loss(policy, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean negative log-likelihood of the masked tokens (those the policy types)."""
-    return -ppo.masked_mean(forward_logp(policy, ids, attention)[0], mask)
+    return -losses.masked_mean(forward_logp(policy, ids, attention)[0], mask)
 
 
 def accumulate_supervised_loss(policy, batch: Sequence[tuple[list[int], list[int]]], pad_id: int,
@@ -156,7 +152,7 @@ def supervised_train(policy, rows: Sequence[tuple[list[int], list[int]]], *, ste
     ``rows``, with a linear warm-up over the first tenth; returns the loss of every step. Each
     minibatch runs as ``accumulate_supervised_loss`` forwards of ``rows_per_forward`` rows."""
     if not rows:
-        raise ValueError("no demonstrations to train on (did every reference episode fail?)")
+        raise TrainingError("no demonstrations to train on (did every reference episode fail?)")
     order_rng = random.Random(seed)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 10)

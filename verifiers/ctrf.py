@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from verifiers.jsonsafe import json_kind, load_json
-from verifiers.report import Assertion, AssertionReport, ReportParseError, Status
+from termgym.verifiers.jsonsafe import json_kind, load_json
+from termgym.verifiers.report import Assertion, AssertionReport, ReportParseError, Status
 
 _STATUS_MAP: dict[str, Status] = {
     "passed": "passed",

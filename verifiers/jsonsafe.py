@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from verifiers.report import ReportParseError
+from termgym.verifiers.report import ReportParseError
 
 
 def _reject_constant(name: str) -> Any:

@@ -15,7 +15,7 @@ from xml.etree.ElementTree import Element, ParseError
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring
 
-from verifiers.report import Assertion, AssertionReport, ReportParseError
+from termgym.verifiers.report import Assertion, AssertionReport, ReportParseError
 
 _ROOT_TAGS = ("testsuites", "testsuite")
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from termgym.errors import TermgymError
+
 Status = Literal["passed", "failed", "skipped"]
 ReportFormat = Literal["ctrf", "junit", "tap", "pytest", "reward-file", "exit-code"]
 
@@ -21,7 +23,7 @@ BINARY_FORMATS: frozenset[str] = frozenset({"reward-file", "exit-code"})
 MAX_MESSAGE_CHARS = 1000
 
 
-class ReportParseError(ValueError):
+class ReportParseError(TermgymError, ValueError):
     """A verifier report could not be parsed: malformed, wrong structure or unsafe (e.g. XML entities)."""
 
 

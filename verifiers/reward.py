@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from verifiers.report import AssertionReport
+from termgym.verifiers.report import AssertionReport
 
 DEFAULT_SCALE = 20
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import re
 
-from verifiers.jsonsafe import json_kind, load_json
-from verifiers.report import Assertion, AssertionReport, ReportParseError
+from termgym.verifiers.jsonsafe import json_kind, load_json
+from termgym.verifiers.report import Assertion, AssertionReport, ReportParseError
 
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 

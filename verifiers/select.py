@@ -27,12 +27,12 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from verifiers.ctrf import parse_ctrf
-from verifiers.junit import parse_junit
-from verifiers.pytest_summary import parse_pytest_summary
-from verifiers.report import BINARY_FORMATS, REPORT_FORMATS, Assertion, AssertionReport, ReportFormat, ReportParseError
-from verifiers.reward_files import from_exit_code, parse_reward_json, parse_reward_txt
-from verifiers.tap import parse_tap
+from termgym.verifiers.ctrf import parse_ctrf
+from termgym.verifiers.junit import parse_junit
+from termgym.verifiers.pytest_summary import parse_pytest_summary
+from termgym.verifiers.report import BINARY_FORMATS, REPORT_FORMATS, Assertion, AssertionReport, ReportFormat, ReportParseError
+from termgym.verifiers.reward_files import from_exit_code, parse_reward_json, parse_reward_txt
+from termgym.verifiers.tap import parse_tap
 
 MAX_REPORT_BYTES = 4 * 1024 * 1024
 NO_RESULT = "verifier produced no result"

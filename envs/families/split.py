@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
+from termgym.errors import ConfigError
 from termgym.envs.families import copy_file, dir_and_file, dir_file_copy, make_dir, two_files, write_file
 from termgym.envs.families.names import SPLITS, NamePool
 from termgym.envs.families.spec import TaskSpec
@@ -38,7 +39,7 @@ MAX_COUNT = 100_000
 
 def split_families(split: str) -> tuple[str, ...]:
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}")
+        raise ConfigError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}")
     return TRAIN_FAMILIES if split == "train" else tuple(FAMILIES)
 
 
@@ -57,17 +58,17 @@ def generate_split(out_dir: str | os.PathLike[str], split: str, count: int, seed
     must hold no task of the same name."""
     families = split_families(split)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
-        raise ValueError(f"count must be an integer from 1 to {MAX_COUNT}, got {count!r}")
+        raise ConfigError(f"count must be an integer from 1 to {MAX_COUNT}, got {count!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
+        raise ConfigError(f"seed must be an integer, got {seed!r}")
     if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first <= MAX_COUNT - count:
-        raise ValueError(f"first must be an integer from 0 to {MAX_COUNT - count}, got {first!r}")
+        raise ConfigError(f"first must be an integer from 0 to {MAX_COUNT - count}, got {first!r}")
     root = Path(out_dir)
     indices = range(first, first + count)
     specs = [make_task(split, seed, i) for i in indices]
     clashes = [s.name for s in specs if (root / s.name).exists()]
     if clashes:
-        raise ValueError(f"{root / clashes[0]} already exists ({len(clashes)} task directories would be overwritten)")
+        raise ConfigError(f"{root / clashes[0]} already exists ({len(clashes)} task directories would be overwritten)")
     root.mkdir(parents=True, exist_ok=True)
     paths = [write_task(s, root / s.name, split=split, seed=seed, index=i) for i, s in zip(indices, specs)]
     listing = {

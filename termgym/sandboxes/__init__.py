@@ -1,76 +1,97 @@
-"""Sandbox backends behind one small contract (``base.Sandbox``), chosen by name.
+"""Sandbox backends behind one small contract (``base.Sandbox``), chosen by name from one registry.
 
-``local`` (the embedded default, bubblewrap) is built in; other backends are imported lazily so
-their SDKs are needed only when used.
+Each entry names the backend, the module that implements it, its ``Sandbox`` class and the
+package extra its SDK comes from. Modules are imported only when their backend is used, so an SDK
+is needed only then. Besides its class, a backend's module offers ``preflight()`` (raise
+``BackendUnavailable`` in one line when this machine cannot run it), ``remove_leftovers(images)``
+(``termgym gc``: one line saying what was removed) and ``close_shared()`` (close what its sandboxes
+share, such as HTTP clients).
+
+Adding a backend is one ``Backend`` line here and a module with those names (CONTRIBUTING.md).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
-from collections.abc import Mapping
+from dataclasses import dataclass
+from types import ModuleType
 
-from termgym.images import load_aliases
+from termgym.errors import BackendUnavailable, ConfigError
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
-from termgym.tasks import Task
-
-BACKENDS = ("local", "docker", "daytona")
 
 
-def sandbox_spec(task: Task, *, run_id: str, image_aliases: Mapping[str, str] | None = None) -> SandboxSpec:
-    """The sandbox a task's environment needs, labelled as DESIGN.md says. ``image_aliases``
-    defaults to the built-in ones plus the config file's (``termgym.images.load_aliases``)."""
-    return SandboxSpec(
-        name=task.name,
-        context_dir=task.environment_dir,
-        dockerfile=task.dockerfile,
-        image=task.docker_image,
-        resources=task.resources,
-        network=task.network,
-        env=dict(task.environment_env),
-        labels={"termgym": "1", "termgym.run": run_id or "adhoc"},
-        build_timeout_sec=task.build_timeout_sec,
-        compose_file=task.compose_file,
-        image_aliases=dict(image_aliases) if image_aliases is not None else load_aliases(),
+@dataclass(frozen=True)
+class Backend:
+    """One registered backend: ``module`` holds the class ``sandbox`` and the hooks above;
+    ``extra`` is the ``pip install -e '.[extra]'`` its SDK needs (None: none beyond the core)."""
+
+    name: str
+    module: str
+    sandbox: str
+    extra: str | None = None
+
+
+REGISTRY: dict[str, Backend] = {
+    backend.name: backend
+    for backend in (
+        Backend("local", "termgym.sandboxes.local", "LocalSandbox"),
+        Backend("docker", "termgym.sandboxes.docker", "DockerSandbox"),
+        Backend("daytona", "termgym.sandboxes.daytona.backend", "DaytonaSandbox", extra="daytona"),
     )
+}
+BACKENDS = tuple(REGISTRY)
+
+
+def backend_module(name: str) -> ModuleType:
+    """The module of backend ``name``, imported now if it was not; ``ConfigError`` for a name not
+    registered, ``BackendUnavailable`` when its SDK is not installed."""
+    backend = REGISTRY.get(name)
+    if backend is None:
+        raise ConfigError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+    try:
+        return importlib.import_module(backend.module)
+    except ImportError as exc:
+        hint = f" (pip install -e '.[{backend.extra}]')" if backend.extra else ""
+        raise BackendUnavailable(f"the {name} backend cannot be loaded{hint}: {exc}") from exc
+
+
+def create_sandbox(backend: str, spec: SandboxSpec) -> Sandbox:
+    """A new (not yet started) sandbox of ``backend`` for ``spec``."""
+    return getattr(backend_module(backend), REGISTRY[backend].sandbox)(spec)
 
 
 def preflight(backend: str) -> None:
     """Raise ``BackendUnavailable`` (one line, saying what to do) when ``backend`` cannot work here:
     a missing binary, a daemon that does not answer, missing credentials."""
-    if backend == "local":
-        from termgym.sandboxes.local import require_tools
+    backend_module(backend).preflight()
 
-        require_tools()
-    elif backend == "docker":
-        from termgym.sandboxes.docker import docker_client
 
-        docker_client()
-    elif backend == "daytona":
-        from termgym.sandboxes.daytona import check_credentials
-
-        check_credentials()
+async def remove_leftovers(backend: str, *, images: bool = False) -> str:
+    """``termgym gc`` on ``backend``: remove what killed runs left; one line saying what went."""
+    return await backend_module(backend).remove_leftovers(images)
 
 
 async def close_backends() -> None:
-    """Close the clients that backends share across sandboxes (for now, Daytona's), if loaded."""
-    if "termgym.sandboxes.daytona" in sys.modules:
-        await sys.modules["termgym.sandboxes.daytona"].close_providers()
+    """Close the clients that loaded backends share across sandboxes (Daytona's HTTP sessions)."""
+    for backend in REGISTRY.values():
+        module = sys.modules.get(backend.module)
+        if module is not None:
+            await module.close_shared()
 
 
-def create_sandbox(backend: str, spec: SandboxSpec) -> Sandbox:
-    if backend == "local":
-        from termgym.sandboxes.local import LocalSandbox
-
-        return LocalSandbox(spec)
-    if backend == "docker":
-        from termgym.sandboxes.docker import DockerSandbox
-
-        return DockerSandbox(spec)
-    if backend == "daytona":
-        from termgym.sandboxes.daytona import DaytonaSandbox
-
-        return DaytonaSandbox(spec)
-    raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}")
-
-
-__all__ = ["BACKENDS", "close_backends", "preflight", "ExecResult", "ProcessChannel", "Resources", "Sandbox", "SandboxSpec", "create_sandbox", "sandbox_spec"]
+__all__ = [
+    "BACKENDS",
+    "REGISTRY",
+    "Backend",
+    "ExecResult",
+    "ProcessChannel",
+    "Resources",
+    "Sandbox",
+    "SandboxSpec",
+    "backend_module",
+    "close_backends",
+    "create_sandbox",
+    "preflight",
+    "remove_leftovers",
+]

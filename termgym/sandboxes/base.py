@@ -29,9 +29,17 @@ from pathlib import Path
 
 from termgym.errors import SandboxBroken
 from termgym.output import DEFAULT_OUTPUT_LIMIT
-from termgym.tasks import Resources
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What the sandbox gets: ``cpus`` > 0, ``memory_mb`` and ``storage_mb`` >= 1."""
+
+    cpus: float = 1.0
+    memory_mb: int = 2048
+    storage_mb: int = 10240
 
 
 @dataclass(frozen=True)

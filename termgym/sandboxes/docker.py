@@ -1,6 +1,6 @@
 """The Docker backend: the task's own image, one container per trial, through the engine's API.
 
-What it covers: the task's Dockerfile built once per content hash (``termgym.images``), with
+What it covers: the task's Dockerfile built once per content hash (``termgym.images.build``), with
 network only when the task allows it (never the host's network namespace), FROM aliases for
 air-gapped builds, or the task's ``docker_image`` as is; one container per trial with network
 ``none`` (unless the task asks for network, which fails clearly when the engine has none), the
@@ -36,11 +36,11 @@ from typing import Any
 
 from termgym.aio import uninterrupted, wait_for
 from termgym.errors import BackendUnavailable, SandboxBroken, SandboxError, SandboxGone
-from termgym.images import ensure_task_image
+from termgym.images.build import ensure_task_image
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
 from termgym.sandboxes.limits import PIDS_LIMIT
-from termgym.tamper import system_changes
+from termgym.sandboxes.changes import system_changes
 
 START_HINT = "start it with scripts/docker-engine.sh, or as root: dockerd --iptables=false --bridge=none &"
 RESTART_TIMEOUT = 30.0
@@ -439,3 +439,21 @@ def collect_garbage(remove_images: bool = False) -> tuple[int, int]:
                 client.api.remove_image(image["Id"], force=True)
                 images += 1
     return len(containers), images
+
+
+# -- the backend registry's hooks (termgym.sandboxes) ----------------------------------------------
+
+
+def preflight() -> None:
+    """``BackendUnavailable`` unless the Docker engine answers."""
+    docker_client()
+
+
+async def remove_leftovers(images: bool = False) -> str:
+    """``termgym gc``: remove labelled containers (and cached task images with ``images``); one line."""
+    containers, removed = await asyncio.to_thread(collect_garbage, images)
+    return f"removed {containers} leftover docker container(s) and {removed} cached task image(s)"
+
+
+async def close_shared() -> None:
+    """Nothing is shared between this backend's sandboxes."""

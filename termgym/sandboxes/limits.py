@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from termgym.tasks import Resources
+from termgym.sandboxes.base import Resources
 
 PIDS_LIMIT = 512
 CPU_PERIOD_US = 100_000

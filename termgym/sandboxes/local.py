@@ -51,7 +51,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 from termgym.aio import cancel_and_wait, uninterrupted, wait_for
-from termgym.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
+from termgym.images.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
 from termgym.errors import BackendUnavailable, EnvironmentBuildError, SandboxBroken, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
@@ -590,3 +590,21 @@ def collect_garbage(root: Path | None = None) -> int:
         removed += 1
     remove_stale("termgym-tg-", keep=live)
     return removed
+
+
+# -- the backend registry's hooks (termgym.sandboxes) ----------------------------------------------
+
+
+def preflight() -> None:
+    """``BackendUnavailable`` unless this machine can make embedded sandboxes (``require_tools``)."""
+    require_tools()
+
+
+async def remove_leftovers(images: bool = False) -> str:
+    """``termgym gc``: remove what killed runs left (``collect_garbage``); one line saying how much.
+    This backend caches no images."""
+    return f"removed {await asyncio.to_thread(collect_garbage)} leftover local sandbox(es)"
+
+
+async def close_shared() -> None:
+    """Nothing is shared between this backend's sandboxes."""

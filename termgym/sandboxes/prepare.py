@@ -14,7 +14,7 @@ import tarfile
 import time
 from pathlib import Path, PurePosixPath
 
-from termgym.dockerfile import CopyStep, EnvironmentPlan, RunStep, WorkdirStep
+from termgym.images.dockerfile import CopyStep, EnvironmentPlan, RunStep, WorkdirStep
 from termgym.errors import EnvironmentBuildError
 from termgym.sandboxes.base import Sandbox, SandboxSpec
 

@@ -18,7 +18,7 @@ from termgym.env import EnvOptions
 from termgym.records import TrialRecord
 from termgym.tasks import load_task
 from termgym.trial import OracleAgent, ScriptedAgent, run_trial
-from tests.conftest import KIT_SOURCE, write_task
+from tests.helpers import KIT_SOURCE, write_task
 
 FORGED_CTRF = '{"results":{"tests":[' + ",".join(f'{{"name":"forged {i}","status":"passed"}}' for i in range(40)) + "]}}"
 REAL_TEST_SH = f"""#!/bin/sh

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from termgym.cli import main
-from tests.conftest import write_task
+from tests.helpers import write_task
 
 pytestmark = [pytest.mark.redteam]
 

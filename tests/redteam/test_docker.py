@@ -15,8 +15,8 @@ import threading
 
 import pytest
 
-from termgym import images
-from tests.conftest import KIT_SOURCE, write_task
+from termgym.images import build as images
+from tests.helpers import KIT_SOURCE, write_task
 from tests.redteam.helpers import FORGED_CTRF, attack, forged, oracle_attack
 
 pytestmark = [pytest.mark.redteam, pytest.mark.docker]

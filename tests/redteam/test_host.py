@@ -89,7 +89,7 @@ async def test_sandbox_root_is_an_unprivileged_host_user_with_docker_capabilitie
 
 @root_only
 async def test_files_the_sandbox_writes_belong_to_an_unprivileged_host_uid(task_dir, no_leaks):
-    from termgym.sandboxes import sandbox_spec
+    from termgym.env import sandbox_spec
 
     async with LocalSandbox(sandbox_spec(load_task(task_dir), run_id="redteam")) as sandbox:
         await sandbox.exec(["/bin/sh", "-c", "echo x > /app/mine"], timeout=10)
@@ -98,7 +98,7 @@ async def test_files_the_sandbox_writes_belong_to_an_unprivileged_host_uid(task_
 
 
 async def test_helpers_are_run_by_absolute_path(task_dir, no_leaks):
-    from termgym.sandboxes import sandbox_spec
+    from termgym.env import sandbox_spec
 
     async with LocalSandbox(sandbox_spec(load_task(task_dir), run_id="redteam")) as sandbox:
         for argv in (sandbox._bwrap_argv(), sandbox._enter_argv(["true"], {}, "/")):

@@ -12,7 +12,7 @@ import pytest
 
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.tasks import load_task
-from tests.conftest import write_task
+from tests.helpers import write_task
 from tests.redteam.helpers import attack, running_as_root
 
 pytestmark = [pytest.mark.redteam]

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
-from termgym.pacing import Pacer
-from termgym.scheduler import FAILED_KINDS, RETRYABLE_KINDS, RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes
+from termgym.sandboxes.pacing import Pacer
+from termgym.scheduling.scheduler import FAILED_KINDS, RETRYABLE_KINDS, RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes
 from termgym.tasks import load_task
 from termgym.trial import ScriptedAgent
 from tests.redteam.helpers import attack

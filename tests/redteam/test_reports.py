@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import KIT_SOURCE
+from tests.helpers import KIT_SOURCE
 from tests.redteam.helpers import forged, oracle_attack
 
 pytestmark = [pytest.mark.redteam]

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import KIT_SOURCE
+from tests.helpers import KIT_SOURCE
 from tests.redteam.helpers import FORGED_CTRF, oracle_attack
 
 pytestmark = [pytest.mark.redteam]

@@ -12,7 +12,7 @@ import pytest
 from termgym.env import EnvOptions
 from termgym.tasks import load_task
 from termgym.trial import OracleAgent, ScriptedAgent, run_trial
-from tests.conftest import KIT_SOURCE, pids_matching, write_task
+from tests.helpers import KIT_SOURCE, pids_matching, write_task
 
 ALL_PASS_CTRF = '{"results":{"tests":[{"name":"a","status":"passed"},{"name":"b","status":"passed"},{"name":"c","status":"passed"}]}}'
 

@@ -14,7 +14,7 @@ import pytest
 
 from termgym.aio import cancel_and_wait, uninterrupted, wait_for
 from termgym.sandboxes.local import _end_entered, _spawn
-from tests.conftest import pids_matching
+from tests.helpers import pids_matching
 
 
 async def test_inner_tasks_end_and_their_errors_are_retrieved():

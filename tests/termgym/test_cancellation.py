@@ -15,7 +15,7 @@ import pytest
 from termgym.env import EnvOptions
 from termgym.tasks import load_task
 from termgym.trial import OracleAgent, ScriptedAgent, run_trial
-from tests.conftest import write_task
+from tests.helpers import write_task
 
 UNWIND_LIMIT_SEC = 10.0  # generous for a loaded machine; a stuck trial never unwinds at all
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from termgym import audit_runner, cli, sandboxes
-from termgym.audit import Reject, Verdict
+from termgym import cli, sandboxes
+from termgym.audit import runner as audit_runner
+from termgym.audit.rubric import Reject, Verdict
 from termgym.records import TrialRecord, read_records
-from tests.conftest import KIT_SOURCE, write_task
+from tests.helpers import REPO_ROOT, KIT_SOURCE, write_task
 
 
 def termgym(*args: str, stdin: str | None = None, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -122,7 +123,7 @@ def test_run_writes_a_record_per_trial(tmp_path, no_leaks):
 def test_run_batches_with_the_scheduler_on_a_simulated_clock(tmp_path):
     out = tmp_path / "run"
     result = termgym("run", "envs/", "--simulate", "--batch", "64", "--steps", "2", "--nodes", "2", "--node-cap", "30,40",
-                     "--mode", "carry-over", "--out", str(out), cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+                     "--mode", "carry-over", "--out", str(out), cwd=REPO_ROOT)  # fmt: skip
     assert result.returncode == 0, result.stderr
     steps = read_records(out / "metrics.jsonl")
     assert [m["kept"] for m in steps] == [64, 64] and steps[1]["max_staleness"] >= 1

@@ -110,7 +110,7 @@ def test_options_are_validated(task_dir):
 async def test_a_separate_verifier_gets_only_the_declared_artifacts_in_a_fresh_sandbox(tmp_path, no_leaks):
     import textwrap
 
-    from tests.conftest import KIT_SOURCE, write_task
+    from tests.helpers import KIT_SOURCE, write_task
 
     test_sh = textwrap.dedent(f"""\
         #!/bin/sh

@@ -6,11 +6,11 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
+from tests.helpers import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 
 
 @pytest.mark.slow
@@ -27,7 +27,7 @@ def test_wheel_carries_tasks_and_kit_and_they_load(tmp_path):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         archive.extractall(site)
-    assert "verifiers/kit/assert.sh" in names
+    assert "termgym/verifiers/kit/assert.sh" in names
     assert "termgym/envs/file-ops/bulk-rename/tests/test.sh" in names
     assert "termgym/envs/shell-scripting/fix-normalize-script/environment/normalize-names.sh" in names
     probe = (
@@ -43,3 +43,40 @@ def test_wheel_carries_tasks_and_kit_and_they_load(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) == len(list((ROOT / "envs").glob("*/*/task.toml")))
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_under_the_termgym_namespace_beside_another_verifiers(tmp_path):
+    """A fresh venv holds the wheel (not editable) and a dummy top-level ``verifiers`` (the name of
+    a widely used PyPI library): both import, neither shadows the other, and ``termgym train``
+    reaches the trainer through its entry point."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "runs", "build", "*.egg-info", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
+                   check=True, capture_output=True, cwd=tmp_path)  # fmt: skip
+    (wheel,) = tmp_path.glob("termgym-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+    assert tops == {"termgym", wheel.name.split("-py3")[0] + ".dist-info"}, tops  # no top-level verifiers, trainer or envs
+    fresh = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(fresh / "bin" / "python"), "install", "-q", "--no-deps",
+                    "--no-index", str(wheel)], check=True, capture_output=True)  # fmt: skip
+    (site,) = fresh.glob("lib/python*/site-packages")
+    (site / "verifiers").mkdir()
+    (site / "verifiers" / "__init__.py").write_text('"""Not termgym\'s."""\nDUMMY = "the other verifiers"\n')
+    # termgym's dependencies from the test venv, after the fresh site (its editable hook is not run)
+    (site / "deps.pth").write_text(next(p for p in sys.path if p.endswith("site-packages")) + "\n")
+    probe = (
+        "import verifiers, termgym, termgym.verifiers, termgym.trainer.losses, termgym.envs.families;"
+        "from termgym.verifiers import select_report;"
+        "assert verifiers.DUMMY == 'the other verifiers';"
+        f"assert all(m.__file__.startswith({str(site)!r}) for m in (termgym, termgym.verifiers, termgym.trainer.losses, termgym.envs.families));"
+        "assert not hasattr(verifiers, 'select_report')"
+    )
+    environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    result = subprocess.run([str(fresh / "bin" / "python"), "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=environ)
+    assert result.returncode == 0, result.stderr
+    result = subprocess.run([str(fresh / "bin" / "termgym"), "train", "--help"], capture_output=True, text=True, cwd=tmp_path, env=environ)
+    assert result.returncode == 0, result.stderr
+    assert "--preset" in result.stdout

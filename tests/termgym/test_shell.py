@@ -9,7 +9,7 @@ import pytest
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.local import LocalSandbox
 from termgym.shell import PersistentShell, bash_quote
-from tests.conftest import pids_matching
+from tests.helpers import pids_matching
 
 
 @pytest.fixture

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from termgym.tamper import MAX_LISTED, system_changes, tamper_warning
+from termgym.sandboxes.changes import system_changes
+from termgym.tamper import MAX_LISTED, tamper_warning
 
 
 @pytest.mark.parametrize(

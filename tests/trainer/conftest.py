@@ -11,13 +11,13 @@ pytest.importorskip("torch", reason="the trainer needs the train extra: pip inst
 
 @pytest.fixture(scope="session")
 def tiny_policy_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trainer.models import build_tiny_policy
+    from termgym.trainer.models import build_tiny_policy
 
     return build_tiny_policy(tmp_path_factory.mktemp("policy"), seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_policy(tiny_policy_dir: Path):
-    from trainer.models import load_policy
+    from termgym.trainer.models import load_policy
 
     return load_policy(tiny_policy_dir)

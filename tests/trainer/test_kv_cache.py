@@ -8,9 +8,9 @@ import random
 
 import torch
 
-from trainer.kv_cache import PrefixCache, cached_next_token_logprobs
-from trainer.rollout import BatchedSampler, next_token_logprobs
-from trainer.routing import routing_shape
+from termgym.trainer.kv_cache import PrefixCache, cached_next_token_logprobs
+from termgym.trainer.sampler import BatchedSampler, next_token_logprobs
+from termgym.trainer.routing import routing_shape
 
 
 def random_sequences(seed: int, lengths) -> list[list[int]]:

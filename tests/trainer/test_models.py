@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainer.config import PRESETS, Config, build_parser, field_docs, parse_config
-from trainer.models import IM_END, SPECIAL_TOKENS, SUBMIT_TOKEN, Critic
+from termgym.trainer.config import PRESETS, Config, build_parser, field_docs, parse_config
+from termgym.trainer.models import IM_END, SPECIAL_TOKENS, SUBMIT_TOKEN, Critic
 
 
 def test_the_tiny_policy_is_a_normal_local_moe_model_directory(tiny_policy_dir):

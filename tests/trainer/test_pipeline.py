@@ -13,9 +13,9 @@ from termgym.env import EnvOptions
 from termgym.envs.families import generate_split
 from termgym.records import TrialRecord
 from termgym.tasks import load_task
-from trainer.evaluate import EvalSummary, evaluate, paired_change, summarise_records
-from trainer.plots import curves, write_plots
-from trainer.rollout import RolloutSettings
+from termgym.trainer.evaluate import EvalSummary, evaluate, paired_change, summarise_records
+from termgym.trainer.plots import curves, write_plots
+from termgym.trainer.rollout import RolloutSettings
 
 
 def test_summary_counts_resolved_passed_and_faults_per_family():
@@ -163,10 +163,10 @@ def test_a_turn_budget_too_small_for_the_references_is_one_clear_line(tmp_path, 
 def test_shipped_audit_cache_covers_the_demo_pool_and_agrees_with_a_fresh_audit(tmp_path, no_leaks):
     import asyncio
 
-    from termgym.audit_cache import AuditCache
-    from termgym.audit_runner import audit_tasks
+    from termgym.audit.cache import AuditCache
+    from termgym.audit.runner import audit_tasks
     from termgym.envs.families import bundled_audit_cache
-    from trainer.config import PRESETS
+    from termgym.trainer.config import PRESETS
 
     preset = PRESETS["tiny"]
     tasks = [load_task(p) for p in generate_split(tmp_path, "train", preset["pool"], seed=0)]

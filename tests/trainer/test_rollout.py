@@ -10,19 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from termgym.env import SUBMIT
-from trainer.rollout import (
-    BatchedSampler,
-    ChatFormat,
-    RolloutSettings,
-    Trajectory,
-    drive_episode,
-    next_token_logprobs,
-    retokenized,
-    token_drift,
-)
+from termgym.trainer.chat import ChatFormat
+from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, retokenized, token_drift
+from termgym.trainer.sampler import BatchedSampler, TokenSampler, next_token_logprobs
 
 
-class ScriptedSampler:
+class ScriptedSampler(TokenSampler):
     """Returns a fixed script of (token, logprob), then end-of-turn tokens."""
 
     def __init__(self, script: list[tuple[int, float]], end: int) -> None:
@@ -170,11 +163,11 @@ def test_retokenizing_drifts_where_tito_does_not(tiny_policy):
 def test_policy_runner_on_the_embedded_backend(tiny_policy, tmp_path, no_leaks):
     """One real episode through the scheduler's Runner seam; a broken task becomes a record, not an exception."""
     from termgym.env import EnvOptions
-    from termgym.pacing import Pacer
-    from termgym.scheduler import Node, TrialProgress
+    from termgym.sandboxes.pacing import Pacer
+    from termgym.scheduling.scheduler import Node, TrialProgress
     from termgym.tasks import load_task
-    from tests.conftest import write_task
-    from trainer.rollout import PolicyRunner
+    from tests.helpers import write_task
+    from termgym.trainer.rollout import PolicyRunner
 
     model, tokenizer = tiny_policy
     runner = PolicyRunner(BatchedSampler(model), ChatFormat(tokenizer), EnvOptions(max_turns=1, command_timeout=5.0),

@@ -18,11 +18,13 @@ from transformers import Qwen3_5MoeTextConfig, Qwen3MoeForCausalLM
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeForCausalLM
 
 from termgym.env import SUBMIT
-from trainer import ppo
-from trainer.config import Config, parse_config
-from trainer.models import tiny_config
-from trainer.rollout import BatchedSampler, ChatFormat, RolloutSettings, Trajectory, drive_episode
-from trainer.routing import (
+from termgym.trainer import losses
+from termgym.trainer.config import Config, parse_config
+from termgym.trainer.models import tiny_config
+from termgym.trainer.chat import ChatFormat
+from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode
+from termgym.trainer.sampler import BatchedSampler
+from termgym.trainer.routing import (
     UnsupportedRouter,
     disable_router_aux_loss,
     moe_routers,
@@ -30,7 +32,8 @@ from trainer.routing import (
     replay_routing,
     stack_routing,
 )
-from trainer.train import forward_logp, make_batch, ppo_update
+from termgym.trainer.batch import forward_logp, make_batch
+from termgym.trainer.ppo import ppo_update
 
 
 class FakeEnv:
@@ -70,7 +73,7 @@ def sampled(tiny_policy):
 def logp_gap(model, batch, *, replay: bool) -> tuple[torch.Tensor, float, float | None]:
     with torch.no_grad(), replay_routing(model, batch["routing"], enforce=replay) as stats:
         logp, _ = forward_logp(model, batch["ids"], batch["attention"])
-    return logp, float(ppo.masked_mean((logp - batch["rollout_logp"]).abs(), batch["mask"])), stats.agreement
+    return logp, float(losses.masked_mean((logp - batch["rollout_logp"]).abs(), batch["mask"])), stats.agreement
 
 
 def perturbed_router(policy, scale: float = 0.1, seed: int = 1):
@@ -290,7 +293,7 @@ def test_a_router_of_another_kind_is_refused():
 
 
 def test_ppo_update_replays_and_reports_agreement(sampled, tiny_policy_dir, tiny_policy):
-    from trainer.models import Critic
+    from termgym.trainer.models import Critic
 
     _, batch = sampled
     policy = copy.deepcopy(tiny_policy[0])

@@ -11,8 +11,11 @@ import torch
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.envs.families import generate_split, reference_commands
 from termgym.tasks import load_task
-from trainer.rollout import ChatFormat, RolloutSettings, Trajectory, drive_episode
-from trainer.sft import Demonstration, budget_problem, collect_demonstrations, demonstration_tokens, supervised_train, typed_runs
+from termgym.errors import TrainingError
+from termgym.trainer.chat import ChatFormat
+from termgym.trainer.sampler import TokenSampler
+from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode
+from termgym.trainer.sft import Demonstration, budget_problem, collect_demonstrations, demonstration_tokens, supervised_train, typed_runs
 
 OPTIONS = EnvOptions(backend="local", max_turns=4, command_timeout=5.0)
 
@@ -23,7 +26,7 @@ def family_tasks(tmp_path_factory):
     return [load_task(p) for p in generate_split(tmp_path_factory.mktemp("pool"), "train", 5, seed=3)]
 
 
-class ReplaySampler:
+class ReplaySampler(TokenSampler):
     """A sampler that types a fixed token sequence, one token per request: the policy that
     would produce exactly the demonstration."""
 
@@ -80,7 +83,7 @@ def test_supervised_training_learns_the_demonstrations_deterministically(tiny_po
 
 
 def test_supervised_training_without_demonstrations_is_one_clear_error(tiny_policy):
-    with pytest.raises(ValueError, match="no demonstrations"):
+    with pytest.raises(TrainingError, match="no demonstrations"):
         supervised_train(tiny_policy[0], [], steps=1, batch_size=1, lr=1e-3, seed=0)
 
 
@@ -103,7 +106,7 @@ def test_the_tiny_preset_budgets_fit_every_reference_of_its_pool(tmp_path, tiny_
     """The main job's turn and context budgets can reproduce the reference of every task it trains
     on (a command cut at max_new_tokens would make its task impossible); observations as the
     reference episodes of these families return them (empty)."""
-    from trainer.config import PRESETS
+    from termgym.trainer.config import PRESETS
 
     preset = PRESETS["tiny"]
     chat = ChatFormat(tiny_policy[1])
@@ -115,8 +118,8 @@ def test_the_tiny_preset_budgets_fit_every_reference_of_its_pool(tmp_path, tiny_
 
 
 def test_length_sorted_forwards_give_the_one_forward_loss_and_gradient(tiny_policy):
-    from trainer.rollout import pad_batch
-    from trainer.sft import accumulate_supervised_loss, supervised_loss
+    from termgym.trainer.batch import pad_batch
+    from termgym.trainer.sft import accumulate_supervised_loss, supervised_loss
 
     policy, tokenizer = tiny_policy
     model = copy.deepcopy(policy)

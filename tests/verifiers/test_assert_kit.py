@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from verifiers import select_report
-from verifiers.ctrf import parse_ctrf
+from termgym.verifiers import select_report
+from termgym.verifiers.ctrf import parse_ctrf
+from tests.helpers import REPO_ROOT
 
-KIT = Path(__file__).resolve().parents[2] / "verifiers" / "kit" / "assert.sh"
+KIT = REPO_ROOT / "verifiers" / "kit" / "assert.sh"
 # dash is /bin/sh in the Debian images; bash runs the kit when a test.sh says #!/bin/bash.
 SHELLS = [name for name in ("dash", "bash") if shutil.which(name)] or ["sh"]
 

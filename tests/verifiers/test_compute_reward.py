@@ -2,7 +2,7 @@
 
 import pytest
 
-from verifiers import DEFAULT_SCALE, Assertion, AssertionReport, compute_reward, from_exit_code, parse_reward_txt
+from termgym.verifiers import DEFAULT_SCALE, Assertion, AssertionReport, compute_reward, from_exit_code, parse_reward_txt
 
 
 def _dense(passed: int, failed: int = 0, skipped: int = 0, error: str | None = None) -> AssertionReport:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from verifiers import ReportParseError, parse_ctrf
+from termgym.verifiers import ReportParseError, parse_ctrf
 
 # As written by pytest-json-ctrf (pytest --ctrf /logs/verifier/ctrf.json).
 PYTEST_JSON_CTRF = """{

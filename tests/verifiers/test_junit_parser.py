@@ -2,7 +2,7 @@
 
 import pytest
 
-from verifiers import ReportParseError, parse_junit
+from termgym.verifiers import ReportParseError, parse_junit
 
 # pytest --junitxml=/logs/verifier/results.xml (pytest 8, junit_family=xunit2).
 PYTEST_JUNITXML = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1" \

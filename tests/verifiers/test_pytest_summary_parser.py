@@ -2,7 +2,7 @@
 
 import pytest
 
-from verifiers import parse_pytest_summary
+from termgym.verifiers import parse_pytest_summary
 
 # A Terminal-Bench style run: `pytest -rA /tests/test_outputs.py`, pytest 8.3, preceded by an
 # earlier pytest run (a setup check) whose summary must be ignored, followed by shell output.

@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-import verifiers
-from verifiers.report import MAX_MESSAGE_CHARS, Assertion, AssertionReport
+from termgym import verifiers
+from termgym.verifiers.report import MAX_MESSAGE_CHARS, Assertion, AssertionReport
 
 
 def _report(*statuses: str, error: str | None = None, binary: bool = False) -> AssertionReport:

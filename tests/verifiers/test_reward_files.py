@@ -2,7 +2,7 @@
 
 import pytest
 
-from verifiers import ReportParseError, from_exit_code, parse_reward_json, parse_reward_txt
+from termgym.verifiers import ReportParseError, from_exit_code, parse_reward_json, parse_reward_txt
 
 
 def _outcome(report):

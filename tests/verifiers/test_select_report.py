@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from verifiers import MAX_REPORT_BYTES, check_assertion_count, compute_reward, report_format_of, select_report, too_many_files_report
+from termgym.verifiers import MAX_REPORT_BYTES, check_assertion_count, compute_reward, report_format_of, select_report, too_many_files_report
 
 CTRF = json.dumps({"results": {"tool": {"name": "pytest"}, "tests": [
     {"name": "ctrf::a", "status": "passed", "duration": 0.1},

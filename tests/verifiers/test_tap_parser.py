@@ -2,7 +2,7 @@
 
 import pytest
 
-from verifiers import ReportParseError, parse_tap
+from termgym.verifiers import ReportParseError, parse_tap
 
 # TAP 13 with the plan at the end, a YAML diagnostic block, TODO and SKIP directives.
 TAP13_PLAN_AT_END = """TAP version 13

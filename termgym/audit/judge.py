@@ -1,0 +1,154 @@
+"""The audit's pluggable judge: the rubric dimensions no trial can measure.
+
+A ``Judge`` reads a task (instruction, tests, reference solution) and answers scores in [0, 1] for
+``audit.JUDGE_DIMENSIONS`` (instruction-verifier alignment, solution legitimacy, instruction
+clarity and completeness, task value), each with a reason, plus hard rejects
+(``hidden_requirements``, ``solution_shortcut``, ``test_leakage``, ``weak_verifier``).
+
+``OpenAIJudge`` asks any OpenAI-compatible ``/v1/chat/completions`` endpoint (a vLLM server, for
+one) with the stdlib's ``urllib`` in a thread. The answer is parsed defensively: the first JSON
+object in the reply; unknown dimensions and reject kinds are dropped, scores are clamped to
+[0, 1] (a 1-5 or 0-10 scale is rescaled), and a reply with no usable score raises ``JudgeError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from termgym.errors import TermgymError
+from termgym.audit.rubric import JUDGE_DIMENSIONS, WEIGHTS, Reject
+from termgym.tasks import Task
+
+JUDGE_REJECTS = ("hidden_requirements", "solution_shortcut", "test_leakage", "weak_verifier")
+MAX_FILE_CHARS = 6000
+MAX_REPLY_BYTES = 1 << 20
+
+RUBRIC = f"""You audit a terminal task used to train LLM agents. Score each dimension from 0 to 1:
+- instruction_verifier_alignment (weight {WEIGHTS['instruction_verifier_alignment']:.2f}): every test checks something
+  the instruction asks for, and everything the instruction asks for is tested.
+- solution_legitimacy ({WEIGHTS['solution_legitimacy']:.2f}): the reference solution solves the task as stated,
+  without shortcuts (hard-coding expected outputs, reading the tests, special-casing the checks).
+- instruction_clarity ({WEIGHTS['instruction_clarity']:.2f}): unambiguous, names paths and formats.
+- instruction_completeness ({WEIGHTS['instruction_completeness']:.2f}): no requirement is checked that the
+  instruction does not state.
+- task_value ({WEIGHTS['task_value']:.2f}): a realistic, useful skill, neither trivial nor arbitrary.
+The mechanical audit scores verifier correctness (0.15), granularity (0.10) and solution reliability (0.15).
+Hard rejects, each with a reason: hidden_requirements (the tests check something the instruction does not
+state), solution_shortcut, test_leakage (the agent can see the tests or the answers), weak_verifier (the
+tests pass for wrong or trivial work).
+Answer with one JSON object only:
+{{"scores": {{"<dimension>": <0..1>, ...}}, "reasons": {{"<dimension>": "<one sentence>", ...}},
+ "hard_rejects": [{{"kind": "<kind>", "reason": "<one sentence>"}}]}}"""
+
+
+class JudgeError(TermgymError):
+    """The judge could not be asked, or its answer held no usable score."""
+
+
+@dataclass(frozen=True)
+class JudgeAnswer:
+    scores: dict[str, float]
+    reasons: dict[str, str] = field(default_factory=dict)
+    rejects: list[Reject] = field(default_factory=list)
+
+
+class Judge(Protocol):
+    async def judge(self, task: Task) -> JudgeAnswer: ...
+
+
+def task_prompt(task: Task) -> str:
+    """The task as the judge reads it: instruction, test files and solution files (each cut)."""
+    parts = [f"# Instruction\n{task.instruction.strip()}"]
+    for title, files in (("Test file", task.test_files()), ("Solution file", task.solution_files())):
+        for path, relative in files:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            parts.append(f"# {title} {relative}\n{text[:MAX_FILE_CHARS]}")
+    return "\n\n".join(parts)
+
+
+def parse_answer(content: str) -> JudgeAnswer:
+    """The judge's reply to a ``JudgeAnswer`` (see the module docstring for what is tolerated)."""
+    data = _first_json_object(content)
+    if not isinstance(data, dict) or not isinstance(data.get("scores"), dict):
+        raise JudgeError("the judge's reply holds no JSON object with 'scores'")
+    values = {k: v for k, v in data["scores"].items() if k in JUDGE_DIMENSIONS and _number(v)}
+    if not values:
+        raise JudgeError("the judge's reply scores none of the rubric dimensions")
+    top = max(values.values())
+    divisor = 1.0 if top <= 1 else 5.0 if top <= 5 else 10.0
+    scores = {k: min(1.0, max(0.0, float(v) / divisor)) for k, v in values.items()}
+    raw_reasons = data.get("reasons") if isinstance(data.get("reasons"), dict) else {}
+    reasons = {k: str(v)[:500] for k, v in raw_reasons.items() if k in scores}
+    rejects = []
+    for item in data.get("hard_rejects") or []:
+        if isinstance(item, dict) and item.get("kind") in JUDGE_REJECTS:
+            rejects.append(Reject(item["kind"], "judge: " + " ".join(str(item.get("reason", "")).split())[:500]))
+    return JudgeAnswer(scores, reasons, rejects)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _first_json_object(content: str) -> object:
+    decoder = json.JSONDecoder()
+    start = content.find("{")
+    while start >= 0:
+        try:
+            return decoder.raw_decode(content, start)[0]
+        except json.JSONDecodeError:
+            start = content.find("{", start + 1)
+    return None
+
+
+@dataclass(frozen=True)
+class OpenAIJudge:
+    """Asks an OpenAI-compatible server; ``url`` is its base (``http://host:8000`` or ``.../v1``)."""
+
+    url: str
+    model: str
+    api_key: str | None = None
+    timeout: float = 120.0
+
+    @property
+    def endpoint(self) -> str:
+        base = self.url.rstrip("/")
+        return base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions")
+
+    async def judge(self, task: Task) -> JudgeAnswer:
+        body = {
+            "model": self.model,
+            "temperature": 0,
+            "messages": [{"role": "system", "content": RUBRIC}, {"role": "user", "content": task_prompt(task)}],
+        }
+        reply = await asyncio.to_thread(self._post, json.dumps(body).encode())
+        try:
+            content = reply["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            raise JudgeError("the judge's reply has no choices[0].message.content") from None
+        if not isinstance(content, str):
+            raise JudgeError("the judge's message content is not text")
+        return parse_answer(content)
+
+    def _post(self, data: bytes) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        request = urllib.request.Request(self.endpoint, data=data, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                raw = response.read(MAX_REPLY_BYTES + 1)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise JudgeError(f"{self.endpoint}: {exc}") from exc
+        if len(raw) > MAX_REPLY_BYTES:
+            raise JudgeError(f"{self.endpoint}: reply over {MAX_REPLY_BYTES} bytes")
+        try:
+            return json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise JudgeError(f"{self.endpoint}: reply is not JSON") from exc

@@ -1,0 +1,253 @@
+"""Task images for the Docker backend: offline base image, FROM aliases, content-hashed build cache.
+
+Pure parts (tested with tables): ``parse_alias``, ``rewrite_from`` (a Dockerfile's ``FROM`` rewritten
+to an alias when the named image is absent), ``context_digest`` (the hash of a build context and its
+Dockerfile, from which the image tag derives, so an unchanged task never rebuilds). I/O parts take a
+docker-py client: ``ensure_task_image`` builds at most once per tag per process (concurrent trials
+of one task wait for the same build), ``bootstrap_base_image`` makes ``termgym/base:bookworm`` with
+debootstrap, no registry needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import os
+import re
+import subprocess
+import tarfile
+import tempfile
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from termgym.errors import ConfigError, EnvironmentBuildError
+
+BASE_IMAGE = "termgym/base:bookworm"
+# Public bases that the offline base image stands in for (it is Debian bookworm, minbase).
+DEFAULT_ALIASES = {
+    "debian:bookworm-slim": BASE_IMAGE,
+    "debian:bookworm": BASE_IMAGE,
+    "debian:12-slim": BASE_IMAGE,
+    "debian:12": BASE_IMAGE,
+}
+CONFIG_FILES = ("termgym.toml", "~/.config/termgym/config.toml")
+TASK_IMAGE_REPOSITORY = "termgym-task"
+_FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
+
+
+def parse_alias(text: str) -> tuple[str, str]:
+    """``"debian:bookworm-slim=termgym/base:bookworm"`` to its two names."""
+    name, sep, target = text.partition("=")
+    if not sep or not name.strip() or not target.strip():
+        raise ConfigError(f"an image alias is NAME=IMAGE, got {text!r}")
+    return name.strip(), target.strip()
+
+
+def load_aliases(cli: Sequence[str] = (), config_files: Sequence[str] = CONFIG_FILES) -> dict[str, str]:
+    """Defaults, then ``[images.aliases]`` of the first config file found, then ``--image-alias``."""
+    aliases = dict(DEFAULT_ALIASES)
+    for candidate in config_files:
+        path = Path(os.path.expanduser(candidate))
+        if path.is_file():
+            try:
+                table = tomllib.loads(path.read_text()).get("images", {}).get("aliases", {})
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+            if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+                raise ConfigError(f"{path}: [images.aliases] must map image names to image names")
+            aliases.update(table)
+            break
+    aliases.update(parse_alias(item) for item in cli)
+    return aliases
+
+
+def rewrite_from(dockerfile: str, aliases: Mapping[str, str], present: Callable[[str], bool]) -> str:
+    """Rewrite each ``FROM image`` whose image is absent (``present`` says) and has an alias.
+
+    Stage names (``FROM build``, where ``build`` is an earlier ``AS build``) and images that are
+    present are left alone; flags such as ``--platform`` and the ``AS name`` suffix are kept."""
+    stages: set[str] = set()
+    lines = []
+    for line in dockerfile.splitlines(keepends=True):
+        match = _FROM.match(line)
+        if match:
+            head, flags, image, rest = match.groups()
+            stage = re.search(r"\bAS\s+(\S+)", rest, re.IGNORECASE)
+            if image.lower() not in stages and image in aliases and not present(image):
+                line = f"{head}{flags}{aliases[image]}{rest}" + ("\n" if line.endswith("\n") else "")
+            if stage:
+                stages.add(stage.group(1).lower())
+        lines.append(line)
+    return "".join(lines)
+
+
+def base_images(dockerfile: str) -> list[str]:
+    """The images a Dockerfile's stages start FROM, in order: not earlier stage names, not scratch."""
+    stages: set[str] = set()
+    found: list[str] = []
+    for line in dockerfile.splitlines():
+        match = _FROM.match(line)
+        if not match:
+            continue
+        image, rest = match.group(3), match.group(4)
+        if image.lower() not in stages and image != "scratch" and image not in found:
+            found.append(image)
+        stage = re.search(r"\bAS\s+(\S+)", rest, re.IGNORECASE)
+        if stage:
+            stages.add(stage.group(1).lower())
+    return found
+
+
+def context_files(context_dir: Path) -> list[Path]:
+    """Every file and directory of a build context, sorted, honouring no ignore file but .git."""
+    return sorted(p for p in context_dir.rglob("*") if ".git" not in p.relative_to(context_dir).parts)
+
+
+def context_digest(context_dir: Path | None, dockerfile_text: str) -> str:
+    """SHA-256 over the Dockerfile and every context path, mode and content (hex, 64 chars)."""
+    digest = hashlib.sha256(b"dockerfile\0" + dockerfile_text.encode())
+    for path in context_files(context_dir) if context_dir else []:
+        relative = path.relative_to(context_dir).as_posix()
+        mode = path.lstat().st_mode
+        digest.update(f"\0{relative}\0{mode:o}\0".encode())
+        if path.is_file() and not path.is_symlink():
+            digest.update(path.read_bytes())
+        elif path.is_symlink():
+            digest.update(os.readlink(path).encode())
+    return digest.hexdigest()
+
+
+def build_context_tar(context_dir: Path | None, dockerfile_text: str) -> bytes:
+    """The build context as a tar, with the (possibly rewritten) Dockerfile at its root."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for path in context_files(context_dir) if context_dir else []:
+            relative = path.relative_to(context_dir).as_posix()
+            if relative == "Dockerfile":
+                continue
+            archive.add(str(path), arcname=relative, recursive=False)
+        data = dockerfile_text.encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def task_image_tag(task_name: str, digest: str) -> str:
+    slug = re.sub(r"[^a-z0-9._-]+", "-", task_name.lower()).strip("-._")[-60:] or "task"
+    return f"{TASK_IMAGE_REPOSITORY}/{slug}:{digest[:16]}"
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    tag: str
+    env: dict[str, str]
+    workdir: str
+
+
+_build_locks: dict[str, asyncio.Lock] = {}
+_ready: dict[tuple, ImageConfig] = {}
+
+
+async def ensure_task_image(
+    client, *, name: str, context_dir: Path | None, dockerfile: Path | None, image: str | None,
+    aliases: Mapping[str, str], timeout: float, run: Callable, network: bool = False,
+) -> ImageConfig:  # fmt: skip
+    """The image a trial runs: the task's ``docker_image`` as is, else its Dockerfile built once
+    (tag from the context digest), with network only when the task allows it (``network``), and
+    never the host's. ``run(fn, *args)`` runs a blocking docker-py call off the loop.
+    Raises ``EnvironmentBuildError`` with the build output when the build fails."""
+    if dockerfile is None:
+        if image is None:
+            raise EnvironmentBuildError(f"{name}: the task has neither a Dockerfile nor a docker_image")
+        tag = aliases.get(image, image) if not await run(_image_present, client, image) else image
+        if not await run(_image_present, client, tag):
+            raise EnvironmentBuildError(f"{name}: image {image} is not present and there is no registry; add an alias (--image-alias {image}=IMAGE)")
+        return await run(_image_config, client, tag)
+    original = dockerfile.read_text(encoding="utf-8", errors="replace")
+    key = (context_digest(context_dir, original), tuple(sorted(aliases.items())))
+    if key in _ready:  # built or found earlier in this process: no engine round trips
+        return _ready[key]
+    text = rewrite_from(original, aliases, lambda ref: _image_present(client, ref))
+    tag = task_image_tag(name, context_digest(context_dir, text))
+    lock = _build_locks.setdefault(tag, asyncio.Lock())
+    async with lock:
+        if not await run(_image_present, client, tag):
+            # Nothing may be pulled: a missing base image fails here, before the engine tries.
+            for base in base_images(text):
+                if not await run(_image_present, client, base):
+                    raise EnvironmentBuildError(
+                        f"{dockerfile}: base image {base} is not present and nothing is pulled; "
+                        f"add an alias (--image-alias {base}=IMAGE) or build it first"
+                    )
+            mode = await run(build_network, client, network)
+            await run(_build, client, tag, build_context_tar(context_dir, text), timeout, dockerfile, mode)
+        _ready[key] = await run(_image_config, client, tag)
+    return _ready[key]
+
+
+def _image_present(client, ref: str) -> bool:
+    import docker.errors
+
+    try:
+        client.api.inspect_image(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def _image_config(client, tag: str) -> ImageConfig:
+    config = client.api.inspect_image(tag).get("Config") or {}
+    env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
+    return ImageConfig(tag=tag, env=env, workdir=config.get("WorkingDir") or "/")
+
+
+def build_network(client, network: bool) -> str:
+    """The network a build's RUN steps get: ``none`` unless the task allows network, then the
+    engine's bridge (``none`` when it has no bridge: such a step then fails in the build log)."""
+    if network and client.api.networks(names=["bridge"]):
+        return "bridge"
+    return "none"
+
+
+def _build(client, tag: str, context: bytes, timeout: float, dockerfile: Path, network_mode: str) -> None:
+    import docker.errors
+
+    log: list[str] = []
+    try:
+        stream = client.api.build(
+            fileobj=io.BytesIO(context), custom_context=True, tag=tag, rm=True, forcerm=True, pull=False,
+            network_mode=network_mode, decode=True, timeout=timeout, labels={"termgym": "1"},
+        )  # fmt: skip
+        for chunk in stream:
+            if "stream" in chunk:
+                log.append(chunk["stream"])
+            if "error" in chunk:
+                log.append(chunk["error"] + "\n")
+                last = " ".join(chunk["error"].split())[-300:] or "build failed"
+                raise EnvironmentBuildError(f"{dockerfile}: docker build failed: {last}", log="".join(log))
+    except docker.errors.DockerException as exc:
+        raise EnvironmentBuildError(f"{dockerfile}: docker build failed: {' '.join(str(exc).split())[:300]}", log="".join(log)) from exc
+
+
+def bootstrap_base_image(client, *, tag: str = BASE_IMAGE, suite: str = "bookworm", force: bool = False) -> bool:
+    """Build ``tag`` from ``debootstrap --variant=minbase SUITE`` and import it; False if it was
+    already there (and not ``force``). Needs root and debootstrap, and the Debian mirror."""
+    if not force and _image_present(client, tag):
+        return False
+    with tempfile.TemporaryDirectory(prefix="termgym-rootfs-") as scratch:
+        root = Path(scratch) / "rootfs"
+        result = subprocess.run(
+            ["debootstrap", "--variant=minbase", suite, str(root)], capture_output=True, text=True
+        )
+        if result.returncode != 0:
+            tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise EnvironmentBuildError(f"debootstrap {suite} failed: {tail[0]}", log=result.stdout + result.stderr)
+        archive = Path(scratch) / "rootfs.tar"
+        subprocess.run(["tar", "-C", str(root), "-cf", str(archive), "."], check=True)
+        repository, _, version = tag.rpartition(":")
+        client.api.import_image_from_file(str(archive), repository=repository, tag=version)
+    return True

@@ -1,0 +1,556 @@
+"""Rollout scheduling: launch more trials than a batch needs, keep the first B that finish, and
+measure (and, in two modes, correct) the straggler bias that cutting the tail causes.
+
+A step draws tasks from a ``TaskPool`` (each task once per epoch, reshuffled every epoch),
+launches them through a ``Runner`` (``run_one(task, node, version, progress)``; ``TrialRunner``
+runs ``termgym.trial.run_trial`` on any backend, real or simulated), spreads them over rollout
+nodes that each cap how many run at once, and paces sandbox creation with one shared
+``termgym.sandboxes.pacing.Pacer`` (6/s and 600/min by default). As soon as B trials have finished the step
+ends, and what happens to the rest is the mode:
+
+- ``wait``: launch exactly B and wait for all of them. No cancellation, no bias; the step lasts as
+  long as its slowest trial, so the heavy tail sets the pace. Oversampling is not used.
+- ``cancel``: launch N > B (560 for 512), keep the first B, cancel the rest. Fastest, but the cut
+  tail is mostly the long families, so the batch under-represents them: the straggler bias.
+- ``carry-over``: like ``cancel``, but the tail keeps running and enters the next step's batch,
+  which then launches only N minus the carried trials. Nothing is wasted and, in steady state,
+  the batch has the launched mix; the price is staleness: a carried trajectory was launched under
+  an older policy version (``KeptTrial.policy_version``; ``staleness`` 1, more for the longest),
+  and tokens sampled after a weight update come from the newer policy, so the trainer must treat
+  it as off-policy (per-token importance ratios from the recorded sampler log-probs). At the end
+  of a run, ``close()`` cancels whatever is still carried.
+- ``reweight``: like ``cancel`` (same wall time, same cancellations), and each kept trial gets
+  the importance weight launched share / kept share of its family (``KeptTrial.weight``, mean 1),
+  so the weighted batch has the launched family mix. The price is variance (an effective sample
+  size below B, reported), and it corrects only between families: within a family the shorter
+  trials still dominate.
+
+Guarantees: never more than B kept per step (exactly B unless failures exhaust their retries,
+then ``StepResult.short`` says how many are missing); failed trials (infrastructure faults, error
+kinds ``sandbox_error``, ``build_failed``, ``invalid_task``) are recorded and never count as
+finished; a ``sandbox_error`` is replaced by a fresh trial of the same task (so failure-prone
+tasks keep their share), up to ``retries`` times per launch; no node ever runs more than its cap;
+every sandbox creation goes through the pacer; a cancelled trial's sandbox is stopped (deleted)
+before ``step()`` returns, and its record (error kind ``cancelled``, the turns and time it had run)
+is reported like any other, so no trial goes unrecorded. Every step's accounting, per family and
+per task, is in ``StepResult`` (``termgym.scheduling.bias`` defines it); ``step_metrics`` makes it one JSON
+object for the run's ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Literal, Protocol, TypeVar, get_args
+
+from termgym.scheduling import bias
+from termgym.scheduling.bias import Fate
+from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.env import default_sandbox_factory as backend_sandbox_factory
+from termgym.errors import ConfigError, SandboxError
+from termgym.output import DEFAULT_OUTPUT_LIMIT
+from termgym.sandboxes.pacing import Pacer
+from termgym.records import TrialRecord
+from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox
+from termgym.tasks import Task
+from termgym.trial import Agent, Step, run_trial
+
+T = TypeVar("T")
+SchedulerMode = Literal["wait", "cancel", "carry-over", "reweight"]
+MODES: tuple[SchedulerMode, ...] = get_args(SchedulerMode)
+FAILED_KINDS = ("sandbox_error", "build_failed", "invalid_task")  # not finished: no verifier verdict
+RETRYABLE_KINDS = ("sandbox_error",)  # a fresh sandbox may work; a broken task never will
+SandboxFactory = Callable[[Task, EnvOptions], Sandbox]
+
+
+# -- nodes and the task pool ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Node:
+    """A rollout node: where trials run, at most ``cap`` at once."""
+
+    name: str
+    cap: int
+
+    def __post_init__(self) -> None:
+        if self.cap < 1:
+            raise ConfigError(f"node {self.name}: the cap must be at least 1, got {self.cap}")
+
+
+def make_nodes(caps: Sequence[int]) -> tuple[Node, ...]:
+    """Nodes ``node-0``, ``node-1``... with the given caps."""
+    if not caps:
+        raise ConfigError("at least one node is needed")
+    return tuple(Node(f"node-{i}", cap) for i, cap in enumerate(caps))
+
+
+def pick_node(busy: Sequence[int], caps: Sequence[int]) -> int | None:
+    """The node with room whose load (busy / cap) is lowest, the first on ties; None when all are full."""
+    open_nodes = [i for i in range(len(caps)) if busy[i] < caps[i]]
+    return min(open_nodes, key=lambda i: (busy[i] / caps[i], i)) if open_nodes else None
+
+
+class NodePool:
+    """Hands out node slots; when every node is full, trials wait first come, first served."""
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.nodes = tuple(nodes)
+        self.busy = [0] * len(self.nodes)
+        self.peak = [0] * len(self.nodes)  # the most ever running at once on each node
+        self._index = {node.name: i for i, node in enumerate(self.nodes)}
+        self._waiters: deque[asyncio.Future[int]] = deque()
+
+    async def acquire(self) -> Node:
+        if not self._waiters:
+            index = pick_node(self.busy, [n.cap for n in self.nodes])
+            if index is not None:
+                self._take(index)
+                return self.nodes[index]
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return self.nodes[await waiter]
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # a slot was handed over as we left: pass it on
+                self.release(self.nodes[waiter.result()])
+            elif waiter in self._waiters:
+                self._waiters.remove(waiter)
+            raise
+
+    def release(self, node: Node) -> None:
+        index = self._index[node.name]
+        self.busy[index] -= 1
+        while self._waiters:  # waiters exist only while every node is full: this slot is the one
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._take(index)
+                waiter.set_result(index)
+                return
+
+    def _take(self, index: int) -> None:
+        self.busy[index] += 1
+        self.peak[index] = max(self.peak[index], self.busy[index])
+
+
+class TaskPool:
+    """Draws tasks to launch: every task once per epoch, in a fresh random order each epoch
+    (``shuffle=False``: in the given order, so ``termgym run`` runs exactly what it was given)."""
+
+    def __init__(self, tasks: Sequence[Task], *, shuffle: bool = True, seed: int = 0) -> None:
+        if not tasks:
+            raise ConfigError("the task pool is empty")
+        self.tasks = list(tasks)
+        self.shuffle = shuffle
+        self._rng = random.Random(seed)
+        self._order: list[Task] = []
+        self._next = 0
+        self.epochs = 0
+
+    def draw(self, n: int) -> list[Task]:
+        drawn = []
+        for _ in range(n):
+            if self._next == len(self._order):
+                self._order = list(self.tasks)
+                if self.shuffle:
+                    self._rng.shuffle(self._order)
+                self._next, self.epochs = 0, self.epochs + 1
+            drawn.append(self._order[self._next])
+            self._next += 1
+        return drawn
+
+
+# -- running one trial ---------------------------------------------------------------------------
+
+
+@dataclass
+class TrialProgress:
+    """What a running trial has reported, read when it is cancelled or carried."""
+
+    created_at: float | None = None  # loop time its sandbox's creation was granted by the pacer
+    env: AsyncTerminalEnv | None = None
+
+    @property
+    def turns(self) -> int:
+        return self.env.turns if self.env is not None else 0
+
+
+class Runner(Protocol[T]):
+    """What the scheduler launches. ``run_one`` returns a result (a ``TrialRecord`` here; the
+    trainer's trajectory there) and raises only ``CancelledError`` (or ``SandboxError``, taken as a
+    failed trial); it must acquire the shared pacer before creating a sandbox and fill
+    ``progress`` as it goes."""
+
+    backend: str
+    agent_name: str
+    run_id: str
+
+    async def run_one(self, task: Task, node: Node, version: int, progress: TrialProgress) -> T: ...
+
+    def record_of(self, result: T) -> TrialRecord: ...
+
+
+class TrialRunner:
+    """``Runner`` of trial records: ``termgym.trial.run_trial`` with ``agent``, every sandbox
+    paced by ``pacer``. ``sandbox_factory``: None for the options' backend, or e.g. a
+    ``SimulatedBackend``. Nodes and policy versions do not change what it runs."""
+
+    def __init__(
+        self, agent: Agent, options: EnvOptions, pacer: Pacer, *, sandbox_factory: SandboxFactory | None = None
+    ) -> None:
+        self.agent, self.options, self.pacer = agent, options, pacer
+        self.sandbox_factory = sandbox_factory or backend_sandbox_factory
+        self.backend, self.agent_name, self.run_id = options.backend, agent.name, options.run_id
+
+    async def run_one(self, task: Task, node: Node, version: int, progress: TrialProgress) -> TrialRecord:
+        def paced(task: Task, options: EnvOptions) -> Sandbox:
+            return PacedSandbox(self.sandbox_factory(task, options), self.pacer, progress)
+
+        return await run_trial(task, _Watched(self.agent, progress), self.options, sandbox_factory=paced)
+
+    def record_of(self, result: TrialRecord) -> TrialRecord:
+        return result
+
+
+@dataclass(frozen=True)
+class _Watched:
+    """The agent, telling ``progress`` which env it drives (so a cancelled trial's turns are known)."""
+
+    inner: Agent
+    progress: TrialProgress
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+        self.progress.env = env
+        return await self.inner.run(env, instruction, info)
+
+
+class PacedSandbox(Sandbox):
+    """A backend's sandbox whose creation first waits for a slot from the shared pacer (unless the
+    backend paces its own create attempts, so a create is never paced twice)."""
+
+    def __init__(self, inner: Sandbox, pacer: Pacer, progress: TrialProgress) -> None:
+        super().__init__(inner.spec)
+        self.inner, self.backend = inner, inner.backend
+        self._pacer, self._progress = pacer, progress
+
+    async def start(self) -> None:
+        if self.inner.paces_own_creation:
+            self._progress.created_at = asyncio.get_running_loop().time()
+        else:
+            self._progress.created_at = await self._pacer.acquire()
+        await self.inner.start()
+        self.env, self.workdir, self.warnings = self.inner.env, self.inner.workdir, self.inner.warnings
+
+    async def stop(self) -> None:
+        await self.inner.stop()
+
+    async def exec(self, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None,
+                   env: Mapping[str, str] | None = None, cwd: str | None = None,
+                   output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:  # fmt: skip
+        return await self.inner.exec(argv, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
+
+    async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
+        return await self.inner.open_process(argv, env=env, cwd=cwd)
+
+    async def kill_agent_processes(self) -> None:
+        await self.inner.kill_agent_processes()
+
+    async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
+        await self.inner.upload_tar(archive, dest, timeout=timeout)
+
+    async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
+        return await self.inner.download_tar(paths, limit=limit, timeout=timeout)
+
+    async def check_alive(self) -> None:
+        await self.inner.check_alive()
+
+    async def changed_system_paths(self) -> list[str] | None:
+        return await self.inner.changed_system_paths()
+
+    async def limit_warnings(self) -> list[str]:
+        return await self.inner.limit_warnings()
+
+
+# -- the scheduler -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    batch_size: int  # B: trials kept per step
+    launch: int | None = None  # N: trials launched per step (None: B x 560/512); wait mode launches B
+    mode: SchedulerMode = "cancel"
+    nodes: tuple[Node, ...] = (Node("node-0", 64),)
+    retries: int = 2  # replacements per launch after sandbox errors
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"unknown mode {self.mode!r}; choose one of: {', '.join(MODES)}")
+        if self.batch_size < 1:
+            raise ConfigError(f"the batch size must be at least 1, got {self.batch_size}")
+        if self.launch is not None and self.launch < self.batch_size:
+            raise ConfigError(f"launching {self.launch} trials cannot fill a batch of {self.batch_size}")
+        if self.retries < 0 or not self.nodes:
+            raise ConfigError("retries must be >= 0 and at least one node is needed")
+
+    @property
+    def launched_per_step(self) -> int:
+        if self.mode == "wait":
+            return self.batch_size
+        return self.launch if self.launch is not None else bias.launch_count(self.batch_size)
+
+
+@dataclass(frozen=True)
+class KeptTrial(Generic[T]):
+    """One trajectory of the batch, as the trainer consumes it."""
+
+    result: T  # what run_one returned
+    record: TrialRecord
+    weight: float  # importance weight (reweight mode; mean 1 over the batch), 1.0 in other modes
+    policy_version: int  # the policy version the trial was launched under
+    staleness: int  # this step's version minus policy_version (>= 1 only for carried trials)
+    duration: float  # seconds on the loop clock, from the sandbox's creation grant to the end
+    node: str
+
+
+@dataclass(frozen=True)
+class StepResult(Generic[T]):
+    step: int
+    mode: SchedulerMode
+    policy_version: int
+    kept: list[KeptTrial[T]]
+    records: list[tuple[str, TrialRecord]]  # (fate, record) of every trial decided in this step
+    families: bias.BiasReport
+    tasks: bias.BiasReport
+    run_families: bias.BiasReport  # cumulative, since the scheduler was made
+    run_tasks: bias.BiasReport
+    wall_seconds: float  # from the step's start until it returned (cancelled sandboxes released)
+    batch_seconds: float  # from the step's start until the batch was full
+    pacing_seconds: float  # what pacing alone needs to create this step's launched trials
+    lower_bound: float  # max(pacing_seconds, the longest kept trial's time within this step)
+    short: int  # trials missing from the batch (failures without retries left)
+    node_peaks: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def effective_sample_size(self) -> float:
+        return bias.effective_sample_size([k.weight for k in self.kept])
+
+
+@dataclass(eq=False)
+class _Trial:
+    task: Task
+    version: int
+    attempt: int
+    progress: TrialProgress = field(default_factory=TrialProgress)
+    future: asyncio.Task | None = None
+    node: Node | None = None
+    ended_at: float | None = None
+
+
+class RolloutScheduler(Generic[T]):
+    """Runs steps of B kept trials (see the module docstring). One step at a time; in carry-over
+    mode the tail of one step keeps running into the next, and ``close()`` ends it."""
+
+    def __init__(
+        self,
+        runner: Runner[T],
+        pool: TaskPool,
+        config: SchedulerConfig,
+        *,
+        pacer: Pacer,
+        on_record: Callable[[str, TrialRecord], None] | None = None,
+    ) -> None:
+        self.runner, self.pool, self.config, self.pacer = runner, pool, config, pacer
+        self.on_record = on_record  # called with (fate, record) as soon as each trial is decided
+        self.nodes = NodePool(config.nodes)
+        self.steps = 0
+        self._carried: list[_Trial] = []
+        self._done: asyncio.Queue[_Trial] = asyncio.Queue()  # trials in the order they ended
+        self._run_families: dict[str, bias.Tally] = {}
+        self._run_tasks: dict[str, bias.Tally] = {}
+
+    async def step(self, policy_version: int | None = None) -> StepResult[T]:
+        """Run one step; ``policy_version`` (default: the step's index) tags the trials it launches."""
+        loop = asyncio.get_running_loop()
+        index, self.steps = self.steps, self.steps + 1
+        version = index if policy_version is None else policy_version
+        batch, started = self.config.batch_size, loop.time()
+        in_flight = dict.fromkeys(self._carried)  # an ordered set
+        self._carried = []
+        draw = self.pool.draw(max(self.config.launched_per_step - len(in_flight), 0))
+        launched = [self._launch(task, version, attempt=0) for task in draw]
+        in_flight.update(dict.fromkeys(launched))
+        decided: list[tuple[_Trial, str, TrialRecord, object]] = []  # (trial, fate, record, result)
+        kept = 0
+        try:
+            while kept < batch and in_flight:
+                trial = await self._done.get()
+                if trial not in in_flight:  # cancelled in an earlier step
+                    continue
+                del in_flight[trial]
+                fate, record, result = self._settle(trial, room=True)
+                decided.append((trial, fate, record, result))
+                kept += fate == "kept"
+                if fate == "failed" and kept < batch and self._retryable(record, trial):
+                    launched.append(self._launch(trial.task, version, trial.attempt + 1))
+                    in_flight[launched[-1]] = None
+            batch_full = loop.time()
+            if self.config.mode == "carry-over":
+                self._carried = list(in_flight)
+            else:
+                await self._cancel(in_flight)
+                decided += [(trial, *self._settle(trial, room=False)) for trial in in_flight]
+        except BaseException:
+            await self._cancel(in_flight)
+            raise
+        return self._result(index, version, started, batch_full, launched, decided)
+
+    async def close(self) -> list[TrialRecord]:
+        """End the trials still carried (carry-over mode): cancelled (error kind ``cancelled``), or
+        surplus if they had already finished. Their records go to ``on_record`` and into the run's
+        accounting, and are returned."""
+        carried, self._carried = self._carried, []
+        await self._cancel(carried)
+        settled = [(trial, *self._settle(trial, room=False)) for trial in carried]
+        self._account([self._outcome(t, fate, record, launched=False) for t, fate, record, _ in settled])
+        return [record for _, _, record, _ in settled]
+
+    async def __aenter__(self) -> RolloutScheduler[T]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def run_families(self) -> bias.BiasReport:
+        return bias.bias_report(self._run_families)
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _launch(self, task: Task, version: int, attempt: int) -> _Trial:
+        trial = _Trial(task, version, attempt)
+        trial.future = asyncio.create_task(self._run(trial), name=f"trial {task.name}")
+        trial.future.add_done_callback(lambda _: self._done.put_nowait(trial))
+        return trial
+
+    async def _run(self, trial: _Trial) -> T:
+        node = await self.nodes.acquire()
+        trial.node = node
+        try:
+            return await self.runner.run_one(trial.task, node, trial.version, trial.progress)
+        finally:
+            self.nodes.release(node)
+            trial.ended_at = asyncio.get_running_loop().time()
+
+    async def _cancel(self, trials: Iterable[_Trial]) -> None:
+        """Cancel and wait until each trial has unwound (its sandbox stopped)."""
+        futures = [trial.future for trial in trials]
+        for future in futures:
+            future.cancel()
+        await asyncio.gather(*futures, return_exceptions=True)
+
+    def _settle(self, trial: _Trial, *, room: bool) -> tuple[str, TrialRecord, object]:
+        """The fate and record of a trial whose task is done. ``room``: the batch still has room
+        (otherwise a finished trial is surplus)."""
+        result: object = None
+        if trial.future.cancelled():
+            record = self._bare_record(trial, "cancelled", "cancelled: the batch was full")
+        else:
+            try:
+                result = trial.future.result()
+                record = self.runner.record_of(result)  # type: ignore[arg-type]
+            except SandboxError as exc:
+                record = self._bare_record(trial, "sandbox_error", str(exc))
+        kind = record.error["kind"] if record.error else None
+        fate = "cancelled" if kind == "cancelled" else "failed" if kind in FAILED_KINDS else "kept" if room else "surplus"
+        if self.on_record is not None:
+            self.on_record(fate, record)
+        return fate, record, result
+
+    def _retryable(self, record: TrialRecord, trial: _Trial) -> bool:
+        return record.error is not None and record.error["kind"] in RETRYABLE_KINDS and trial.attempt < self.config.retries
+
+    def _bare_record(self, trial: _Trial, kind: str, message: str) -> TrialRecord:
+        return TrialRecord(
+            task=trial.task.name, backend=self.runner.backend, agent=self.runner.agent_name, turns=trial.progress.turns,
+            error={"kind": kind, "message": message}, timings={"total": self._duration(trial)},
+            run_id=self.runner.run_id, trial_id=uuid.uuid4().hex[:12], family=trial.task.family,
+        )  # fmt: skip
+
+    def _duration(self, trial: _Trial, since: float = -math.inf) -> float:
+        """Loop seconds from the creation grant (or ``since``, if later) to the end, or to now."""
+        end = trial.ended_at if trial.ended_at is not None else asyncio.get_running_loop().time()
+        start = trial.progress.created_at if trial.progress.created_at is not None else end
+        return max(end - max(start, since), 0.0)
+
+    def _outcome(
+        self, trial: _Trial, fate: Fate, record: TrialRecord | None, *, launched: bool, weight: float = 1.0
+    ) -> bias.TrialOutcome:
+        turns = record.turns if record is not None else trial.progress.turns
+        return bias.TrialOutcome(trial.task.name, trial.task.family, fate, launched, self._duration(trial), turns, weight)
+
+    def _account(self, outcomes: list[bias.TrialOutcome]) -> tuple[dict[str, bias.Tally], dict[str, bias.Tally]]:
+        families, tasks = bias.tally(outcomes), bias.tally(outcomes, key=lambda o: o.task)
+        self._run_families = bias.merge_tallies(self._run_families, families)
+        self._run_tasks = bias.merge_tallies(self._run_tasks, tasks)
+        return families, tasks
+
+    def _result(self, index: int, version: int, started: float, batch_full: float, launched: list[_Trial],
+                decided: list[tuple[_Trial, str, TrialRecord, object]]) -> StepResult[T]:  # fmt: skip
+        kept = [(t, record, result) for t, fate, record, result in decided if fate == "kept"]
+        weights: dict[str, float] = {}
+        if self.config.mode == "reweight":
+            launched_per_family = Counter(t.task.family for t in launched)
+            weights = bias.importance_weights(launched_per_family, Counter(t.task.family for t, _, _ in kept))
+        new = set(launched)
+        outcomes = [
+            self._outcome(t, fate, r, launched=t in new, weight=weights.get(t.task.family, 1.0)) for t, fate, r, _ in decided
+        ]
+        outcomes += [self._outcome(t, "carried", None, launched=t in new) for t in self._carried]
+        families, tasks = self._account(outcomes)
+        pacing = bias.pacing_seconds(len(launched), self.pacer.windows)
+        return StepResult(
+            step=index,
+            mode=self.config.mode,
+            policy_version=version,
+            kept=[
+                KeptTrial(result=result, record=record, weight=weights.get(t.task.family, 1.0), policy_version=t.version,
+                          staleness=version - t.version, duration=self._duration(t), node=t.node.name if t.node else "")
+                for t, record, result in kept
+            ],  # fmt: skip
+            records=[(fate, record) for _, fate, record, _ in decided],
+            families=bias.bias_report(families),
+            tasks=bias.bias_report(tasks),
+            run_families=bias.bias_report(self._run_families),
+            run_tasks=bias.bias_report(self._run_tasks),
+            wall_seconds=asyncio.get_running_loop().time() - started,
+            batch_seconds=batch_full - started,
+            pacing_seconds=pacing,
+            lower_bound=bias.step_lower_bound(pacing, (self._duration(t, since=started) for t, _, _ in kept)),
+            short=self.config.batch_size - len(kept),
+            node_peaks={node.name: peak for node, peak in zip(self.nodes.nodes, self.nodes.peak)},
+        )
+
+
+def step_metrics(result: StepResult) -> dict:
+    """One JSON object for the run's ``metrics.jsonl``: the step's timing and its accounting, per
+    family and per task, for the step and for the run so far."""
+    timing = ("step", "mode", "policy_version", "short", "wall_seconds", "batch_seconds", "pacing_seconds",
+              "lower_bound", "node_peaks")  # fmt: skip
+    return {
+        **{name: getattr(result, name) for name in timing},
+        "kept": len(result.kept),
+        "effective_sample_size": result.effective_sample_size,
+        "max_staleness": max((k.staleness for k in result.kept), default=0),
+        "families": result.families.to_dict(),
+        "tasks": result.tasks.to_dict(),
+        "run": {"families": result.run_families.to_dict(), "tasks": result.run_tasks.to_dict()},
+    }

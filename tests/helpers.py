@@ -1,0 +1,81 @@
+"""Helpers shared by the tests: task directories written on the fly, the assertion kit's source
+line, the repository's root, and probes for leftover sandboxes (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+KIT_SOURCE = '. "${TERMGYM_ASSERT:-/tests/.termgym/assert.sh}"'
+
+
+def write_task(
+    root: Path,
+    name: str = "demo",
+    *,
+    dockerfile: str = "FROM debian:bookworm-slim\nWORKDIR /app\n",
+    test_sh: str | None = None,
+    solve_sh: str = "#!/bin/bash\necho done > /app/result.txt\n",
+    agent_timeout: float = 60.0,
+    verifier_timeout: float = 30.0,
+    instruction: str = "Write the word done into /app/result.txt.",
+    extra_files: dict[str, str] | None = None,
+    verifier_toml: str = "",
+    environment_toml: str = "",
+    top_toml: str = "",
+) -> Path:
+    """A Harbor-layout task; by default its verifier checks /app/result.txt in two assertions.
+    ``verifier_toml``, ``environment_toml`` and ``top_toml`` are lines added to ``[verifier]``, to
+    ``[environment]`` and before the first table of ``task.toml``."""
+    task = root / name
+    (task / "environment").mkdir(parents=True)
+    (task / "solution").mkdir()
+    (task / "tests").mkdir()
+    (task / "task.toml").write_text(
+        f'schema_version = "1.1"\n{top_toml}\n[metadata]\ncategory = "testing"\n[agent]\ntimeout_sec = {agent_timeout}\n'
+        f'[verifier]\ntimeout_sec = {verifier_timeout}\n{verifier_toml}\n[environment]\nnetwork_mode = "no-network"\n{environment_toml}\n'
+    )
+    (task / "instruction.md").write_text(instruction + "\n")
+    (task / "environment" / "Dockerfile").write_text(dockerfile)
+    (task / "solution" / "solve.sh").write_text(solve_sh)
+    if test_sh is None:
+        test_sh = textwrap.dedent(f"""\
+        #!/bin/sh
+        {KIT_SOURCE}
+        tg_check "result exists" test -f /app/result.txt
+        tg_check_sh "result says done" 'grep -qx done /app/result.txt'
+        tg_finish
+        """)
+    (task / "tests" / "test.sh").write_text(test_sh)
+    for relative, content in (extra_files or {}).items():
+        path = task / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    return task
+
+
+def sandbox_processes() -> list[str]:
+    """Command lines of live bwrap keepers and processes inside termgym sandboxes."""
+    result = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
+    return [line for line in result.stdout.splitlines() if "bwrap" in line and "sleep infinity" in line]
+
+
+def termgym_containers() -> list[str]:
+    from termgym.sandboxes.docker import docker_client
+
+    return [c["Id"] for c in docker_client().api.containers(all=True, filters={"label": "termgym=1"})]
+
+
+def require_docker() -> None:
+    """Docker tests fail, never skip, when the engine is missing: make test starts it."""
+    from termgym.sandboxes.docker import docker_client
+
+    docker_client()
+
+
+def pids_matching(pattern: str) -> list[int]:
+    result = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(p) for p in result.stdout.split() if int(p) != os.getpid()]

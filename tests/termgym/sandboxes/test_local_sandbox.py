@@ -1,0 +1,120 @@
+"""The embedded sandbox: isolation, environment preparation from the Dockerfile, file transfer."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from termgym.images.dockerfile import parse_dockerfile
+from termgym.errors import EnvironmentBuildError, SandboxError
+from termgym.sandboxes.base import SandboxSpec, tar_of_files
+from termgym.sandboxes.local import BASE_WRITABLE, LocalSandbox, writable_roots
+
+
+def spec(tmp_path, dockerfile: str | None = None, **files: str) -> SandboxSpec:
+    context = tmp_path / "context"
+    context.mkdir()
+    for name, content in files.items():
+        path = context / name.replace("__", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    path = None
+    if dockerfile is not None:
+        path = context / "Dockerfile"
+        path.write_text(dockerfile)
+    return SandboxSpec(name="local-test", context_dir=context, dockerfile=path)
+
+
+async def run(sandbox, script: str) -> str:
+    result = await sandbox.exec(["/bin/sh", "-c", script], timeout=10)
+    return result.text
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "extra"),
+    [
+        ("FROM x\nWORKDIR /app\n", []),
+        ("FROM x\nWORKDIR /workspace/project\nCOPY a /srv/data/\n", ["workspace"]),
+        ("FROM x\nRUN mkdir -p /usr/local/thing\nWORKDIR /usr/local/thing\n", []),
+    ],
+)
+def test_writable_roots(dockerfile, extra):
+    assert writable_roots(parse_dockerfile(dockerfile)) == list(BASE_WRITABLE) + extra
+
+
+async def test_isolation_from_the_host(tmp_path, no_leaks):
+    async with LocalSandbox(spec(tmp_path)) as sandbox:
+        assert (await run(sandbox, "hostname")).strip() == "termgym"
+        assert "No such file" in await run(sandbox, "ls /work 2>&1; ls /root/.pyenv 2>&1")
+        assert int((await run(sandbox, "ls /proc | grep -c '^[0-9]'")).strip()) < 10  # own PID namespace
+        assert "Read-only" in await run(sandbox, "touch /usr/x 2>&1; touch /etc/x 2>&1")
+        assert (await run(sandbox, "awk 'NR > 2 {print $1}' /proc/net/dev")).split() == ["lo:"]  # loopback only
+
+
+async def test_the_host_environment_never_reaches_the_sandbox(tmp_path, no_leaks, monkeypatch):
+    # vLLM's import sets LD_PRELOAD to a library of this venv: passed through nsenter, the loader
+    # in the sandbox (where that path does not exist) printed an error into every command's
+    # output, and the verifier's report was lost with it.
+    monkeypatch.setenv("LD_PRELOAD", str(tmp_path / "libmissing.so"))
+    monkeypatch.setenv("TERMGYM_HOST_ONLY", "secret")
+    async with LocalSandbox(spec(tmp_path)) as sandbox:
+        assert await run(sandbox, "echo hi") == "hi\n"
+        assert "TERMGYM_HOST_ONLY" not in await run(sandbox, "env")
+        channel = await sandbox.open_process(["/bin/sh", "-c", "echo ready"], env={}, cwd="/")
+        assert await channel.read(4096) == b"ready\n"
+        await channel.close()
+
+
+async def test_dockerfile_subset_prepares_the_environment(tmp_path, no_leaks):
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        data = b"from the archive\n"
+        info = tarfile.TarInfo("pkg/inside.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    dockerfile = (
+        "FROM debian:bookworm-slim\nARG GREETING=hello\nENV GREETING=$GREETING TARGET=/opt/data\n"
+        "WORKDIR /app\nCOPY note.txt .\nCOPY conf/ /etc-copy/\nADD bundle.tar.gz /opt/\n"
+        'RUN echo "$GREETING from run" > /app/run.txt && mkdir -p "$TARGET"\nWORKDIR /app/sub\n'
+    )
+    the_spec = spec(tmp_path, dockerfile, **{"note.txt": "a note\n", "conf__a.conf": "a=1\n"})
+    (the_spec.context_dir / "bundle.tar.gz").write_bytes(archive.getvalue())
+    async with LocalSandbox(the_spec) as sandbox:
+        assert sandbox.workdir == "/app/sub" and sandbox.env["GREETING"] == "hello"
+        assert await run(sandbox, "cat /app/note.txt /etc-copy/a.conf /opt/pkg/inside.txt /app/run.txt") == (
+            "a note\na=1\nfrom the archive\nhello from run\n"
+        )
+        assert (await run(sandbox, "pwd; test -d /opt/data && echo dir")).split() == ["/app/sub", "dir"]
+
+
+async def test_run_step_needing_packages_says_to_use_docker(tmp_path, no_leaks):
+    the_spec = spec(tmp_path, "FROM debian:bookworm-slim\nRUN apt-get install -y jq-from-nowhere\n")
+    with pytest.raises(EnvironmentBuildError, match="--backend docker") as caught:
+        async with LocalSandbox(the_spec):
+            pass
+    assert "Dockerfile:2: RUN" in str(caught.value)
+
+
+async def test_missing_copy_source_is_a_build_error(tmp_path, no_leaks):
+    with pytest.raises(EnvironmentBuildError, match="not found"):
+        async with LocalSandbox(spec(tmp_path, "FROM x\nCOPY missing.txt /app/\n")):
+            pass
+
+
+async def test_upload_into_read_only_path_is_a_sandbox_error(tmp_path, no_leaks):
+    source = tmp_path / "f.txt"
+    source.write_text("x")
+    async with LocalSandbox(spec(tmp_path)) as sandbox:
+        await sandbox.upload_tar(tar_of_files([(source, "f.txt")]), "/app/in")
+        assert await run(sandbox, "cat /app/in/f.txt") == "x"
+        with pytest.raises(SandboxError, match="upload to /usr/lib/x failed"):
+            await sandbox.upload_tar(tar_of_files([(source, "f.txt")]), "/usr/lib/x")
+
+
+async def test_killing_agent_processes_keeps_files(tmp_path, no_leaks):
+    async with LocalSandbox(spec(tmp_path)) as sandbox:
+        await sandbox.exec(["/bin/sh", "-c", "echo kept > /app/state; (setsid sleep 100007 &)"], timeout=10)
+        await sandbox.kill_agent_processes()
+        assert await run(sandbox, "cat /app/state; ps -e -o args | grep -c 'sleep 10000[7]' || true") == "kept\n0\n"

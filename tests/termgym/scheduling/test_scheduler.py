@@ -1,0 +1,388 @@
+"""The scheduler's logic, on a virtual clock, with a runner whose trials just sleep a set time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from termgym.scheduling import simclock
+from termgym.errors import SandboxError
+from termgym.sandboxes.pacing import Pacer, Window, max_in_any_window
+from termgym.records import TrialRecord
+from termgym.sandboxes.base import Sandbox, SandboxSpec
+from termgym.scheduling.scheduler import (
+    KeptTrial,
+    Node,
+    NodePool,
+    PacedSandbox,
+    RolloutScheduler,
+    SchedulerConfig,
+    TaskPool,
+    TrialProgress,
+    make_nodes,
+    pick_node,
+    step_metrics,
+)
+
+FAST = (Window(1000, 1.0),)  # pacing that never binds
+
+
+def fake_task(name: str, family: str | None = None) -> SimpleNamespace:
+    return SimpleNamespace(name=name, family=family or name.rstrip("0123456789"))
+
+
+class SleepRunner:
+    """Trials that sleep ``durations[task]`` seconds after a paced "creation"; tasks in ``failing``
+    fail with a sandbox error their first ``failing[task]`` times. Counts what runs on each node."""
+
+    backend, agent_name, run_id = "fake", "fake", "test"
+
+    def __init__(self, pacer: Pacer, durations: dict[str, float], failing: dict[str, int] | None = None) -> None:
+        self.pacer, self.durations, self.failing = pacer, durations, dict(failing or {})
+        self.active: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+        self.grants: list[float] = []
+        self.running = 0
+        self.versions: list[int] = []
+
+    async def run_one(self, task, node, version, progress) -> TrialRecord:
+        self.active[node.name] += 1
+        self.peak[node.name] = max(self.peak[node.name], self.active[node.name])
+        self.running += 1
+        self.versions.append(version)
+        try:
+            progress.created_at = await self.pacer.acquire()
+            self.grants.append(progress.created_at)
+            if self.failing.get(task.name, 0) > 0:
+                self.failing[task.name] -= 1
+                await asyncio.sleep(1.0)
+                return TrialRecord(task=task.name, backend="fake", agent="fake", family=task.family,
+                                   error={"kind": "sandbox_error", "message": "boom"})  # fmt: skip
+            await asyncio.sleep(self.durations[task.name])
+            return TrialRecord(task=task.name, backend="fake", agent="fake", family=task.family, turns=3, reward=1.0)
+        finally:
+            self.active[node.name] -= 1
+            self.running -= 1
+
+    def record_of(self, result: TrialRecord) -> TrialRecord:
+        return result
+
+
+def scheduler(tasks, durations, *, batch, launch=None, mode="cancel", caps=(64,), failing=None, windows=FAST, retries=2):
+    pacer = Pacer(windows)
+    runner = SleepRunner(pacer, durations, failing)
+    config = SchedulerConfig(batch_size=batch, launch=launch, mode=mode, nodes=make_nodes(list(caps)), retries=retries)
+    decided: list[tuple[str, TrialRecord]] = []
+    record = lambda fate, rec: decided.append((fate, rec))  # noqa: E731
+    sched = RolloutScheduler(runner, TaskPool(tasks, shuffle=False), config, pacer=pacer, on_record=record)
+    return sched, runner, decided
+
+
+# -- pure pieces -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("busy", "caps", "expected"),
+    [
+        ([0, 0], [70, 94], 0),  # ties go to the first
+        ([35, 46], [70, 94], 1),  # 0.500 against 0.489
+        ([70, 93], [70, 94], 1),
+        ([70, 94], [70, 94], None),  # all full
+        ([1, 1, 0], [2, 2, 2], 2),
+        ([0], [1], 0),
+    ],
+)
+def test_pick_node(busy, caps, expected):
+    assert pick_node(busy, caps) == expected
+
+
+def test_task_pool_draws_each_task_once_per_epoch():
+    tasks = [fake_task(f"t{i}") for i in range(7)]
+    pool = TaskPool(tasks, seed=3)
+    drawn = pool.draw(7 * 4 + 2)
+    for epoch in range(4):
+        assert sorted(t.name for t in drawn[epoch * 7 : epoch * 7 + 7]) == sorted(t.name for t in tasks)
+    assert [t.name for t in drawn[:7]] != [t.name for t in drawn[7:14]]  # reshuffled
+    assert [t.name for t in TaskPool(tasks, seed=3).draw(30)] == [t.name for t in drawn]  # deterministic
+    assert [t.name for t in TaskPool(tasks, shuffle=False).draw(9)] == [f"t{i}" for i in range(7)] + ["t0", "t1"]
+
+
+def test_task_pool_must_not_be_empty():
+    with pytest.raises(ValueError):
+        TaskPool([])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 0}, "batch size"),
+        ({"batch_size": 4, "launch": 3}, "cannot fill"),
+        ({"batch_size": 4, "mode": "drop"}, "unknown mode"),
+        ({"batch_size": 4, "retries": -1}, "retries"),
+        ({"batch_size": 4, "nodes": ()}, "node"),
+    ],
+)
+def test_config_is_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SchedulerConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("mode", "launch", "expected"), [("cancel", None, 560), ("reweight", None, 560), ("carry-over", 600, 600), ("wait", 600, 512)]
+)
+def test_launched_per_step(mode, launch, expected):
+    assert SchedulerConfig(batch_size=512, launch=launch, mode=mode).launched_per_step == expected
+
+
+def test_node_caps_must_be_positive():
+    with pytest.raises(ValueError):
+        Node("n", 0)
+
+
+def test_node_pool_hands_freed_slots_to_waiters_in_order():
+    async def main():
+        pool = NodePool([Node("a", 1), Node("b", 1)])
+        first, second = await pool.acquire(), await pool.acquire()
+        waiters = [asyncio.ensure_future(pool.acquire()) for _ in range(3)]
+        await asyncio.sleep(0)
+        waiters[1].cancel()  # a cancelled waiter never gets (or keeps) a slot
+        await asyncio.sleep(0)
+        pool.release(second)
+        pool.release(first)
+        got = [await waiters[0], await waiters[2]]
+        return [n.name for n in (first, second)], [n.name for n in got], pool.busy, pool.peak
+
+    assert simclock.run(main()) == (["a", "b"], ["b", "a"], [1, 1], [1, 1])
+
+
+# -- steps ---------------------------------------------------------------------------------------------
+
+
+def test_cancel_keeps_the_first_b_and_records_the_rest_as_cancelled():
+    tasks = [fake_task(f"t{i}", "short" if i < 6 else "long") for i in range(8)]
+    durations = {f"t{i}": 10.0 * (i + 1) for i in range(8)}
+
+    async def main():
+        sched, runner, decided = scheduler(tasks, durations, batch=5, launch=8)
+        result = await sched.step()
+        return result, runner, decided
+
+    result, runner, decided = simclock.run(main())
+    assert sorted(k.record.task for k in result.kept) == ["t0", "t1", "t2", "t3", "t4"]
+    assert [k.duration for k in result.kept] == pytest.approx([10, 20, 30, 40, 50])
+    assert all(k.weight == 1.0 and k.staleness == 0 and k.policy_version == 0 for k in result.kept)
+    cancelled = [r for f, r in decided if f == "cancelled"]
+    assert sorted(r.task for r in cancelled) == ["t5", "t6", "t7"]
+    assert all(r.error["kind"] == "cancelled" and r.timings["total"] == pytest.approx(50) for r in cancelled)
+    assert runner.running == 0  # every cancelled trial has finished unwinding
+    assert result.wall_seconds == pytest.approx(50) and result.lower_bound == pytest.approx(50)
+    assert result.families.groups["long"].cancelled == 2 and result.families.kept_share["long"] == 0.0
+    assert result.families.tv_distance == pytest.approx(2 / 8)
+
+
+def test_wait_runs_exactly_b_and_cancels_nothing():
+    tasks = [fake_task(f"t{i}") for i in range(4)]
+
+    async def main():
+        sched, runner, decided = scheduler(tasks, {f"t{i}": 5.0 * (i + 1) for i in range(4)}, batch=4, launch=8, mode="wait")
+        return await sched.step(), decided
+
+    result, decided = simclock.run(main())
+    assert len(result.kept) == 4 and [f for f, _ in decided] == ["kept"] * 4
+    assert result.wall_seconds == pytest.approx(20) and result.families.tv_distance == 0.0
+
+
+def test_simultaneous_finishes_beyond_the_batch_are_surplus():
+    tasks = [fake_task("a0"), fake_task("a1"), fake_task("a2")]
+
+    async def main():
+        sched, _, decided = scheduler(tasks, {"a0": 5.0, "a1": 5.0, "a2": 9.0}, batch=1, launch=3)
+        return await sched.step(), decided
+
+    result, decided = simclock.run(main())
+    assert len(result.kept) == 1
+    assert sorted(f for f, _ in decided) == ["cancelled", "kept", "surplus"]
+    assert result.families.totals.finished == 2 and result.families.totals.kept == 1
+
+
+def test_failed_trials_are_replaced_by_the_same_task_and_never_kept():
+    tasks = [fake_task(f"t{i}") for i in range(6)]
+    durations = {f"t{i}": 10.0 for i in range(6)}
+
+    async def main():
+        sched, runner, decided = scheduler(tasks, durations, batch=6, mode="wait", failing={"t2": 2, "t4": 1})
+        return await sched.step(), decided
+
+    result, decided = simclock.run(main())
+    assert len(result.kept) == 6 and result.short == 0
+    failed = [r.task for f, r in decided if f == "failed"]
+    assert sorted(failed) == ["t2", "t2", "t4"]
+    assert result.families.totals.launched == 9 and result.families.totals.failed == 3
+    assert all(k.record.error is None for k in result.kept)
+
+
+def test_retries_run_out_and_the_batch_comes_back_short():
+    tasks = [fake_task("ok"), fake_task("bad")]
+
+    async def main():
+        sched, _, decided = scheduler(tasks, {"ok": 1.0, "bad": 1.0}, batch=2, mode="wait", failing={"bad": 99}, retries=1)
+        return await sched.step(), decided
+
+    result, decided = simclock.run(main())
+    assert len(result.kept) == 1 and result.short == 1
+    assert [f for f, r in decided if r.task == "bad"] == ["failed", "failed"]
+
+
+def test_a_sandbox_error_raised_by_the_runner_is_a_failed_trial():
+    tasks = [fake_task("t0")]
+
+    async def main():
+        sched, runner, decided = scheduler(tasks, {"t0": 1.0}, batch=1, mode="wait", retries=0)
+
+        async def explode(task, node, version, progress):
+            raise SandboxError("provider down")
+
+        runner.run_one = explode
+        return await sched.step(), decided
+
+    result, decided = simclock.run(main())
+    assert result.short == 1 and decided[0][0] == "failed"
+    assert decided[0][1].error == {"kind": "sandbox_error", "message": "provider down"}
+
+
+def test_node_caps_and_pacing_are_never_exceeded():
+    tasks = [fake_task(f"t{i}") for i in range(40)]
+    durations = {f"t{i}": 3.0 + (i * 7) % 11 for i in range(40)}
+
+    async def main():
+        sched, runner, _ = scheduler(tasks, durations, batch=30, launch=40, caps=(3, 5, 4), windows=(Window(6, 1.0), Window(20, 60.0)))
+        result = await sched.step()
+        return result, runner
+
+    result, runner = simclock.run(main())
+    assert dict(runner.peak) == {"node-0": 3, "node-1": 5, "node-2": 4}  # counted by the runner itself
+    assert result.node_peaks == {"node-0": 3, "node-1": 5, "node-2": 4}
+    assert max_in_any_window(runner.grants, 1.0) <= 6 and max_in_any_window(runner.grants, 60.0) <= 20
+    assert len(result.kept) == 30
+    assert result.pacing_seconds == pytest.approx(63.0)  # the 21st grant waits for the minute; the 40th: 60 + 3
+
+
+def test_carry_over_keeps_the_tail_for_the_next_step_with_its_version():
+    tasks = [fake_task(f"t{i}") for i in range(5)]  # step 1 launches t0-t3, step 2 t4, t0, t1
+    durations = {"t0": 10.0, "t1": 10.0, "t2": 10.0, "t3": 15.0, "t4": 30.0}  # t3 ends 5 s into step 2
+
+    async def main():
+        sched, runner, decided = scheduler(tasks, durations, batch=3, launch=4, mode="carry-over")
+        first = await sched.step(policy_version=7)
+        carried_running = runner.running
+        second = await sched.step(policy_version=8)
+        closing = await sched.close()
+        return first, carried_running, second, closing, runner, sched
+
+    first, carried_running, second, closing, runner, sched = simclock.run(main())
+    assert first.families.totals.carried == 1 and carried_running == 1
+    assert second.families.totals.launched == 3  # 4 in flight: 1 carried + 3 new
+    carried = [k for k in second.kept if k.policy_version == 7]
+    assert [k.record.task for k in carried] == ["t3"] and carried[0].staleness == 1
+    assert carried[0].duration == pytest.approx(15)
+    assert [r.task for r in closing] == ["t4"] and closing[0].error["kind"] == "cancelled" and runner.running == 0
+    run = sched.run_families
+    assert run.totals.launched == 7 and run.totals.kept == 6 and run.totals.cancelled == 1 and run.totals.carried == 0
+
+
+def test_reweight_gives_family_weights_with_mean_one():
+    tasks = [fake_task(f"short{i}", "short") for i in range(6)] + [fake_task(f"long{i}", "long") for i in range(2)]
+    durations = {**{f"short{i}": 5.0 for i in range(6)}, "long0": 6.0, "long1": 60.0}
+
+    async def main():
+        sched, _, _ = scheduler(tasks, durations, batch=7, launch=8, mode="reweight")
+        return await sched.step()
+
+    result = simclock.run(main())
+    weights = {k.record.family: k.weight for k in result.kept}
+    assert weights == pytest.approx({"short": (6 / 8) / (6 / 7), "long": (2 / 8) / (1 / 7)})
+    assert sum(k.weight for k in result.kept) / len(result.kept) == pytest.approx(1.0)
+    assert result.families.tv_distance_weighted == pytest.approx(0.0)
+    assert result.effective_sample_size < 7
+
+
+def test_a_cancelled_step_cancels_every_trial():
+    tasks = [fake_task(f"t{i}") for i in range(5)]
+
+    async def main():
+        sched, runner, _ = scheduler(tasks, {f"t{i}": 100.0 for i in range(5)}, batch=5, mode="wait")
+        step = asyncio.ensure_future(sched.step())
+        await asyncio.sleep(10)
+        step.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await step
+        return runner.running
+
+    assert simclock.run(main()) == 0
+
+
+def test_step_metrics_is_json_ready():
+    import json
+
+    tasks = [fake_task(f"t{i}") for i in range(3)]
+
+    async def main():
+        sched, _, _ = scheduler(tasks, {"t0": 1.0, "t1": 2.0, "t2": 3.0}, batch=2, launch=3)
+        return await sched.step()
+
+    metrics = json.loads(json.dumps(step_metrics(simclock.run(main()))))
+    assert metrics["kept"] == 2 and metrics["families"]["groups"]["t"]["cancelled"] == 1
+    assert set(metrics["tasks"]["groups"]) == {"t0", "t1", "t2"} and metrics["run"]["families"]["totals"]["kept"] == 2
+
+
+def test_kept_trial_is_what_the_trainer_reads():
+    fields = set(KeptTrial.__dataclass_fields__)
+    assert {"result", "record", "weight", "policy_version", "staleness"} <= fields
+
+
+class _SelfPacingSandbox(Sandbox):
+    """A backend that paces its own creates (as Daytona does); everything else is unused here."""
+
+    backend = "self-paced"
+    paces_own_creation = True
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None: ...
+
+    async def exec(self, argv, *, timeout, stdin=None, env=None, cwd=None, output_limit=0):
+        raise NotImplementedError
+
+    async def open_process(self, argv, *, env, cwd):
+        raise NotImplementedError
+
+    async def kill_agent_processes(self) -> None: ...
+
+
+@pytest.mark.parametrize(("self_paced", "granted"), [(True, 0), (False, 2)])
+async def test_a_create_is_never_paced_twice(self_paced, granted):
+    pacer = Pacer((Window(5, 60.0),))
+    for _ in range(2):
+        inner = _SelfPacingSandbox(SandboxSpec(name="t", context_dir=None, dockerfile=None))
+        inner.paces_own_creation = self_paced
+        sandbox = PacedSandbox(inner, pacer, TrialProgress())
+        await sandbox.start()
+        assert inner.started
+    assert pacer.granted == granted
+
+
+def test_the_paced_sandbox_forwards_every_coroutine_of_the_contract():
+    """A method the wrapper does not forward would silently fall back to the base default (no
+    liveness check, no tamper list, no limit warnings) for every scheduled trial."""
+    import inspect
+
+    from termgym.sandboxes.base import Sandbox
+    from termgym.scheduling.scheduler import PacedSandbox
+
+    contract = {name for name, member in inspect.getmembers(Sandbox) if inspect.iscoroutinefunction(member) and not name.startswith("_")}
+    forwarded = {name for name in contract if name in vars(PacedSandbox)}
+    assert contract - {"upload_files"} <= forwarded, sorted(contract - forwarded)

@@ -1,0 +1,216 @@
+"""The import rules of docs/architecture.md, read from the code's own imports: each layer imports
+only its own and the ones below; sandboxes import neither the task loader nor the episode layer;
+verifiers do no I/O; nothing in termgym/ imports the trainer; no import cycles anywhere.
+
+Imports are read from the source (every ``import`` statement, inside functions too, except under
+``if TYPE_CHECKING:``), with the installed names: ``verifiers/`` is ``termgym.verifiers``,
+``trainer/`` is ``termgym.trainer``, ``envs/`` is ``termgym.envs``."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO_ROOT
+
+# folder of the checkout -> the package name it installs as
+PACKAGES = {"termgym": "termgym", "verifiers": "termgym.verifiers", "trainer": "termgym.trainer", "envs": "termgym.envs"}
+TASK_DIRS = ("archives", "file-ops", "shell-scripting", "text-processing")  # envs/: task data, not code
+
+# bottom to top; a module may import its own layer and those below it
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("errors", ("termgym.errors",)),
+    ("verifiers", ("termgym.verifiers",)),
+    ("utilities", ("termgym.output", "termgym.aio", "termgym.progress")),
+    ("images", ("termgym.images",)),
+    ("sandboxes", ("termgym.sandboxes",)),
+    ("tasks", ("termgym.tasks", "termgym.bundled", "termgym.envs")),
+    ("episode", ("termgym.shell", "termgym.verification", "termgym.env", "termgym.trial", "termgym.records",
+                 "termgym.tamper", "termgym.artifacts", "termgym.gym_env", "termgym")),  # fmt: skip
+    ("scheduling", ("termgym.scheduling",)),
+    ("audit", ("termgym.audit",)),
+    ("cli", ("termgym.cli", "termgym.__main__")),
+    ("trainer", ("termgym.trainer",)),
+]
+SANDBOX_MAY_IMPORT = ("termgym.errors", "termgym.output", "termgym.aio", "termgym.images", "termgym.sandboxes")
+VERIFIERS_MAY_IMPORT = ("termgym.verifiers", "termgym.errors")
+IO_MODULES = {"os", "io", "pathlib", "shutil", "subprocess", "socket", "tempfile", "asyncio", "glob", "urllib",
+              "http", "requests", "sqlite3", "tarfile", "zipfile", "docker", "daytona"}  # fmt: skip
+IO_CALLS = {"open", "print", "input"}
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Every project module under ``root`` (a checkout) by its installed dotted name."""
+    modules = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            relative = path.relative_to(root / folder)
+            if folder == "envs" and relative.parts[0] in TASK_DIRS:
+                continue
+            parts = [*package.split("."), *relative.with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """Line numbers of statements inside ``if TYPE_CHECKING:`` blocks."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for inner in node.body:
+                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
+    return lines
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The absolute names ``name`` imports (a submodule when ``from X import Y`` names one)."""
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_only(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                child = f"{base}.{alias.name}"
+                found.add(child if child in modules else base)
+    return found
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Each project module's imports of other project modules."""
+    modules = module_files(root)
+    return {name: {i for i in imports_of(name, path, modules) if i in modules and i != name} for name, path in modules.items()}
+
+
+def layer_of(name: str) -> int:
+    best = max((p for _, prefixes in LAYERS for p in prefixes if _under(name, p)), key=len)
+    return next(i for i, (_, prefixes) in enumerate(LAYERS) if best in prefixes)
+
+
+def violations(root: Path) -> list[str]:
+    """Every broken rule in the checkout at ``root``, one line each."""
+    modules = module_files(root)
+    graph = import_graph(root)
+    found = []
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if layer_of(target) > layer_of(name):
+                found.append(f"{name} ({LAYERS[layer_of(name)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})")
+            if _under(name, "termgym.sandboxes") and not any(_under(target, p) for p in SANDBOX_MAY_IMPORT):
+                found.append(f"{name} imports {target}: sandboxes import only {', '.join(SANDBOX_MAY_IMPORT)}")
+            if _under(name, "termgym.verifiers") and not any(_under(target, p) for p in VERIFIERS_MAY_IMPORT):
+                found.append(f"{name} imports {target}: verifiers import only {', '.join(VERIFIERS_MAY_IMPORT)}")
+            if not _under(name, "termgym.trainer") and _under(target, "termgym.trainer"):
+                found.append(f"{name} imports {target}: nothing outside the trainer imports it")
+    for name, path in sorted(modules.items()):
+        if _under(name, "termgym.verifiers"):
+            tree = ast.parse(path.read_text())
+            for module in sorted(imports_of(name, path, modules)):
+                if module.split(".")[0] in IO_MODULES:
+                    found.append(f"{name} imports {module}: verifiers do no I/O")
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in IO_CALLS:
+                    found.append(f"{name} calls {node.func.id}() on line {node.lineno}: verifiers do no I/O")
+    found += [f"import cycle: {' -> '.join(cycle)}" for cycle in cycles(graph)]
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [[*component, component[0]] for component in components]
+
+
+def test_the_checkout_keeps_every_import_rule():
+    assert module_files(REPO_ROOT)["termgym.verifiers.select"] == REPO_ROOT / "verifiers" / "select.py"
+    assert violations(REPO_ROOT) == []
+
+
+def test_every_module_is_in_a_layer():
+    for name in module_files(REPO_ROOT):
+        assert layer_of(name) >= 0, name
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """A copy of the checkout's code, to break on purpose."""
+    for folder in PACKAGES:
+        shutil.copytree(REPO_ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", *TASK_DIRS))
+    assert violations(tmp_path) == []
+    return tmp_path
+
+
+def _append(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + f"\n\ndef _added():\n    {line}\n")
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "expected"),
+    [
+        ("termgym/sandboxes/docker.py", "from termgym.env import EnvOptions", "sandboxes import only"),
+        ("termgym/sandboxes/base.py", "from termgym.tasks import Task", "sandboxes import only"),
+        ("termgym/env.py", "import termgym.trainer.ppo", "nothing outside the trainer imports it"),
+        ("termgym/cli.py", "from termgym.trainer.cli import main", "nothing outside the trainer imports it"),
+        ("verifiers/ctrf.py", "from termgym.output import terminal_safe", "verifiers import only"),
+        ("verifiers/tap.py", "import pathlib", "verifiers do no I/O"),
+        ("verifiers/junit.py", "open('/etc/passwd')", "verifiers do no I/O"),
+        ("termgym/images/build.py", "from termgym.scheduling import bias", "(images) imports termgym.scheduling.bias (scheduling)"),
+        ("trainer/losses.py", "from termgym.trainer.ppo import train", "import cycle"),
+    ],
+)
+def test_a_forbidden_import_is_reported(checkout: Path, module: str, line: str, expected: str):
+    _append(checkout / module, line)
+    found = violations(checkout)
+    assert any(expected in v for v in found), found
+
+
+def test_an_import_needed_only_for_types_is_not_an_edge(checkout: Path):
+    path = checkout / "termgym" / "sandboxes" / "base.py"
+    path.write_text(path.read_text() + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from termgym.tasks import Task\n")
+    assert violations(checkout) == []
