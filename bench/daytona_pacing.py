@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from termgym.env import EnvOptions  # noqa: E402
-from termgym.sandboxes.pacing import max_in_any_window  # noqa: E402
+from termgym.records import TrialRecord  # noqa: E402
 from termgym.sandboxes.daytona.backend import DaytonaSettings, close_providers, get_provider  # noqa: E402
+from termgym.sandboxes.pacing import max_in_any_window  # noqa: E402
 from termgym.tasks import load_task  # noqa: E402
 from termgym.trial import OracleAgent, run_trial  # noqa: E402
 from tests.helpers import write_task  # noqa: E402
@@ -40,9 +41,19 @@ async def start_server(workdir: Path, latency: float, rate_429: float) -> tuple[
     env = {**os.environ, "TERMGYM_SANDBOX_DIR": str(workdir / "sandboxes")}
     log = open(workdir / "server.log", "wb")  # noqa: SIM115 - the server's own chatter, kept out of the table
     server = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.termgym.sandboxes.daytona.server", str(port_file), "--create-latency", str(latency),
-        "--429-rate", str(rate_429), cwd=ROOT, env=env, stdout=log, stderr=log,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "tests.termgym.sandboxes.daytona.server",
+        str(port_file),
+        "--create-latency",
+        str(latency),
+        "--429-rate",
+        str(rate_429),
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
     for _ in range(300):
         if port_file.exists() and port_file.read_text():
             return server, f"http://127.0.0.1:{port_file.read_text()}"
@@ -67,7 +78,9 @@ async def bench(trials: int, latency: float, rate_429: float, concurrency: int, 
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-async def _bench_in(workdir: Path, trials: int, latency: float, rate_429: float, concurrency: int, per_second: int) -> int:
+async def _bench_in(
+    workdir: Path, trials: int, latency: float, rate_429: float, concurrency: int, per_second: int
+) -> int:
     server, base = await start_server(workdir, latency, rate_429)
     os.environ.update(DAYTONA_API_KEY="test-key", DAYTONA_API_URL=f"{base}/api")
     os.chdir(workdir)
@@ -76,7 +89,7 @@ async def _bench_in(workdir: Path, trials: int, latency: float, rate_429: float,
     task = load_task(write_task(workdir / "tasks", name="short"))
     gate = asyncio.Semaphore(concurrency)
 
-    async def one() -> object:
+    async def one() -> TrialRecord:
         async with gate:
             return await run_trial(task, OracleAgent(), EnvOptions(backend="daytona", run_id="bench"))
 
@@ -108,14 +121,31 @@ async def _bench_in(workdir: Path, trials: int, latency: float, rate_429: float,
     rows = [
         ("trials", f"{trials} (concurrency cap {concurrency}, create latency {latency:g} s, 429 rate {rate_429:g})"),
         ("resolved / errors", f"{resolved} / {errors}"),
-        ("create attempts (200 / 429 / other)", f"{len(times)} ({statuses.count(200)} / {statuses.count(429)} / {len(times) - statuses.count(200) - statuses.count(429)})"),
+        (
+            "create attempts (200 / 429 / other)",
+            f"{len(times)} ({statuses.count(200)} / {statuses.count(429)} / {len(times) - statuses.count(200) - statuses.count(429)})",
+        ),
         ("pacer grants", f"{provider.pacer.granted}"),
         ("configured pace", f"{settings.per_second}/s and {settings.per_minute}/min (guard {settings.pace_guard:g} s)"),
-        ("creation throughput (successful)", f"{throughput:.3f}/s = {ratio:.1%} of {target}/s ({'within' if abs(1 - ratio) <= 0.05 else 'NOT within'} 5%)"),
+        (
+            "creation throughput (successful)",
+            f"{throughput:.3f}/s = {ratio:.1%} of {target}/s ({'within' if abs(1 - ratio) <= 0.05 else 'NOT within'} 5%)",
+        ),
         ("attempt rate (all creates)", f"{attempts_rate:.3f}/s"),
-        ("max creates in any 1 s window", f"{per_second} (limit {settings.per_second}) {'ok' if per_second <= settings.per_second else 'VIOLATION'}"),
-        ("max creates in any 60 s window", f"{per_minute} (limit {settings.per_minute}) {'ok' if per_minute <= settings.per_minute else 'VIOLATION'}"),
-        ("trial setup p50 / p95 (incl. pacer wait)", f"{statistics.median(setups):.2f} s / {statistics.quantiles(setups, n=20)[18]:.2f} s" if len(setups) > 1 else "n/a"),
+        (
+            "max creates in any 1 s window",
+            f"{per_second} (limit {settings.per_second}) {'ok' if per_second <= settings.per_second else 'VIOLATION'}",
+        ),
+        (
+            "max creates in any 60 s window",
+            f"{per_minute} (limit {settings.per_minute}) {'ok' if per_minute <= settings.per_minute else 'VIOLATION'}",
+        ),
+        (
+            "trial setup p50 / p95 (incl. pacer wait)",
+            f"{statistics.median(setups):.2f} s / {statistics.quantiles(setups, n=20)[18]:.2f} s"
+            if len(setups) > 1
+            else "n/a",
+        ),
         ("snapshot builds", f"{seen['snapshot_builds']}"),
         ("sandboxes left on the server", f"{seen['live']}"),
         ("sandbox directories left on disk", f"{len(leaked_dirs)}"),
@@ -126,7 +156,9 @@ async def _bench_in(workdir: Path, trials: int, latency: float, rate_429: float,
     print("-" * (width + 60))
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
-    healthy = per_second <= settings.per_second and per_minute <= settings.per_minute and not seen["live"] and not leaked_dirs
+    healthy = (
+        per_second <= settings.per_second and per_minute <= settings.per_minute and not seen["live"] and not leaked_dirs
+    )
     return 0 if healthy and abs(1 - ratio) <= 0.05 and not errors else 1
 
 
@@ -137,6 +169,7 @@ def _sdk_version() -> str:
 
 
 def main() -> int:
+    assert __doc__ is not None  # the module docstring: the description
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=560)
     parser.add_argument("--create-latency", type=float, default=1.0, help="seconds a new sandbox stays 'creating'")

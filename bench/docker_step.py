@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from termgym.bundled import bundled_task_path  # noqa: E402
 from termgym.env import AsyncTerminalEnv, EnvOptions  # noqa: E402
-from termgym.sandboxes.docker import FrameDemux, docker_client  # noqa: E402
+from termgym.sandboxes.docker import DockerSandbox, FrameDemux, docker_client  # noqa: E402
 from termgym.tasks import load_task  # noqa: E402
 from termgym.trial import OracleAgent, run_trial  # noqa: E402
 from tests.helpers import write_task  # noqa: E402
@@ -36,12 +36,19 @@ def median_ms(samples: list[float]) -> float:
     return statistics.median(samples) * 1e3
 
 
+def container_of(env: AsyncTerminalEnv) -> str:
+    """The container of ``env``'s sandbox (a Docker one, started by ``reset``)."""
+    sandbox = env.sandbox
+    assert isinstance(sandbox, DockerSandbox) and sandbox._container is not None
+    return sandbox._container
+
+
 async def step_latencies(task_dir: Path, steps: int) -> dict[str, float]:
     client = docker_client()
     env = AsyncTerminalEnv(load_task(task_dir), EnvOptions(backend="docker", max_turns=steps + 100))
     async with env:
         await env.reset()
-        container = env.sandbox._container
+        container = container_of(env)
         for _ in range(20):
             await env.step("true")
         step = []
@@ -88,7 +95,7 @@ async def trial_overhead(task_dir: Path, count: int) -> dict[str, float]:
         async with env:
             await env.reset()
             await env.step("true")
-            image = image or docker_client().api.inspect_container(env.sandbox._container)["Image"]
+            image = image or docker_client().api.inspect_container(container_of(env))["Image"]
         ours.append(time.perf_counter() - started)
         started = time.perf_counter()
         subprocess.run(["docker", "run", "--rm", "--network", "none", image, "true"], check=True)
@@ -97,7 +104,9 @@ async def trial_overhead(task_dir: Path, count: int) -> dict[str, float]:
 
 
 async def concurrency(trials: int, limit: int) -> dict[str, float]:
-    task = load_task(bundled_task_path("text-processing/word-frequency"))
+    path = bundled_task_path("text-processing/word-frequency")
+    assert path is not None  # a bundled task
+    task = load_task(path)
     await run_trial(task, OracleAgent(), EnvOptions(backend="docker"))  # the build is not timed
     gate = asyncio.Semaphore(limit)
 
@@ -126,13 +135,15 @@ def main() -> None:
     load = asyncio.run(concurrency(32, 8))
     print("| step latency (median) | ms |")
     print("|---|---|")
-    print(f"| env.step(\"true\"), persistent shell | {latency['step']:.3f} |")
+    print(f'| env.step("true"), persistent shell | {latency["step"]:.3f} |')
     print(f"| `docker exec C true` (CLI) | {latency['cli']:.2f} |")
     print(f"| docker-py `exec_run` | {latency['sdk']:.2f} |")
     print(f"| floor: round trip through an attached shell | {latency['floor']:.3f} |")
     print()
     print(f"step / CLI exec = {latency['step'] / latency['cli']:.4f} (target <= 0.05)")
-    print(f"step / exec_run = {latency['step'] / latency['sdk']:.4f}; step / floor = {latency['step'] / latency['floor']:.2f}")
+    print(
+        f"step / exec_run = {latency['step'] / latency['sdk']:.4f}; step / floor = {latency['step'] / latency['floor']:.2f}"
+    )
     print()
     print("| trial overhead (median) | ms |")
     print("|---|---|")

@@ -49,6 +49,7 @@ async def run_episodes(sampler: BatchedSampler, args, vocab: int) -> list[list[i
 
 
 def main() -> int:
+    assert __doc__ is not None  # the module docstring: the description
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=8, help="concurrent episodes (the preset's concurrency)")
     parser.add_argument("--prompt", type=int, default=80, help="prompt tokens")
@@ -59,10 +60,16 @@ def main() -> int:
     args = parser.parse_args()
     tiny = PRESETS["tiny"]
     with tempfile.TemporaryDirectory() as scratch:
-        policy, _ = load_policy(build_tiny_policy(Path(scratch), seed=0, hidden=tiny["hidden"], layers=tiny["layers"], experts=tiny["experts"]))
+        policy, _ = load_policy(
+            build_tiny_policy(
+                Path(scratch), seed=0, hidden=tiny["hidden"], layers=tiny["layers"], experts=tiny["experts"]
+            )
+        )
     vocab = policy.config.vocab_size
-    samplers = {"recompute every position": lambda: BatchedSampler(policy, kv_cache=False),
-                "key/value cache": lambda: BatchedSampler(policy)}  # fmt: skip
+    samplers = {
+        "recompute every position": lambda: BatchedSampler(policy, kv_cache=False),
+        "key/value cache": lambda: BatchedSampler(policy),
+    }
     seconds: dict[str, list[float]] = {name: [] for name in samplers}
     outputs, computed = {}, {}
     for _ in range(args.repeats):  # alternate, so machine noise falls on both
@@ -77,13 +84,21 @@ def main() -> int:
         print("the two samplers sampled different ids", file=sys.stderr)
         return 1
     base = min(seconds["recompute every position"])
-    table = Table(title=f"torch sampler · {args.episodes} episodes x {args.turns} turns x {args.tokens} tokens · "
-                        f"best of {args.repeats}", title_justify="left")  # fmt: skip
+    table = Table(
+        title=f"torch sampler · {args.episodes} episodes x {args.turns} turns x {args.tokens} tokens · "
+        f"best of {args.repeats}",
+        title_justify="left",
+    )
     for column in ("sampler", "seconds", "time / recompute", "positions computed"):
         table.add_column(column, justify="left" if column == "sampler" else "right")
     for name in samplers:
         best = min(seconds[name])
-        table.add_row(name, f"{best:.2f}", f"{best / base:.2f}", "all, every round" if computed[name] is None else str(computed[name]))
+        table.add_row(
+            name,
+            f"{best:.2f}",
+            f"{best / base:.2f}",
+            "all, every round" if computed[name] is None else str(computed[name]),
+        )
     Console(width=140).print(table)
     print("identical sampled ids: yes")
     return 0

@@ -37,6 +37,7 @@ from termgym.trainer.models import load_policy
 from termgym.trainer.pipeline import reinforce
 from termgym.trainer.rollout import rollout_options, rollout_settings
 
+
 def overrides(pairs: list[str]) -> dict:
     """``FIELD=VALUE`` pairs as Config fields (VALUE is JSON, or a plain string)."""
     defaults = Config()
@@ -81,27 +82,53 @@ async def main_async(args) -> int:
     for (label, tasks), (decoding, samples) in itertools.product(sets.items(), decodings.items()):
         summaries = []
         for policy, tokenizer in policies:
-            summary, _ = await evaluate(policy, tokenizer, tasks, rollout_options(cfg, f"effect-{out.name}"), rollout_settings(cfg),
-                                        concurrency=cfg.concurrency, samples=samples, seed=cfg.seed)  # fmt: skip
+            summary, _ = await evaluate(
+                policy,
+                tokenizer,
+                tasks,
+                rollout_options(cfg, f"effect-{out.name}"),
+                rollout_settings(cfg),
+                concurrency=cfg.concurrency,
+                samples=samples,
+                seed=cfg.seed,
+            )
             summaries.append(summary)
         change = paired_change(*summaries)
-        print(f"{label}, {decoding}: supervised {summaries[0].resolved:.1%} -> PPO {summaries[1].resolved:.1%}; "
-              f"{change.describe(len(tasks))}")  # fmt: skip
-        families = {family: [s.families.get(family, {}).get("resolved") for s in summaries] for family in summaries[0].families}
-        print("  per family, supervised -> PPO: " + ", ".join(f"{f} {a:.0%} -> {b:.0%}" for f, (a, b) in families.items()))
-        report[f"{label}, {decoding}"] = {"supervised": summaries[0].resolved, "ppo": summaries[1].resolved, "gained": change.gained,
-                                          "lost": change.lost, "p_value": change.p_value, "families": families}  # fmt: skip
+        print(
+            f"{label}, {decoding}: supervised {summaries[0].resolved:.1%} -> PPO {summaries[1].resolved:.1%}; "
+            f"{change.describe(len(tasks))}"
+        )
+        families = {
+            family: [s.families.get(family, {}).get("resolved") for s in summaries] for family in summaries[0].families
+        }
+        print(
+            "  per family, supervised -> PPO: " + ", ".join(f"{f} {a:.0%} -> {b:.0%}" for f, (a, b) in families.items())
+        )
+        report[f"{label}, {decoding}"] = {
+            "supervised": summaries[0].resolved,
+            "ppo": summaries[1].resolved,
+            "gained": change.gained,
+            "lost": change.lost,
+            "p_value": change.p_value,
+            "families": families,
+        }
     (out / "effect.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 
 def main() -> int:
+    assert __doc__ is not None  # the module docstring: the description
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", help="a finished termgym train --preset tiny run directory")
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="override a Config field")
     parser.add_argument("--out", default=None)
     parser.add_argument("--validation", type=int, default=96, help="validation tasks (the training split's next ones)")
-    parser.add_argument("--samples", type=int, default=8, help="also evaluate this many episodes per task at temperature 1 (0: greedy only)")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=8,
+        help="also evaluate this many episodes per task at temperature 1 (0: greedy only)",
+    )
     args = parser.parse_args()
 
     return run_command(main_async(args))

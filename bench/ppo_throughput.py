@@ -21,14 +21,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from termgym.trainer.batch import Batch, forward_logp, forward_values, make_batch
 from termgym.trainer.config import Config
 from termgym.trainer.models import Critic, build_tiny_policy, load_policy
-from termgym.trainer.rollout import Trajectory
-from termgym.trainer.batch import forward_logp, forward_values, make_batch
 from termgym.trainer.ppo import ppo_update
+from termgym.trainer.rollout import Trajectory
 
 
-def synthetic_batch(batch: int, length: int, vocab: int, pad_id: int) -> dict:
+def synthetic_batch(batch: int, length: int, vocab: int, pad_id: int) -> Batch:
     """Episodes of ``length`` tokens: a 64-token prompt, then alternating 32 sampled and 32
     observation tokens; a reward in [0, 1] on the last sampled token."""
     g = torch.Generator().manual_seed(0)
@@ -43,13 +43,14 @@ def synthetic_batch(batch: int, length: int, vocab: int, pad_id: int) -> dict:
     return make_batch(trajectories, [1.0] * batch, pad_id)
 
 
-def floor_pass(policy, critic, batch: dict, minibatch: int) -> None:
+def floor_pass(policy, critic, batch: Batch, minibatch: int) -> None:
     for start in range(0, len(batch["ids"]), minibatch):
         ids, attention = batch["ids"][start : start + minibatch], batch["attention"][start : start + minibatch]
         logp, _ = forward_logp(policy, ids, attention)
         logp.mean().backward()
         forward_values(critic, ids, attention).mean().backward()
-    policy.zero_grad(), critic.zero_grad()
+    policy.zero_grad()
+    critic.zero_grad()
 
 
 def timed(fn, repeats: int) -> float:
@@ -63,6 +64,7 @@ def timed(fn, repeats: int) -> float:
 
 
 def main() -> int:
+    assert __doc__ is not None  # the module docstring: the description
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=512)
@@ -76,15 +78,21 @@ def main() -> int:
         policy, tokenizer = load_policy(tmp)
         critic = Critic(tmp)
     params = sum(p.numel() for p in policy.parameters())
-    batch = synthetic_batch(args.batch, args.length, len(tokenizer), tokenizer.pad_token_id)
+    pad_id = tokenizer.pad_token_id
+    assert isinstance(pad_id, int)  # the tiny policy's tokenizer has its pad token
+    batch = synthetic_batch(args.batch, args.length, len(tokenizer), pad_id)
     cfg = Config(update_epochs=1, minibatch_size=args.minibatch, actor_lr=1e-6, critic_lr=1e-6)
     actor_opt = torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr)
     critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
     tokens = int(batch["attention"].sum())
     floor = timed(lambda: floor_pass(policy, critic, batch, args.minibatch), args.repeats)
-    update = timed(lambda: ppo_update(policy, critic, actor_opt, critic_opt, batch, cfg, update_policy=True, step=0), args.repeats)
-    print(f"model: Qwen3-MoE, {params:,} parameters (policy; the critic is the same size); "
-          f"batch {args.batch} x {args.length} tokens, minibatch {args.minibatch}, {torch.get_num_threads()} threads")  # fmt: skip
+    update = timed(
+        lambda: ppo_update(policy, critic, actor_opt, critic_opt, batch, cfg, update_policy=True, step=0), args.repeats
+    )
+    print(
+        f"model: Qwen3-MoE, {params:,} parameters (policy; the critic is the same size); "
+        f"batch {args.batch} x {args.length} tokens, minibatch {args.minibatch}, {torch.get_num_threads()} threads"
+    )
     print(f"floor (forward+backward, policy and critic): {tokens / floor:10.0f} tokens/s")
     print(f"PPO update (one epoch):                      {tokens / update:10.0f} tokens/s")
     print(f"ratio PPO / floor: {floor / update:.2f} (target >= 0.5)")

@@ -32,13 +32,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from termgym.env import SUBMIT
-from termgym.trainer import ppo
-from termgym.trainer.models import build_tiny_policy, load_policy
-from termgym.trainer.chat import ChatFormat
-from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, retokenized, token_drift
-from termgym.trainer.sampler import BatchedSampler
-from termgym.trainer.routing import record_routing, replay_routing, stack_routing
+from termgym.trainer import losses
 from termgym.trainer.batch import forward_logp, make_batch
+from termgym.trainer.chat import ChatFormat
+from termgym.trainer.models import build_tiny_policy, load_policy
+from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, retokenized, token_drift
+from termgym.trainer.routing import record_routing, replay_routing, stack_routing
+from termgym.trainer.sampler import BatchedSampler
 
 INSTRUCTION = "Count the words in /app/notes.txt and write the total to /app/count.txt"
 OBSERVATIONS = ["notes.txt  data.csv\n", "  42 /app/notes.txt\n", "cat: /app/count.txt: No such file or directory\n"]
@@ -63,24 +63,26 @@ class ScriptedEnv:
 async def roll_out(sampler, tokenizer, episodes: int) -> list[Trajectory]:
     chat, settings = ChatFormat(tokenizer), RolloutSettings(max_new_tokens=24, max_context=512, observation_tokens=32)
     trajectories = [Trajectory(task="bench", launch=i) for i in range(episodes)]
-    await asyncio.gather(*[
-        drive_episode(ScriptedEnv(), INSTRUCTION, sampler, chat, settings, torch.Generator().manual_seed(i), t)
-        for i, t in enumerate(trajectories)
-    ])  # fmt: skip
+    await asyncio.gather(
+        *[
+            drive_episode(ScriptedEnv(), INSTRUCTION, sampler, chat, settings, torch.Generator().manual_seed(i), t)
+            for i, t in enumerate(trajectories)
+        ]
+    )
     return trajectories
 
 
 def measure(policy, tokenizer, trajectories: list[Trajectory]) -> dict:
     batch = make_batch(trajectories, [1.0] * len(trajectories), tokenizer.pad_token_id)
     mask, routing = batch["mask"], batch["routing"]
-    row = {"tokens": int(mask.sum())}
+    row: dict[str, float | str | None] = {"tokens": int(mask.sum())}
     for name, replay in (("gap_off", False), ("gap_on", True)):
         if replay and routing is None:
             row[name] = None
             continue
         with torch.no_grad(), replay_routing(policy, routing if replay else None):
             logp, _ = forward_logp(policy, batch["ids"], batch["attention"])
-        row[name] = float(ppo.masked_mean((logp - batch["rollout_logp"]).abs(), mask))
+        row[name] = float(losses.masked_mean((logp - batch["rollout_logp"]).abs(), mask))
     row["top1"] = None
     if routing is not None:
         with torch.no_grad(), record_routing(policy) as per_layer:
@@ -100,30 +102,44 @@ def cell(value, fmt: str) -> str:
 
 
 def main() -> int:
+    assert __doc__ is not None  # the module docstring: the description
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--experts", type=int, default=4, help="experts per MoE layer (top-2)")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM sampler")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        policy_dir = build_tiny_policy(Path(tmp) / "policy", seed=0, head_dim=64, experts=args.experts)  # 64: vLLM's CPU attention
+        policy_dir = build_tiny_policy(
+            Path(tmp) / "policy", seed=0, head_dim=64, experts=args.experts
+        )  # 64: vLLM's CPU attention
         policy, tokenizer = load_policy(policy_dir)
         rows = {}
-        bf16 = BatchedSampler(copy.deepcopy(policy).to(torch.bfloat16), pad_id=tokenizer.pad_token_id)
-        rows["torch bfloat16 (records routing)"] = measure(policy, tokenizer, asyncio.run(roll_out(bf16, tokenizer, args.episodes)))
+        pad_id = tokenizer.pad_token_id
+        assert isinstance(pad_id, int)  # the tiny policy's tokenizer has its pad token
+        bf16_policy = copy.deepcopy(policy).to(torch.bfloat16)  # pyright: ignore[reportArgumentType]  # transformers wraps PreTrainedModel.to in @wraps(Module.to), which pyright binds wrongly
+        bf16 = BatchedSampler(bf16_policy, pad_id=pad_id)
+        rows["torch bfloat16 (records routing)"] = measure(
+            policy, tokenizer, asyncio.run(roll_out(bf16, tokenizer, args.episodes))
+        )
         if not args.no_vllm:
             from termgym.trainer.vllm_sampler import VllmSampler
 
             with VllmSampler(copy.deepcopy(policy), policy_dir, max_context=512, dtype="bfloat16") as engine:
-                rows["vLLM bfloat16 (no routing on CPU)"] = measure(policy, tokenizer, asyncio.run(roll_out(engine, tokenizer, args.episodes)))
+                rows["vLLM bfloat16 (no routing on CPU)"] = measure(
+                    policy, tokenizer, asyncio.run(roll_out(engine, tokenizer, args.episodes))
+                )
     header = f"{'sampler vs float32 trainer':<34} {'tokens':>6} {'gap R3 off':>10} {'gap R3 on':>9} {'on/off':>6} {'top-1 differs':>13} {'drift TITO':>10} {'drift re-tok':>15}"
     print(header)
     print("-" * len(header))
     for name, r in rows.items():
         ratio = r["gap_on"] / r["gap_off"] if r["gap_on"] is not None and r["gap_off"] else None
-        print(f"{name:<34} {r['tokens']:>6} {r['gap_off']:>10.2e} {cell(r['gap_on'], '.2e'):>9} {cell(ratio, '.2f'):>6} "
-              f"{cell(r['top1'], '.3f'):>13} {r['drift_tito']:>10} {r['drift_naive']:>15}")  # fmt: skip
-    print(f"{'published (122B-A10B)':<34} {'':>6} {0.021:>10.2e} {0.013:>9.2e} {0.013 / 0.021:>6.2f} {'':>13} {0:>10} {'':>15}")
+        print(
+            f"{name:<34} {r['tokens']:>6} {r['gap_off']:>10.2e} {cell(r['gap_on'], '.2e'):>9} {cell(ratio, '.2f'):>6} "
+            f"{cell(r['top1'], '.3f'):>13} {r['drift_tito']:>10} {r['drift_naive']:>15}"
+        )
+    print(
+        f"{'published (122B-A10B)':<34} {'':>6} {0.021:>10.2e} {0.013:>9.2e} {0.013 / 0.021:>6.2f} {'':>13} {0:>10} {'':>15}"
+    )
     return 0
 
 

@@ -33,19 +33,28 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.console import Console
 from rich.table import Table
 
-from termgym.records import TrialRecord
 from termgym.cli import run_command
+from termgym.records import TrialRecord
 from termgym.tasks import load_task
 from termgym.trainer.config import PRESETS, Config
 from termgym.trainer.evaluate import EvalSummary, paired_change, sign_test, summarise_records
 from termgym.trainer.models import load_policy
-from termgym.trainer.pipeline import Pool, build_policy, held_out, prepare_pool, record_demonstrations, reinforce, warm_start
+from termgym.trainer.pipeline import (
+    Pool,
+    build_policy,
+    held_out,
+    prepare_pool,
+    record_demonstrations,
+    reinforce,
+    warm_start,
+)
 from termgym.trainer.sft import Demonstration
 
 
@@ -57,14 +66,31 @@ async def reuse_pool(pool_dir: Path) -> Pool:
     return Pool(train, heldout, selection, [])
 
 
+def reuse_demonstration(line: str) -> Demonstration:
+    """One line of the ``demonstrations.jsonl`` an earlier run wrote (JSON lists back to tuples)."""
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(line).items()}
+    return Demonstration(**fields)
+
+
 def bench_config(quick: bool) -> Config:
     """The tiny preset (its audited 2000-task pool, 192 held-out tasks and supervised start), with
     PPO arms of 8 steps instead of 16."""
     cfg = Config(**PRESETS["tiny"])
     cfg = replace(cfg, steps=8)
     if quick:
-        cfg = replace(cfg, pool=12, heldout=6, sft_steps=10, steps=3, batch_size=4, minibatch_size=4, hidden=64,
-                      layers=2, experts=4, concurrency=4)  # fmt: skip
+        cfg = replace(
+            cfg,
+            pool=12,
+            heldout=6,
+            sft_steps=10,
+            steps=3,
+            batch_size=4,
+            minibatch_size=4,
+            hidden=64,
+            layers=2,
+            experts=4,
+            concurrency=4,
+        )
     return cfg
 
 
@@ -99,8 +125,9 @@ def finished_metrics(out: Path, steps: int) -> list[dict] | None:
     return metrics if len(metrics) == steps and (out / "policy").exists() else None
 
 
-async def one_seed(root: Path, cfg: Config, pool, demos, console: Console, resume: bool = False,
-                   skip: frozenset[str] = frozenset()) -> dict:
+async def one_seed(
+    root: Path, cfg: Config, pool, demos, console: Console, resume: bool = False, skip: frozenset[str] = frozenset()
+) -> dict:
     """The warm start of one seed and every arm from it; returns the arms' figures. With
     ``resume``, a warm start, an arm or an evaluation already complete on disk is reused."""
     run = root / f"seed{cfg.seed}"
@@ -114,7 +141,12 @@ async def one_seed(root: Path, cfg: Config, pool, demos, console: Console, resum
         policy, tokenizer = build_policy(run, cfg, console)
         warm_start(run, cfg, demos, policy, tokenizer, console)
     sft = finished_eval(run, "sft", n) if resume else None
-    out: dict = {"sft": {"heldout": sft or (await held_out(run, cfg, "sft", policy, tokenizer, pool.heldout, console)).greedy.to_dict()}}
+    out: dict = {
+        "sft": {
+            "heldout": sft
+            or (await held_out(run, cfg, "sft", policy, tokenizer, pool.heldout, console)).greedy.to_dict()
+        }
+    }
 
     async def arm(name: str, arm_cfg: Config, evaluate: bool) -> list[dict]:
         if f"{name}@{cfg.seed}" in skip:
@@ -140,8 +172,12 @@ async def one_seed(root: Path, cfg: Config, pool, demos, console: Console, resum
     await arm("dense", cfg, True)  # also: warm critic, R3 on (float32 sampler), reweight
     await arm("binary", replace(cfg, reward="binary"), True)
     await arm("cold-critic", replace(cfg, critic_warmup_steps=0, steps=3), False)
-    await arm("r3-on", replace(cfg, sampler_dtype="bfloat16", routing_replay=True, steps=3, critic_warmup_steps=0), False)
-    await arm("r3-off", replace(cfg, sampler_dtype="bfloat16", routing_replay=False, steps=3, critic_warmup_steps=0), False)
+    await arm(
+        "r3-on", replace(cfg, sampler_dtype="bfloat16", routing_replay=True, steps=3, critic_warmup_steps=0), False
+    )
+    await arm(
+        "r3-off", replace(cfg, sampler_dtype="bfloat16", routing_replay=False, steps=3, critic_warmup_steps=0), False
+    )
     await arm("cancel", replace(cfg, mode="cancel", steps=4, critic_warmup_steps=4), False)
     await arm("reweight", replace(cfg, mode="reweight", steps=4, critic_warmup_steps=4), False)
     await arm("group", replace(cfg, advantage="group", group_size=4), True)
@@ -172,32 +208,75 @@ def figures(results: list[dict], warmup: int) -> list[tuple[str, str, str, str]]
     def flips(arm: str) -> str:
         """Held-out tasks the arm resolves and its supervised start does not, and the reverse,
         summed over the seeds, with the sign test on the total."""
-        changes = [paired_change(EvalSummary(**r["sft"]["heldout"]), EvalSummary(**r[arm]["heldout"])) for r in having("sft", arm)]
+        changes = [
+            paired_change(EvalSummary(**r["sft"]["heldout"]), EvalSummary(**r[arm]["heldout"]))
+            for r in having("sft", arm)
+        ]
         gained, lost = sum(c.gained for c in changes), sum(c.lost for c in changes)
         return f"{gained} / {lost} (p = {sign_test(gained, lost):.3f})"
 
     both = having("cancel", "reweight")  # a seed whose arm was skipped leaves this comparison
     shares = {arm: [longest_family_shares(r[arm]["metrics"]) for r in both] for arm in ("cancel", "reweight")}
-    wall = {arm: [statistics.mean(m["scheduler"]["wall_seconds"] for m in r[arm]["metrics"]) for r in both]
-            for arm in ("cancel", "reweight")}  # fmt: skip
+    wall = {
+        arm: [statistics.mean(m["scheduler"]["wall_seconds"] for m in r[arm]["metrics"]) for r in both]
+        for arm in ("cancel", "reweight")
+    }
     longest = shares["cancel"][0][0]
     return [
         ("supervised start", "held-out resolved", mean_sd(held("sft", "resolved")), ""),
-        ("1. dense vs binary reward", "held-out resolved", mean_sd(held("dense", "resolved")), mean_sd(held("binary", "resolved"))),
+        (
+            "1. dense vs binary reward",
+            "held-out resolved",
+            mean_sd(held("dense", "resolved")),
+            mean_sd(held("binary", "resolved")),
+        ),
         ("", "held-out assertions passed", mean_sd(held("dense", "passed")), mean_sd(held("binary", "passed"))),
         ("", "tasks gained / lost against the start, all seeds", flips("dense"), flips("binary")),
-        ("2. warm vs cold critic", "EV at the first policy update", mean_sd(policy_ev("dense", 0, 1)), mean_sd(policy_ev("cold-critic", 0, 1))),
-        ("", "EV, mean of the first 3 updates", mean_sd(policy_ev("dense", 0, 3)), mean_sd(policy_ev("cold-critic", 0, 3))),
-        ("3. R3 on vs off (bf16 sampler)", "mean |Δ log p| (loss region)", mean_sd(gap("r3-on"), ".2e"), mean_sd(gap("r3-off"), ".2e")),
-        (f"4. reweight vs cancel ({len(both)} seeds)", f"{longest}: launched share", mean_sd([s[1] for s in shares["reweight"]]),
-         mean_sd([s[1] for s in shares["cancel"]])),
-        ("", f"{longest}: kept share (reweight: weighted)", mean_sd([s[3] for s in shares["reweight"]]),
-         mean_sd([s[2] for s in shares["cancel"]])),
-        ("", "step wall time, reweight / cancel", mean_sd([a / b for a, b in zip(wall["reweight"], wall["cancel"])]), ""),
-        ("5. critic (GAE) vs group baseline, no critic", "held-out resolved", mean_sd(held("dense", "resolved")), mean_sd(held("group", "resolved"))),
+        (
+            "2. warm vs cold critic",
+            "EV at the first policy update",
+            mean_sd(policy_ev("dense", 0, 1)),
+            mean_sd(policy_ev("cold-critic", 0, 1)),
+        ),
+        (
+            "",
+            "EV, mean of the first 3 updates",
+            mean_sd(policy_ev("dense", 0, 3)),
+            mean_sd(policy_ev("cold-critic", 0, 3)),
+        ),
+        (
+            "3. R3 on vs off (bf16 sampler)",
+            "mean |Δ log p| (loss region)",
+            mean_sd(gap("r3-on"), ".2e"),
+            mean_sd(gap("r3-off"), ".2e"),
+        ),
+        (
+            f"4. reweight vs cancel ({len(both)} seeds)",
+            f"{longest}: launched share",
+            mean_sd([s[1] for s in shares["reweight"]]),
+            mean_sd([s[1] for s in shares["cancel"]]),
+        ),
+        (
+            "",
+            f"{longest}: kept share (reweight: weighted)",
+            mean_sd([s[3] for s in shares["reweight"]]),
+            mean_sd([s[2] for s in shares["cancel"]]),
+        ),
+        (
+            "",
+            "step wall time, reweight / cancel",
+            mean_sd([a / b for a, b in zip(wall["reweight"], wall["cancel"])]),
+            "",
+        ),
+        (
+            "5. critic (GAE) vs group baseline, no critic",
+            "held-out resolved",
+            mean_sd(held("dense", "resolved")),
+            mean_sd(held("group", "resolved")),
+        ),
         ("", "held-out assertions passed", mean_sd(held("dense", "passed")), mean_sd(held("group", "passed"))),
         ("", "tasks gained / lost against the start, all seeds", flips("dense"), flips("group")),
-    ]  # fmt: skip
+    ]
 
 
 async def main_async(args) -> int:
@@ -209,36 +288,56 @@ async def main_async(args) -> int:
     began = time.monotonic()
     if args.resume and (root / "pool" / "sft" / "demonstrations.jsonl").exists():
         pool = await reuse_pool(root / "pool")
-        demos = [Demonstration(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(line).items()})
-                 for line in (root / "pool" / "sft" / "demonstrations.jsonl").read_text().splitlines()]  # fmt: skip
+        demos = [
+            reuse_demonstration(line)
+            for line in (root / "pool" / "sft" / "demonstrations.jsonl").read_text().splitlines()
+        ]
     else:
         shutil.rmtree(root / "pool", ignore_errors=True)
-        pool = await prepare_pool(root / "pool", replace(cfg, seed=0), console)  # one pool and held-out set for every seed
+        pool = await prepare_pool(
+            root / "pool", replace(cfg, seed=0), console
+        )  # one pool and held-out set for every seed
         demos = await record_demonstrations(root / "pool", cfg, pool.selection, console)  # the same for every seed
-    results = [await one_seed(root, replace(cfg, seed=seed), pool, demos, console, args.resume, frozenset(args.skip))
-               for seed in args.seeds]
+    results = [
+        await one_seed(root, replace(cfg, seed=seed), pool, demos, console, args.resume, frozenset(args.skip))
+        for seed in args.seeds
+    ]
     rows = figures(results, cfg.critic_warmup_steps)
-    table = Table(title=f"recipe at small scale · seeds {' '.join(map(str, args.seeds))} · mean ± sd over seeds "
-                        f"· {cfg.steps} PPO steps of {cfg.batch_size} · {len(pool.heldout)} held-out tasks", title_justify="left")  # fmt: skip
+    table = Table(
+        title=f"recipe at small scale · seeds {' '.join(map(str, args.seeds))} · mean ± sd over seeds "
+        f"· {cfg.steps} PPO steps of {cfg.batch_size} · {len(pool.heldout)} held-out tasks",
+        title_justify="left",
+    )
     for column in ("comparison", "measure", "A (recipe)", "B"):
         table.add_column(column, justify="left" if column in ("comparison", "measure") else "right")
     for row in rows:
         table.add_row(*row)
     Console(width=160).print(table)
-    (root / "recipe.json").write_text(json.dumps({"rows": rows, "seeds": args.seeds,
-                                                  "seconds": time.monotonic() - began}, indent=2) + "\n")  # fmt: skip
+    (root / "recipe.json").write_text(
+        json.dumps({"rows": rows, "seeds": args.seeds, "seconds": time.monotonic() - began}, indent=2) + "\n"
+    )
     print(f"{time.monotonic() - began:.0f}s · run directory {root}")
     return 0
 
 
 def main() -> int:
+    assert __doc__ is not None  # the module docstring: the description
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default=None)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
-    parser.add_argument("--skip", nargs="*", default=[], metavar="ARM@SEED",
-                        help="arms to leave out, e.g. reweight@1 (its comparison then uses the other seeds)")
-    parser.add_argument("--resume", action="store_true", help="reuse the pool, warm starts, arms and evaluations already complete in --out")
+    parser.add_argument(
+        "--skip",
+        nargs="*",
+        default=[],
+        metavar="ARM@SEED",
+        help="arms to leave out, e.g. reweight@1 (its comparison then uses the other seeds)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="reuse the pool, warm starts, arms and evaluations already complete in --out",
+    )
     args = parser.parse_args()
 
     return run_command(main_async(args))

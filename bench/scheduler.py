@@ -22,18 +22,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from termgym.scheduling import simclock  # noqa: E402
-from termgym.scheduling.bias import PUBLISHED_BATCH, PUBLISHED_LAUNCHED  # noqa: E402
 from termgym.bundled import bundled_root  # noqa: E402
 from termgym.sandboxes.pacing import Pacer  # noqa: E402
+from termgym.scheduling import simclock  # noqa: E402
+from termgym.scheduling.bias import PUBLISHED_BATCH, PUBLISHED_LAUNCHED  # noqa: E402
+from termgym.scheduling.scheduler import (  # noqa: E402
+    MODES,
+    RolloutScheduler,
+    SchedulerConfig,
+    SchedulerMode,
+    TaskPool,
+    TrialRunner,
+    make_nodes,
+)
 from termgym.scheduling.simulated import SimulatedAgent, SimulatedBackend  # noqa: E402
-from termgym.scheduling.scheduler import MODES, RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes  # noqa: E402
 from termgym.tasks import discover_tasks  # noqa: E402
 
 CAPS = (70, 75, 80, 85, 90, 94)
 
 
-async def run_mode(mode: str, tasks: list, steps: int, seed: int) -> dict:
+async def run_mode(mode: SchedulerMode, tasks: list, steps: int, seed: int) -> dict:
     backend = SimulatedBackend(seed=seed)
     pacer = Pacer()
     runner = TrialRunner(SimulatedAgent(), backend.options(f"bench-{mode}"), pacer, sandbox_factory=backend)
@@ -56,6 +64,7 @@ async def run_mode(mode: str, tasks: list, steps: int, seed: int) -> dict:
 
 
 def main() -> None:
+    assert __doc__ is not None  # the module docstring: the description
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
@@ -68,11 +77,15 @@ def main() -> None:
         rows[mode]["real"] = time.perf_counter() - started
     longest = rows["wait"]["run"].longest()
     cancel_wall = rows["cancel"]["wall"]
-    print(f"B={PUBLISHED_BATCH}, {PUBLISHED_LAUNCHED} launched, nodes {'/'.join(map(str, CAPS))}, 6/s and 600/min, "
-          f"{args.steps} steps per mode, seed {args.seed}; longest family: {longest}\n")  # fmt: skip
-    print("| mode | wall s/step | bound s/step | wall/bound | wall/cancel | launched/step | cancelled/step "
-          f"| {longest} launched % | kept % | weighted % | TV kept | TV weighted | min ESS "
-          "| max staleness | real s |")  # fmt: skip
+    print(
+        f"B={PUBLISHED_BATCH}, {PUBLISHED_LAUNCHED} launched, nodes {'/'.join(map(str, CAPS))}, 6/s and 600/min, "
+        f"{args.steps} steps per mode, seed {args.seed}; longest family: {longest}\n"
+    )
+    print(
+        "| mode | wall s/step | bound s/step | wall/bound | wall/cancel | launched/step | cancelled/step "
+        f"| {longest} launched % | kept % | weighted % | TV kept | TV weighted | min ESS "
+        "| max staleness | real s |"
+    )
     print("|" + "---|" * 15)
     for mode, row in rows.items():
         run = row["run"]
@@ -85,15 +98,19 @@ def main() -> None:
         )
     print()
     cancel = rows["cancel"]
-    print(f"cancel: wall/bound {cancel['wall'] / cancel['bound']:.3f} (target <= 1.1): "
-          f"{'met' if cancel['wall'] <= 1.1 * cancel['bound'] else 'MISSED'}")  # fmt: skip
+    print(
+        f"cancel: wall/bound {cancel['wall'] / cancel['bound']:.3f} (target <= 1.1): "
+        f"{'met' if cancel['wall'] <= 1.1 * cancel['bound'] else 'MISSED'}"
+    )
     for mode, share_key in (("carry-over", "kept_share"), ("reweight", "weighted_share")):
         run, row = rows[mode]["run"], rows[mode]
         gap = 100 * abs(getattr(run, share_key)[longest] - run.launched_share[longest])
         ok = gap <= 2.0 and row["wall"] <= 1.15 * cancel_wall
-        print(f"{mode}: {longest} {share_key.replace('_', ' ')} within {gap:.2f} points of launched, "
-              f"wall {row['wall'] / cancel_wall:.3f} x cancel (targets <= 2 points, <= 1.15): "
-              f"{'met' if ok else 'MISSED'}")  # fmt: skip
+        print(
+            f"{mode}: {longest} {share_key.replace('_', ' ')} within {gap:.2f} points of launched, "
+            f"wall {row['wall'] / cancel_wall:.3f} x cancel (targets <= 2 points, <= 1.15): "
+            f"{'met' if ok else 'MISSED'}"
+        )
     leaked = {mode: row["leaked"] for mode, row in rows.items() if row["leaked"]}
     print(f"sandboxes left alive after the run: {leaked or 'none'}")
 

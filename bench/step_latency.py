@@ -22,11 +22,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from termgym.env import AsyncTerminalEnv, EnvOptions  # noqa: E402
+from termgym.sandboxes.local import LocalSandbox  # noqa: E402
 from termgym.tasks import load_task  # noqa: E402
 from tests.helpers import write_task  # noqa: E402
 
 
-async def measure_step(task_dir: Path, steps: int) -> float:
+async def measure_step(task_dir: Path, steps: int) -> tuple[float, float]:
     env = AsyncTerminalEnv(load_task(task_dir), EnvOptions(max_turns=steps + 100))
     async with env:
         await env.reset()
@@ -45,8 +46,10 @@ def measure_floor(env: AsyncTerminalEnv) -> float:
     """A bare pipe round trip: write one line to a bash already running in the same sandbox and
     read its one-line answer, with blocking pipes and no framing."""
     sandbox = env.sandbox
+    assert isinstance(sandbox, LocalSandbox)  # the embedded backend's, started by reset
     argv = sandbox._enter_argv(["/bin/bash", "--noprofile", "--norc"], {"PATH": "/usr/bin:/bin"}, "/")
     process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    assert process.stdin is not None and process.stdout is not None  # both piped
     samples = []
     for i in range(300):
         started = time.perf_counter()
@@ -62,11 +65,40 @@ def measure_floor(env: AsyncTerminalEnv) -> float:
 def measure_spawn(count: int) -> float:
     with tempfile.TemporaryDirectory() as scratch:
         argv = [
-            "bwrap", "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0", "--die-with-parent",
-            "--new-session", "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc",
-            "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-            "--proc", "/proc", "--dev", "/dev", "--bind", scratch, "/app", "--", "true",
-        ]  # fmt: skip
+            "bwrap",
+            "--unshare-all",
+            "--unshare-user",
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+            "--die-with-parent",
+            "--new-session",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--ro-bind",
+            "/etc",
+            "/etc",
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--bind",
+            scratch,
+            "/app",
+            "--",
+            "true",
+        ]
         samples = []
         for _ in range(count):
             started = time.perf_counter()
@@ -76,6 +108,7 @@ def measure_spawn(count: int) -> float:
 
 
 def main() -> None:
+    assert __doc__ is not None  # the module docstring: the description
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=400)
     args = parser.parse_args()
@@ -85,7 +118,7 @@ def main() -> None:
         step, floor = asyncio.run(measure_step(task, args.steps))
     print("| measure (median) | ms |")
     print("|---|---|")
-    print(f"| env.step(\"true\"), persistent shell | {step * 1e3:.3f} |")
+    print(f'| env.step("true"), persistent shell | {step * 1e3:.3f} |')
     print(f"| fresh `bwrap ... true` per command | {spawn * 1e3:.3f} |")
     print(f"| floor: bare pipe round trip in the sandbox | {floor * 1e3:.3f} |")
     print()

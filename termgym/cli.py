@@ -7,13 +7,13 @@ line on stderr, no traceback), 1 for an infrastructure failure (the trial's reco
 from __future__ import annotations
 
 import argparse
-from importlib.metadata import entry_points
 import asyncio
 import json
 import sys
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +21,27 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from termgym.scheduling import simclock
-from termgym.scheduling.bias import TABLE_COLUMNS, BiasReport, summary_line, table_rows
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, resolve_task
 from termgym.errors import ConfigError, TermgymError
 from termgym.images.build import load_aliases
 from termgym.output import plain_text as plain
 from termgym.output import terminal_safe
-from termgym.sandboxes.pacing import Pacer
 from termgym.progress import progress_bar
 from termgym.records import TrialRecord, append_record
 from termgym.sandboxes import BACKENDS, close_backends, preflight, remove_leftovers
+from termgym.sandboxes.pacing import Pacer
+from termgym.scheduling import simclock
+from termgym.scheduling.bias import TABLE_COLUMNS, BiasReport, summary_line, table_rows
+from termgym.scheduling.scheduler import (
+    MODES,
+    RolloutScheduler,
+    SchedulerConfig,
+    TaskPool,
+    TrialRunner,
+    make_nodes,
+    step_metrics,
+)
 from termgym.scheduling.simulated import SimulatedAgent, SimulatedBackend
-from termgym.scheduling.scheduler import MODES, RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes, step_metrics
 from termgym.tamper import TAMPER_POLICIES
 from termgym.tasks import Task, discover_tasks
 from termgym.trial import AGENTS, Agent, make_agent, run_trial, run_trials
@@ -60,21 +68,28 @@ def build_parser() -> argparse.ArgumentParser:
     def backend_option(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--backend", default="local", choices=BACKENDS, help="sandbox backend (default: local)")
         sub.add_argument(
-            "--image-alias", action="append", default=[], metavar="NAME=IMAGE",
+            "--image-alias",
+            action="append",
+            default=[],
+            metavar="NAME=IMAGE",
             help="build FROM IMAGE where the Dockerfile names NAME and NAME is absent (docker; repeatable)",
-        )  # fmt: skip
+        )
 
     def tamper_option(sub: argparse.ArgumentParser) -> None:
         sub.add_argument(
-            "--tamper", choices=TAMPER_POLICIES, default="warn",
+            "--tamper",
+            choices=TAMPER_POLICIES,
+            default="warn",
             help="when the agent changed system paths the verifier may run (docker): warn records them, fail scores 0 (default: warn)",
-        )  # fmt: skip
+        )
 
     check = commands.add_parser("check", help="run one trial of a task and show its assertions")
     check.add_argument("task", help="task directory or bundled task name")
     backend_option(check)
     tamper_option(check)
-    check.add_argument("--agent", default="oracle", choices=sorted(AGENTS), help="oracle = reference solution, null = submit at once")
+    check.add_argument(
+        "--agent", default="oracle", choices=sorted(AGENTS), help="oracle = reference solution, null = submit at once"
+    )
     check.add_argument("--json", action="store_true", help="print the trial record alone, as JSON, on stdout")
 
     shell = commands.add_parser("shell", help="step a task's environment interactively")
@@ -91,13 +106,31 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-k", "--attempts", type=int, default=1, help="trials per task")
     run.add_argument("--out", type=Path, default=None, help="run directory (default runs/<time>-<id>)")
     run.add_argument("--batch", type=int, default=None, help="trials kept per step (default: all of them, in one step)")
-    run.add_argument("--oversample", type=int, default=None, metavar="N", help="trials launched per step (default: batch x 560/512; wait mode launches the batch)")
-    run.add_argument("--mode", choices=MODES, default=None, help="what happens to the tail once the batch is full (default: cancel with --batch, else wait)")
+    run.add_argument(
+        "--oversample",
+        type=int,
+        default=None,
+        metavar="N",
+        help="trials launched per step (default: batch x 560/512; wait mode launches the batch)",
+    )
+    run.add_argument(
+        "--mode",
+        choices=MODES,
+        default=None,
+        help="what happens to the tail once the batch is full (default: cancel with --batch, else wait)",
+    )
     run.add_argument("--nodes", type=int, default=1, help="rollout nodes (default 1)")
-    run.add_argument("--node-cap", default=None, metavar="C[,C...]", help="trials at once per node, one value or one per node (default: -n)")
+    run.add_argument(
+        "--node-cap",
+        default=None,
+        metavar="C[,C...]",
+        help="trials at once per node, one value or one per node (default: -n)",
+    )
     run.add_argument("--steps", type=int, default=1, help="steps of --batch kept trials (default 1)")
     run.add_argument("--seed", type=int, default=0, help="task order (with --batch) and simulation seed")
-    run.add_argument("--simulate", action="store_true", help="simulated sandboxes and agent on a virtual clock (latency model)")
+    run.add_argument(
+        "--simulate", action="store_true", help="simulated sandboxes and agent on a virtual clock (latency model)"
+    )
 
     audit = commands.add_parser("audit", help="audit tasks: keep only those whose verifiers can be trusted")
     audit.add_argument("tasks", nargs="+", help="task directories, directories of tasks, or bundled names")
@@ -105,13 +138,22 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("-k", "--k", type=int, default=3, help="oracle runs in fresh sandboxes (default 3)")
     audit.add_argument("-n", "--concurrency", type=int, default=2, help="tasks audited at once (default 2)")
     audit.add_argument("--json", action="store_true", help="print the verdicts as JSON on stdout")
-    audit.add_argument("--select", type=Path, default=None, metavar="OUT", help="write the accepted tasks, best first, one per line")
+    audit.add_argument(
+        "--select", type=Path, default=None, metavar="OUT", help="write the accepted tasks, best first, one per line"
+    )
     audit.add_argument("--min-score", type=float, default=None, help="weighted score a task needs (default 0.5)")
-    audit.add_argument("--judge-url", default=None, help="OpenAI-compatible endpoint for the rubric judge (default: not run)")
+    audit.add_argument(
+        "--judge-url", default=None, help="OpenAI-compatible endpoint for the rubric judge (default: not run)"
+    )
     audit.add_argument("--judge-model", default=None, help="model name for --judge-url")
     audit.add_argument("--strict", action="store_true", help="exit 1 when any task is rejected")
-    audit.add_argument("--cache", type=Path, default=None, metavar="FILE",
-                       help="verdicts by task content: unchanged tasks are not audited again; new verdicts are added")  # fmt: skip
+    audit.add_argument(
+        "--cache",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="verdicts by task content: unchanged tasks are not audited again; new verdicts are added",
+    )
     commands.add_parser("list", help="list the bundled tasks")
     demo = commands.add_parser("demo", help="check every bundled task with the oracle and the null agent")
     demo.add_argument("-n", "--concurrency", type=int, default=2)
@@ -122,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     images.add_argument("action", choices=["bootstrap"], help="bootstrap: build termgym/base:bookworm with debootstrap")
     images.add_argument("--force", action="store_true", help="rebuild even if the image exists")
     # Listed here for --help; main() hands everything after "train" to the trainer's own parser.
-    commands.add_parser("train", help="train an agent with PPO (termgym train --help; needs the train extra)", add_help=False)
+    commands.add_parser(
+        "train", help="train an agent with PPO (termgym train --help; needs the train extra)", add_help=False
+    )
     return parser
 
 
@@ -155,9 +199,15 @@ def _dispatch(argv: list[str]) -> int:
         return cmd_train(argv[1:])
     args = build_parser().parse_args(argv)
     handler = {
-        "check": cmd_check, "shell": cmd_shell, "run": cmd_run, "list": cmd_list, "demo": cmd_demo,
-        "gc": cmd_gc, "images": cmd_images, "audit": cmd_audit,
-    }  # fmt: skip
+        "check": cmd_check,
+        "shell": cmd_shell,
+        "run": cmd_run,
+        "list": cmd_list,
+        "demo": cmd_demo,
+        "gc": cmd_gc,
+        "images": cmd_images,
+        "audit": cmd_audit,
+    }
     return asyncio.run(_closing_backends(handler[args.command](args)))
 
 
@@ -195,9 +245,11 @@ async def cmd_check(args: argparse.Namespace) -> int:
     task = resolve_task(args.task)
     await asyncio.to_thread(preflight, args.backend)
     options = EnvOptions(
-        backend=args.backend, run_id=f"check-{uuid.uuid4().hex[:8]}", image_aliases=load_aliases(args.image_alias),
+        backend=args.backend,
+        run_id=f"check-{uuid.uuid4().hex[:8]}",
+        image_aliases=load_aliases(args.image_alias),
         tamper=args.tamper,
-    )  # fmt: skip
+    )
     record = await run_trial(task, make_agent(args.agent), options)
     if args.json:
         print(record.to_json())
@@ -238,9 +290,11 @@ async def cmd_shell(args: argparse.Namespace) -> int:
     task = resolve_task(args.task)
     await asyncio.to_thread(preflight, args.backend)
     options = EnvOptions(
-        backend=args.backend, max_turns=args.max_turns, run_id=f"shell-{uuid.uuid4().hex[:8]}",
+        backend=args.backend,
+        max_turns=args.max_turns,
+        run_id=f"shell-{uuid.uuid4().hex[:8]}",
         image_aliases=load_aliases(args.image_alias),
-    )  # fmt: skip
+    )
     async with AsyncTerminalEnv(task, options) as env:
         instruction, info = await env.reset()
         header = plain(f" ({info['backend']}) · {SUBMIT} verifies · :quit leaves\n")
@@ -279,7 +333,11 @@ def _read_command(prompt: str) -> str | None:
 def _print_final(task: Task, info: dict, reward: float) -> None:
     record = TrialRecord(task=task.name, backend="", agent="human", reward=reward)
     record.assertions = info.get("assertions", [])
-    record.resolved, record.passed, record.total = info.get("resolved", False), info.get("passed", 0), info.get("total", 0)
+    record.resolved, record.passed, record.total = (
+        info.get("resolved", False),
+        info.get("passed", 0),
+        info.get("total", 0),
+    )
     record.report_format, record.error = info.get("report_format"), info.get("error")
     record.warnings = list(info.get("warnings", []))
     record.agent = "you"
@@ -318,7 +376,9 @@ async def run_many(
             progress.advance(bar)
 
         options = EnvOptions(backend=backend, run_id=run_id)
-        return await run_trials([(task, make_agent(agent)) for task, agent in jobs], options, concurrency=concurrency, on_record=on_record)
+        return await run_trials(
+            [(task, make_agent(agent)) for task, agent in jobs], options, concurrency=concurrency, on_record=on_record
+        )
 
 
 async def cmd_run(args: argparse.Namespace) -> int:
@@ -377,7 +437,9 @@ async def run_steps(
         simulated = SimulatedBackend(seed=args.seed)
         runner = TrialRunner(SimulatedAgent(), simulated.options(run_id), pacer, sandbox_factory=simulated)
     else:
-        options = EnvOptions(backend=args.backend, run_id=run_id, image_aliases=load_aliases(args.image_alias), tamper=args.tamper)
+        options = EnvOptions(
+            backend=args.backend, run_id=run_id, image_aliases=load_aliases(args.image_alias), tamper=args.tamper
+        )
         runner = TrialRunner(make_agent(args.agent), options, pacer)
     records: list[TrialRecord] = []
     short = 0
@@ -396,8 +458,14 @@ async def run_steps(
                 short += result.short
                 with open(out_dir / "metrics.jsonl", "a", encoding="utf-8") as metrics:
                     metrics.write(json.dumps(step_metrics(result)) + "\n")
-                summary = summary_line(result.step, result.mode, result.families, result.run_families,
-                                       result.wall_seconds, result.lower_bound)  # fmt: skip
+                summary = summary_line(
+                    result.step,
+                    result.mode,
+                    result.families,
+                    result.run_families,
+                    result.wall_seconds,
+                    result.lower_bound,
+                )
                 progress.console.print(plain(summary), soft_wrap=True)
     return records, scheduler.run_families, short
 
@@ -426,9 +494,13 @@ def print_summary(records: Sequence[TrialRecord]) -> None:
     for (task, agent), group in sorted(groups.items()):
         errors = sorted({r.error["kind"] for r in group if r.error})
         table.add_row(
-            plain(task), plain(agent), str(len(group)), str(sum(r.resolved for r in group)),
-            f"{sum(r.reward for r in group) / len(group):.3f}", plain(", ".join(errors) or "-"),
-        )  # fmt: skip
+            plain(task),
+            plain(agent),
+            str(len(group)),
+            str(sum(r.resolved for r in group)),
+            f"{sum(r.reward for r in group) / len(group):.3f}",
+            plain(", ".join(errors) or "-"),
+        )
     out.print(table)
 
 
@@ -440,7 +512,9 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     records_path = Path("runs") / run_id / "trials.jsonl"
     jobs = [(task, agent) for task in tasks for agent in ("oracle", "null")]
     err.print(f"checking {len(tasks)} bundled tasks with the oracle and the null agent", markup=False)
-    records = await run_many(jobs, backend="local", concurrency=args.concurrency, records_path=records_path, run_id=run_id)
+    records = await run_many(
+        jobs, backend="local", concurrency=args.concurrency, records_path=records_path, run_id=run_id
+    )
     by_key = {(r.task, r.agent): r for r in records}
     table = Table(title="bundled tasks: reference solution against doing nothing", title_justify="left")
     for column in ("task", "assertions", "oracle", "null", "ok"):
@@ -451,11 +525,16 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         ok = oracle.resolved and not null.resolved and not oracle.error
         healthy += ok
         table.add_row(
-            plain(task.name), str(oracle.total), f"{oracle.passed}/{oracle.total} r={oracle.reward:.2f}",
-            f"{null.passed}/{null.total} r={null.reward:.2f}", "[green]yes[/]" if ok else "[red]no[/]",
-        )  # fmt: skip
+            plain(task.name),
+            str(oracle.total),
+            f"{oracle.passed}/{oracle.total} r={oracle.reward:.2f}",
+            f"{null.passed}/{null.total} r={null.reward:.2f}",
+            "[green]yes[/]" if ok else "[red]no[/]",
+        )
     out.print(table)
-    out.print(f"{healthy}/{len(tasks)} tasks: the oracle resolves them and doing nothing does not · records: {records_path}")
+    out.print(
+        f"{healthy}/{len(tasks)} tasks: the oracle resolves them and doing nothing does not · records: {records_path}"
+    )
     return 0 if healthy == len(tasks) else 1
 
 

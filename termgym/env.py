@@ -25,9 +25,9 @@ from typing import Any
 
 from termgym.artifacts import MAX_ARTIFACT_BYTES, artifact_paths, safe_artifacts
 from termgym.errors import ConfigError, EpisodeError, SandboxBroken, SandboxError
+from termgym.images.build import load_aliases
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 from termgym.records import TrialError
-from termgym.images.build import load_aliases
 from termgym.sandboxes import create_sandbox
 from termgym.sandboxes.base import Sandbox, SandboxSpec
 from termgym.shell import CommandResult, PersistentShell
@@ -71,7 +71,11 @@ def format_observation(result: CommandResult) -> str:
         notes.append("[command timed out]")
     elif result.exit_code not in (0, None):
         notes.append(f"[exit code {result.exit_code}]")
-    return result.output + ("\n" if result.output and not result.output.endswith("\n") and notes else "") + "\n".join(notes)
+    return (
+        result.output
+        + ("\n" if result.output and not result.output.endswith("\n") and notes else "")
+        + "\n".join(notes)
+    )
 
 
 class AsyncTerminalEnv:
@@ -182,13 +186,15 @@ class AsyncTerminalEnv:
             sandbox, self.sandbox = self.sandbox, None
             await asyncio.shield(sandbox.stop())
 
-    async def __aenter__(self) -> "AsyncTerminalEnv":
+    async def __aenter__(self) -> AsyncTerminalEnv:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await asyncio.shield(self.close())
 
-    async def _finish(self, obs: str, *, terminated: bool, truncated: bool, info: dict) -> tuple[str, float, bool, bool, dict]:
+    async def _finish(
+        self, obs: str, *, terminated: bool, truncated: bool, info: dict
+    ) -> tuple[str, float, bool, bool, dict]:
         assert self.sandbox is not None
         await self._end_without_verification()
         started = time.monotonic()
@@ -211,13 +217,18 @@ class AsyncTerminalEnv:
         if verification.tampered:
             self.error = {"kind": "tampered", "message": tamper_warning(list(verification.system_changes or ()))}
         elif verification.timed_out and self.error is None:
-            self.error = {"kind": "verifier_timeout", "message": f"verifier exceeded {self.task.verifier_timeout_sec:g}s"}
+            self.error = {
+                "kind": "verifier_timeout",
+                "message": f"verifier exceeded {self.task.verifier_timeout_sec:g}s",
+            }
         elif report.error and self.error is None:
             self.error = {"kind": "verifier_error", "message": report.error}
         elif verification.exit_code is not None and verification.exit_code >= 126 and self.error is None:
             self.error = {"kind": "verifier_error", "message": f"test script exited {verification.exit_code}"}
         if not report.binary and report.error is None and self.task.expected_assertions is None:
-            self.warnings.append("the report's assertion count is unchecked: the task declares no [verifier].assertions")
+            self.warnings.append(
+                "the report's assertion count is unchecked: the task declares no [verifier].assertions"
+            )
         info = {
             **info,
             "resolved": report.resolved,
@@ -243,7 +254,9 @@ class AsyncTerminalEnv:
         except ValueError as exc:
             raise SandboxBroken(f"the artifacts could not be carried over: {exc}") from exc
         if dropped:
-            self.warnings.append(f"{len(dropped)} artifact entries were not carried over (links, devices or outside the declared paths)")
+            self.warnings.append(
+                f"{len(dropped)} artifact entries were not carried over (links, devices or outside the declared paths)"
+            )
         fresh = self._factory(self.task, self.options)
         try:
             await fresh.start()
@@ -309,7 +322,9 @@ def sandbox_spec(task: Task, *, run_id: str, image_aliases: Mapping[str, str] | 
 
 def default_sandbox_factory(task: Task, options: EnvOptions) -> Sandbox:
     """The sandbox ``options.backend`` makes for ``task``, labelled with the run id, with image aliases."""
-    return create_sandbox(options.backend, sandbox_spec(task, run_id=options.run_id, image_aliases=options.image_aliases))
+    return create_sandbox(
+        options.backend, sandbox_spec(task, run_id=options.run_id, image_aliases=options.image_aliases)
+    )
 
 
 def make(task: Task | str, backend: str = "local", **options: Any) -> AsyncTerminalEnv:

@@ -78,5 +78,3 @@ class TerminalEnv(gym.Env[str, str]):
 def register() -> None:
     if "termgym/Terminal-v0" not in gym.registry:
         gym.register(id="termgym/Terminal-v0", entry_point="termgym.gym_env:TerminalEnv")
-
-

@@ -194,9 +194,7 @@ class PersistentShell:
                 raise SandboxBroken("the shell exited as soon as it started") from exc
 
     async def _spawn(self, cwd: str) -> None:
-        self._channel = await self._sandbox.open_process(
-            ["/bin/bash", "--noprofile", "--norc"], env=self._env, cwd=cwd
-        )
+        self._channel = await self._sandbox.open_process(["/bin/bash", "--noprofile", "--norc"], env=self._env, cwd=cwd)
         # The bootstrap answers like a command whose "status" is the shell's pid.
         self._frame = _Frame("READY", OutputCapture(4096))
         self._reader = asyncio.create_task(self._pump(self._channel))
@@ -288,7 +286,9 @@ class PersistentShell:
             status = self._exited.result()
         elif self.pid is not None:  # still running (it trapped the interrupt): end it for good
             with contextlib.suppress(SandboxError):
-                await self._sandbox.exec(["kill", "-KILL", str(self.pid)], timeout=10, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+                await self._sandbox.exec(
+                    ["kill", "-KILL", str(self.pid)], timeout=10, env={"PATH": "/usr/bin:/bin"}, cwd="/"
+                )
         await self.close()
         await self.start()
         note = "[the shell was restarted; variables and background jobs were lost]"

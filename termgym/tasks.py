@@ -45,8 +45,8 @@ from typing import Literal, cast, get_args
 import yaml
 
 from termgym.errors import ConfigError
-from termgym.verifiers.report import ReportFormat
 from termgym.sandboxes.base import Resources
+from termgym.verifiers.report import ReportFormat
 
 __all__ = [
     "DEFAULT_AGENT_TIMEOUT_SEC",
@@ -261,8 +261,11 @@ def _load_harbor(task_dir: Path, fallback_name: str, environ: Mapping[str, str])
     compose = environment_dir / "docker-compose.yaml"
     solution_dir = task_dir / "solution"
     if "environment" in verifier:
-        raise TaskError(config, "[verifier.environment] (a separate grading image) is not supported yet; "
-                        'environment_mode = "separate" grades in a fresh sandbox of the task\'s own environment')
+        raise TaskError(
+            config,
+            "[verifier.environment] (a separate grading image) is not supported yet; "
+            'environment_mode = "separate" grades in a fresh sandbox of the task\'s own environment',
+        )
     mode = verifier.get("environment_mode", "shared")
     if mode not in _VERIFIER_MODES:
         raise TaskError(config, f"[verifier].environment_mode must be one of {list(_VERIFIER_MODES)}, got {mode!r}")
@@ -323,8 +326,15 @@ def _artifacts(value: object, config: Path) -> tuple[str, ...]:
     paths = []
     for item in value:
         source = item.get("source") if isinstance(item, dict) else item
-        if not isinstance(source, str) or not source.startswith("/") or ".." in source.split("/") or source.strip("/") == "":
-            raise TaskError(config, f"each artifact must be an absolute path (or a table with one as source), got {item!r}")
+        if (
+            not isinstance(source, str)
+            or not source.startswith("/")
+            or ".." in source.split("/")
+            or source.strip("/") == ""
+        ):
+            raise TaskError(
+                config, f"each artifact must be an absolute path (or a table with one as source), got {item!r}"
+            )
         paths.append("/" + source.strip("/"))
     return tuple(paths)
 
@@ -357,7 +367,10 @@ def _resources(environment: Mapping[str, object], config: Path) -> Resources:
     for key, (low, high) in RESOURCE_BOUNDS.items():
         value = getattr(resources, key)
         if not low <= value <= high:
-            raise TaskError(config, f"[environment].{key} = {value:g} is outside what a container engine accepts ({low:g} to {high:g})")
+            raise TaskError(
+                config,
+                f"[environment].{key} = {value:g} is outside what a container engine accepts ({low:g} to {high:g})",
+            )
     return resources
 
 
@@ -394,9 +407,7 @@ def _network(environment: Mapping[str, object], config: Path) -> bool:
     if "network_mode" in environment:
         mode = environment["network_mode"]
         if not isinstance(mode, str) or mode not in _NETWORK_MODES:
-            raise TaskError(
-                config, f"[environment].network_mode must be one of {sorted(_NETWORK_MODES)}, got {mode!r}"
-            )
+            raise TaskError(config, f"[environment].network_mode must be one of {sorted(_NETWORK_MODES)}, got {mode!r}")
         return _NETWORK_MODES[mode]
     allow = environment.get("allow_internet", True)
     if not isinstance(allow, bool):

@@ -24,7 +24,10 @@ Step = tuple[str, float, bool, bool, dict]
 
 
 class Agent(Protocol):
-    name: str
+    """What drives an episode: named in its trial's record."""
+
+    @property
+    def name(self) -> str: ...
 
     async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
         """Drive ``env`` until the episode ends; return the final step (None if it never stepped)."""
@@ -83,7 +86,11 @@ def make_agent(name: str) -> Agent:
 
 
 async def run_trial(
-    task: Task, agent: Agent, options: EnvOptions, *, sandbox_factory: Callable[[Task, EnvOptions], Sandbox] | None = None
+    task: Task,
+    agent: Agent,
+    options: EnvOptions,
+    *,
+    sandbox_factory: Callable[[Task, EnvOptions], Sandbox] | None = None,
 ) -> TrialRecord:
     started = time.monotonic()
     record = TrialRecord(
@@ -115,9 +122,12 @@ async def run_trial(
 
 
 async def run_trials(
-    jobs: Sequence[tuple[Task, Agent]], options: EnvOptions, *, concurrency: int,
+    jobs: Sequence[tuple[Task, Agent]],
+    options: EnvOptions,
+    *,
+    concurrency: int,
     on_record: Callable[[TrialRecord, Agent], None] | None = None,
-) -> list[TrialRecord]:  # fmt: skip
+) -> list[TrialRecord]:
     """Every ``(task, agent)`` trial of ``jobs``, at most ``concurrency`` at once. ``on_record`` gets
     each record (with its job's agent) as soon as its trial ends; the records come back in job
     order. Like ``run_trial``, a trial's fault is its record's error, never an exception."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from termgym.aio import cancel_and_wait
-from termgym.errors import SandboxBroken
+from termgym.errors import SandboxBroken, TermgymError
 from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, tar_of_files
 from termgym.tasks import Task
 from termgym.verifiers import (
@@ -104,7 +104,7 @@ class Verification:
     tampered: bool = False  # system paths changed under the "fail" policy: the verifier did not run
 
 
-class TooManyReports(Exception):
+class TooManyReports(TermgymError):
     """The verifier wrote more report files than ``MAX_REPORT_FILES``; ``counts`` per format."""
 
     def __init__(self, counts: dict[str, int]) -> None:
@@ -156,7 +156,9 @@ async def verify(task: Task, sandbox: Sandbox, *, reward_scale: int, tamper: str
         files = dict((relative, host) for host, relative in task.test_files())
         script = (task.test_script, files.pop(task.test_script).read_bytes(), 0o755)  # executable, whatever its mode
         kit = (".termgym/assert.sh", assertion_kit(), 0o755)
-        await sandbox.upload_tar(tar_of_files([(host, relative) for relative, host in files.items()], [kit, script]), "/tests")
+        await sandbox.upload_tar(
+            tar_of_files([(host, relative) for relative, host in files.items()], [kit, script]), "/tests"
+        )
         found = await listing
     except BaseException:
         await cancel_and_wait(listing)
@@ -215,8 +217,8 @@ async def read_report_files(sandbox: Sandbox) -> dict[str, bytes]:
         output_limit=limit,
     )
     if result.exit_code == 4:
-        counts = dict(item.partition("=")[::2] for item in result.text.split())
-        raise TooManyReports({format: int(n) for format, n in counts.items() if n.isdigit()})
+        pairs = (item.partition("=") for item in result.text.split())  # "ctrf=40 junit=2"
+        raise TooManyReports({name: int(n) for name, _, n in pairs if n.isdigit()})
     if result.exit_code != 0 or result.dropped_bytes:
         raise SandboxBroken(f"could not read the verifier's reports (exit {result.exit_code})")
     files = parse_report_stream(result.output)

@@ -17,7 +17,12 @@ import pytest
 from tests.helpers import REPO_ROOT
 
 # folder of the checkout -> the package name it installs as
-PACKAGES = {"termgym": "termgym", "verifiers": "termgym.verifiers", "trainer": "termgym.trainer", "envs": "termgym.envs"}
+PACKAGES = {
+    "termgym": "termgym",
+    "verifiers": "termgym.verifiers",
+    "trainer": "termgym.trainer",
+    "envs": "termgym.envs",
+}
 TASK_DIRS = ("archives", "file-ops", "shell-scripting", "text-processing")  # envs/: task data, not code
 
 # bottom to top; a module may import its own layer and those below it
@@ -28,8 +33,20 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("images", ("termgym.images",)),
     ("sandboxes", ("termgym.sandboxes",)),
     ("tasks", ("termgym.tasks", "termgym.bundled", "termgym.envs")),
-    ("episode", ("termgym.shell", "termgym.verification", "termgym.env", "termgym.trial", "termgym.records",
-                 "termgym.tamper", "termgym.artifacts", "termgym.gym_env", "termgym")),  # fmt: skip
+    (
+        "episode",
+        (
+            "termgym.shell",
+            "termgym.verification",
+            "termgym.env",
+            "termgym.trial",
+            "termgym.records",
+            "termgym.tamper",
+            "termgym.artifacts",
+            "termgym.gym_env",
+            "termgym",
+        ),
+    ),
     ("scheduling", ("termgym.scheduling",)),
     ("audit", ("termgym.audit",)),
     ("cli", ("termgym.cli", "termgym.__main__")),
@@ -37,8 +54,25 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 ]
 SANDBOX_MAY_IMPORT = ("termgym.errors", "termgym.output", "termgym.aio", "termgym.images", "termgym.sandboxes")
 VERIFIERS_MAY_IMPORT = ("termgym.verifiers", "termgym.errors")
-IO_MODULES = {"os", "io", "pathlib", "shutil", "subprocess", "socket", "tempfile", "asyncio", "glob", "urllib",
-              "http", "requests", "sqlite3", "tarfile", "zipfile", "docker", "daytona"}  # fmt: skip
+IO_MODULES = {
+    "os",
+    "io",
+    "pathlib",
+    "shutil",
+    "subprocess",
+    "socket",
+    "tempfile",
+    "asyncio",
+    "glob",
+    "urllib",
+    "http",
+    "requests",
+    "sqlite3",
+    "tarfile",
+    "zipfile",
+    "docker",
+    "daytona",
+}
 IO_CALLS = {"open", "print", "input"}
 
 
@@ -96,7 +130,10 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 def import_graph(root: Path) -> dict[str, set[str]]:
     """Each project module's imports of other project modules."""
     modules = module_files(root)
-    return {name: {i for i in imports_of(name, path, modules) if i in modules and i != name} for name, path in modules.items()}
+    return {
+        name: {i for i in imports_of(name, path, modules) if i in modules and i != name}
+        for name, path in modules.items()
+    }
 
 
 def layer_of(name: str) -> int:
@@ -200,7 +237,11 @@ def _append(path: Path, line: str) -> None:
         ("verifiers/ctrf.py", "from termgym.output import terminal_safe", "verifiers import only"),
         ("verifiers/tap.py", "import pathlib", "verifiers do no I/O"),
         ("verifiers/junit.py", "open('/etc/passwd')", "verifiers do no I/O"),
-        ("termgym/images/build.py", "from termgym.scheduling import bias", "(images) imports termgym.scheduling.bias (scheduling)"),
+        (
+            "termgym/images/build.py",
+            "from termgym.scheduling import bias",
+            "(images) imports termgym.scheduling.bias (scheduling)",
+        ),
         ("trainer/losses.py", "from termgym.trainer.ppo import train", "import cycle"),
     ],
 )
@@ -212,5 +253,7 @@ def test_a_forbidden_import_is_reported(checkout: Path, module: str, line: str, 
 
 def test_an_import_needed_only_for_types_is_not_an_edge(checkout: Path):
     path = checkout / "termgym" / "sandboxes" / "base.py"
-    path.write_text(path.read_text() + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from termgym.tasks import Task\n")
+    path.write_text(
+        path.read_text() + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from termgym.tasks import Task\n"
+    )
     assert violations(checkout) == []

@@ -4,7 +4,7 @@ tensors, and the forward passes over them (log-probs of the predicted tokens, th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
@@ -26,7 +26,9 @@ def pad_ids(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tens
     return ids, attention
 
 
-def pad_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pad_batch(
+    rows: Sequence[tuple[list[int], list[int]]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ``ids``, ``attention`` and the loss mask aligned with ``ids[:, 1:]``, for
     ``(ids, loss_mask)`` rows (the trainer's batches and the supervised warm start's)."""
     ids, attention = pad_ids([seq for seq, _ in rows], pad_id)
@@ -36,7 +38,21 @@ def pad_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple
     return ids, attention, mask[:, 1:]
 
 
-def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad_id: int) -> dict[str, torch.Tensor]:
+class Batch(TypedDict):
+    """A step's trajectories as the PPO update's tensors (``make_batch``)."""
+
+    ids: torch.Tensor
+    attention: torch.Tensor
+    mask: torch.Tensor
+    rollout_logp: torch.Tensor
+    rewards: torch.Tensor
+    weights: torch.Tensor
+    routing: torch.Tensor | None
+    episode_rewards: torch.Tensor
+    groups: list[str]
+
+
+def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad_id: int) -> Batch:
     """Right-padded tensors. Per-token arrays have ``T - 1`` columns, aligned with the *predicted*
     token ``ids[:, 1:]``: ``mask`` (1 on sampled tokens), ``rollout_logp``, ``rewards`` (the
     episode's reward on its last sampled token), ``weights`` (the scheduler's per-trial weight).
@@ -51,20 +67,28 @@ def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad
         sampled = [i for i, m in enumerate(t.loss_mask) if m]
         if sampled:
             rewards[row, sampled[-1]] = t.reward
-    routing = None
-    if trajectories and all(t.routing is not None for t in trajectories):
-        routing = torch.full((n, width, *trajectories[0].routing.shape[1:]), NOT_RECORDED, dtype=ROUTING_DTYPE)
-        for row, t in enumerate(trajectories):
-            routing[row, : len(t.ids)] = t.routing
+    routing: torch.Tensor | None = None
+    recorded = [t.routing for t in trajectories if t.routing is not None]
+    if trajectories and len(recorded) == len(trajectories):
+        routing = torch.full((n, width, *recorded[0].shape[1:]), NOT_RECORDED, dtype=ROUTING_DTYPE)
+        for row, (t, t_routing) in enumerate(zip(trajectories, recorded)):
+            routing[row, : len(t.ids)] = t_routing
     return {
-        "ids": ids, "attention": attention, "mask": mask, "rollout_logp": rollout_logp[:, 1:],
-        "rewards": rewards[:, 1:], "weights": torch.tensor(list(weights), dtype=torch.float32), "routing": routing,
+        "ids": ids,
+        "attention": attention,
+        "mask": mask,
+        "rollout_logp": rollout_logp[:, 1:],
+        "rewards": rewards[:, 1:],
+        "weights": torch.tensor(list(weights), dtype=torch.float32),
+        "routing": routing,
         "episode_rewards": torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         "groups": [t.task for t in trajectories],
-    }  # fmt: skip
+    }
 
 
-def forward_logp(policy, ids: torch.Tensor, attention: torch.Tensor, *, entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def forward_logp(
+    policy, ids: torch.Tensor, attention: torch.Tensor, *, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``ids[:, 1:]`` under ``policy``, and the per-position entropy if asked."""
     logits = policy(input_ids=ids, attention_mask=attention).logits[:, :-1]
     return losses.token_logprobs(logits, ids[:, 1:]), losses.entropy_from_logits(logits) if entropy else None

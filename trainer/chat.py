@@ -30,10 +30,17 @@ class ChatFormat:
     def prompt(self, instruction: str) -> list[int]:
         """System turn, user turn with the instruction, then the assistant header."""
         return (
-            [self.im_start] + self.text(f"system\n{self.system}") + [self.im_end] + self.text("\n")
-            + [self.im_start] + self.text(f"user\n{instruction}") + [self.im_end] + self.text("\n")
-            + [self.im_start] + self.text("assistant\n")
-        )  # fmt: skip
+            [self.im_start]
+            + self.text(f"system\n{self.system}")
+            + [self.im_end]
+            + self.text("\n")
+            + [self.im_start]
+            + self.text(f"user\n{instruction}")
+            + [self.im_end]
+            + self.text("\n")
+            + [self.im_start]
+            + self.text("assistant\n")
+        )
 
     def observation(self, observation: str, max_tokens: int, *, closed: bool = True) -> list[int]:
         """A user turn holding the observation (its first ``max_tokens`` tokens), then the next
@@ -41,9 +48,16 @@ class ChatFormat:
         (it ran out of tokens before its end-of-turn token)."""
         body = self.text(observation)[:max_tokens]
         return (
-            ([] if closed else [self.im_end]) + self.text("\n") + [self.im_start] + self.text("user\n") + body + [self.im_end] + self.text("\n")
-            + [self.im_start] + self.text("assistant\n")
-        )  # fmt: skip
+            ([] if closed else [self.im_end])
+            + self.text("\n")
+            + [self.im_start]
+            + self.text("user\n")
+            + body
+            + [self.im_end]
+            + self.text("\n")
+            + [self.im_start]
+            + self.text("assistant\n")
+        )
 
     def command(self, sampled: Sequence[int]) -> str:
         """The shell command a turn's sampled ids spell (special tokens dropped)."""

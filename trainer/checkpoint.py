@@ -20,17 +20,21 @@ from termgym.trainer.config import Config
 from termgym.trainer.distributed import FULL, world
 
 
-def save_checkpoint(out: Path, step: int, drawn: int, policy, critic, actor_opt, critic_opt, skeleton, tokenizer,
-                    cfg: Config) -> None:  # fmt: skip
+def save_checkpoint(
+    out: Path, step: int, drawn: int, policy, critic, actor_opt, critic_opt, skeleton, tokenizer, cfg: Config
+) -> None:
     """``checkpoint.pt`` (replaced atomically; whole tensors keyed by parameter name, the same
     format sharded or not) and ``policy/`` (a normal model directory, written from ``skeleton``,
     an unsharded copy of the policy). Every rank must call it; rank 0 writes."""
     state = {
-        "step": step, "drawn": drawn, "config": asdict(cfg),
-        "policy": get_model_state_dict(policy, options=FULL), "critic": get_model_state_dict(critic, options=FULL),
+        "step": step,
+        "drawn": drawn,
+        "config": asdict(cfg),
+        "policy": get_model_state_dict(policy, options=FULL),
+        "critic": get_model_state_dict(critic, options=FULL),
         "actor_opt": get_optimizer_state_dict(policy, actor_opt, options=FULL),
         "critic_opt": get_optimizer_state_dict(critic, critic_opt, options=FULL),
-    }  # fmt: skip
+    }
     if world()[0] != 0:
         return
     torch.save(state, out / "checkpoint.pt.tmp")

@@ -38,7 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_config(argv)
     check_config(cfg)
     if not cfg.out:
-        cfg = replace(cfg, out=time.strftime(f"runs/{'pipeline' if cfg.pool else 'train'}-%Y%m%d-%H%M%S", time.gmtime()))
+        cfg = replace(
+            cfg, out=time.strftime(f"runs/{'pipeline' if cfg.pool else 'train'}-%Y%m%d-%H%M%S", time.gmtime())
+        )
     torch.manual_seed(cfg.seed)
     if cfg.pool:
         if "RANK" in os.environ:

@@ -121,31 +121,72 @@ PRESETS: dict[str, dict] = {
     # by a KL penalty (without it, 30 steps cost 10 points on the validation set); held-out
     # evaluation before and after.
     "tiny": dict(
-        pool=2000, heldout=192, audit_k=1, audit_cache="bundled", sft_steps=750, sft_batch_size=32, sft_lr=3e-3,
-        hidden=128, layers=3, experts=8,
-        steps=16, batch_size=32, concurrency=8, mode="reweight", max_turns=4, command_timeout=5.0,
-        max_new_tokens=48, max_context=512, observation_tokens=64, actor_lr=2e-4, critic_lr=1e-3, kl_coef=0.5,
-        update_epochs=2, minibatch_size=8, critic_warmup_steps=2,
+        pool=2000,
+        heldout=192,
+        audit_k=1,
+        audit_cache="bundled",
+        sft_steps=750,
+        sft_batch_size=32,
+        sft_lr=3e-3,
+        hidden=128,
+        layers=3,
+        experts=8,
+        steps=16,
+        batch_size=32,
+        concurrency=8,
+        mode="reweight",
+        max_turns=4,
+        command_timeout=5.0,
+        max_new_tokens=48,
+        max_context=512,
+        observation_tokens=64,
+        actor_lr=2e-4,
+        critic_lr=1e-3,
+        kl_coef=0.5,
+        update_epochs=2,
+        minibatch_size=8,
+        critic_warmup_steps=2,
     ),
     # PPO alone, for a quick look at the loop: a tiny MoE policy, four quick bundled tasks, short
     # episodes, larger learning rates than the published ones (which are for billion-parameter models).
     "tiny-ppo": dict(
-        tasks=("text-processing/word-frequency", "file-ops/organize-by-extension",
-               "shell-scripting/ipv4-filter", "archives/extract-configs"),  # fmt: skip
-        steps=4, batch_size=4, concurrency=4, max_turns=2, command_timeout=5.0, max_new_tokens=16,
-        max_context=1024, observation_tokens=64, actor_lr=1e-4, critic_lr=1e-3, update_epochs=2,
-        minibatch_size=2, critic_warmup_steps=1,
+        tasks=(
+            "text-processing/word-frequency",
+            "file-ops/organize-by-extension",
+            "shell-scripting/ipv4-filter",
+            "archives/extract-configs",
+        ),
+        steps=4,
+        batch_size=4,
+        concurrency=4,
+        max_turns=2,
+        command_timeout=5.0,
+        max_new_tokens=16,
+        max_context=1024,
+        observation_tokens=64,
+        actor_lr=1e-4,
+        critic_lr=1e-3,
+        update_epochs=2,
+        minibatch_size=2,
+        critic_warmup_steps=1,
     ),
 }
 
 
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring (the string literal right under it in the class body)."""
-    body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
+    definition = ast.parse(inspect.getsource(cls)).body[0]
+    assert isinstance(definition, ast.ClassDef)  # the source of a class is its class statement
+    body = definition.body
     docs = {}
     for node, following in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(following.value.value).split())  # type: ignore[union-attr]
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+        ):
+            docs[node.target.id] = " ".join(str(following.value.value).split())
     return docs
 
 
@@ -156,7 +197,12 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(prog: str = "termgym train") -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="Train a terminal agent with PPO on termgym tasks.")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default=None, help="start from a preset (tiny: the whole main job on a CPU; tiny-ppo: PPO alone on four bundled tasks)")
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default=None,
+        help="start from a preset (tiny: the whole main job on a CPU; tiny-ppo: PPO alone on four bundled tasks)",
+    )
     docs = field_docs(Config)
     for f in dataclasses.fields(Config):
         flag, help_text = "--" + f.name.replace("_", "-"), f"{docs[f.name]} (default: {f.default!r})"
@@ -187,8 +233,13 @@ def warmup_steps(cfg: Config) -> int:
     return cfg.critic_warmup_steps if cfg.advantage == "gae" else 0
 
 
-CHOICES = {"mode": MODES, "generator": ("torch", "vllm"), "advantage": ("gae", "group"),
-           "reward": ("dense", "binary"), "sampler_dtype": ("float32", "bfloat16")}  # fmt: skip
+CHOICES = {
+    "mode": MODES,
+    "generator": ("torch", "vllm"),
+    "advantage": ("gae", "group"),
+    "reward": ("dense", "binary"),
+    "sampler_dtype": ("float32", "bfloat16"),
+}
 
 
 def check_config(cfg: Config) -> None:
@@ -200,8 +251,21 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"--kl-coef must be at least 0, got {cfg.kl_coef}")
     if cfg.advantage == "group" and cfg.group_size < 2:
         raise ConfigError("--advantage group compares episodes of the same task: give --group-size 2 or more")
-    for name in ("steps", "batch_size", "minibatch_size", "concurrency", "max_turns", "max_new_tokens", "update_epochs", "group_size"):
+    for name in (
+        "steps",
+        "batch_size",
+        "minibatch_size",
+        "concurrency",
+        "max_turns",
+        "max_new_tokens",
+        "update_epochs",
+        "group_size",
+    ):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
-    if cfg.pool and (cfg.heldout < 1 or cfg.sft_batch_size < 1 or cfg.sft_steps < 0 or cfg.audit_k < 1 or cfg.eval_samples < 0):
-        raise ConfigError("with --pool, --heldout, --sft-batch-size and --audit-k must be at least 1 (--sft-steps and --eval-samples at least 0)")
+    if cfg.pool and (
+        cfg.heldout < 1 or cfg.sft_batch_size < 1 or cfg.sft_steps < 0 or cfg.audit_k < 1 or cfg.eval_samples < 0
+    ):
+        raise ConfigError(
+            "with --pool, --heldout, --sft-batch-size and --audit-k must be at least 1 (--sft-steps and --eval-samples at least 0)"
+        )

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0 only when sharded
 
@@ -31,7 +31,7 @@ def sync_gradients(model: torch.nn.Module) -> None:
     """Sum gradients over ranks (each rank's loss is already scaled to its share of the total).
     A parameter without a gradient here (an expert no local token was routed to) contributes
     zeros, so every rank makes the same collective calls. FSDP models reduce their own."""
-    if dist.is_initialized() and not isinstance(model, torch.distributed.fsdp.FSDPModule):
+    if dist.is_initialized() and not isinstance(model, FSDPModule):
         for p in model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)

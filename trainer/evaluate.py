@@ -25,10 +25,10 @@ import torch
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.records import TrialRecord
 from termgym.tasks import Task
-from termgym.trial import Step, run_trials
 from termgym.trainer.chat import ChatFormat
 from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, stream_seed
 from termgym.trainer.sampler import BatchedSampler
+from termgym.trial import Agent, Step, run_trials
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,10 @@ class PairedChange:
 
     def describe(self, tasks: int) -> str:
         verdict = "significant at 5%" if self.p_value < 0.05 else "within noise"
-        return (f"{self.gained} of {tasks} tasks gained, {self.lost} lost "
-                f"(sign test on the changed tasks: p = {self.p_value:.2f}, {verdict})")  # fmt: skip
+        return (
+            f"{self.gained} of {tasks} tasks gained, {self.lost} lost "
+            f"(sign test on the changed tasks: p = {self.p_value:.2f}, {verdict})"
+        )
 
 
 def paired_change(before: EvalSummary, after: EvalSummary) -> PairedChange:
@@ -92,13 +94,16 @@ def summarise_records(records: Sequence[TrialRecord], samples: int = 0) -> EvalS
         reward=sum(r.reward for r in records) / n,
         errors=sum(r.error is not None and r.error.get("kind") not in ("agent_timeout",) for r in records),
         families={
-            family: {"tasks": len({r.task for r in rs}), "resolved": sum(r.resolved for r in rs) / len(rs),
-                     "passed": sum(r.passed for r in rs) / len(rs)}
+            family: {
+                "tasks": len({r.task for r in rs}),
+                "resolved": sum(r.resolved for r in rs) / len(rs),
+                "passed": sum(r.passed for r in rs) / len(rs),
+            }
             for family, rs in sorted(by_family.items())
         },
         task_rates={task: sum(r.resolved for r in rs) / len(rs) for task, rs in sorted(by_task.items())},
         samples=samples,
-    )  # fmt: skip
+    )
 
 
 @dataclass
@@ -111,13 +116,23 @@ class _EvalAgent:
     name: str = "policy-eval"
 
     async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
-        return await drive_episode(env, instruction, self.sampler, self.chat, self.settings, self.generator, self.trajectory)
+        return await drive_episode(
+            env, instruction, self.sampler, self.chat, self.settings, self.generator, self.trajectory
+        )
 
 
-async def evaluate(policy, tokenizer, tasks: Sequence[Task], options: EnvOptions, settings: RolloutSettings, *,
-                   concurrency: int = 8, samples: int = 0, seed: int = 0,
-                   on_record: Callable[[TrialRecord, Trajectory], None] | None = None,
-                   ) -> tuple[EvalSummary, list[TrialRecord]]:  # fmt: skip
+async def evaluate(
+    policy,
+    tokenizer,
+    tasks: Sequence[Task],
+    options: EnvOptions,
+    settings: RolloutSettings,
+    *,
+    concurrency: int = 8,
+    samples: int = 0,
+    seed: int = 0,
+    on_record: Callable[[TrialRecord, Trajectory], None] | None = None,
+) -> tuple[EvalSummary, list[TrialRecord]]:
     """Run ``policy`` on each task, greedily once (``samples=0``) or ``samples`` times at
     temperature 1, ``concurrency`` trials at a time (their next-token requests batched together);
     returns the summary and the records in task order."""
@@ -125,11 +140,14 @@ async def evaluate(policy, tokenizer, tasks: Sequence[Task], options: EnvOptions
     chat = ChatFormat(tokenizer)
 
     def agent(task: Task, sample: int | None) -> _EvalAgent:
-        generator = None if sample is None else torch.Generator().manual_seed(stream_seed("eval", seed, task.name, sample))
+        generator = (
+            None if sample is None else torch.Generator().manual_seed(stream_seed("eval", seed, task.name, sample))
+        )
         return _EvalAgent(sampler, chat, settings, generator, Trajectory(task=task.name))
 
-    def recorded(record: TrialRecord, agent: _EvalAgent) -> None:
+    def recorded(record: TrialRecord, agent: Agent) -> None:
         if on_record is not None:
+            assert isinstance(agent, _EvalAgent)  # every job's agent is one of agent()'s
             on_record(record, agent.trajectory)
 
     draws = [(task, None) for task in tasks] if samples < 1 else [(task, i) for task in tasks for i in range(samples)]

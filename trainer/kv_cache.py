@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import CacheLayerMixin
 
 from termgym.trainer.routing import record_routing, stack_routing
 
@@ -80,11 +81,21 @@ class PrefixCache:
 
 
 def _attention_layers(past: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.keys, layer.values) for layer in past.layers]
+    layers = []
+    for layer in past.layers:  # attention layers, each filled by the forward that returned ``past``
+        assert isinstance(layer, CacheLayerMixin) and layer.keys is not None and layer.values is not None
+        layers.append((layer.keys, layer.values))
+    return layers
 
 
-def cached_next_token_logprobs(model, sequences: Sequence[Sequence[int]], cache: PrefixCache, pad_id: int = 0, *,
-                               positions: Sequence[Sequence[int]] | None = None) -> tuple[torch.Tensor, list[torch.Tensor] | None]:  # fmt: skip
+def cached_next_token_logprobs(
+    model,
+    sequences: Sequence[Sequence[int]],
+    cache: PrefixCache,
+    pad_id: int = 0,
+    *,
+    positions: Sequence[Sequence[int]] | None = None,
+) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     """Log-probabilities of the next token after each sequence (``[len(sequences), vocab]``), from
     one forward over the parts ``cache`` does not hold; every sequence is then cached whole. With
     ``positions`` (per sequence, positions of it), also returns the experts that computed each of
@@ -108,28 +119,45 @@ def cached_next_token_logprobs(model, sequences: Sequence[Sequence[int]], cache:
         position_ids[row] = torch.arange(width_new) + p
     stacked = []  # per attention layer: the rows' cached keys and values, padded to width_past
     if width_past:
-        template = next(h for h, p in zip(hits, past) if p).layers
-        for layer, (keys, values) in enumerate(template):
+        template = next(h for h, p in zip(hits, past) if p)
+        assert template is not None  # a row with a cached past has a hit
+        for layer, (keys, values) in enumerate(template.layers):
             k = keys.new_zeros((rows, keys.shape[0], width_past, keys.shape[2]))
             v = values.new_zeros((rows, values.shape[0], width_past, values.shape[2]))
             for row, (hit, p) in enumerate(zip(hits, past)):
                 if p:
+                    assert hit is not None  # a cached past is a hit's
                     k[row, :, :p], v[row, :, :p] = hit.layers[layer][0][:, :p], hit.layers[layer][1][:, :p]
             stacked.append((k, v))
-    with torch.no_grad(), (record_routing(model) if positions is not None else nullcontext([])) as per_layer:
-        out = model(input_ids=ids, attention_mask=attention, position_ids=position_ids,
-                    past_key_values=DynamicCache(ddp_cache_data=stacked) if stacked else DynamicCache(), use_cache=True)  # fmt: skip
+    with torch.no_grad(), record_routing(model) if positions is not None else nullcontext([]) as per_layer:
+        out = model(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=position_ids,
+            past_key_values=DynamicCache(ddp_cache_data=stacked) if stacked else DynamicCache(),
+            use_cache=True,
+        )
     new_routing = stack_routing(per_layer, rows, width_new) if positions is not None else None
     layers = _attention_layers(out.past_key_values)
     routed: list[torch.Tensor] | None = [] if positions is not None else None
     for row, (seq, hit, p, new) in enumerate(zip(sequences, hits, past, suffix)):
-        kept = [(torch.cat((k[row, :, :p], k[row, :, width_past : width_past + len(new)]), dim=1),
-                 torch.cat((v[row, :, :p], v[row, :, width_past : width_past + len(new)]), dim=1)) for k, v in layers]  # fmt: skip
+        kept = [
+            (
+                torch.cat((k[row, :, :p], k[row, :, width_past : width_past + len(new)]), dim=1),
+                torch.cat((v[row, :, :p], v[row, :, width_past : width_past + len(new)]), dim=1),
+            )
+            for k, v in layers
+        ]
         routing = None
         if new_routing is not None:
-            earlier = hit.routing[:p] if p else new_routing.new_empty((0, *new_routing.shape[2:]))  # type: ignore[union-attr]
+            assert positions is not None and routed is not None  # all three are set together
+            if p:
+                assert hit is not None and hit.routing is not None  # with positions, only hits with routing count
+                earlier = hit.routing[:p]
+            else:
+                earlier = new_routing.new_empty((0, *new_routing.shape[2:]))
             routing = torch.cat((earlier, new_routing[row, : len(new)]))
-            routed.append(routing[list(positions[row])].clone())  # type: ignore[union-attr,index]
+            routed.append(routing[list(positions[row])].clone())
         cache.store(CacheEntry(tuple(seq), kept, routing), replaces=hit)
     cache.hits += sum(past)
     cache.computed += sum(len(s) for s in suffix)

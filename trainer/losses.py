@@ -31,7 +31,9 @@ def masked_gae(
     0; ``returns = advantages + values`` on action tokens. Rewards at masked-out positions must be 0.
     """
     if rewards.shape != values.shape or values.shape != mask.shape:
-        raise ValueError(f"shapes differ: rewards {tuple(rewards.shape)}, values {tuple(values.shape)}, mask {tuple(mask.shape)}")
+        raise ValueError(
+            f"shapes differ: rewards {tuple(rewards.shape)}, values {tuple(values.shape)}, mask {tuple(mask.shape)}"
+        )
     if bool(((rewards != 0) & (mask == 0)).any()):
         raise ValueError("a reward sits on a masked-out position; put it on an action token")
     batch, time = rewards.shape

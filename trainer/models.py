@@ -80,28 +80,60 @@ def train_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedToken
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token=PAD, eos_token=IM_END, bos_token=IM_START,
+        tokenizer_object=tokenizer,
+        pad_token=PAD,
+        eos_token=IM_END,
+        bos_token=IM_START,
         additional_special_tokens=[SUBMIT_TOKEN],
-    )  # fmt: skip
+    )
 
 
-def tiny_config(vocab_size: int, *, hidden: int = 64, layers: int = 2, experts: int = 4, context: int = 2048,
-                head_dim: int | None = None) -> Qwen3MoeConfig:  # fmt: skip
+def tiny_config(
+    vocab_size: int,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    experts: int = 4,
+    context: int = 2048,
+    head_dim: int | None = None,
+) -> Qwen3MoeConfig:
     """A Qwen3-MoE configuration of a few hundred thousand parameters: every layer sparse, top-2
     of ``experts`` experts, tied embeddings, no router auxiliary loss. ``head_dim`` defaults to
     ``hidden // 4`` (vLLM's CPU attention needs at least 64)."""
     return Qwen3MoeConfig(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, moe_intermediate_size=hidden,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim or hidden // 4,
-        num_experts=experts, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
-        max_position_embeddings=context, tie_word_embeddings=True, router_aux_loss_coef=0.0,
-        output_router_logits=False, pad_token_id=0, eos_token_id=2, bos_token_id=1,
-    )  # fmt: skip
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        moe_intermediate_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=head_dim or hidden // 4,  # pyright: ignore[reportCallIssue]  # @strict config: head_dim via **kwargs
+        num_experts=experts,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=context,
+        tie_word_embeddings=True,
+        router_aux_loss_coef=0.0,
+        output_router_logits=False,
+        pad_token_id=0,
+        eos_token_id=2,
+        bos_token_id=1,
+    )
 
 
-def build_tiny_policy(out_dir: str | os.PathLike, envs_root: Path | None = None, *, seed: int = 0,
-                      vocab_size: int = 1024, hidden: int = 64, layers: int = 2, experts: int = 4,
-                      head_dim: int | None = None) -> Path:  # fmt: skip
+def build_tiny_policy(
+    out_dir: str | os.PathLike,
+    envs_root: Path | None = None,
+    *,
+    seed: int = 0,
+    vocab_size: int = 1024,
+    hidden: int = 64,
+    layers: int = 2,
+    experts: int = 4,
+    head_dim: int | None = None,
+) -> Path:
     """Train the tokenizer, build a randomly initialised tiny Qwen3-MoE policy (``seed``), and save
     both to ``out_dir`` as a normal model directory. Returns ``out_dir``. ``head_dim`` as in
     ``tiny_config`` (64 for a policy vLLM serves on CPU)."""
@@ -111,7 +143,9 @@ def build_tiny_policy(out_dir: str | os.PathLike, envs_root: Path | None = None,
         envs_root = Path(bundled_root())
     tokenizer = train_tokenizer(corpus_texts(envs_root), vocab_size)
     torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(tiny_config(len(tokenizer), hidden=hidden, layers=layers, experts=experts, head_dim=head_dim))
+    model = Qwen3MoeForCausalLM(
+        tiny_config(len(tokenizer), hidden=hidden, layers=layers, experts=experts, head_dim=head_dim)
+    )
     out = Path(out_dir)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

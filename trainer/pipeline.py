@@ -36,22 +36,29 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from termgym.audit.rubric import select_order, with_audited_count
 from termgym.audit.cache import AuditCache
+from termgym.audit.rubric import select_order, with_audited_count
 from termgym.audit.runner import audit_tasks
-from termgym.errors import ConfigError, TermgymError
 from termgym.envs.families import bundled_audit_cache, generate_split, reference_commands
+from termgym.errors import ConfigError, TermgymError
 from termgym.progress import progress_bar
-from termgym.records import append_record
+from termgym.records import TrialRecord, append_record
 from termgym.tasks import Task, load_task
+from termgym.trainer.chat import ChatFormat
 from termgym.trainer.config import Config, warmup_steps
 from termgym.trainer.evaluate import EvalSummary, evaluate, paired_change
 from termgym.trainer.models import build_tiny_policy, load_policy
 from termgym.trainer.plots import write_plots
 from termgym.trainer.ppo import train
-from termgym.trainer.chat import ChatFormat
 from termgym.trainer.rollout import rollout_options, rollout_settings
-from termgym.trainer.sft import Demonstration, budget_problem, collect_demonstrations, demonstration_tokens, save_demonstrations, supervised_train
+from termgym.trainer.sft import (
+    Demonstration,
+    budget_problem,
+    collect_demonstrations,
+    demonstration_tokens,
+    save_demonstrations,
+    supervised_train,
+)
 from termgym.trainer.vllm_sampler import policy_head_dim
 
 
@@ -63,28 +70,52 @@ class HeldOut:
     sampled: EvalSummary | None = None
 
 
+def _sampled(before: HeldOut, after: HeldOut) -> tuple[EvalSummary, EvalSummary] | None:
+    """Both policies' sampled results, when both have them."""
+    if before.sampled is None or after.sampled is None:
+        return None
+    return before.sampled, after.sampled
+
+
 def result_table(before: HeldOut, after: HeldOut) -> Table:
     """The final table: held-out results of the supervised start against after PPO."""
-    sampled = before.sampled is not None and after.sampled is not None
+    sampled = _sampled(before, after)
     table = Table(title=f"held-out set ({before.greedy.tasks} tasks)", title_justify="left")
-    for column in ("policy", "resolved (greedy)", "assertions passed (greedy, mean)", "reward (greedy, mean)",
-                   *([f"resolved (sampled, {before.sampled.samples} per task)"] if sampled else [])):  # type: ignore[union-attr]  # fmt: skip
+    for column in (
+        "policy",
+        "resolved (greedy)",
+        "assertions passed (greedy, mean)",
+        "reward (greedy, mean)",
+        *([f"resolved (sampled, {sampled[0].samples} per task)"] if sampled else []),
+    ):
         table.add_column(column, justify="left" if column == "policy" else "right")
-    for label, s in (("supervised start", before), ("after PPO", after)):
+    for i, (label, s) in enumerate((("supervised start", before), ("after PPO", after))):
         g = s.greedy
-        table.add_row(label, f"{g.resolved:.1%}", f"{g.passed:.2f}", f"{g.reward:.3f}", *([f"{s.sampled.resolved:.1%}"] if sampled else []))  # type: ignore[union-attr]
+        table.add_row(
+            label,
+            f"{g.resolved:.1%}",
+            f"{g.passed:.2f}",
+            f"{g.reward:.3f}",
+            *([f"{sampled[i].resolved:.1%}"] if sampled else []),
+        )
     return table
 
 
 def family_table(before: HeldOut, after: HeldOut, trained: set[str]) -> Table:
-    sampled = before.sampled is not None and after.sampled is not None
+    sampled = _sampled(before, after)
     table = Table(title="held-out resolved rate per family", title_justify="left")
-    for column in ("family", "tasks", "supervised start", "after PPO", *(("sampled: start", "sampled: after PPO") if sampled else ())):
+    for column in (
+        "family",
+        "tasks",
+        "supervised start",
+        "after PPO",
+        *(("sampled: start", "sampled: after PPO") if sampled else ()),
+    ):
         table.add_column(column, justify="left" if column == "family" else "right")
-    summaries = (before.greedy, after.greedy, *((before.sampled, after.sampled) if sampled else ()))
+    summaries = (before.greedy, after.greedy, *(sampled or ()))
     for family, b in before.greedy.families.items():
         name = family if family in trained else f"{family} (never trained on)"
-        rates = [s.families.get(family, {"resolved": float("nan")})["resolved"] for s in summaries]  # type: ignore[union-attr]
+        rates = [s.families.get(family, {"resolved": float("nan")})["resolved"] for s in summaries]
         table.add_row(name, str(int(b["tasks"])), *(f"{rate:.1%}" for rate in rates))
     return table
 
@@ -107,9 +138,18 @@ async def prepare_pool(run: Path, cfg: Config, console: Console) -> Pool:
     console.print(f"[bold]1/7 tasks[/]: {len(train_tasks)} training, {len(heldout)} held-out ({run / 'tasks'})")
     with progress_bar(console) as progress:
         bar = progress.add_task("2/7 audit of the training pool", total=1)
-        cache = AuditCache.load(bundled_audit_cache() if cfg.audit_cache == "bundled" else cfg.audit_cache) if cfg.audit_cache else AuditCache()
-        verdicts = await audit_tasks(train_tasks, rollout_options(cfg, f"audit-{run.name}"), k=cfg.audit_k,
-                                     concurrency=max(1, cfg.concurrency // 2), cache=cache)  # fmt: skip
+        cache = (
+            AuditCache.load(bundled_audit_cache() if cfg.audit_cache == "bundled" else cfg.audit_cache)
+            if cfg.audit_cache
+            else AuditCache()
+        )
+        verdicts = await audit_tasks(
+            train_tasks,
+            rollout_options(cfg, f"audit-{run.name}"),
+            k=cfg.audit_k,
+            concurrency=max(1, cfg.concurrency // 2),
+            cache=cache,
+        )
         progress.update(bar, completed=1)
     cache.save(run / "audit-cache.json")
     if cache.hits:
@@ -120,8 +160,12 @@ async def prepare_pool(run: Path, cfg: Config, console: Console) -> Pool:
     selection = [with_audited_count(by_name[name], audited[name]) for name in select_order(verdicts)]
     (run / "selection.txt").write_text("".join(f"{task.path}\n" for task in selection))
     rejected = [v for v in verdicts if not v.accepted]
-    console.print(f"  accepted {len(selection)}/{len(verdicts)}"
-                  + "".join(f"\n  rejected {v.task}: {'; '.join(r.reason for r in v.rejects) or 'low score'}" for v in rejected[:5]))  # fmt: skip
+    console.print(
+        f"  accepted {len(selection)}/{len(verdicts)}"
+        + "".join(
+            f"\n  rejected {v.task}: {'; '.join(r.reason for r in v.rejects) or 'low score'}" for v in rejected[:5]
+        )
+    )
     if not selection:
         raise TermgymError(f"the audit accepted no task of the pool (see {run / 'audit.json'})")
     return Pool(train_tasks, heldout, selection, verdicts)
@@ -132,12 +176,20 @@ def build_policy(run: Path, cfg: Config, console: Console):
     tasks' text, never on the generated pool or the held-out set: names then split into generic
     pieces that the policy can learn to copy, instead of pool names merged into tokens that no
     held-out name uses."""
-    init = build_tiny_policy(run / "init", seed=cfg.seed, hidden=cfg.hidden, layers=cfg.layers, experts=cfg.experts,
-                             head_dim=policy_head_dim(cfg.generator))
+    init = build_tiny_policy(
+        run / "init",
+        seed=cfg.seed,
+        hidden=cfg.hidden,
+        layers=cfg.layers,
+        experts=cfg.experts,
+        head_dim=policy_head_dim(cfg.generator),
+    )
     policy, tokenizer = load_policy(init)
     params = sum(p.numel() for p in policy.parameters())
-    console.print(f"[bold]3/7 policy[/]: tiny Qwen3-MoE, {params / 1e3:.0f}k parameters, "
-                  f"{cfg.layers} layers x {cfg.experts} experts (top-2), vocabulary {len(tokenizer)}")  # fmt: skip
+    console.print(
+        f"[bold]3/7 policy[/]: tiny Qwen3-MoE, {params / 1e3:.0f}k parameters, "
+        f"{cfg.layers} layers x {cfg.experts} experts (top-2), vocabulary {len(tokenizer)}"
+    )
     return policy, tokenizer
 
 
@@ -146,11 +198,18 @@ async def record_demonstrations(run: Path, cfg: Config, selection: list[Task], c
     fresh sandboxes; ``run/sft/demonstrations.jsonl`` and every trial's record in ``run/sft/records.jsonl``."""
     with progress_bar(console) as progress:
         bar = progress.add_task("4/7 reference trajectories", total=len(selection))
+
+        def recorded(record: TrialRecord) -> None:
+            append_record(run / "sft" / "records.jsonl", record)
+            progress.advance(bar)
+
         demos = await collect_demonstrations(
-            selection, lambda task: reference_commands(task.path), rollout_options(cfg, f"reference-{run.name}"),
+            selection,
+            lambda task: reference_commands(task.path),
+            rollout_options(cfg, f"reference-{run.name}"),
             concurrency=cfg.concurrency,
-            on_record=lambda record: (append_record(run / "sft" / "records.jsonl", record), progress.advance(bar)),
-        )  # fmt: skip
+            on_record=recorded,
+        )
     save_demonstrations(run / "sft" / "demonstrations.jsonl", demos)
     return demos
 
@@ -165,19 +224,31 @@ def warm_start(run: Path, cfg: Config, demos: list[Demonstration], policy, token
     began = time.monotonic()
     with progress_bar(console) as progress:
         bar = progress.add_task(f"4/7 supervised warm start on {len(demos)} trajectories", total=cfg.sft_steps)
-        losses = supervised_train(policy, rows, steps=cfg.sft_steps, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr,
-                                  seed=cfg.seed, pad_id=tokenizer.pad_token_id,
-                                  on_step=lambda step, loss: progress.update(bar, advance=1, description=(
-                                      f"4/7 supervised warm start · loss {loss:.3f}")))  # fmt: skip
+        losses = supervised_train(
+            policy,
+            rows,
+            steps=cfg.sft_steps,
+            batch_size=cfg.sft_batch_size,
+            lr=cfg.sft_lr,
+            seed=cfg.seed,
+            pad_id=tokenizer.pad_token_id,
+            on_step=lambda step, loss: progress.update(
+                bar, advance=1, description=(f"4/7 supervised warm start · loss {loss:.3f}")
+            ),
+        )
     policy.save_pretrained(run / "sft" / "policy")
     tokenizer.save_pretrained(run / "sft" / "policy")
     (run / "sft" / "losses.json").write_text(json.dumps(losses) + "\n")
     if losses:
-        console.print(f"  loss {losses[0]:.3f} -> {losses[-1]:.3f} in {len(losses)} steps ({time.monotonic() - began:.0f}s)")
+        console.print(
+            f"  loss {losses[0]:.3f} -> {losses[-1]:.3f} in {len(losses)} steps ({time.monotonic() - began:.0f}s)"
+        )
     return losses
 
 
-async def held_out(run: Path, cfg: Config, label: str, model, tokenizer, tasks: list[Task], console: Console) -> HeldOut:
+async def held_out(
+    run: Path, cfg: Config, label: str, model, tokenizer, tasks: list[Task], console: Console
+) -> HeldOut:
     """Greedy evaluation on the held-out set (one record per task in ``run/eval/LABEL.jsonl``),
     then ``cfg.eval_samples`` sampled episodes per task (``run/eval/LABEL-sampled.jsonl``), with
     the same draws whatever the label."""
@@ -190,8 +261,17 @@ async def held_out(run: Path, cfg: Config, label: str, model, tokenizer, tasks: 
                 append_record(run / "eval" / f"{name}.jsonl", record)
                 progress.advance(bar)
 
-            summary, _ = await evaluate(model, tokenizer, tasks, rollout_options(cfg, f"eval-{name}-{run.name}"), rollout_settings(cfg),
-                                        concurrency=cfg.concurrency, samples=samples, seed=cfg.seed, on_record=on_record)  # fmt: skip
+            summary, _ = await evaluate(
+                model,
+                tokenizer,
+                tasks,
+                rollout_options(cfg, f"eval-{name}-{run.name}"),
+                rollout_settings(cfg),
+                concurrency=cfg.concurrency,
+                samples=samples,
+                seed=cfg.seed,
+                on_record=on_record,
+            )
         console.print(f"  {name}: resolved {summary.resolved:.1%}, mean assertions passed {summary.passed:.2f}")
         results.append(summary)
     return HeldOut(*results)
@@ -200,18 +280,24 @@ async def held_out(run: Path, cfg: Config, label: str, model, tokenizer, tasks: 
 async def reinforce(cfg: Config, model_dir: Path, selection: list[Task], out: Path) -> list[dict]:
     """Phase 6: critic warm-up and PPO from ``model_dir`` on ``selection`` into ``out``; returns
     the per-step metrics."""
-    return await train(replace(cfg, model=str(model_dir), tasks=tuple(str(t.path) for t in selection), out=str(out), pool=0))
+    return await train(
+        replace(cfg, model=str(model_dir), tasks=tuple(str(t.path) for t in selection), out=str(out), pool=0)
+    )
 
 
 async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     """Run every phase into ``cfg.out`` (which must not hold an earlier run); returns the summary
     that ``summary.json`` holds."""
-    console = console or Console(file=sys.stderr, width=None if sys.stderr.isatty() else 120)  # tables unwrapped in logs
+    console = console or Console(
+        file=sys.stderr, width=None if sys.stderr.isatty() else 120
+    )  # tables unwrapped in logs
     run = Path(cfg.out)
     if run.exists() and any(run.iterdir()):
         raise ConfigError(f"{run} already holds a run; choose another --out")
     if cfg.resume:
-        raise ConfigError("--resume continues PPO alone: give it --out RUN/ppo and --model RUN/sft/policy, without --pool")
+        raise ConfigError(
+            "--resume continues PPO alone: give it --out RUN/ppo and --model RUN/sft/policy, without --pool"
+        )
     timings: dict[str, float] = {}
     began = time.monotonic()
     pool = await prepare_pool(run, cfg, console)
@@ -225,8 +311,10 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     before = await held_out(run, cfg, "sft", policy, tokenizer, pool.heldout, console)
     timings["evaluation"] = time.monotonic() - began
     began = time.monotonic()
-    console.print(f"[bold]6/7 PPO[/]: {warmup_steps(cfg)} critic warm-up steps, then {cfg.steps - warmup_steps(cfg)} "
-                  f"policy updates, {cfg.batch_size} trajectories per step ({cfg.mode}, {cfg.reward} reward)")  # fmt: skip
+    console.print(
+        f"[bold]6/7 PPO[/]: {warmup_steps(cfg)} critic warm-up steps, then {cfg.steps - warmup_steps(cfg)} "
+        f"policy updates, {cfg.batch_size} trajectories per step ({cfg.mode}, {cfg.reward} reward)"
+    )
     metrics = await reinforce(cfg, run / "sft" / "policy", pool.selection, run / "ppo")
     timings["ppo"] = time.monotonic() - began
     began = time.monotonic()
@@ -238,18 +326,30 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     heldout = {"sft": before.greedy.to_dict(), "ppo": after.greedy.to_dict(), "change": asdict(change)}
     if before.sampled and after.sampled:
         sampled_change = paired_change(before.sampled, after.sampled)
-        heldout["sampled"] = {"sft": before.sampled.to_dict(), "ppo": after.sampled.to_dict(), "change": asdict(sampled_change)}
+        heldout["sampled"] = {
+            "sft": before.sampled.to_dict(),
+            "ppo": after.sampled.to_dict(),
+            "change": asdict(sampled_change),
+        }
     summary = {
-        "run": str(run), "seed": cfg.seed, "pool": len(pool.train), "accepted": len(pool.selection),
-        "demonstrations": len(demos), "parameters": sum(p.numel() for p in policy.parameters()),
-        "heldout": heldout, "timings": timings, "plots": [str(p) for p in plots],
-    }  # fmt: skip
+        "run": str(run),
+        "seed": cfg.seed,
+        "pool": len(pool.train),
+        "accepted": len(pool.selection),
+        "demonstrations": len(demos),
+        "parameters": sum(p.numel() for p in policy.parameters()),
+        "heldout": heldout,
+        "timings": timings,
+        "plots": [str(p) for p in plots],
+    }
     (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     console.print(result_table(before, after))
     console.print(f"  after PPO against the supervised start, greedy: {change.describe(before.greedy.tasks)}")
     if before.sampled and after.sampled:
-        console.print(f"  sampled ({before.sampled.samples} per task; a task gains when its rate rises): "
-                      f"{sampled_change.describe(before.sampled.tasks)}")  # fmt: skip
+        console.print(
+            f"  sampled ({before.sampled.samples} per task; a task gains when its rate rises): "
+            f"{sampled_change.describe(before.sampled.tasks)}"
+        )
     console.print(family_table(before, after, {t.family for t in pool.selection}))
     console.print(f"run directory: [bold]{run}[/] (summary.json, plots/, eval/, ppo/checkpoint.pt, ppo/policy/)")
     return summary

@@ -16,9 +16,13 @@ CURVES = (
     ("resolved", "Resolved rate per step", "resolved", lambda m: m.get("resolved")),
     ("explained_variance", "Critic explained variance", "explained variance", lambda m: m.get("explained_variance")),
     ("logprob_gap", "Train / inference log-prob gap", "mean |Δ log p|", lambda m: m.get("logprob_gap")),
-    ("straggler_bias", "Straggler bias: TV(launched, kept) per family", "total variation",
-     lambda m: (m.get("scheduler") or {}).get("families", {}).get("tv_distance")),
-)  # fmt: skip
+    (
+        "straggler_bias",
+        "Straggler bias: TV(launched, kept) per family",
+        "total variation",
+        lambda m: (m.get("scheduler") or {}).get("families", {}).get("tv_distance"),
+    ),
+)
 
 
 def curves(metrics: Sequence[dict]) -> dict[str, tuple[list[int], list[float]]]:
@@ -32,8 +36,9 @@ def curves(metrics: Sequence[dict]) -> dict[str, tuple[list[int], list[float]]]:
     return out
 
 
-def write_plots(out_dir: Path, metrics: Sequence[dict], *, sft_losses: Sequence[float] = (),
-                warmup_steps: int = 0) -> list[Path]:  # fmt: skip
+def write_plots(
+    out_dir: Path, metrics: Sequence[dict], *, sft_losses: Sequence[float] = (), warmup_steps: int = 0
+) -> list[Path]:
     """One PNG per curve under ``out_dir`` (and ``sft_loss.png`` when losses are given); the
     critic warm-up steps are shaded."""
     import matplotlib

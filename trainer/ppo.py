@@ -32,28 +32,45 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import torch
+import torch.distributed as dist
 from rich.console import Console
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-import torch.distributed as dist
 from termgym.bundled import bundled_task_paths
 from termgym.env import resolve_task
 from termgym.errors import ConfigError, TrainingError
 from termgym.progress import progress_bar
 from termgym.records import append_record
 from termgym.sandboxes.pacing import Pacer
-from termgym.scheduling.scheduler import KeptTrial, RolloutScheduler, SchedulerConfig, TaskPool, make_nodes, step_metrics
+from termgym.scheduling.scheduler import (
+    KeptTrial,
+    RolloutScheduler,
+    SchedulerConfig,
+    SchedulerMode,
+    StepResult,
+    TaskPool,
+    make_nodes,
+    step_metrics,
+)
 from termgym.tasks import Task, load_task
 from termgym.trainer import losses
-from termgym.trainer.batch import forward_logp, forward_values, make_batch
+from termgym.trainer.batch import Batch, forward_logp, forward_values, make_batch
 from termgym.trainer.chat import ChatFormat
 from termgym.trainer.checkpoint import load_checkpoint, restore_optimizers, save_checkpoint
 from termgym.trainer.config import Config, check_config, warmup_steps
 from termgym.trainer.distributed import FULL, shard, sync_gradients, world
 from termgym.trainer.models import Critic, build_tiny_policy, load_policy
-from termgym.trainer.rollout import PolicyRunner, Trajectory, append_trajectories, rollout_options, rollout_settings, token_drift
+from termgym.trainer.rollout import (
+    PolicyRunner,
+    Trajectory,
+    append_trajectories,
+    rollout_options,
+    rollout_settings,
+    token_drift,
+)
 from termgym.trainer.routing import disable_router_aux_loss, replay_routing
 from termgym.trainer.sampler import BatchedSampler, Sampler
 from termgym.trainer.vllm_sampler import VllmSampler, policy_head_dim
@@ -82,8 +99,9 @@ class CountingPool(TaskPool):
 # -- one update ------------------------------------------------------------------------------------
 
 
-def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, *, update_policy: bool, step: int,
-               reference=None) -> dict:  # fmt: skip
+def ppo_update(
+    policy, critic, actor_opt, critic_opt, batch: Batch, cfg: Config, *, update_policy: bool, step: int, reference=None
+) -> dict:
     """One PPO update on ``batch`` (every rank holds the same batch). Returns its metrics. With a
     ``reference`` model (the starting policy) and ``cfg.kl_coef > 0``, the policy loss adds
     ``kl_coef`` times the token mean of ``losses.kl_to_reference``. With ``cfg.advantage == "group"``
@@ -91,31 +109,37 @@ def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, 
     advantage, scaled to unit root mean square over the batch."""
     b_ids, b_attention, b_mask = batch["ids"], batch["attention"], batch["mask"]
     b_routing = batch.get("routing")
-    replay = cfg.routing_replay and b_routing is not None
+    replayed = b_routing if cfg.routing_replay else None  # the experts the forwards are made to take
+    replay = replayed is not None
     anchored = reference is not None and cfg.kl_coef > 0
     with_critic = cfg.advantage == "gae"
     with torch.no_grad():
         # agreement is measured either way; the recorded experts are used only with routing_replay
         with replay_routing(policy, b_routing, enforce=replay) as routing_stats:
             b_logp, b_entropy = forward_logp(policy, b_ids, b_attention, entropy=True)
+        assert b_entropy is not None  # asked for
         b_values = forward_values(critic, b_ids, b_attention) * b_mask if with_critic else None
         b_ref_logp = None
         if anchored:
-            with replay_routing(reference, b_routing if replay else None):
+            assert reference is not None  # anchored: there is a reference
+            with replay_routing(reference, replayed):
                 b_ref_logp, _ = forward_logp(reference, b_ids, b_attention)
     if with_critic:
+        assert b_values is not None  # computed with the critic
         b_advantages, b_returns = losses.masked_gae(batch["rewards"], b_values, b_mask, cfg.gamma, cfg.lam)
         b_advantages = losses.whiten(b_advantages, b_mask)
     else:
         per_episode = losses.leave_one_out_advantages(batch["episode_rewards"], batch["groups"])
         b_advantages = losses.scale_to_unit(per_episode[:, None] * b_mask, b_mask)
     metrics = {
-        "explained_variance": losses.explained_variance(b_returns, b_values, b_mask) if with_critic else None,
+        "explained_variance": losses.explained_variance(b_returns, b_values, b_mask) if b_values is not None else None,
         "entropy": float(losses.masked_mean(b_entropy, b_mask)),
         "logprob_gap": float(losses.masked_mean((b_logp - batch["rollout_logp"]).abs(), b_mask)),
         "routing_replay": replay,
         "routing_agreement": routing_stats.agreement,  # None: no routing recorded (a dense policy)
-        "kl_to_reference": float(losses.masked_mean(losses.kl_to_reference(b_logp, b_ref_logp), b_mask)) if anchored else None,
+        "kl_to_reference": float(losses.masked_mean(losses.kl_to_reference(b_logp, b_ref_logp), b_mask))
+        if b_ref_logp is not None  # set exactly when anchored
+        else None,
     }
     rank, size = world()
     order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
@@ -134,11 +158,16 @@ def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, 
             scale = float(mb_mask.sum()) / share * (size if cfg.fsdp else 1)
             if update_policy:
                 actor_opt.zero_grad()
-                with replay_routing(policy, b_routing[mine] if replay else None):
+                with replay_routing(policy, replayed[mine] if replayed is not None else None):
                     mb_logp, _ = forward_logp(policy, mb_ids, mb_attention)
-                pg_loss, clip_fraction = losses.policy_loss(mb_logp, b_logp[mine], b_advantages[mine], mb_mask, cfg.clip)
+                pg_loss, clip_fraction = losses.policy_loss(
+                    mb_logp, b_logp[mine], b_advantages[mine], mb_mask, cfg.clip
+                )
                 if anchored:
-                    pg_loss = pg_loss + cfg.kl_coef * losses.masked_mean(losses.kl_to_reference(mb_logp, b_ref_logp[mine]), mb_mask)
+                    assert b_ref_logp is not None  # computed above when anchored
+                    pg_loss = pg_loss + cfg.kl_coef * losses.masked_mean(
+                        losses.kl_to_reference(mb_logp, b_ref_logp[mine]), mb_mask
+                    )
                 (pg_loss * scale).backward()
                 if counted:
                     minibatch_losses["policy_loss"].append(float(pg_loss.detach()))
@@ -148,6 +177,7 @@ def ppo_update(policy, critic, actor_opt, critic_opt, batch: dict, cfg: Config, 
                 actor_opt.step()
             if not with_critic:
                 continue
+            assert b_values is not None  # with the critic
             critic_opt.zero_grad()
             mb_values = forward_values(critic, mb_ids, mb_attention)
             v_loss = losses.value_loss(mb_values, b_values[mine], b_returns[mine], mb_mask, cfg.value_clip)
@@ -192,11 +222,13 @@ def progress_line(m: dict, steps: int) -> str:
     ev = m["explained_variance"]
     return (
         f"step {m['step'] + 1}/{steps} reward {m['reward']:.3f} resolved {m['resolved']:.2f} passed {m['passed']:.1f} "
-        f"turns {m['turns']:.1f} tokens {m['tokens']} " + (f"ev {ev:.2f} " if ev is not None else "") + f"clip {m['clip_fraction'] or 0:.2f} "
+        f"turns {m['turns']:.1f} tokens {m['tokens']} "
+        + (f"ev {ev:.2f} " if ev is not None else "")
+        + f"clip {m['clip_fraction'] or 0:.2f} "
         f"entropy {m['entropy']:.2f} gap {m['logprob_gap']:.2e} drift {m['token_drift']} "
         + (f"agree {m['routing_agreement']:.3f} " if m.get("routing_agreement") is not None else "")
-        + (f"kl {m['kl_to_reference']:.4f} " if m.get("kl_to_reference") is not None else "") +
-        f"stale {m['staleness_max']} ({m['rollout_seconds']:.1f}s rollout, {m['update_seconds']:.1f}s update)"
+        + (f"kl {m['kl_to_reference']:.4f} " if m.get("kl_to_reference") is not None else "")
+        + f"stale {m['staleness_max']} ({m['rollout_seconds']:.1f}s rollout, {m['update_seconds']:.1f}s update)"
     )
 
 
@@ -237,8 +269,12 @@ async def train(cfg: Config) -> list[dict]:
     # the KL anchor: the policy as loaded, before any update or resumed checkpoint (unsharded, frozen)
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     critic = Critic(model_dir)
-    sampler = make_sampler(cfg, policy, model_dir, tokenizer.pad_token_id, rank)
-    pool = CountingPool([resolve_task(name) for name in cfg.tasks] or bundled_tasks(), seed=cfg.seed, group_size=cfg.group_size)
+    pad_id = tokenizer.pad_token_id
+    assert isinstance(pad_id, int), f"{model_dir}: the trainer pads batches with the tokenizer's pad token"
+    sampler = make_sampler(cfg, policy, model_dir, pad_id, rank)
+    pool = CountingPool(
+        [resolve_task(name) for name in cfg.tasks] or bundled_tasks(), seed=cfg.seed, group_size=cfg.group_size
+    )
     state = load_checkpoint(out) if cfg.resume else None
     if state is not None:
         policy.load_state_dict(state["policy"])
@@ -254,10 +290,21 @@ async def train(cfg: Config) -> list[dict]:
         pool.replay(state["drawn"])  # the pool's order is a function of its seed and the draws so far
         start = state["step"]
     options = rollout_options(cfg, f"train-{out.name}")
-    runner = PolicyRunner(sampler, ChatFormat(tokenizer), options, Pacer(), rollout_settings(cfg), seed=cfg.seed,
-                          binary_reward=cfg.reward == "binary")  # fmt: skip
-    scheduler_config = SchedulerConfig(batch_size=cfg.batch_size, launch=cfg.launch, mode=cfg.mode,
-                                       nodes=make_nodes([cfg.concurrency]))  # fmt: skip
+    runner = PolicyRunner(
+        sampler,
+        ChatFormat(tokenizer),
+        options,
+        Pacer(),
+        rollout_settings(cfg),
+        seed=cfg.seed,
+        binary_reward=cfg.reward == "binary",
+    )
+    scheduler_config = SchedulerConfig(
+        batch_size=cfg.batch_size,
+        launch=cfg.launch,
+        mode=cast(SchedulerMode, cfg.mode),  # one of MODES: check_config
+        nodes=make_nodes([cfg.concurrency]),
+    )
     history: list[dict] = []
     progress = progress_bar(Console(file=sys.stderr), disable=rank != 0)
     steps_bar = progress.add_task("steps", total=cfg.steps, completed=start)
@@ -277,22 +324,33 @@ async def train(cfg: Config) -> list[dict]:
                 if rank == 0:
                     sampler.publish(weights, version=step)
                 forwards, requests = sampler.forwards, sampler.requests
-                payload = [None]
+                payload: list[tuple[list[KeptTrial[Trajectory]], StepResult[Trajectory]] | None] = [None]
                 if rank == 0:
                     result = await scheduler.step(policy_version=step)
                     kept = sorted(result.kept, key=lambda k: k.result.launch)  # a batch order that timing cannot change
                     payload = [(kept, result)]
                 if size > 1:
                     dist.broadcast_object_list(payload, src=0)
-                kept, result = payload[0]
+                shared = payload[0]
+                assert shared is not None  # rank 0's, broadcast to every rank
+                kept, result = shared
                 if not kept:
                     raise TrainingError(f"step {step}: no trajectory finished (see {out / 'records.jsonl'})")
                 rollout_seconds = time.monotonic() - began
                 # 2. the PPO update (critic only during the warm-up)
                 began = time.monotonic()
-                batch = make_batch([k.result for k in kept], [k.weight for k in kept], tokenizer.pad_token_id)
-                update = ppo_update(policy, critic, actor_opt, critic_opt, batch, cfg,
-                                    update_policy=step >= warmup_steps(cfg), step=step, reference=reference)  # fmt: skip
+                batch = make_batch([k.result for k in kept], [k.weight for k in kept], pad_id)
+                update = ppo_update(
+                    policy,
+                    critic,
+                    actor_opt,
+                    critic_opt,
+                    batch,
+                    cfg,
+                    update_policy=step >= warmup_steps(cfg),
+                    step=step,
+                    reference=reference,
+                )
                 timings = {"rollout_seconds": rollout_seconds, "update_seconds": time.monotonic() - began}
                 # 3. metrics, trajectories, checkpoint
                 metrics = summarise(step, kept, update, result, timings)
@@ -309,6 +367,7 @@ async def train(cfg: Config) -> list[dict]:
                     progress.advance(steps_bar)
                 history.append(metrics)
                 if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-                    save_checkpoint(out, step + 1, pool.drawn, policy, critic, actor_opt, critic_opt, sampler.model,
-                                    tokenizer, cfg)  # fmt: skip
+                    save_checkpoint(
+                        out, step + 1, pool.drawn, policy, critic, actor_opt, critic_opt, sampler.model, tokenizer, cfg
+                    )
     return history

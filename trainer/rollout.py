@@ -39,20 +39,31 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.env import default_sandbox_factory as backend_sandbox_factory
 from termgym.records import TrialRecord
+from termgym.sandboxes.base import Sandbox
 from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling.scheduler import Node, PacedSandbox, TrialProgress
 from termgym.tasks import Task
-from termgym.trial import Step, run_trial
 from termgym.trainer.chat import ChatFormat
 from termgym.trainer.config import Config
 from termgym.trainer.routing import NOT_RECORDED, ROUTING_DTYPE
 from termgym.trainer.sampler import Sampler
+from termgym.trial import Step, run_trial
+
+
+class EpisodeEnv(Protocol):
+    """What ``drive_episode`` uses of an environment: ``AsyncTerminalEnv``, or a scripted stand-in."""
+
+    @property
+    def done(self) -> bool: ...
+
+    async def step(self, action: str) -> Step: ...
 
 
 @dataclass(frozen=True)
@@ -113,8 +124,15 @@ def token_drift(trajectory: Trajectory) -> int:
     return drift
 
 
-async def drive_episode(env: AsyncTerminalEnv, instruction: str, sampler: Sampler, chat: ChatFormat,
-                        settings: RolloutSettings, generator: torch.Generator | None, trajectory: Trajectory) -> Step | None:  # fmt: skip
+async def drive_episode(
+    env: EpisodeEnv,
+    instruction: str,
+    sampler: Sampler,
+    chat: ChatFormat,
+    settings: RolloutSettings,
+    generator: torch.Generator | None,
+    trajectory: Trajectory,
+) -> Step | None:
     """Run the policy on ``env`` (already reset) until the episode ends, filling ``trajectory``
     (and ``trajectory.routing`` when the sampler records routing)."""
     routed: dict[int, torch.Tensor] | None = {} if sampler.records_routing else None
@@ -129,8 +147,16 @@ async def drive_episode(env: AsyncTerminalEnv, instruction: str, sampler: Sample
                 trajectory.routing[position] = row
 
 
-async def _drive(env: AsyncTerminalEnv, instruction: str, sampler: Sampler, chat: ChatFormat, settings: RolloutSettings,
-                 generator: torch.Generator | None, trajectory: Trajectory, routed: dict | None) -> Step | None:  # fmt: skip
+async def _drive(
+    env: EpisodeEnv,
+    instruction: str,
+    sampler: Sampler,
+    chat: ChatFormat,
+    settings: RolloutSettings,
+    generator: torch.Generator | None,
+    trajectory: Trajectory,
+    routed: dict | None,
+) -> Step | None:
     unconsumed: list[int] = []  # sampled positions no sampler forward has read yet
     prompt = chat.prompt(instruction)
     trajectory.ids, trajectory.loss_mask, trajectory.logprobs = list(prompt), [0] * len(prompt), [0.0] * len(prompt)
@@ -178,11 +204,15 @@ def retokenized(trajectory: Trajectory, tokenizer) -> Trajectory:
     ids = tokenizer(text, add_special_tokens=False).input_ids
     n = len(ids)
     pad = max(n - len(trajectory.ids), 0)
-    return Trajectory(**{
-        **{k: getattr(trajectory, k) for k in trajectory.__dataclass_fields__},
-        "ids": ids, "loss_mask": (trajectory.loss_mask + [0] * pad)[:n], "logprobs": (trajectory.logprobs + [0.0] * pad)[:n],
-        "routing": None,  # positions moved: nothing to replay
-    })  # fmt: skip
+    return Trajectory(
+        **{
+            **{k: getattr(trajectory, k) for k in trajectory.__dataclass_fields__},
+            "ids": ids,
+            "loss_mask": (trajectory.loss_mask + [0] * pad)[:n],
+            "logprobs": (trajectory.logprobs + [0.0] * pad)[:n],
+            "routing": None,  # positions moved: nothing to replay
+        }
+    )
 
 
 def stream_seed(*parts: object) -> int:
@@ -221,9 +251,18 @@ class PolicyRunner:
     policy as the agent, every sandbox paced by the shared ``pacer``. Infrastructure faults become
     the record's error (the scheduler then counts the trial as failed), never an exception."""
 
-    def __init__(self, sampler: Sampler, chat: ChatFormat, options: EnvOptions, pacer: Pacer,
-                 settings: RolloutSettings, *, seed: int = 0,
-                 sandbox_factory: Callable[[Task, EnvOptions], object] | None = None, binary_reward: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sampler: Sampler,
+        chat: ChatFormat,
+        options: EnvOptions,
+        pacer: Pacer,
+        settings: RolloutSettings,
+        *,
+        seed: int = 0,
+        sandbox_factory: Callable[[Task, EnvOptions], Sandbox] | None = None,
+        binary_reward: bool = False,
+    ) -> None:
         self.sampler, self.chat, self.options, self.pacer, self.settings = sampler, chat, options, pacer, settings
         self.seed = seed
         self.binary_reward = binary_reward  # train on resolved (0/1) instead of the dense reward
@@ -257,4 +296,6 @@ def append_trajectories(path: Path, trajectories: Sequence[Trajectory], step: in
     """Append one JSON line per trajectory (with its step) to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as handle:
-        handle.writelines(json.dumps({"step": step, **json.loads(trajectory.to_json())}) + "\n" for trajectory in trajectories)
+        handle.writelines(
+            json.dumps({"step": step, **json.loads(trajectory.to_json())}) + "\n" for trajectory in trajectories
+        )

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import SupportsInt, cast
 
 import torch
 from torch import nn
@@ -57,6 +58,18 @@ def moe_routers(model: nn.Module) -> list[nn.Module]:
     return routers
 
 
+def _router_weight(router: nn.Module) -> torch.Tensor:
+    """A router's ``[num_experts, hidden]`` weight (``moe_routers`` keeps only routers with one)."""
+    weight = router.weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
+
+
+def _top_k(router: nn.Module) -> int:
+    """A router's ``top_k``: a plain attribute, which ``nn.Module``'s typed ``__getattr__`` cannot describe."""
+    return int(cast(SupportsInt, router.top_k))
+
+
 def is_moe(model: nn.Module) -> bool:
     return bool(moe_routers(model))
 
@@ -64,7 +77,7 @@ def is_moe(model: nn.Module) -> bool:
 def routing_shape(model: nn.Module) -> tuple[int, int]:
     """``(layers, top_k)`` of ``model``'s MoE routing."""
     routers = moe_routers(model)
-    return len(routers), (int(routers[0].top_k) if routers else 0)
+    return len(routers), (_top_k(routers[0]) if routers else 0)
 
 
 def disable_router_aux_loss(model: nn.Module) -> None:
@@ -124,9 +137,9 @@ class ReplayStats:
 
 
 def _own_routing(router: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    logits = F.linear(hidden, router.weight)
+    logits = F.linear(hidden, _router_weight(router))
     probs = F.softmax(logits, dtype=torch.float, dim=-1)
-    _, indices = torch.topk(probs, int(router.top_k), dim=-1)
+    _, indices = torch.topk(probs, _top_k(router), dim=-1)
     return logits, probs, indices
 
 
@@ -147,10 +160,15 @@ def _normalisation(router: nn.Module, original, hidden: torch.Tensor) -> bool:
         for normalise in candidates:
             logits, probs, indices = _own_routing(router, probe)
             scores = _gate_weights(probs, indices, normalise, logits.dtype)
-            if (torch.equal(indices, want_indices) and torch.allclose(logits, want_logits)
-                    and torch.allclose(scores, want_scores, rtol=1e-5, atol=1e-7)):  # fmt: skip
+            if (
+                torch.equal(indices, want_indices)
+                and torch.allclose(logits, want_logits)
+                and torch.allclose(scores, want_scores, rtol=1e-5, atol=1e-7)
+            ):
                 return normalise
-    raise UnsupportedRouter(f"{type(router).__name__}: its forward is not softmax top-k routing; routing replay cannot patch it")
+    raise UnsupportedRouter(
+        f"{type(router).__name__}: its forward is not softmax top-k routing; routing replay cannot patch it"
+    )
 
 
 @contextmanager
@@ -165,7 +183,9 @@ def replay_routing(model: nn.Module, routing: torch.Tensor | None, *, enforce: b
         yield stats
         return
     if routing.dim() != 4 or routing.shape[2] != len(routers):
-        raise ValueError(f"routing of shape {tuple(routing.shape)} does not fit {len(routers)} MoE layers ([batch, time, layers, top_k])")
+        raise ValueError(
+            f"routing of shape {tuple(routing.shape)} does not fit {len(routers)} MoE layers ([batch, time, layers, top_k])"
+        )
     saved = [router.__dict__.get("forward") for router in routers]
 
     def patched(layer: int, router: nn.Module):
@@ -174,9 +194,11 @@ def replay_routing(model: nn.Module, routing: torch.Tensor | None, *, enforce: b
         normalise: list[bool] = []
 
         def forward(hidden_states: torch.Tensor):
-            hidden = hidden_states.reshape(-1, router.weight.shape[1])
+            hidden = hidden_states.reshape(-1, _router_weight(router).shape[1])
             if hidden.shape[0] != per_layer.shape[0]:
-                raise ValueError(f"routing has {per_layer.shape[0]} rows for layer {layer}, the forward {hidden.shape[0]}")
+                raise ValueError(
+                    f"routing has {per_layer.shape[0]} rows for layer {layer}, the forward {hidden.shape[0]}"
+                )
             if not normalise:
                 normalise.append(_normalisation(router, original, hidden))
             logits, probs, own = _own_routing(router, hidden)

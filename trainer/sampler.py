@@ -62,8 +62,14 @@ class Sampler(Protocol):
         """The episode whose tokens are ``ids`` has ended: release what the sampler kept for it."""
         ...
 
-    async def generate_turn(self, ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int],
-                            generator: torch.Generator | None, positions: Sequence[int] = ()) -> TurnResult:
+    async def generate_turn(
+        self,
+        ids: Sequence[int],
+        max_new_tokens: int,
+        stop_ids: Sequence[int],
+        generator: torch.Generator | None,
+        positions: Sequence[int] = (),
+    ) -> TurnResult:
         """Sample one turn after ``ids`` (module docstring)."""
         ...
 
@@ -72,16 +78,17 @@ class TokenSampler:
     """A whole turn from one-token requests. Subclasses give ``sample_with_routing`` (or, when
     they record no routing, just ``sample``)."""
 
-    records_routing = False
-    routing_shape = (0, 0)
+    records_routing: bool = False
+    routing_shape: tuple[int, int] = (0, 0)
 
     async def sample(self, ids: Sequence[int], generator: torch.Generator | None) -> tuple[int, float]:
         """The next token after ``ids`` and its log-prob (``generator`` None: greedy)."""
         token, logprob, _ = await self.sample_with_routing(ids, generator, ())
         return token, logprob
 
-    async def sample_with_routing(self, ids: Sequence[int], generator: torch.Generator | None,
-                                  positions: Sequence[int]) -> tuple[int, float, torch.Tensor | None]:
+    async def sample_with_routing(
+        self, ids: Sequence[int], generator: torch.Generator | None, positions: Sequence[int]
+    ) -> tuple[int, float, torch.Tensor | None]:
         """``sample``, plus the routing of its forward at ``positions`` of ``ids`` (None: not recorded)."""
         token, logprob = await self.sample(ids, generator)
         return token, logprob, None
@@ -89,13 +96,21 @@ class TokenSampler:
     def forget(self, ids: Sequence[int]) -> None:
         """Nothing kept per episode."""
 
-    async def generate_turn(self, ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int],
-                            generator: torch.Generator | None, positions: Sequence[int] = ()) -> TurnResult:
+    async def generate_turn(
+        self,
+        ids: Sequence[int],
+        max_new_tokens: int,
+        stop_ids: Sequence[int],
+        generator: torch.Generator | None,
+        positions: Sequence[int] = (),
+    ) -> TurnResult:
         """Request one token at a time until a stop id or ``max_new_tokens``; each request's forward
         reads the positions no earlier forward read (the turn's ``positions``, then each sampled id)."""
         ids, unread, turn = list(ids), list(positions), TurnResult([], [], {} if self.records_routing else None)
         while len(turn.tokens) < max_new_tokens:
-            token, logprob, rows = await self.sample_with_routing(ids, generator, unread if self.records_routing else ())
+            token, logprob, rows = await self.sample_with_routing(
+                ids, generator, unread if self.records_routing else ()
+            )
             if turn.routing is not None and rows is not None:
                 turn.routing.update(zip(unread, rows))
             unread = [len(ids)]
@@ -107,15 +122,16 @@ class TokenSampler:
         return turn
 
 
-def next_token_logprobs(model, sequences: Sequence[Sequence[int]], pad_id: int = 0, *,
-                        routing: list | None = None) -> torch.Tensor:  # fmt: skip
+def next_token_logprobs(
+    model, sequences: Sequence[Sequence[int]], pad_id: int = 0, *, routing: list | None = None
+) -> torch.Tensor:
     """Log-probabilities of the next token after each sequence, ``[len(sequences), vocab]``, in one
     right-padded forward pass (causal attention: padding after a sequence cannot change it). With a
     ``routing`` list, it receives that forward's expert ids ``[len(sequences), width, layers, top_k]``."""
     ids, attention = pad_ids(sequences, pad_id)
     width = ids.shape[1]
     last = torch.tensor([len(s) - 1 for s in sequences])
-    with torch.no_grad(), (record_routing(model) if routing is not None else nullcontext([])) as per_layer:
+    with torch.no_grad(), record_routing(model) if routing is not None else nullcontext([]) as per_layer:
         logits = model(input_ids=ids, attention_mask=attention).logits
     if routing is not None:
         routing.append(stack_routing(per_layer, len(sequences), width))
@@ -134,10 +150,10 @@ class BatchedSampler(TokenSampler):
         self.version = 0
         self.forwards = 0  # batched forward passes so far
         self.requests = 0  # next-token requests served so far
-        self.publication_gap = None  # its copy is the published weights themselves
+        self.publication_gap: float | None = None  # its copy is the published weights themselves
         self.records_routing = is_moe(model) if record_routing is None else record_routing  # default: MoE policies
         self.routing_shape = routing_shape(model)  # (MoE layers, top_k)
-        self._pending: list[tuple[list[int], torch.Generator, asyncio.Future, list[int]]] = []
+        self._pending: list[tuple[list[int], torch.Generator | None, asyncio.Future, list[int]]] = []
 
     def publish(self, state_dict: dict, version: int) -> None:
         """Load the trainer's current weights; trajectories sampled from now on carry ``version``."""
@@ -151,8 +167,9 @@ class BatchedSampler(TokenSampler):
         if self.cache is not None:
             self.cache.forget(ids)
 
-    async def sample_with_routing(self, ids: Sequence[int], generator: torch.Generator | None,
-                                  positions: Sequence[int]) -> tuple[int, float, torch.Tensor | None]:  # fmt: skip
+    async def sample_with_routing(
+        self, ids: Sequence[int], generator: torch.Generator | None, positions: Sequence[int]
+    ) -> tuple[int, float, torch.Tensor | None]:
         """``sample``, plus this forward's routing at ``positions`` of ``ids``
         (``[len(positions), layers, top_k]``, int16; None when routing is not recorded)."""
         loop = asyncio.get_running_loop()
@@ -181,7 +198,7 @@ class BatchedSampler(TokenSampler):
         try:
             logprobs, routing = self._forward(batch)
             self.forwards, self.requests = self.forwards + 1, self.requests + len(batch)
-            for row, (_, generator, future, positions) in enumerate(batch):
+            for row, (_, generator, future, _) in enumerate(batch):
                 if generator is None:
                     token = int(logprobs[row].argmax())
                 else:

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-from termgym.errors import TrainingError
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.errors import TrainingError
 from termgym.records import TrialRecord
 from termgym.tasks import Task
-from termgym.trial import Step, run_trials
 from termgym.trainer import losses
 from termgym.trainer.batch import forward_logp, pad_batch
 from termgym.trainer.chat import ChatFormat
+from termgym.trial import Step, run_trials
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,9 @@ def typed_runs(mask: Sequence[int]) -> list[int]:
     return runs
 
 
-def budget_problem(demos: Sequence[Demonstration], rows: Sequence[tuple[list[int], list[int]]], max_new_tokens: int,
-                   max_context: int) -> str | None:  # fmt: skip
+def budget_problem(
+    demos: Sequence[Demonstration], rows: Sequence[tuple[list[int], list[int]]], max_new_tokens: int, max_context: int
+) -> str | None:
     """Pure: why the rollout's budgets could not reproduce some demonstration (a command longer
     than ``max_new_tokens`` with its end-of-turn token, or an episode longer than ``max_context``),
     or None when every one fits. ``rows`` are the demonstrations' ``demonstration_tokens``. A task
@@ -78,10 +79,14 @@ def budget_problem(demos: Sequence[Demonstration], rows: Sequence[tuple[list[int
     for demo, (ids, mask) in zip(demos, rows, strict=True):
         for command, needed in zip(demo.commands, typed_runs(mask)):
             if needed > max_new_tokens:
-                return (f"the reference command {command!r} ({demo.task}) needs {needed} tokens, more than "
-                        f"--max-new-tokens {max_new_tokens}")  # fmt: skip
+                return (
+                    f"the reference command {command!r} ({demo.task}) needs {needed} tokens, more than "
+                    f"--max-new-tokens {max_new_tokens}"
+                )
         if len(ids) > max_context:
-            return f"the reference episode of {demo.task} needs {len(ids)} tokens, more than --max-context {max_context}"
+            return (
+                f"the reference episode of {demo.task} needs {len(ids)} tokens, more than --max-context {max_context}"
+            )
     return None
 
 
@@ -102,15 +107,24 @@ class _ReferenceAgent:
         return await env.step(SUBMIT)
 
 
-async def collect_demonstrations(tasks: Sequence[Task], commands: Callable[[Task], Sequence[str]], options: EnvOptions, *,
-                                 concurrency: int = 4, on_record: Callable[[TrialRecord], None] | None = None,
-                                 ) -> list[Demonstration]:  # fmt: skip
+async def collect_demonstrations(
+    tasks: Sequence[Task],
+    commands: Callable[[Task], Sequence[str]],
+    options: EnvOptions,
+    *,
+    concurrency: int = 4,
+    on_record: Callable[[TrialRecord], None] | None = None,
+) -> list[Demonstration]:
     """One reference episode per task (``commands(task)``: its reference commands), in task order;
     only episodes the verifier resolved become demonstrations. Every trial's record goes to
     ``on_record``, resolved or not."""
     jobs = [(task, _ReferenceAgent(tuple(commands(task)))) for task in tasks]
-    records = await run_trials(jobs, options, concurrency=max(1, concurrency),
-                               on_record=lambda record, agent: on_record(record) if on_record is not None else None)  # fmt: skip
+    records = await run_trials(
+        jobs,
+        options,
+        concurrency=max(1, concurrency),
+        on_record=lambda record, agent: on_record(record) if on_record is not None else None,
+    )
     return [
         Demonstration(task.name, task.instruction, agent.commands, tuple(agent.observations))
         for (task, agent), record in zip(jobs, records)
@@ -128,8 +142,9 @@ def supervised_loss(policy, ids: torch.Tensor, attention: torch.Tensor, mask: to
     return -losses.masked_mean(forward_logp(policy, ids, attention)[0], mask)
 
 
-def accumulate_supervised_loss(policy, batch: Sequence[tuple[list[int], list[int]]], pad_id: int,
-                               rows_per_forward: int) -> float:  # fmt: skip
+def accumulate_supervised_loss(
+    policy, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, rows_per_forward: int
+) -> float:
     """Back-propagate ``supervised_loss`` of ``batch`` (the mean over all its typed tokens) in
     forwards of at most ``rows_per_forward`` rows of similar length, so short rows are not padded
     to the longest of the batch; returns the loss. The gradient is the one-forward gradient, up to
@@ -145,9 +160,19 @@ def accumulate_supervised_loss(policy, batch: Sequence[tuple[list[int], list[int
     return total
 
 
-def supervised_train(policy, rows: Sequence[tuple[list[int], list[int]]], *, steps: int, batch_size: int, lr: float,
-                     seed: int, pad_id: int = 0, max_grad_norm: float = 1.0, rows_per_forward: int = 8,
-                     on_step: Callable[[int, float], None] | None = None) -> list[float]:  # fmt: skip
+def supervised_train(
+    policy,
+    rows: Sequence[tuple[list[int], list[int]]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    pad_id: int = 0,
+    max_grad_norm: float = 1.0,
+    rows_per_forward: int = 8,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
     """``steps`` AdamW steps on minibatches drawn without replacement (reshuffled every pass) from
     ``rows``, with a linear warm-up over the first tenth; returns the loss of every step. Each
     minibatch runs as ``accumulate_supervised_loss`` forwards of ``rows_per_forward`` rows."""

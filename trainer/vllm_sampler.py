@@ -46,6 +46,7 @@ import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
@@ -53,6 +54,10 @@ from termgym.errors import ConfigError, TrainingError
 from termgym.trainer import losses
 from termgym.trainer.routing import ROUTING_DTYPE, is_moe, routing_shape
 from termgym.trainer.sampler import TurnResult
+
+if TYPE_CHECKING:  # types only: vllm (and what it pulls in) is imported when an engine starts
+    from numpy.typing import ArrayLike
+    from vllm.config.model import ModelDType
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # before vllm is imported: its INFO lines are per request
 
@@ -70,7 +75,7 @@ class PublicationMismatch(TrainingError):
     """After a publication the engine's log-probs differ from the trainer's beyond the tolerance."""
 
 
-def routing_rows(routed: Sequence, prompt_start: int, positions: Iterable[int]) -> dict[int, torch.Tensor]:
+def routing_rows(routed: ArrayLike, prompt_start: int, positions: Iterable[int]) -> dict[int, torch.Tensor]:
     """The rows of vLLM's ``routed_experts`` (``[rows, layers, top_k]``; row ``r`` is the routing of
     the forward that consumed position ``prompt_start + r``: the prompt from ``prompt_start``,
     then every generated token but the last) at ``positions``, as ``ROUTING_DTYPE`` tensors."""
@@ -79,7 +84,9 @@ def routing_rows(routed: Sequence, prompt_start: int, positions: Iterable[int]) 
     for position in positions:
         row = position - prompt_start
         if not 0 <= row < len(table):
-            raise ValueError(f"routed experts hold positions {prompt_start}..{prompt_start + len(table) - 1}, not {position}")
+            raise ValueError(
+                f"routed experts hold positions {prompt_start}..{prompt_start + len(table) - 1}, not {position}"
+            )
         out[position] = table[row].to(ROUTING_DTYPE)
     return out
 
@@ -87,11 +94,19 @@ def routing_rows(routed: Sequence, prompt_start: int, positions: Iterable[int]) 
 def checkpoint_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """``model``'s weights as its checkpoint on disk names them (what ``save_pretrained`` writes and
     vLLM's loaders read): tied copies dropped, fused expert tensors split back per expert."""
+    from transformers import PreTrainedModel
     from transformers.core_model_loading import revert_weight_conversion
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
+    assert isinstance(model, PreTrainedModel)  # the policy vLLM serves: a Hugging Face causal LM
     state = remove_tied_weights_from_state_dict(dict(model.state_dict()), model)
     return {name: tensor.detach().contiguous() for name, tensor in revert_weight_conversion(model, state).items()}
+
+
+class _RoutedExperts(TypedDict, total=False):
+    """The ``SamplingParams`` keyword given only when routed experts are recorded."""
+
+    routed_experts_prompt_start: int
 
 
 class WeightSync:
@@ -104,16 +119,22 @@ class WeightSync:
         from vllm.platforms import current_platform
 
         named = load_file(path)
-        self.model_runner.reload_weights(weights_iterator=iter(named.items()))  # type: ignore[attr-defined]
+        # model_runner is the vLLM worker's, which this class is mixed into (worker_extension_cls)
+        self.model_runner.reload_weights(weights_iterator=iter(named.items()))  # pyright: ignore[reportAttributeAccessIssue]  # vLLM worker attribute
         if current_platform.is_cpu():
-            for module in self.model_runner.get_model().modules():  # type: ignore[attr-defined]
+            for module in self.model_runner.get_model().modules():  # pyright: ignore[reportAttributeAccessIssue]  # vLLM worker attribute
                 method = getattr(module, "quant_method", None)
                 experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
                 if experts is not None and hasattr(module, "w13_weight"):
                     # on a weight update vLLM copies raw expert weights over the prepacked ones
                     experts.process_weights_after_loading(module)
-                elif hasattr(module, "cpu_linear") and getattr(module, "weight", None) is not None and module.weight.numel():
+                elif (
+                    hasattr(module, "cpu_linear")
+                    and getattr(module, "weight", None) is not None
+                    and module.weight.numel()
+                ):
                     # a layer that keeps its weight (a tied LM head) also holds a packed copy
+                    assert method is not None  # a vLLM linear layer has its linear method
                     method.process_weights_after_loading(module)
         return len(named)
 
@@ -124,8 +145,10 @@ def routing_capture_available() -> tuple[bool, str]:
 
     if current_platform.is_cuda():
         return True, "vLLM returns routed experts (GPU model runner V2, prefix caching)"
-    return False, (f"routed experts unavailable: vLLM returns them only from its GPU model runner "
-                   f"(this platform: {current_platform.device_type or 'cpu'}); R3 is off for this run")  # fmt: skip
+    return False, (
+        f"routed experts unavailable: vLLM returns them only from its GPU model runner "
+        f"(this platform: {current_platform.device_type or 'cpu'}); R3 is off for this run"
+    )
 
 
 class VllmSampler:
@@ -133,15 +156,28 @@ class VllmSampler:
     (``publish`` loads into it too; the publication check compares against it); ``model_dir`` is
     the directory the engine starts from (the same architecture and tokenizer ids)."""
 
-    def __init__(self, model: torch.nn.Module, model_dir: str | os.PathLike, *, max_context: int = 1024,
-                 seed: int = 0, dtype: str = "float32", kv_cache_bytes: int = 256 << 20,
-                 capture_routing: bool | None = None, tolerance: float = PUBLICATION_TOLERANCE) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        model_dir: str | os.PathLike,
+        *,
+        max_context: int = 1024,
+        seed: int = 0,
+        dtype: ModelDType = "float32",
+        kv_cache_bytes: int = 256 << 20,
+        capture_routing: bool | None = None,
+        tolerance: float = PUBLICATION_TOLERANCE,
+    ) -> None:
         config = getattr(model, "config", None)
         heads = getattr(config, "num_attention_heads", 0) or 0
-        head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else 0)
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // heads if config is not None and heads else 0
+        )
         if head_dim < MIN_HEAD_DIM:
-            raise ConfigError(f"{model_dir}: head_dim {head_dim}; vLLM's CPU attention needs at least {MIN_HEAD_DIM} "
-                             "(build the tiny policy with head_dim=64, e.g. a fresh --out with --generator vllm)")  # fmt: skip
+            raise ConfigError(
+                f"{model_dir}: head_dim {head_dim}; vLLM's CPU attention needs at least {MIN_HEAD_DIM} "
+                "(build the tiny policy with head_dim=64, e.g. a fresh --out with --generator vllm)"
+            )
         try:
             from vllm import LLM
         except ImportError as exc:
@@ -157,12 +193,15 @@ class VllmSampler:
         self.forwards = 0  # LLM.generate calls (each serves every turn request queued)
         self.requests = 0  # turn requests served
         self.publication_gap: float | None = None  # max |logp| difference at the last check
+        assert config is not None  # a head_dim was read from it
         vocab = int(config.vocab_size)
         self.probe_ids = [(7 * i + 3) % vocab for i in range(48)]  # a fixed prompt for the publication check
         self._pending: list[tuple[list[int], int, tuple[int, ...], bool, list[int], asyncio.Future]] = []
         self._serving: asyncio.Task | None = None
         self._engine_lock = threading.Lock()  # one engine call at a time: generate, publish, check
-        self._weights_dir = tempfile.mkdtemp(prefix="termgym-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        self._weights_dir = tempfile.mkdtemp(
+            prefix="termgym-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+        )
         # the engine's ZeroMQ sockets: vLLM never unlinks them, so they go in a directory removed at close
         self._sockets_dir = tempfile.mkdtemp(prefix="termgym-vllm-sockets-")
         weakref.finalize(self, _remove_dirs, self._weights_dir, self._sockets_dir)
@@ -174,11 +213,19 @@ class VllmSampler:
         try:
             with scoped_environ(engine_environ):
                 self.llm = LLM(
-                    model=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_context, enforce_eager=True,
-                    kv_cache_memory_bytes=kv_cache_bytes, skip_tokenizer_init=True, generation_config="vllm",
-                    enable_prefix_caching=True, enable_return_routed_experts=self.records_routing,
-                    worker_extension_cls=f"{__name__}.WeightSync", disable_log_stats=True,
-                )  # fmt: skip
+                    model=str(model_dir),
+                    dtype=dtype,
+                    seed=seed,
+                    max_model_len=max_context,
+                    enforce_eager=True,
+                    kv_cache_memory_bytes=kv_cache_bytes,
+                    skip_tokenizer_init=True,
+                    generation_config="vllm",
+                    enable_prefix_caching=True,
+                    enable_return_routed_experts=self.records_routing,
+                    worker_extension_cls=f"{__name__}.WeightSync",
+                    disable_log_stats=True,
+                )
         except BaseException:
             _remove_dirs(self._weights_dir, self._sockets_dir)
             raise
@@ -190,8 +237,14 @@ class VllmSampler:
     def forget(self, ids: Sequence[int]) -> None:
         """Nothing is kept per episode (the engine's prefix cache evicts on its own)."""
 
-    async def generate_turn(self, ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int],
-                            generator: torch.Generator | None, positions: Sequence[int] = ()) -> TurnResult:  # fmt: skip
+    async def generate_turn(
+        self,
+        ids: Sequence[int],
+        max_new_tokens: int,
+        stop_ids: Sequence[int],
+        generator: torch.Generator | None,
+        positions: Sequence[int] = (),
+    ) -> TurnResult:
         """Sample one turn after ``ids``: up to ``max_new_tokens`` ids, ending with the first of
         ``stop_ids`` if one is sampled. ``generator`` None: greedy; otherwise sampled from the
         engine's stream (the generator itself is not used: no per-request seeds). With routing recorded, ``routing`` holds the rows of ``positions`` (earlier
@@ -234,19 +287,33 @@ class VllmSampler:
         prompts, params = [], []
         for ids, max_new, stop, greedy, positions, _ in batch:
             start = min(positions, default=len(ids))
+            routed: _RoutedExperts = {"routed_experts_prompt_start": start} if self.records_routing else {}
             prompts.append(TokensPrompt(prompt_token_ids=ids))
-            params.append(SamplingParams(
-                temperature=0.0 if greedy else 1.0, max_tokens=max_new, stop_token_ids=list(stop), ignore_eos=True,
-                logprobs=0, detokenize=False, skip_special_tokens=False,
-                **({"routed_experts_prompt_start": start} if self.records_routing else {}),
-            ))  # fmt: skip
+            params.append(
+                SamplingParams(
+                    temperature=0.0 if greedy else 1.0,
+                    max_tokens=max_new,
+                    stop_token_ids=list(stop),
+                    ignore_eos=True,
+                    logprobs=0,
+                    detokenize=False,
+                    skip_special_tokens=False,
+                    **routed,
+                )
+            )
         with self._engine_lock:
+            if self.llm is None:
+                raise RuntimeError("the vLLM engine is closed")
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []
         for (ids, _, _, _, positions, _), output in zip(batch, outputs):
             completion = output.outputs[0]
             tokens = list(completion.token_ids)
-            logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, tokens)]
+            assert completion.logprobs is not None  # asked for (logprobs=0)
+            logprobs = []
+            for step, token in zip(completion.logprobs, tokens):
+                assert step is not None  # every sampled position has its log-probs
+                logprobs.append(float(step[token].logprob))
             routing = None
             if self.records_routing:
                 if completion.routed_experts is None:
@@ -280,8 +347,10 @@ class VllmSampler:
             self.version = version
             self.publication_gap = self._check(self.probe_ids)
         if self.publication_gap > self.tolerance:
-            raise PublicationMismatch(f"after publishing version {version} the engine's log-probs differ from the "
-                                      f"trainer's by {self.publication_gap:.3g} (tolerance {self.tolerance:g})")  # fmt: skip
+            raise PublicationMismatch(
+                f"after publishing version {version} the engine's log-probs differ from the "
+                f"trainer's by {self.publication_gap:.3g} (tolerance {self.tolerance:g})"
+            )
 
     def prompt_logprobs(self, ids: Sequence[int]) -> torch.Tensor:
         """The engine's log-probability of ``ids[1:]``, each given the ids before it."""
@@ -296,7 +365,12 @@ class VllmSampler:
             raise RuntimeError("the vLLM engine is closed")
         params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
         output = self.llm.generate([TokensPrompt(prompt_token_ids=list(ids))], params, use_tqdm=False)[0]
-        return torch.tensor([step[token].logprob for step, token in zip(output.prompt_logprobs[1:], ids[1:])])
+        assert output.prompt_logprobs is not None  # asked for (prompt_logprobs=0)
+        logprobs = []
+        for step, token in zip(output.prompt_logprobs[1:], ids[1:]):
+            assert step is not None  # only the first prompt position has none
+            logprobs.append(step[token].logprob)
+        return torch.tensor(logprobs)
 
     def check_publication(self, ids: Sequence[int] | None = None) -> float:
         """Max |engine - trainer| log-prob over ``ids`` (default: the fixed probe prompt)."""

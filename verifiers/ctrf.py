@@ -61,4 +61,3 @@ def _assertion(index: int, test: Any) -> Assertion:
     elif not isinstance(message, str):
         raise ReportParseError(f"{where}.message is not a string")
     return Assertion(name=name, status=_STATUS_MAP.get(status, "failed"), message=message)
-

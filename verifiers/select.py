@@ -30,7 +30,14 @@ from dataclasses import replace
 from termgym.verifiers.ctrf import parse_ctrf
 from termgym.verifiers.junit import parse_junit
 from termgym.verifiers.pytest_summary import parse_pytest_summary
-from termgym.verifiers.report import BINARY_FORMATS, REPORT_FORMATS, Assertion, AssertionReport, ReportFormat, ReportParseError
+from termgym.verifiers.report import (
+    BINARY_FORMATS,
+    REPORT_FORMATS,
+    Assertion,
+    AssertionReport,
+    ReportFormat,
+    ReportParseError,
+)
 from termgym.verifiers.reward_files import from_exit_code, parse_reward_json, parse_reward_txt
 from termgym.verifiers.tap import parse_tap
 
@@ -73,7 +80,9 @@ def select_report(
     if declared is not None:
         what = _DECLARED_SOURCE[declared]
         error = f"the task declares its report as {declared}, but the verifier produced no {what}"
-        return AssertionReport(format=declared, assertions=(), binary=declared in BINARY_FORMATS, source=what, error=error)
+        return AssertionReport(
+            format=declared, assertions=(), binary=declared in BINARY_FORMATS, source=what, error=error
+        )
     return AssertionReport(
         format="exit-code",
         assertions=(Assertion(name="exit code", status="failed", message=NO_RESULT),),
@@ -99,20 +108,26 @@ def check_assertion_count(report: AssertionReport, expected: int | None) -> Asse
         error = f"the report counts {report.total} assertions; the task's verifier defines {expected}"
         return replace(report, assertions=(), error=error)
     missing = tuple(
-        Assertion(name=f"(assertion {index} of {expected} not reported)", status="failed", message="missing from the report")
+        Assertion(
+            name=f"(assertion {index} of {expected} not reported)", status="failed", message="missing from the report"
+        )
         for index in range(report.total + 1, expected + 1)
     )
     return replace(report, assertions=report.assertions + missing) if missing else report
 
 
-def too_many_files_report(counts: Mapping[ReportFormat, int], limit: int, declared: ReportFormat | None = None) -> AssertionReport:
+def too_many_files_report(
+    counts: Mapping[str, int], limit: int, declared: ReportFormat | None = None
+) -> AssertionReport:
     """The error report for a verifier that wrote more report files than termgym reads (`counts`:
     report files per format); its format is the one that would have been graded."""
-    present = [f for f in _ORDER if counts.get(f)] if declared is None else [declared]
-    format = present[0] if present else "exit-code"
+    present: list[ReportFormat] = [f for f in _ORDER if counts.get(f)] if declared is None else [declared]
+    format: ReportFormat = present[0] if present else "exit-code"
     total = sum(counts.values())
     error = f"the verifier wrote {total} report files to its log directory, more than the {limit} termgym reads"
-    return AssertionReport(format=format, assertions=(), binary=format in BINARY_FORMATS, source="report files", error=error)
+    return AssertionReport(
+        format=format, assertions=(), binary=format in BINARY_FORMATS, source="report files", error=error
+    )
 
 
 def report_format_of(name: str) -> ReportFormat | None:
@@ -160,13 +175,21 @@ def _exit_code_source(files, names, output, exit_code):
 
 _ORDER: tuple[ReportFormat, ...] = ("ctrf", "junit", "tap", "reward-file", "pytest", "exit-code")
 _SOURCES = {
-    "ctrf": _ctrf_source, "junit": _junit_source, "tap": _tap_source, "reward-file": _reward_source,
-    "pytest": _pytest_source, "exit-code": _exit_code_source,
-}  # fmt: skip
+    "ctrf": _ctrf_source,
+    "junit": _junit_source,
+    "tap": _tap_source,
+    "reward-file": _reward_source,
+    "pytest": _pytest_source,
+    "exit-code": _exit_code_source,
+}
 _DECLARED_SOURCE = {
-    "ctrf": "ctrf.json", "junit": "JUnit *.xml file", "tap": "TAP *.tap file", "reward-file": "reward.json or reward.txt",
-    "pytest": "pytest summary in its output", "exit-code": "exit code",
-}  # fmt: skip
+    "ctrf": "ctrf.json",
+    "junit": "JUnit *.xml file",
+    "tap": "TAP *.tap file",
+    "reward-file": "reward.json or reward.txt",
+    "pytest": "pytest summary in its output",
+    "exit-code": "exit code",
+}
 
 
 def _from_files(

@@ -15,7 +15,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m termgym.envs.families", description=__doc__.split(":")[0])
+    parser = _Parser(prog="python -m termgym.envs.families", description=(__doc__ or "").split(":")[0])
     parser.add_argument("out", help="directory to write the task directories and split.json into")
     parser.add_argument("--split", choices=SPLITS, default="train")
     parser.add_argument("--count", type=int, default=300, help="number of tasks (default 300)")

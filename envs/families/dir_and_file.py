@@ -21,7 +21,10 @@ def make(rng: random.Random, names: NamePool) -> TaskSpec:
         commands=(f"mkdir {folder}", f"echo {word} > {path}"),
         assertions=(
             (f"{folder} is a directory", is_dir(folder)),
-            (f"{folder} holds {name}.txt and nothing else", f'{is_file(path)} && [ -z "$(ls -A {folder} | grep -vxF {name}.txt)" ]'),
+            (
+                f"{folder} holds {name}.txt and nothing else",
+                f'{is_file(path)} && [ -z "$(ls -A {folder} | grep -vxF {name}.txt)" ]',
+            ),
             (f"{path} exists", is_file(path)),
             (f"{path} holds exactly {word}", holds_exactly(path, word)),
             (f"only {folder} and its file in /app", only((folder, path))),

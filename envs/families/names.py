@@ -17,8 +17,34 @@ import random
 from dataclasses import dataclass
 
 SPLITS = ("train", "heldout")
-ONSETS = ("b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
-          "br", "ch", "dr", "gl", "pl", "sh", "st", "tr")  # fmt: skip
+ONSETS = (
+    "b",
+    "c",
+    "d",
+    "f",
+    "g",
+    "h",
+    "j",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "w",
+    "z",
+    "br",
+    "ch",
+    "dr",
+    "gl",
+    "pl",
+    "sh",
+    "st",
+    "tr",
+)
 VOWELS = ("a", "e", "i", "o", "u", "a", "e", "i", "o", "ai", "ou")
 CODAS = ("", "", "", "", "n", "r", "s", "l", "m", "k", "t")
 MIN_LENGTH, MAX_LENGTH = 3, 9

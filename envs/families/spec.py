@@ -35,7 +35,9 @@ class TaskSpec:
         if not self.commands or any("\n" in c or not c.strip() for c in self.commands):
             raise ValueError(f"{self.name}: commands must be non-empty single lines")
         if not MIN_ASSERTIONS <= len(self.assertions) <= MAX_ASSERTIONS:
-            raise ValueError(f"{self.name}: {len(self.assertions)} assertions, need {MIN_ASSERTIONS} to {MAX_ASSERTIONS}")
+            raise ValueError(
+                f"{self.name}: {len(self.assertions)} assertions, need {MIN_ASSERTIONS} to {MAX_ASSERTIONS}"
+            )
         for path, _ in self.files:
             if not path.startswith("/app/"):
                 raise ValueError(f"{self.name}: initial file {path!r} is not under /app")

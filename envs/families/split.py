@@ -23,11 +23,11 @@ from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
-from termgym.errors import ConfigError
 from termgym.envs.families import copy_file, dir_and_file, dir_file_copy, make_dir, two_files, write_file
 from termgym.envs.families.names import SPLITS, NamePool
 from termgym.envs.families.spec import TaskSpec
 from termgym.envs.families.writer import write_task
+from termgym.errors import ConfigError
 
 # Shortest first: one-command tasks up to the three-command one, so that stragglers are visible.
 _MODULES: tuple[ModuleType, ...] = (write_file, make_dir, copy_file, dir_and_file, dir_file_copy, two_files)

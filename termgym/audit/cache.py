@@ -17,8 +17,8 @@ import json
 import os
 from pathlib import Path
 
-from termgym.errors import ConfigError
 from termgym.audit.rubric import Verdict
+from termgym.errors import ConfigError
 from termgym.tasks import Task
 
 AUDIT_VERSION = 1
@@ -44,7 +44,7 @@ class AuditCache:
         return f"v{AUDIT_VERSION}/k{k}/{task_digest(Path(task.path))}"
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "AuditCache":
+    def load(cls, path: str | os.PathLike) -> AuditCache:
         """The cache in ``path``; an empty one when the file does not exist."""
         target = Path(path)
         if not target.exists():

@@ -21,8 +21,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from termgym.errors import TermgymError
 from termgym.audit.rubric import JUDGE_DIMENSIONS, WEIGHTS, Reject
+from termgym.errors import TermgymError
 from termgym.tasks import Task
 
 JUDGE_REJECTS = ("hidden_requirements", "solution_shortcut", "test_leakage", "weak_verifier")
@@ -30,14 +30,14 @@ MAX_FILE_CHARS = 6000
 MAX_REPLY_BYTES = 1 << 20
 
 RUBRIC = f"""You audit a terminal task used to train LLM agents. Score each dimension from 0 to 1:
-- instruction_verifier_alignment (weight {WEIGHTS['instruction_verifier_alignment']:.2f}): every test checks something
+- instruction_verifier_alignment (weight {WEIGHTS["instruction_verifier_alignment"]:.2f}): every test checks something
   the instruction asks for, and everything the instruction asks for is tested.
-- solution_legitimacy ({WEIGHTS['solution_legitimacy']:.2f}): the reference solution solves the task as stated,
+- solution_legitimacy ({WEIGHTS["solution_legitimacy"]:.2f}): the reference solution solves the task as stated,
   without shortcuts (hard-coding expected outputs, reading the tests, special-casing the checks).
-- instruction_clarity ({WEIGHTS['instruction_clarity']:.2f}): unambiguous, names paths and formats.
-- instruction_completeness ({WEIGHTS['instruction_completeness']:.2f}): no requirement is checked that the
+- instruction_clarity ({WEIGHTS["instruction_clarity"]:.2f}): unambiguous, names paths and formats.
+- instruction_completeness ({WEIGHTS["instruction_completeness"]:.2f}): no requirement is checked that the
   instruction does not state.
-- task_value ({WEIGHTS['task_value']:.2f}): a realistic, useful skill, neither trivial nor arbitrary.
+- task_value ({WEIGHTS["task_value"]:.2f}): a realistic, useful skill, neither trivial nor arbitrary.
 The mechanical audit scores verifier correctness (0.15), granularity (0.10) and solution reliability (0.15).
 Hard rejects, each with a reason: hidden_requirements (the tests check something the instruction does not
 state), solution_shortcut, test_leakage (the agent can see the tests or the answers), weak_verifier (the
@@ -83,8 +83,8 @@ def parse_answer(content: str) -> JudgeAnswer:
     top = max(values.values())
     divisor = 1.0 if top <= 1 else 5.0 if top <= 5 else 10.0
     scores = {k: min(1.0, max(0.0, float(v) / divisor)) for k, v in values.items()}
-    raw_reasons = data.get("reasons") if isinstance(data.get("reasons"), dict) else {}
-    reasons = {k: str(v)[:500] for k, v in raw_reasons.items() if k in scores}
+    raw_reasons = data.get("reasons")
+    reasons = {k: str(v)[:500] for k, v in raw_reasons.items() if k in scores} if isinstance(raw_reasons, dict) else {}
     rejects = []
     for item in data.get("hard_rejects") or []:
         if isinstance(item, dict) and item.get("kind") in JUDGE_REJECTS:

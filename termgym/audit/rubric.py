@@ -130,13 +130,18 @@ class Verdict:
         return int(counted) if counted.isdigit() and int(counted) > 0 else None
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Verdict":
+    def from_dict(cls, data: dict) -> Verdict:
         """The inverse of ``to_dict`` (scores as rounded there)."""
         return cls(
-            task=data["task"], scores=dict(data["scores"]), score=data["score"],
-            rejects=[Reject(r["kind"], r["reason"]) for r in data["rejects"]], accepted=data["accepted"],
-            checks=dict(data["checks"]), judge=data["judge"], flags=[Reject(r["kind"], r["reason"]) for r in data["flags"]],
-        )  # fmt: skip
+            task=data["task"],
+            scores=dict(data["scores"]),
+            score=data["score"],
+            rejects=[Reject(r["kind"], r["reason"]) for r in data["rejects"]],
+            accepted=data["accepted"],
+            checks=dict(data["checks"]),
+            judge=data["judge"],
+            flags=[Reject(r["kind"], r["reason"]) for r in data["flags"]],
+        )
 
 
 def with_audited_count(task: Task, verdict: Verdict) -> Task:
@@ -189,7 +194,9 @@ def mechanical_scores(
         checks["null"] = f"{f.null.passed}/{f.null.total}"
         null_share = f.null.passed / f.null.total if f.null.total else 0.0
         if f.null.resolved:
-            rejects.append(Reject("weak_verifier", f"doing nothing resolves it ({f.null.passed}/{f.null.total} assertions)"))
+            rejects.append(
+                Reject("weak_verifier", f"doing nothing resolves it ({f.null.passed}/{f.null.total} assertions)")
+            )
 
     if f.deterministic is None:
         checks["determinism"] = "not measured"
@@ -211,10 +218,15 @@ def mechanical_scores(
             partial = 0.0
             seen = ", ".join(f"{run} steps {r.passed}/{r.total}" for run, r in f.prefixes)
             flags.append(
-                Reject("binary_in_disguise", f"no prefix of the solution earns partial credit beyond doing nothing ({seen})")
+                Reject(
+                    "binary_in_disguise",
+                    f"no prefix of the solution earns partial credit beyond doing nothing ({seen})",
+                )
             )
 
-    found = [f"{len(f.leaks)} in context"] * bool(f.leaks) + [f"{len(f.sandbox_copies)} in sandbox?"] * bool(f.sandbox_copies)
+    found = [f"{len(f.leaks)} in context"] * bool(f.leaks) + [f"{len(f.sandbox_copies)} in sandbox?"] * bool(
+        f.sandbox_copies
+    )
     checks["leakage"] = ", ".join(found) or "none"
     for leak in f.leaks:
         rejects.append(Reject("test_leakage", leak))

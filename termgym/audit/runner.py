@@ -20,9 +20,13 @@ import json
 import os
 import tempfile
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from termgym.aio import gather_limited
+from termgym.audit.cache import AuditCache
+from termgym.audit.judge import Judge, JudgeError
 from termgym.audit.rubric import (
     DEFAULT_MIN_SCORE,
     MechanicalFindings,
@@ -34,16 +38,13 @@ from termgym.audit.rubric import (
     scan_roots,
     solution_prefixes,
 )
-from termgym.audit.cache import AuditCache
-from termgym.images.dockerfile import CopyStep, DockerfileError, WorkdirStep, parse_dockerfile
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.errors import ConfigError, TermgymError
-from termgym.audit.judge import Judge, JudgeError
+from termgym.images.dockerfile import CopyStep, DockerfileError, WorkdirStep, parse_dockerfile
 from termgym.output import plain_text as plain
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
 from termgym.tasks import Task
-from termgym.aio import gather_limited
 from termgym.trial import NullAgent, OracleAgent, Step, run_trial
 from termgym.verification import verify
 
@@ -79,7 +80,7 @@ def _protected(task: Task) -> dict[str, list[tuple[str, str]]]:
     return {"tests": _hashes(task.test_files()), "solution": _hashes(task.solution_files())}
 
 
-def leakage(task: Task, sandbox_files: list[tuple[str, str]] = ()) -> tuple[list[str], list[str]]:
+def leakage(task: Task, sandbox_files: Sequence[tuple[str, str]] = ()) -> tuple[list[str], list[str]]:
     """Files of ``tests/`` or ``solution/`` present in the build context (by content or path), and
     the others whose content is in ``sandbox_files`` (``(absolute path, sha256)`` from the prepared
     sandbox)."""
@@ -162,9 +163,9 @@ async def measure(task: Task, options: EnvOptions, *, k: int = 3) -> MechanicalF
     base = task.solution_dir if task.layout == "harbor" and task.solution_dir is not None else task.path
     prefixes, steps = solution_prefixes((base / str(task.solution_script)).read_text(errors="replace"))
     probes = [run_trial(task, PrefixAgent(script), options) for _, script in prefixes]
-    results = await asyncio.gather(*oracle, null, *probes, _determinism(task, options))
-    records: list[TrialRecord] = list(results[:-1])
-    deterministic, sandbox_files = results[-1]
+    records, (deterministic, sandbox_files) = await asyncio.gather(
+        asyncio.gather(*oracle, null, *probes), _determinism(task, options)
+    )
     in_context, in_sandbox = leakage(task, sandbox_files)
     return MechanicalFindings(
         oracle=tuple(_result(r) for r in records[:k]),
@@ -200,21 +201,28 @@ async def audit_task(
 
 
 async def audit_tasks(
-    tasks: list[Task], options: EnvOptions, *, k: int = 3, judge: Judge | None = None, concurrency: int = 2,
-    min_score: float = DEFAULT_MIN_SCORE, cache: AuditCache | None = None,
-) -> list[Verdict]:  # fmt: skip
+    tasks: list[Task],
+    options: EnvOptions,
+    *,
+    k: int = 3,
+    judge: Judge | None = None,
+    concurrency: int = 2,
+    min_score: float = DEFAULT_MIN_SCORE,
+    cache: AuditCache | None = None,
+) -> list[Verdict]:
     """Audit tasks, ``concurrency`` at a time (each runs up to k + 5 episodes at once); in input order.
     With a ``cache`` and no judge, a task whose files an earlier audit saw unchanged (same k and
     minimum score) is not run again, and every fresh verdict is added to the cache."""
-    use_cache = cache is not None and judge is None and min_score == DEFAULT_MIN_SCORE
+    use_cache = judge is None and min_score == DEFAULT_MIN_SCORE
+    kept = cache if use_cache else None
 
     async def one(task: Task) -> Verdict:
-        if use_cache and (cached := cache.get(task, k)) is not None:
+        if kept is not None and (cached := kept.get(task, k)) is not None:
             cached.task = task.name  # the same files may sit in a directory of another name
             return cached
         verdict = await audit_task(task, options, k=k, judge=judge, min_score=min_score)
-        if use_cache:
-            cache.put(task, k, verdict)
+        if kept is not None:
+            kept.put(task, k, verdict)
         return verdict
 
     return await gather_limited([lambda t=task: one(t) for task in tasks], concurrency)
@@ -228,8 +236,8 @@ async def run_audit(args, tasks: list[Task], console) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from termgym.images.build import load_aliases
     from termgym.audit.judge import OpenAIJudge
+    from termgym.images.build import load_aliases
     from termgym.sandboxes import preflight
 
     if args.k < 1:
@@ -239,16 +247,22 @@ async def run_audit(args, tasks: list[Task], console) -> int:
     if (args.judge_url is None) != (args.judge_model is None):
         raise ConfigError("--judge-url and --judge-model go together")
     min_score = DEFAULT_MIN_SCORE if args.min_score is None else args.min_score
-    judge = OpenAIJudge(args.judge_url, args.judge_model, os.environ.get("TERMGYM_JUDGE_API_KEY")) if args.judge_url else None
+    judge = (
+        OpenAIJudge(args.judge_url, args.judge_model, os.environ.get("TERMGYM_JUDGE_API_KEY"))
+        if args.judge_url
+        else None
+    )
     await asyncio.to_thread(preflight, args.backend)
     options = EnvOptions(
         backend=args.backend, run_id=f"audit-{uuid.uuid4().hex[:8]}", image_aliases=load_aliases(args.image_alias)
     )
-    cache = AuditCache.load(args.cache) if args.cache is not None else None
-    verdicts = await audit_tasks(tasks, options, k=args.k, judge=judge, concurrency=args.concurrency, min_score=min_score,
-                                 cache=cache)  # fmt: skip
-    if cache is not None:
-        cache.save(args.cache)
+    cache_path: Path | None = args.cache
+    cache = AuditCache.load(cache_path) if cache_path is not None else None
+    verdicts = await audit_tasks(
+        tasks, options, k=args.k, judge=judge, concurrency=args.concurrency, min_score=min_score, cache=cache
+    )
+    if cache is not None and cache_path is not None:
+        cache.save(cache_path)
     if args.select is not None:
         args.select.parent.mkdir(parents=True, exist_ok=True)
         args.select.write_text("".join(f"{path}\n" for path in _selected_paths(tasks, verdicts)))
@@ -262,19 +276,31 @@ async def run_audit(args, tasks: list[Task], console) -> int:
 
         for v in verdicts:
             reasons = "; ".join(f"{r.kind}: {r.reason}" for r in v.rejects)
-            verdict = (Text("accept", style="green") if v.accepted
-                       else Text.assemble(("reject", "red"), plain(f" {reasons or f'score under {min_score:g}'}")))  # fmt: skip
+            verdict = (
+                Text("accept", style="green")
+                if v.accepted
+                else Text.assemble(("reject", "red"), plain(f" {reasons or f'score under {min_score:g}'}"))
+            )
             c = v.checks
             table.add_row(
-                plain(v.task.removeprefix("termgym/")), plain(c.get("oracle", "-")), plain(c.get("null", "-")),
-                plain(c.get("partial", "-")), plain(c.get("assertions", "-")), plain(c.get("determinism", "-")),
-                plain(c.get("leakage", "-")), f"{v.score:.3f}", verdict,
+                plain(v.task.removeprefix("termgym/")),
+                plain(c.get("oracle", "-")),
+                plain(c.get("null", "-")),
+                plain(c.get("partial", "-")),
+                plain(c.get("assertions", "-")),
+                plain(c.get("determinism", "-")),
+                plain(c.get("leakage", "-")),
+                f"{v.score:.3f}",
+                verdict,
                 plain(", ".join(_SHORT_FLAGS.get(f.kind, f.kind) for f in v.flags) or "-"),
-            )  # fmt: skip
+            )
         console.print(table)
         accepted = sum(v.accepted for v in verdicts)
-        console.print(f"{accepted}/{len(verdicts)} tasks accepted" + (f" · selection: {args.select}" if args.select else "")
-                      + (f" · {cache.hits} verdicts from the cache {args.cache}" if cache is not None else ""))  # fmt: skip
+        console.print(
+            f"{accepted}/{len(verdicts)} tasks accepted"
+            + (f" · selection: {args.select}" if args.select else "")
+            + (f" · {cache.hits} verdicts from the cache {args.cache}" if cache is not None else "")
+        )
     return 1 if args.strict and not all(v.accepted for v in verdicts) else 0
 
 

@@ -106,11 +106,17 @@ def context_files(context_dir: Path) -> list[Path]:
     return sorted(p for p in context_dir.rglob("*") if ".git" not in p.relative_to(context_dir).parts)
 
 
+def _context_entries(context_dir: Path | None) -> list[tuple[Path, str]]:
+    """Each context path with its path relative to the context (POSIX); none without a context."""
+    if context_dir is None:
+        return []
+    return [(path, path.relative_to(context_dir).as_posix()) for path in context_files(context_dir)]
+
+
 def context_digest(context_dir: Path | None, dockerfile_text: str) -> str:
     """SHA-256 over the Dockerfile and every context path, mode and content (hex, 64 chars)."""
     digest = hashlib.sha256(b"dockerfile\0" + dockerfile_text.encode())
-    for path in context_files(context_dir) if context_dir else []:
-        relative = path.relative_to(context_dir).as_posix()
+    for path, relative in _context_entries(context_dir):
         mode = path.lstat().st_mode
         digest.update(f"\0{relative}\0{mode:o}\0".encode())
         if path.is_file() and not path.is_symlink():
@@ -124,8 +130,7 @@ def build_context_tar(context_dir: Path | None, dockerfile_text: str) -> bytes:
     """The build context as a tar, with the (possibly rewritten) Dockerfile at its root."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for path in context_files(context_dir) if context_dir else []:
-            relative = path.relative_to(context_dir).as_posix()
+        for path, relative in _context_entries(context_dir):
             if relative == "Dockerfile":
                 continue
             archive.add(str(path), arcname=relative, recursive=False)
@@ -153,9 +158,17 @@ _ready: dict[tuple, ImageConfig] = {}
 
 
 async def ensure_task_image(
-    client, *, name: str, context_dir: Path | None, dockerfile: Path | None, image: str | None,
-    aliases: Mapping[str, str], timeout: float, run: Callable, network: bool = False,
-) -> ImageConfig:  # fmt: skip
+    client,
+    *,
+    name: str,
+    context_dir: Path | None,
+    dockerfile: Path | None,
+    image: str | None,
+    aliases: Mapping[str, str],
+    timeout: float,
+    run: Callable,
+    network: bool = False,
+) -> ImageConfig:
     """The image a trial runs: the task's ``docker_image`` as is, else its Dockerfile built once
     (tag from the context digest), with network only when the task allows it (``network``), and
     never the host's. ``run(fn, *args)`` runs a blocking docker-py call off the loop.
@@ -165,7 +178,9 @@ async def ensure_task_image(
             raise EnvironmentBuildError(f"{name}: the task has neither a Dockerfile nor a docker_image")
         tag = aliases.get(image, image) if not await run(_image_present, client, image) else image
         if not await run(_image_present, client, tag):
-            raise EnvironmentBuildError(f"{name}: image {image} is not present and there is no registry; add an alias (--image-alias {image}=IMAGE)")
+            raise EnvironmentBuildError(
+                f"{name}: image {image} is not present and there is no registry; add an alias (--image-alias {image}=IMAGE)"
+            )
         return await run(_image_config, client, tag)
     original = dockerfile.read_text(encoding="utf-8", errors="replace")
     key = (context_digest(context_dir, original), tuple(sorted(aliases.items())))
@@ -219,9 +234,17 @@ def _build(client, tag: str, context: bytes, timeout: float, dockerfile: Path, n
     log: list[str] = []
     try:
         stream = client.api.build(
-            fileobj=io.BytesIO(context), custom_context=True, tag=tag, rm=True, forcerm=True, pull=False,
-            network_mode=network_mode, decode=True, timeout=timeout, labels={"termgym": "1"},
-        )  # fmt: skip
+            fileobj=io.BytesIO(context),
+            custom_context=True,
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            network_mode=network_mode,
+            decode=True,
+            timeout=timeout,
+            labels={"termgym": "1"},
+        )
         for chunk in stream:
             if "stream" in chunk:
                 log.append(chunk["stream"])
@@ -230,7 +253,9 @@ def _build(client, tag: str, context: bytes, timeout: float, dockerfile: Path, n
                 last = " ".join(chunk["error"].split())[-300:] or "build failed"
                 raise EnvironmentBuildError(f"{dockerfile}: docker build failed: {last}", log="".join(log))
     except docker.errors.DockerException as exc:
-        raise EnvironmentBuildError(f"{dockerfile}: docker build failed: {' '.join(str(exc).split())[:300]}", log="".join(log)) from exc
+        raise EnvironmentBuildError(
+            f"{dockerfile}: docker build failed: {' '.join(str(exc).split())[:300]}", log="".join(log)
+        ) from exc
 
 
 def bootstrap_base_image(client, *, tag: str = BASE_IMAGE, suite: str = "bookworm", force: bool = False) -> bool:
@@ -240,9 +265,7 @@ def bootstrap_base_image(client, *, tag: str = BASE_IMAGE, suite: str = "bookwor
         return False
     with tempfile.TemporaryDirectory(prefix="termgym-rootfs-") as scratch:
         root = Path(scratch) / "rootfs"
-        result = subprocess.run(
-            ["debootstrap", "--variant=minbase", suite, str(root)], capture_output=True, text=True
-        )
+        result = subprocess.run(["debootstrap", "--variant=minbase", suite, str(root)], capture_output=True, text=True)
         if result.returncode != 0:
             tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
             raise EnvironmentBuildError(f"debootstrap {suite} failed: {tail[0]}", log=result.stdout + result.stderr)

@@ -185,8 +185,9 @@ def parse_dockerfile(text: str, build_args: Mapping[str, str] | None = None) -> 
         for ins in stages[index][1]:
             _apply(ins, state, stage_args, global_args, overrides, escape)
     ignored = tuple(text for _, text in sorted(state.ignored, key=lambda item: item[0]))
-    return EnvironmentPlan(state.base_image, tuple(state.steps), tuple(state.env.items()), state.workdir,
-                           state.user, ignored)
+    return EnvironmentPlan(
+        state.base_image, tuple(state.steps), tuple(state.env.items()), state.workdir, state.user, ignored
+    )
 
 
 def _escape_char(lines: list[str]) -> str:
@@ -388,8 +389,14 @@ def _take_flags(args: str) -> tuple[list[tuple[str, str | None]], str]:
     return flags, args
 
 
-def _declare_args(ins: _Instr, args: dict[str, str], global_args: Mapping[str, str],
-                  overrides: Mapping[str, str], env: Mapping[str, str], escape: str) -> None:
+def _declare_args(
+    ins: _Instr,
+    args: dict[str, str],
+    global_args: Mapping[str, str],
+    overrides: Mapping[str, str],
+    env: Mapping[str, str],
+    escape: str,
+) -> None:
     words = _split_words(ins.args, escape, ins.line)
     if not words:
         raise DockerfileError(ins.line, "ARG needs a name")
@@ -424,8 +431,14 @@ def _env_pairs(ins: _Instr, scope: Mapping[str, str], escape: str) -> list[tuple
     return pairs
 
 
-def _apply(ins: _Instr, state: _State, args: dict[str, str], global_args: Mapping[str, str],
-           overrides: Mapping[str, str], escape: str) -> None:
+def _apply(
+    ins: _Instr,
+    state: _State,
+    args: dict[str, str],
+    global_args: Mapping[str, str],
+    overrides: Mapping[str, str],
+    escape: str,
+) -> None:
     """Apply one instruction of a chained stage to ``state`` (``args``: the stage's ARGs)."""
     scope = {**args, **state.env}
     if ins.keyword in _IGNORED:

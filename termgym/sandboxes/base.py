@@ -126,9 +126,7 @@ class Sandbox(abc.ABC):
         sandbox's own ``self.env``); ``cwd`` defaults to ``self.workdir``."""
 
     @abc.abstractmethod
-    async def open_process(
-        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str
-    ) -> ProcessChannel: ...
+    async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel: ...
 
     @abc.abstractmethod
     async def kill_agent_processes(self) -> None:
@@ -149,9 +147,13 @@ class Sandbox(abc.ABC):
             '[ "$#" -gt 0 ] || exit 0\ntar -C / -cf - -- "$@" 2>/dev/null | base64 -w 0'
         )
         relative = [path.strip("/") for path in paths]
-        result = await self.exec(["/bin/sh", "-c", script, "sh", *relative], timeout=timeout, cwd="/", output_limit=limit * 4 // 3 + 8)
+        result = await self.exec(
+            ["/bin/sh", "-c", script, "sh", *relative], timeout=timeout, cwd="/", output_limit=limit * 4 // 3 + 8
+        )
         if result.exit_code != 0 or result.dropped_bytes:
-            raise SandboxBroken(f"could not read {', '.join(paths)} (over {limit >> 20} MB, or tar failed: {_last_line(result.text)})")
+            raise SandboxBroken(
+                f"could not read {', '.join(paths)} (over {limit >> 20} MB, or tar failed: {_last_line(result.text)})"
+            )
         try:
             return base64.b64decode(result.output, validate=True)
         except (binascii.Error, ValueError) as exc:
@@ -160,6 +162,7 @@ class Sandbox(abc.ABC):
     async def check_alive(self) -> None:
         """``SandboxBroken`` if the sandbox's own processes all ended (killed from inside),
         ``SandboxGone`` if it was removed; the default cannot tell and returns."""
+        return None
 
     async def changed_system_paths(self) -> list[str] | None:
         """What the agent changed under system paths (``termgym.tamper``), or None where this
@@ -174,7 +177,7 @@ class Sandbox(abc.ABC):
         """Copy host files into ``dest``, each at its relative path, executable bits kept."""
         await self.upload_tar(tar_of_files(files), dest)
 
-    async def __aenter__(self) -> "Sandbox":
+    async def __aenter__(self) -> Sandbox:
         try:
             await self.start()
         except BaseException:

@@ -11,10 +11,19 @@ from collections.abc import Iterable
 
 SYSTEM_PREFIXES = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/etc", "/boot")
 # Paths the engine itself writes into every container: its init, and the files it bind-mounts.
-ENGINE_PATHS = frozenset({
-    "/sbin/docker-init", "/usr/sbin/docker-init", "/etc/hostname", "/etc/hosts", "/etc/resolv.conf", "/etc/mtab",
-    "/.dockerenv",
-})  # fmt: skip
+ENGINE_PATHS = frozenset(
+    {
+        "/sbin/docker-init",
+        "/usr/sbin/docker-init",
+        "/etc/hostname",
+        "/etc/hosts",
+        "/etc/resolv.conf",
+        "/etc/mtab",
+        "/.dockerenv",
+    }
+)
+
+
 def system_changes(changes: Iterable[tuple[str, str]]) -> list[str]:
     """The changed paths that matter to a verifier, sorted, from the engine's ``(path, kind)`` list
     (kind ``A`` added, ``C`` changed, ``D`` deleted): every path under a system prefix and every
@@ -31,5 +40,3 @@ def system_changes(changes: Iterable[tuple[str, str]]) -> list[str]:
         if system or top_level:
             picked.append(path)
     return sorted(picked)
-
-

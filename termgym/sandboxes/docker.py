@@ -39,8 +39,8 @@ from termgym.errors import BackendUnavailable, SandboxBroken, SandboxError, Sand
 from termgym.images.build import ensure_task_image
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
-from termgym.sandboxes.limits import PIDS_LIMIT
 from termgym.sandboxes.changes import system_changes
+from termgym.sandboxes.limits import PIDS_LIMIT
 
 START_HINT = "start it with scripts/docker-engine.sh, or as root: dockerd --iptables=false --bridge=none &"
 RESTART_TIMEOUT = 30.0
@@ -62,6 +62,7 @@ def docker_client() -> Any:
     if _client is None:
         try:
             import docker
+            import docker.errors
         except ImportError as exc:
             raise BackendUnavailable("the Docker backend needs the docker package: pip install docker") from exc
         try:
@@ -88,10 +89,16 @@ class DockerSandbox(Sandbox):
         client = await _run(docker_client)
         self._reject_compose_services()
         image = await ensure_task_image(
-            client, name=self.spec.name, context_dir=self.spec.context_dir, dockerfile=self.spec.dockerfile,
-            image=self.spec.image, aliases=self.spec.image_aliases, timeout=self.spec.build_timeout_sec, run=_run,
+            client,
+            name=self.spec.name,
+            context_dir=self.spec.context_dir,
+            dockerfile=self.spec.dockerfile,
+            image=self.spec.image,
+            aliases=self.spec.image_aliases,
+            timeout=self.spec.build_timeout_sec,
+            run=_run,
             network=self.spec.network,
-        )  # fmt: skip
+        )
         self.env = {**image.env, **dict(self.spec.env)}
         self.workdir = image.workdir
         network = "none"
@@ -102,7 +109,9 @@ class DockerSandbox(Sandbox):
         cpus = resources.cpus
         engine_cpus = await _run(_engine_cpus, client)
         if engine_cpus and cpus > engine_cpus:
-            self.warnings.append(f"the task asks for {cpus:g} CPUs; the Docker engine has {engine_cpus}: limited to {engine_cpus}")
+            self.warnings.append(
+                f"the task asks for {cpus:g} CPUs; the Docker engine has {engine_cpus}: limited to {engine_cpus}"
+            )
             cpus = float(engine_cpus)
         import docker.types
 
@@ -112,7 +121,9 @@ class DockerSandbox(Sandbox):
             mem_limit=f"{resources.memory_mb}m",
             memswap_limit=f"{resources.memory_mb}m",
             pids_limit=PIDS_LIMIT,
-            ulimits=[docker.types.Ulimit(name="fsize", soft=resources.storage_mb << 20, hard=resources.storage_mb << 20)],
+            ulimits=[
+                docker.types.Ulimit(name="fsize", soft=resources.storage_mb << 20, hard=resources.storage_mb << 20)
+            ],
             init=True,
         )
 
@@ -121,17 +132,24 @@ class DockerSandbox(Sandbox):
                 await _run(client.api.remove_container, created["Id"], force=True)
 
         try:
-            created = await uninterrupted(_run(
-                client.api.create_container, image.tag, command=KEEPER.split(),
-                labels=labels, host_config=host_config, working_dir=self.workdir, environment=dict(self.spec.env),
-            ), discard)  # fmt: skip
+            created = await uninterrupted(
+                _run(
+                    client.api.create_container,
+                    image.tag,
+                    command=KEEPER.split(),
+                    labels=labels,
+                    host_config=host_config,
+                    working_dir=self.workdir,
+                    environment=dict(self.spec.env),
+                ),
+                discard,
+            )
             self._container = created["Id"]
             self._started_at = time.time()
             await _run(client.api.start, self._container)
             self._keeper = _keeper_of(await _run(client.api.top, self._container))
         except Exception as exc:
             raise _mapped(exc, "could not start the container") from exc
-
 
     def _reject_compose_services(self) -> None:
         compose = self.spec.compose_file
@@ -145,7 +163,9 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"{compose}: invalid YAML: {exc}") from exc
         if isinstance(services, dict) and len(services) > 1:
             others = ", ".join(sorted(services)[1:] if "client" not in services else sorted(set(services) - {"client"}))
-            raise SandboxError(f"{compose}: extra compose services ({others}) are not supported yet; only the main service is built")
+            raise SandboxError(
+                f"{compose}: extra compose services ({others}) are not supported yet; only the main service is built"
+            )
 
     async def stop(self) -> None:
         for channel in self._channels:
@@ -172,13 +192,17 @@ class DockerSandbox(Sandbox):
             while True:
                 state = (await _run(client.api.inspect_container, container)).get("State") or {}
                 if not state.get("Running"):
-                    raise SandboxBroken(f"the container stopped as soon as it restarted (exit {state.get('ExitCode')}): its keeper was broken from inside")
+                    raise SandboxBroken(
+                        f"the container stopped as soon as it restarted (exit {state.get('ExitCode')}): its keeper was broken from inside"
+                    )
                 top = await _run(client.api.top, container)
                 if len(top.get("Processes") or []) == 2:
                     self._keeper = _keeper_of(top)
                     return
                 if time.monotonic() > deadline:
-                    raise SandboxError(f"the container still runs {len(top.get('Processes') or [])} processes after a restart")
+                    raise SandboxError(
+                        f"the container still runs {len(top.get('Processes') or [])} processes after a restart"
+                    )
                 await asyncio.sleep(0.02)
         except TimeoutError as exc:
             raise SandboxError(f"the container did not restart within {RESTART_TIMEOUT:g}s") from exc
@@ -266,7 +290,9 @@ class DockerSandbox(Sandbox):
         pairs = [f"{k}={v}" for k, v in env.items()]
         client = docker_client()
         try:
-            exec_id = (await _run(client.api.exec_create, container, ["env", "-i", *pairs, *argv], stdin=True, workdir=cwd))["Id"]
+            exec_id = (
+                await _run(client.api.exec_create, container, ["env", "-i", *pairs, *argv], stdin=True, workdir=cwd)
+            )["Id"]
             raw = await _run(client.api.exec_start, exec_id, socket=True)
         except Exception as exc:
             raise await self._fault(exc, "could not start the shell") from exc
@@ -388,7 +414,9 @@ def _keeper_of(top: dict) -> str | None:
 def _stop_requests(client: Any, container: str, since: float) -> list[str]:
     """The engine's kill and stop events for ``container`` since ``since`` (requests made through its API)."""
     until = time.time() + 1
-    events = client.api.events(since=since, until=until, decode=True, filters={"container": container, "event": ["kill", "stop"]})
+    events = client.api.events(
+        since=since, until=until, decode=True, filters={"container": container, "event": ["kill", "stop"]}
+    )
     return [f"docker {e.get('Action') or e.get('status')}" for e in events]
 
 

@@ -111,8 +111,12 @@ def limit_files(version: int, controller: str, resources: Resources) -> list[tup
 
 def event_counts(version: int, controller: str, directory: Path) -> int:
     """How often a limit acted: OOM kills (memory), refused forks (pids); 0 when unknown."""
-    name = {("memory", 1): "memory.oom_control", ("memory", 2): "memory.events", ("pids", 1): "pids.events",
-            ("pids", 2): "pids.events"}.get((controller, version))  # fmt: skip
+    name = {
+        ("memory", 1): "memory.oom_control",
+        ("memory", 2): "memory.events",
+        ("pids", 1): "pids.events",
+        ("pids", 2): "pids.events",
+    }.get((controller, version))
     key = "oom_kill" if controller == "memory" else "max"
     if name is None:
         return 0
@@ -134,7 +138,9 @@ class SandboxCgroup:
         self.resources = resources
 
     @classmethod
-    def create(cls, name: str, resources: Resources, *, root: Path = Path("/")) -> tuple[SandboxCgroup | None, list[str]]:
+    def create(
+        cls, name: str, resources: Resources, *, root: Path = Path("/")
+    ) -> tuple[SandboxCgroup | None, list[str]]:
         """The cgroup ``name`` with the task's limits, and a warning per limit that is not enforced."""
         try:
             mountinfo = (root / "proc/self/mountinfo").read_text()
@@ -182,7 +188,9 @@ class SandboxCgroup:
         if "memory" in self.dirs:
             version, directory = self.dirs["memory"]
             if kills := event_counts(version, "memory", directory):
-                warnings.append(f"the sandbox reached its memory limit ({self.resources.memory_mb} MB): {kills} process(es) killed")
+                warnings.append(
+                    f"the sandbox reached its memory limit ({self.resources.memory_mb} MB): {kills} process(es) killed"
+                )
         if "pids" in self.dirs:
             version, directory = self.dirs["pids"]
             if refused := event_counts(version, "pids", directory):
@@ -240,15 +248,21 @@ def _remove_dir(directory: Path) -> None:
             time.sleep(0.01)
 
 
-def remove_stale(prefix: str = "termgym-tg-", *, root: Path = Path("/"), keep: frozenset[str] | set[str] = frozenset()) -> int:
+def remove_stale(
+    prefix: str = "termgym-tg-", *, root: Path = Path("/"), keep: frozenset[str] | set[str] = frozenset()
+) -> int:
     """Remove this host's empty sandbox cgroups named ``prefix...`` (left by killed runs) in the
     places ``_make_dir`` uses, except the names in ``keep``; returns how many were removed."""
     try:
-        hierarchies = find_hierarchies((root / "proc/self/mountinfo").read_text(), (root / "proc/self/cgroup").read_text(), root)
+        hierarchies = find_hierarchies(
+            (root / "proc/self/mountinfo").read_text(), (root / "proc/self/cgroup").read_text(), root
+        )
     except OSError:
         return 0
     removed = 0
-    parents = {h.mount / h.own.strip("/") for h in hierarchies.values()} | {h.mount / "termgym" for h in hierarchies.values()}
+    parents = {h.mount / h.own.strip("/") for h in hierarchies.values()} | {
+        h.mount / "termgym" for h in hierarchies.values()
+    }
     for parent in parents:
         for directory in parent.glob(f"{prefix}*") if parent.is_dir() else []:
             if directory.name in keep or not directory.is_dir():

@@ -36,25 +36,35 @@ owned by ``nobody`` as the sandbox sees them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from termgym.aio import cancel_and_wait, uninterrupted, wait_for
-from termgym.images.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
+from termgym.aio import uninterrupted, wait_for
 from termgym.errors import BackendUnavailable, EnvironmentBuildError, SandboxBroken, SandboxError
+from termgym.images.dockerfile import CopyStep, DockerfileError, EnvironmentPlan, WorkdirStep, parse_dockerfile
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.sandboxes.host_processes import (
+    HOST_ENV,
+    POLL_SEC,
+    HostChannel,
+    alive,
+    children,
+    communicate,
+    end_entered,
+    end_keeper,
+    read_stderr,
+    spawn,
+)
 from termgym.sandboxes.limits import SandboxCgroup, remove_stale
 from termgym.sandboxes.prepare import prepare_environment
 from termgym.sandboxes.storage import SizedFilesystem, is_mounted, unmount_sync
@@ -65,15 +75,26 @@ HOST_READONLY = ("usr", "etc", "bin", "lib", "lib64", "sbin", "proc", "dev", "sy
 KEEPER_START_TIMEOUT = 10.0
 # The whole environment of bwrap and nsenter: nothing of this process's environment follows them into
 # the sandbox (an LD_PRELOAD of a host library, as vLLM's import sets, breaks the loader in there).
-HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 SANDBOX_UID_BASE = 2_000_000_000
 SANDBOX_UID_COUNT = 65536
 # Docker's default capability set: what root in a container may do, without mounts, tracing,
 # module loading or raw devices. Commands entered into the sandbox keep only these.
 COMMAND_CAPABILITIES = (
-    "chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap", "net_bind_service",
-    "net_raw", "sys_chroot", "mknod", "audit_write", "setfcap",
-)  # fmt: skip
+    "chown",
+    "dac_override",
+    "fowner",
+    "fsetid",
+    "kill",
+    "setgid",
+    "setuid",
+    "setpcap",
+    "net_bind_service",
+    "net_raw",
+    "sys_chroot",
+    "mknod",
+    "audit_write",
+    "setfcap",
+)
 SHM_BYTES = 64 << 20
 # Joins the cgroups named before "--" (each a cgroup.procs file), then runs the rest: a process is
 # in the sandbox's cgroups before it starts, so nothing it forks escapes them.
@@ -141,12 +162,17 @@ def _probe_user_namespaces() -> None:
 def writable_roots(plan: EnvironmentPlan | None) -> list[str]:
     """Top-level directories that get a private writable host directory: the fixed set plus every
     top-level path the Dockerfile works in or copies to (``/workspace``, ``/srv``...)."""
-    roots = list(BASE_WRITABLE)
+    roots: list[str] = list(BASE_WRITABLE)
     paths: list[str] = []
     if plan is not None:
         paths.append(plan.workdir)
         for step in plan.steps:
-            paths.append(getattr(step, "dest", None) or getattr(step, "path", None) or step.workdir)
+            if isinstance(step, CopyStep):
+                paths.append(step.dest or step.workdir)
+            elif isinstance(step, WorkdirStep):
+                paths.append(step.path)
+            else:
+                paths.append(step.workdir)
     for path in paths:
         top = path.strip("/").split("/", 1)[0]
         if top and top not in roots and top not in HOST_READONLY:
@@ -163,7 +189,7 @@ class LocalSandbox(Sandbox):
         self._roots: list[str] = list(BASE_WRITABLE)
         self._keeper: asyncio.subprocess.Process | None = None
         self._keeper_pid: int | None = None  # host pid of the namespace's first process
-        self._channels: list[_LocalChannel] = []
+        self._channels: list[HostChannel] = []
         self._uid: int | None = None  # the sandbox's root on the host; None: this process's user
         self._cgroup: SandboxCgroup | None = None
         self._storage: SizedFilesystem | None = None
@@ -205,7 +231,9 @@ class LocalSandbox(Sandbox):
         size_mb = self.spec.resources.storage_mb
         try:
             self._storage = await uninterrupted(
-                SizedFilesystem.create(self._dir / "fs.img", fs, size_mb, self.owner, memory_mb=self.spec.resources.memory_mb),
+                SizedFilesystem.create(
+                    self._dir / "fs.img", fs, size_mb, self.owner, memory_mb=self.spec.resources.memory_mb
+                ),
                 lambda made: made.remove(),
             )
         except OSError as exc:
@@ -254,11 +282,11 @@ class LocalSandbox(Sandbox):
         while self._cgroup.pids():
             if time.monotonic() > deadline:
                 return False
-            await asyncio.sleep(_POLL_SEC)
+            await asyncio.sleep(POLL_SEC)
         return True
 
     async def check_alive(self) -> None:
-        if self._keeper_pid is None or not _alive(self._keeper_pid):
+        if self._keeper_pid is None or not alive(self._keeper_pid):
             raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
 
     async def changed_system_paths(self) -> list[str]:
@@ -287,13 +315,43 @@ class LocalSandbox(Sandbox):
     def _bwrap_argv(self) -> list[str]:
         assert self._dir is not None
         argv = [
-            host_tool("bwrap"), "--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0",
-            "--hostname", "termgym", "--die-with-parent", "--new-session",
-            "--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc",
-            "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
-            "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
-            "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev",
-        ]  # fmt: skip
+            host_tool("bwrap"),
+            "--unshare-all",
+            "--unshare-user",
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+            "--hostname",
+            "termgym",
+            "--die-with-parent",
+            "--new-session",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--ro-bind",
+            "/etc",
+            "/etc",
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--symlink",
+            "usr/sbin",
+            "/sbin",
+            "--proc",
+            "/proc",
+            "--ro-bind",
+            "/proc/sys",
+            "/proc/sys",
+            "--dev",
+            "/dev",
+        ]
         if _bwrap_supports("--disable-userns"):
             argv.insert(3, "--disable-userns")
         if _bwrap_supports("--size"):
@@ -301,7 +359,17 @@ class LocalSandbox(Sandbox):
         for name in self._roots:
             argv += ["--bind", str(self._dir / "fs" / name), f"/{name}"]
         # The keeper says "ready" once the sandbox is fully set up; commands enter its namespaces.
-        argv += ["--remount-ro", "/", "--chdir", "/", "--clearenv", "--", "/bin/sh", "-c", "echo ready; exec /bin/sleep infinity"]
+        argv += [
+            "--remount-ro",
+            "/",
+            "--chdir",
+            "/",
+            "--clearenv",
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo ready; exec /bin/sleep infinity",
+        ]
         if self._uid is not None:
             argv = [host_tool("setpriv"), f"--reuid={self._uid}", f"--regid={self._uid}", "--clear-groups", "--", *argv]
         return self._on_host(argv)
@@ -315,9 +383,9 @@ class LocalSandbox(Sandbox):
         return argv
 
     async def _start_keeper(self) -> None:
-        self._keeper = await _spawn(
+        self._keeper = await spawn(
             self._bwrap_argv(),
-            _end_keeper,
+            end_keeper,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -328,13 +396,13 @@ class LocalSandbox(Sandbox):
             if line != b"ready\n":
                 raise ValueError("the keeper did not start")
             # bwrap (host) -> the namespace's init -> the keeper command: enter the keeper's.
-            (init,) = _children(self._keeper.pid)
-            (keeper,) = _children(init)
+            (init,) = children(self._keeper.pid)
+            (keeper,) = children(init)
             self._keeper_pid = keeper
         except (TimeoutError, ValueError) as exc:
             keeper = self._keeper
             await self._stop_keeper()
-            stderr = (await _read_stderr(keeper)).strip() or str(exc)
+            stderr = (await read_stderr(keeper)).strip() or str(exc)
             raise SandboxError(f"bubblewrap failed to start a sandbox: {stderr}") from exc
         if self._dir is not None:
             (self._dir / "keeper.pid").write_text(str(self._keeper.pid))
@@ -342,7 +410,7 @@ class LocalSandbox(Sandbox):
     async def _stop_keeper(self) -> None:
         if self._keeper is None:
             return
-        await _end_keeper(self._keeper)
+        await end_keeper(self._keeper)
         self._keeper_pid = None
         self._keeper = None
 
@@ -350,15 +418,36 @@ class LocalSandbox(Sandbox):
         """``argv`` run in the sandbox as its root, with ``COMMAND_CAPABILITIES`` only, exactly ``env``."""
         if self._keeper_pid is None:
             raise SandboxError("the sandbox is not running")
-        if not _alive(self._keeper_pid):
+        if not alive(self._keeper_pid):
             raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
         pairs = [f"{key}={value}" for key, value in env.items()]
         capabilities = ",".join(f"+{name}" for name in COMMAND_CAPABILITIES)
-        return self._on_host([
-            host_tool("nsenter"), "-t", str(self._keeper_pid), "-U", "-m", "-p", "-n", "-i", "-u", "-r", "-w", "--",
-            host_tool("setpriv"), "--inh-caps=-all", f"--bounding-set=-all,{capabilities}", "--",
-            "/usr/bin/env", "-i", "-C", cwd, *pairs, *argv,
-        ])  # fmt: skip
+        return self._on_host(
+            [
+                host_tool("nsenter"),
+                "-t",
+                str(self._keeper_pid),
+                "-U",
+                "-m",
+                "-p",
+                "-n",
+                "-i",
+                "-u",
+                "-r",
+                "-w",
+                "--",
+                host_tool("setpriv"),
+                "--inh-caps=-all",
+                f"--bounding-set=-all,{capabilities}",
+                "--",
+                "/usr/bin/env",
+                "-i",
+                "-C",
+                cwd,
+                *pairs,
+                *argv,
+            ]
+        )
 
     # -- commands ----------------------------------------------------------------------------------
 
@@ -377,9 +466,9 @@ class LocalSandbox(Sandbox):
         limit = max(timeout, 0.001)
         inner = ["/usr/bin/timeout", "-k", "1", f"{limit:.3f}", *argv]
         command = self._enter_argv(inner, self.env if env is None else env, cwd or self.workdir)
-        process = await _spawn(
+        process = await spawn(
             command,
-            _end_entered,
+            end_entered,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -388,13 +477,13 @@ class LocalSandbox(Sandbox):
         capture = OutputCapture(output_limit)
         started = time.monotonic()
         try:
-            await wait_for(_communicate(process, stdin, capture), limit + 5.0)
+            await wait_for(communicate(process, stdin, capture), limit + 5.0)
         except TimeoutError:
             pass  # the in-sandbox timeout failed to end it: killed below
         finally:
-            await _end_entered(process)
+            await end_entered(process)
         code = process.returncode
-        if self._keeper_pid is None or not _alive(self._keeper_pid):
+        if self._keeper_pid is None or not alive(self._keeper_pid):
             raise SandboxBroken("every process of the sandbox was killed while a command ran (its keeper is gone)")
         timed_out = code in (124, 137, -9) and time.monotonic() - started >= limit
         return ExecResult(
@@ -405,15 +494,15 @@ class LocalSandbox(Sandbox):
         )
 
     async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
-        process = await _spawn(
+        process = await spawn(
             self._enter_argv(argv, env, cwd),
-            _end_entered,
+            end_entered,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
-        channel = _LocalChannel(process)
+        channel = HostChannel(process)
         self._channels = [c for c in self._channels if not c.closed] + [channel]
         return channel
 
@@ -421,147 +510,6 @@ class LocalSandbox(Sandbox):
     def host_dir(self) -> Path | None:
         """The host directory holding the sandbox's writable file systems (for tests and gc)."""
         return self._dir
-
-
-class _LocalChannel(ProcessChannel):
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self._process = process
-        self.closed = False
-
-    async def write(self, data: bytes) -> None:
-        assert self._process.stdin is not None
-        try:
-            self._process.stdin.write(data)
-            await self._process.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError) as exc:
-            raise SandboxError("the shell's input is closed") from exc
-
-    async def read(self, max_bytes: int) -> bytes:
-        assert self._process.stdout is not None
-        return await self._process.stdout.read(max_bytes)
-
-    async def wait(self) -> int | None:
-        return await self._process.wait()
-
-    async def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        await _end_entered(self._process)
-
-
-async def _communicate(process: asyncio.subprocess.Process, stdin: bytes | None, capture: OutputCapture) -> None:
-    async def feed() -> None:
-        assert process.stdin is not None
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            process.stdin.write(stdin or b"")
-            await process.stdin.drain()
-        process.stdin.close()
-
-    async def drain() -> None:
-        assert process.stdout is not None
-        while chunk := await process.stdout.read(65536):
-            capture.feed(chunk)
-
-    feeder = asyncio.create_task(feed()) if stdin is not None else None
-    reader = asyncio.create_task(drain())
-    try:
-        # Output ends at EOF, or shortly after the process exits when a daemon it started still
-        # holds the pipe open.
-        while not reader.done() and process.returncode is None:
-            await asyncio.wait({reader}, timeout=_POLL_SEC)
-        if not reader.done():
-            await asyncio.wait({reader}, timeout=0.1)
-    finally:
-        await cancel_and_wait(reader, feeder)
-
-
-_POLL_SEC = 0.001
-
-
-async def _spawn(
-    argv: Sequence[str], end: Callable[[asyncio.subprocess.Process], Awaitable[None]], **kwargs: object
-) -> asyncio.subprocess.Process:
-    """``asyncio.create_subprocess_exec`` with ``HOST_ENV`` as its whole environment, which a
-    cancellation never interrupts half-way (see ``termgym.aio``): if the caller is cancelled
-    meanwhile, the process is started, ended with ``end`` and released, and the cancellation
-    propagates."""
-    spawning = asyncio.create_subprocess_exec(*argv, env=HOST_ENV, **kwargs)  # type: ignore[arg-type]
-    return await uninterrupted(spawning, end)
-
-
-async def _end_entered(process: asyncio.subprocess.Process) -> None:
-    """End a command started with ``nsenter`` in a new session, and everything it started."""
-    if process.returncode is None:
-        _kill_tree(process.pid)
-    await _release(process)
-
-
-async def _end_keeper(keeper: asyncio.subprocess.Process) -> None:
-    """End a sandbox: killing the namespace's init makes the kernel kill every process in it."""
-    for pid in _children(keeper.pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    if keeper.returncode is None:
-        # os.kill, not Process.kill: that polls first and may reap the exited process behind
-        # the child watcher's back (which then warns "Unknown child process").
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(keeper.pid, signal.SIGKILL)
-    await _release(keeper)
-
-
-async def _release(process: asyncio.subprocess.Process, timeout: float = 5.0) -> None:
-    """Wait until the process has exited, then close its pipes.
-
-    Not ``process.wait()``: on Python 3.11 that also waits for every pipe to close, which a
-    background job holding the output pipe can delay for ever. Nor closing the transport before the
-    exit is known: that reaps the process behind the child watcher's back."""
-    deadline = time.monotonic() + timeout
-    while process.returncode is None and time.monotonic() < deadline:
-        await asyncio.sleep(_POLL_SEC)
-    transport = getattr(process, "_transport", None)
-    if transport is not None:
-        transport.close()
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a host process started with a new session, and every process it forked into the
-    sandbox (nsenter does not forward signals to its child)."""
-    for child in _children(pid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-    children: list[int] = []
-    for task in tasks:
-        with contextlib.suppress(OSError):
-            children += [int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    return children
-
-
-def _alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, killed but not yet reaped, is not alive)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] not in ("Z", "X")
-
-
-async def _read_stderr(process: asyncio.subprocess.Process) -> str:
-    with contextlib.suppress(Exception):
-        assert process.stderr is not None
-        return (await wait_for(process.stderr.read(), 1.0)).decode(errors="replace")
-    return ""
 
 
 def _slug(name: str) -> str:
@@ -579,10 +527,10 @@ def collect_garbage(root: Path | None = None) -> int:
             continue
         try:
             pid = int((path / "keeper.pid").read_text())
-            alive = _alive(pid) and Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap"
+            running = alive(pid) and Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap"
         except (OSError, ValueError):
-            alive = False
-        if alive:
+            running = False
+        if running:
             live.add(f"termgym-{path.name}")
             continue
         unmount_sync(path / "fs")

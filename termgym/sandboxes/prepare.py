@@ -14,8 +14,8 @@ import tarfile
 import time
 from pathlib import Path, PurePosixPath
 
-from termgym.images.dockerfile import CopyStep, EnvironmentPlan, RunStep, WorkdirStep
 from termgym.errors import EnvironmentBuildError
+from termgym.images.dockerfile import CopyStep, EnvironmentPlan, RunStep, WorkdirStep
 from termgym.sandboxes.base import Sandbox, SandboxSpec
 
 NEEDS_DOCKER = "the embedded backend runs RUN steps with this machine's tools and a read-only /usr; use --backend docker for this task"
@@ -59,7 +59,9 @@ _DIRS_THEN = 'n=$1; shift; while [ "$n" -gt 0 ]; do mkdir -p -- "$1" || exit 1; 
 async def _make_dirs(sandbox: Sandbox, pending: list[tuple[str, str]], timeout: float) -> None:
     """Make the pending WORKDIR directories (one command for all), and forget them."""
     if pending:
-        await _run(sandbox, ["mkdir", "-p", *(path for path, _ in pending)], {}, "/", timeout, ", ".join(w for _, w in pending))
+        await _run(
+            sandbox, ["mkdir", "-p", *(path for path, _ in pending)], {}, "/", timeout, ", ".join(w for _, w in pending)
+        )
         pending.clear()
 
 

@@ -33,7 +33,9 @@ class SizedFilesystem:
         self.size_mb = size_mb
 
     @classmethod
-    async def create(cls, image: Path, mountpoint: Path, size_mb: int, owner: int, *, memory_mb: int) -> SizedFilesystem:
+    async def create(
+        cls, image: Path, mountpoint: Path, size_mb: int, owner: int, *, memory_mb: int
+    ) -> SizedFilesystem:
         """Make, mount and hand over to uid and gid ``owner`` a file system of ``size_mb`` at
         ``mountpoint`` (an empty directory), in memory when ``size_mb`` is at most a quarter of
         ``memory_mb``, else in the image file ``image``; ``OSError`` saying why when that is not possible."""
@@ -48,8 +50,18 @@ class SizedFilesystem:
         with open(image, "wb") as handle:
             handle.truncate(size_mb << 20)
         try:
-            await _run(host_tool("mkfs.ext4"), "-q", "-F", "-m", "0", "-O", "^has_journal",
-                       "-E", f"lazy_itable_init=1,root_owner={owner}:{owner}", str(image))  # fmt: skip
+            await _run(
+                host_tool("mkfs.ext4"),
+                "-q",
+                "-F",
+                "-m",
+                "0",
+                "-O",
+                "^has_journal",
+                "-E",
+                f"lazy_itable_init=1,root_owner={owner}:{owner}",
+                str(image),
+            )
             await _run(host_tool("mount"), "-o", "loop,nosuid,nodev", str(image), str(mountpoint))
         except OSError:
             with contextlib.suppress(OSError):
@@ -101,7 +113,11 @@ _ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 async def _run(*argv: str) -> None:
     process = await asyncio.create_subprocess_exec(
-        *argv, env=_ENV, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        *argv,
+        env=_ENV,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
     output, _ = await process.communicate()
     if process.returncode != 0:

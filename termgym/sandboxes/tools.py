@@ -16,8 +16,15 @@ from pathlib import Path
 from termgym.errors import BackendUnavailable
 
 TRUSTED_DIRS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin")
-PACKAGES = {"bwrap": "bubblewrap", "nsenter": "util-linux", "setpriv": "util-linux", "mount": "mount",
-            "umount": "mount", "mkfs.ext4": "e2fsprogs", "prlimit": "util-linux"}  # fmt: skip
+PACKAGES = {
+    "bwrap": "bubblewrap",
+    "nsenter": "util-linux",
+    "setpriv": "util-linux",
+    "mount": "mount",
+    "umount": "mount",
+    "mkfs.ext4": "e2fsprogs",
+    "prlimit": "util-linux",
+}
 
 
 @functools.cache
@@ -27,7 +34,9 @@ def host_tool(name: str) -> str:
         path = Path(directory, name)
         if path.is_file() and os.access(path, os.X_OK):
             if os.geteuid() == 0 and not _root_only(path):
-                raise BackendUnavailable(f"{path} (or its directory) can be written by a user other than root; refusing to run it")
+                raise BackendUnavailable(
+                    f"{path} (or its directory) can be written by a user other than root; refusing to run it"
+                )
             return str(path)
     package = PACKAGES.get(name, name)
     raise BackendUnavailable(f"the embedded backend needs {name}: apt-get install {package}")

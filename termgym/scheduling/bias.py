@@ -88,7 +88,9 @@ class Tally:
             self.carried += 1
 
 
-def tally(outcomes: Iterable[TrialOutcome], key: Callable[[TrialOutcome], str] = lambda o: o.family) -> dict[str, Tally]:
+def tally(
+    outcomes: Iterable[TrialOutcome], key: Callable[[TrialOutcome], str] = lambda o: o.family
+) -> dict[str, Tally]:
     """Per group (``key``: family by default), the counts and sums of ``outcomes``."""
     groups: dict[str, Tally] = {}
     for outcome in outcomes:
@@ -184,10 +186,14 @@ class BiasReport:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["groups"] = {
-            name: {**asdict(t), "launched_share": self.launched_share[name], "kept_share": self.kept_share[name],
-                   "weighted_share": self.weighted_share[name]}
+            name: {
+                **asdict(t),
+                "launched_share": self.launched_share[name],
+                "kept_share": self.kept_share[name],
+                "weighted_share": self.weighted_share[name],
+            }
             for name, t in self.groups.items()
-        }  # fmt: skip
+        }
         for redundant in ("launched_share", "kept_share", "weighted_share"):
             del data[redundant]
         return data
@@ -226,8 +232,20 @@ def _mean(total: float, count: int) -> float:
 
 # -- presentation (plain strings, so the CLI, the trainer's log and the benchmark share them) ---------
 
-TABLE_COLUMNS = ("family", "launched", "finished", "kept", "cancelled", "failed", "carried",
-                 "launched %", "kept %", "weighted %", "kept s (mean)", "launched s (mean)")  # fmt: skip
+TABLE_COLUMNS = (
+    "family",
+    "launched",
+    "finished",
+    "kept",
+    "cancelled",
+    "failed",
+    "carried",
+    "launched %",
+    "kept %",
+    "weighted %",
+    "kept s (mean)",
+    "launched s (mean)",
+)
 
 
 def table_rows(report: BiasReport) -> list[tuple[str, ...]]:
@@ -235,15 +253,38 @@ def table_rows(report: BiasReport) -> list[tuple[str, ...]]:
     rows = []
     for name, t in report.groups.items():
         rows.append(
-            (name, str(t.launched), str(t.finished), str(t.kept), str(t.cancelled), str(t.failed), str(t.carried),
-             _pct(report.launched_share[name]), _pct(report.kept_share[name]), _pct(report.weighted_share[name]),
-             _secs(_mean(t.kept_seconds, t.kept)), _secs(_mean(t.launched_seconds, t.launched)))
-        )  # fmt: skip
+            (
+                name,
+                str(t.launched),
+                str(t.finished),
+                str(t.kept),
+                str(t.cancelled),
+                str(t.failed),
+                str(t.carried),
+                _pct(report.launched_share[name]),
+                _pct(report.kept_share[name]),
+                _pct(report.weighted_share[name]),
+                _secs(_mean(t.kept_seconds, t.kept)),
+                _secs(_mean(t.launched_seconds, t.launched)),
+            )
+        )
     t = report.totals
     rows.append(
-        ("all", str(t.launched), str(t.finished), str(t.kept), str(t.cancelled), str(t.failed), str(t.carried),
-         "100.0", "100.0", "100.0", _secs(report.mean_seconds_kept), _secs(report.mean_seconds_launched))
-    )  # fmt: skip
+        (
+            "all",
+            str(t.launched),
+            str(t.finished),
+            str(t.kept),
+            str(t.cancelled),
+            str(t.failed),
+            str(t.carried),
+            "100.0",
+            "100.0",
+            "100.0",
+            _secs(report.mean_seconds_kept),
+            _secs(report.mean_seconds_launched),
+        )
+    )
     return rows
 
 
@@ -260,7 +301,11 @@ def summary_line(step: int, mode: str, report: BiasReport, cumulative: BiasRepor
     if longest is not None and longest in report.groups:
         parts.append(
             f"{longest} {_pct(report.launched_share[longest])}% launched → {_pct(report.kept_share[longest])}% kept"
-            + ("" if report.weighted_share == report.kept_share else f" ({_pct(report.weighted_share[longest])}% weighted)")
+            + (
+                ""
+                if report.weighted_share == report.kept_share
+                else f" ({_pct(report.weighted_share[longest])}% weighted)"
+            )
         )
     parts.append(f"mean s kept/launched {_secs(report.mean_seconds_kept)}/{_secs(report.mean_seconds_launched)}")
     return " · ".join(parts)

@@ -46,17 +46,17 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Literal, Protocol, TypeVar, get_args
+from typing import Any, Generic, Literal, Protocol, TypeVar, cast, get_args
 
-from termgym.scheduling import bias
-from termgym.scheduling.bias import Fate
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.env import default_sandbox_factory as backend_sandbox_factory
 from termgym.errors import ConfigError, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT
-from termgym.sandboxes.pacing import Pacer
-from termgym.records import TrialRecord
+from termgym.records import ErrorKind, TrialRecord
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox
+from termgym.sandboxes.pacing import Pacer
+from termgym.scheduling import bias
+from termgym.scheduling.bias import Fate
 from termgym.tasks import Task
 from termgym.trial import Agent, Step, run_trial
 
@@ -253,9 +253,16 @@ class PacedSandbox(Sandbox):
     async def stop(self) -> None:
         await self.inner.stop()
 
-    async def exec(self, argv: Sequence[str], *, timeout: float, stdin: bytes | None = None,
-                   env: Mapping[str, str] | None = None, cwd: str | None = None,
-                   output_limit: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:  # fmt: skip
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
         return await self.inner.exec(argv, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
 
     async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
@@ -327,7 +334,7 @@ class StepResult(Generic[T]):
     mode: SchedulerMode
     policy_version: int
     kept: list[KeptTrial[T]]
-    records: list[tuple[str, TrialRecord]]  # (fate, record) of every trial decided in this step
+    records: list[tuple[Fate, TrialRecord]]  # (fate, record) of every trial decided in this step
     families: bias.BiasReport
     tasks: bias.BiasReport
     run_families: bias.BiasReport  # cumulative, since the scheduler was made
@@ -350,7 +357,7 @@ class _Trial:
     version: int
     attempt: int
     progress: TrialProgress = field(default_factory=TrialProgress)
-    future: asyncio.Task | None = None
+    future: asyncio.Task[Any] | None = None
     node: Node | None = None
     ended_at: float | None = None
 
@@ -366,7 +373,7 @@ class RolloutScheduler(Generic[T]):
         config: SchedulerConfig,
         *,
         pacer: Pacer,
-        on_record: Callable[[str, TrialRecord], None] | None = None,
+        on_record: Callable[[Fate, TrialRecord], None] | None = None,
     ) -> None:
         self.runner, self.pool, self.config, self.pacer = runner, pool, config, pacer
         self.on_record = on_record  # called with (fate, record) as soon as each trial is decided
@@ -388,7 +395,7 @@ class RolloutScheduler(Generic[T]):
         draw = self.pool.draw(max(self.config.launched_per_step - len(in_flight), 0))
         launched = [self._launch(task, version, attempt=0) for task in draw]
         in_flight.update(dict.fromkeys(launched))
-        decided: list[tuple[_Trial, str, TrialRecord, object]] = []  # (trial, fate, record, result)
+        decided: list[tuple[_Trial, Fate, TrialRecord, T | None]] = []  # (trial, fate, record, result)
         kept = 0
         try:
             while kept < batch and in_flight:
@@ -452,38 +459,50 @@ class RolloutScheduler(Generic[T]):
 
     async def _cancel(self, trials: Iterable[_Trial]) -> None:
         """Cancel and wait until each trial has unwound (its sandbox stopped)."""
-        futures = [trial.future for trial in trials]
+        futures = [trial.future for trial in trials if trial.future is not None]
         for future in futures:
             future.cancel()
         await asyncio.gather(*futures, return_exceptions=True)
 
-    def _settle(self, trial: _Trial, *, room: bool) -> tuple[str, TrialRecord, object]:
+    def _settle(self, trial: _Trial, *, room: bool) -> tuple[Fate, TrialRecord, T | None]:
         """The fate and record of a trial whose task is done. ``room``: the batch still has room
         (otherwise a finished trial is surplus)."""
-        result: object = None
-        if trial.future.cancelled():
+        result: T | None = None
+        future = trial.future
+        assert future is not None, "settled before it was launched"
+        if future.cancelled():
             record = self._bare_record(trial, "cancelled", "cancelled: the batch was full")
         else:
             try:
-                result = trial.future.result()
-                record = self.runner.record_of(result)  # type: ignore[arg-type]
+                value = future.result()
+                result, record = value, self.runner.record_of(value)
             except SandboxError as exc:
                 record = self._bare_record(trial, "sandbox_error", str(exc))
         kind = record.error["kind"] if record.error else None
-        fate = "cancelled" if kind == "cancelled" else "failed" if kind in FAILED_KINDS else "kept" if room else "surplus"
+        fate: Fate = (
+            "cancelled" if kind == "cancelled" else "failed" if kind in FAILED_KINDS else "kept" if room else "surplus"
+        )
         if self.on_record is not None:
             self.on_record(fate, record)
         return fate, record, result
 
     def _retryable(self, record: TrialRecord, trial: _Trial) -> bool:
-        return record.error is not None and record.error["kind"] in RETRYABLE_KINDS and trial.attempt < self.config.retries
+        return (
+            record.error is not None and record.error["kind"] in RETRYABLE_KINDS and trial.attempt < self.config.retries
+        )
 
-    def _bare_record(self, trial: _Trial, kind: str, message: str) -> TrialRecord:
+    def _bare_record(self, trial: _Trial, kind: ErrorKind, message: str) -> TrialRecord:
         return TrialRecord(
-            task=trial.task.name, backend=self.runner.backend, agent=self.runner.agent_name, turns=trial.progress.turns,
-            error={"kind": kind, "message": message}, timings={"total": self._duration(trial)},
-            run_id=self.runner.run_id, trial_id=uuid.uuid4().hex[:12], family=trial.task.family,
-        )  # fmt: skip
+            task=trial.task.name,
+            backend=self.runner.backend,
+            agent=self.runner.agent_name,
+            turns=trial.progress.turns,
+            error={"kind": kind, "message": message},
+            timings={"total": self._duration(trial)},
+            run_id=self.runner.run_id,
+            trial_id=uuid.uuid4().hex[:12],
+            family=trial.task.family,
+        )
 
     def _duration(self, trial: _Trial, since: float = -math.inf) -> float:
         """Loop seconds from the creation grant (or ``since``, if later) to the end, or to now."""
@@ -495,7 +514,9 @@ class RolloutScheduler(Generic[T]):
         self, trial: _Trial, fate: Fate, record: TrialRecord | None, *, launched: bool, weight: float = 1.0
     ) -> bias.TrialOutcome:
         turns = record.turns if record is not None else trial.progress.turns
-        return bias.TrialOutcome(trial.task.name, trial.task.family, fate, launched, self._duration(trial), turns, weight)
+        return bias.TrialOutcome(
+            trial.task.name, trial.task.family, fate, launched, self._duration(trial), turns, weight
+        )
 
     def _account(self, outcomes: list[bias.TrialOutcome]) -> tuple[dict[str, bias.Tally], dict[str, bias.Tally]]:
         families, tasks = bias.tally(outcomes), bias.tally(outcomes, key=lambda o: o.task)
@@ -503,16 +524,25 @@ class RolloutScheduler(Generic[T]):
         self._run_tasks = bias.merge_tallies(self._run_tasks, tasks)
         return families, tasks
 
-    def _result(self, index: int, version: int, started: float, batch_full: float, launched: list[_Trial],
-                decided: list[tuple[_Trial, str, TrialRecord, object]]) -> StepResult[T]:  # fmt: skip
-        kept = [(t, record, result) for t, fate, record, result in decided if fate == "kept"]
+    def _result(
+        self,
+        index: int,
+        version: int,
+        started: float,
+        batch_full: float,
+        launched: list[_Trial],
+        decided: list[tuple[_Trial, Fate, TrialRecord, T | None]],
+    ) -> StepResult[T]:
+        # a kept trial's result is there: only a finished runner call gives a record that can be kept
+        kept = [(t, record, cast(T, result)) for t, fate, record, result in decided if fate == "kept"]
         weights: dict[str, float] = {}
         if self.config.mode == "reweight":
             launched_per_family = Counter(t.task.family for t in launched)
             weights = bias.importance_weights(launched_per_family, Counter(t.task.family for t, _, _ in kept))
         new = set(launched)
         outcomes = [
-            self._outcome(t, fate, r, launched=t in new, weight=weights.get(t.task.family, 1.0)) for t, fate, r, _ in decided
+            self._outcome(t, fate, r, launched=t in new, weight=weights.get(t.task.family, 1.0))
+            for t, fate, r, _ in decided
         ]
         outcomes += [self._outcome(t, "carried", None, launched=t in new) for t in self._carried]
         families, tasks = self._account(outcomes)
@@ -522,10 +552,17 @@ class RolloutScheduler(Generic[T]):
             mode=self.config.mode,
             policy_version=version,
             kept=[
-                KeptTrial(result=result, record=record, weight=weights.get(t.task.family, 1.0), policy_version=t.version,
-                          staleness=version - t.version, duration=self._duration(t), node=t.node.name if t.node else "")
+                KeptTrial(
+                    result=result,
+                    record=record,
+                    weight=weights.get(t.task.family, 1.0),
+                    policy_version=t.version,
+                    staleness=version - t.version,
+                    duration=self._duration(t),
+                    node=t.node.name if t.node else "",
+                )
                 for t, record, result in kept
-            ],  # fmt: skip
+            ],
             records=[(fate, record) for _, fate, record, _ in decided],
             families=bias.bias_report(families),
             tasks=bias.bias_report(tasks),
@@ -543,8 +580,17 @@ class RolloutScheduler(Generic[T]):
 def step_metrics(result: StepResult) -> dict:
     """One JSON object for the run's ``metrics.jsonl``: the step's timing and its accounting, per
     family and per task, for the step and for the run so far."""
-    timing = ("step", "mode", "policy_version", "short", "wall_seconds", "batch_seconds", "pacing_seconds",
-              "lower_bound", "node_peaks")  # fmt: skip
+    timing = (
+        "step",
+        "mode",
+        "policy_version",
+        "short",
+        "wall_seconds",
+        "batch_seconds",
+        "pacing_seconds",
+        "lower_bound",
+        "node_peaks",
+    )
     return {
         **{name: getattr(result, name) for name in timing},
         "kept": len(result.kept),

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.errors import SandboxError, SandboxGone
-from termgym.scheduling.latency import BUNDLED, LatencyModel, TrialPlan, plan_trial
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.scheduling.latency import BUNDLED, LatencyModel, TrialPlan, plan_trial
 from termgym.tasks import Task
 
 SIM_DONE = "[simulated: the agent is done]"
@@ -63,7 +63,10 @@ class SimulatedBackend:
     def __call__(self, task: Task, options: EnvOptions) -> SimulatedSandbox:
         self._ids += 1
         spec = SandboxSpec(
-            name=task.name, context_dir=None, dockerfile=None, labels={"termgym": "1", "termgym.run": options.run_id or "adhoc"}
+            name=task.name,
+            context_dir=None,
+            dockerfile=None,
+            labels={"termgym": "1", "termgym.run": options.run_id or "adhoc"},
         )
         sandbox = SimulatedSandbox(spec, plan_trial(self.model, task.family, self._rng), self, self._ids)
         if task.report_format == "ctrf":

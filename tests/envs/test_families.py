@@ -21,6 +21,7 @@ from termgym.envs.families import (
     HELDOUT_ONLY,
     TRAIN_FAMILIES,
     NamePool,
+    TaskSpec,
     generate_split,
     make_task,
     reference_commands,
@@ -36,7 +37,7 @@ OPTIONS = EnvOptions(run_id="families-test")
 ROOT = REPO_ROOT
 
 
-def one_of_each(split: str = "heldout", seed: int = 0) -> dict[str, object]:
+def one_of_each(split: str = "heldout", seed: int = 0) -> dict[str, TaskSpec]:
     n = len(FAMILIES)
     return {make_task(split, seed, i).family: make_task(split, seed, i) for i in range(n)}
 
@@ -54,6 +55,7 @@ def test_same_seed_same_files_and_another_seed_other_names(tmp_path):
     c = generate_split(tmp_path / "c", "train", 20, seed=4)
     assert [p.name for p in a] == [p.name for p in b] == [p.name for p in c]
     assert tree(tmp_path / "a") == tree(tmp_path / "b")
+
     def instructions(paths: list[Path]) -> list[str]:
         return [(p / "instruction.md").read_text() for p in paths]
 
@@ -169,7 +171,9 @@ def test_bad_input_is_one_line_and_a_nonzero_exit(tmp_path):
     for args in (["--count", "many"], ["--split", "test"], []):
         usage = subprocess.run([*cli, *args], capture_output=True, text=True, check=False)
         assert usage.returncode == 2 and len(usage.stderr.strip().splitlines()) == 1, usage.stderr
-    good = subprocess.run([*cli, str(tmp_path / "y"), "--split", "heldout", "--count", "6"], capture_output=True, text=True, check=False)
+    good = subprocess.run(
+        [*cli, str(tmp_path / "y"), "--split", "heldout", "--count", "6"], capture_output=True, text=True, check=False
+    )
     assert good.returncode == 0, good.stderr
     assert len(discover_tasks(tmp_path / "y")) == 6
     # the same split in another process (another hash seed): the same files
@@ -228,7 +232,7 @@ async def test_trying_with_a_misspelt_name_never_scores_below_stopping(family, t
             run_trial(task, ScriptedAgent(prefix), OPTIONS),
             run_trial(task, ScriptedAgent((*prefix, misspell(wrong))), OPTIONS),
             run_trial(task, ScriptedAgent((*prefix, f"echo x > /app/missing/{keep}.txt")), OPTIONS),
-        )  # fmt: skip
+        )
         assert tried.passed >= stopped.passed, (keep, misspell(wrong), tried.assertions)
         assert failed.passed == stopped.passed, (keep, failed.assertions)  # a failed command changes nothing
 

@@ -20,7 +20,9 @@ from termgym.tasks import load_task
 from termgym.trial import OracleAgent, ScriptedAgent, run_trial
 from tests.helpers import KIT_SOURCE, write_task
 
-FORGED_CTRF = '{"results":{"tests":[' + ",".join(f'{{"name":"forged {i}","status":"passed"}}' for i in range(40)) + "]}}"
+FORGED_CTRF = (
+    '{"results":{"tests":[' + ",".join(f'{{"name":"forged {i}","status":"passed"}}' for i in range(40)) + "]}}"
+)
 REAL_TEST_SH = f"""#!/bin/sh
 {KIT_SOURCE}
 tg_check "result exists" test -f /app/result.txt
@@ -34,7 +36,9 @@ async def attack(task_dir: Path, backend: str, *commands: str, **options) -> Tri
     return await run_trial(load_task(task_dir), ScriptedAgent(tuple(commands)), EnvOptions(backend=backend, **options))
 
 
-async def oracle_attack(root: Path, backend: str, solve_sh: str, *, name: str = "attack", options: dict | None = None, **task) -> TrialRecord:
+async def oracle_attack(
+    root: Path, backend: str, solve_sh: str, *, name: str = "attack", options: dict | None = None, **task
+) -> TrialRecord:
     """A task whose reference solution is the attack, run by the oracle agent."""
     task_dir = write_task(root, name, solve_sh=solve_sh, **task)
     return await run_trial(load_task(task_dir), OracleAgent(), EnvOptions(backend=backend, **(options or {})))

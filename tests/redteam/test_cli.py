@@ -29,7 +29,9 @@ async def test_markup_and_terminal_controls_from_the_verifier_are_printed_as_ine
     assert "\x1b" not in out + err and "\x07" not in out + err
 
 
-@pytest.mark.parametrize(("line", "fragment"), [("cpus = 1e12", "[environment].cpus"), ("memory_mb = 1", "[environment].memory_mb")])
+@pytest.mark.parametrize(
+    ("line", "fragment"), [("cpus = 1e12", "[environment].cpus"), ("memory_mb = 1", "[environment].memory_mb")]
+)
 async def test_resource_values_no_engine_accepts_are_an_invalid_task(tmp_path, capsys, line, fragment):
     task = write_task(tmp_path, environment_toml=line)
     code, out, err = await _check(capsys, str(task))

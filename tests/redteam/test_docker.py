@@ -26,7 +26,10 @@ MV_SHIM = f"printf '#!/bin/sh\\necho %s > /logs/verifier/ctrf.json\\n' '{FORGED_
 PLANTS = {
     "path-shim": (MV_SHIM, "/usr/local/bin/mv"),
     "ld-so-preload": ("echo /usr/lib/libforge.so > /etc/ld.so.preload", "/etc/ld.so.preload"),
-    "replaced-sh": ("cp /bin/sh /tmp/sh.orig && cp /tmp/sh.orig /bin/sh.new && mv -f /bin/sh.new /bin/sh", "/usr/bin/sh"),
+    "replaced-sh": (
+        "cp /bin/sh /tmp/sh.orig && cp /tmp/sh.orig /bin/sh.new && mv -f /bin/sh.new /bin/sh",
+        "/usr/bin/sh",
+    ),
     "pytest-files-at-root": ("echo '[pytest]' > /pytest.ini && echo 'import os' > /conftest.py", "/pytest.ini"),
 }
 
@@ -49,8 +52,11 @@ async def test_a_clean_episode_changes_no_system_path(task_dir, backend, no_leak
     assert record.resolved and record.system_changes == [] and not record.warnings[:-1]
 
 
-async def test_under_the_fail_policy_a_tampered_trial_scores_zero_without_running_the_verifier(task_dir, backend, no_leaks):
+async def test_under_the_fail_policy_a_tampered_trial_scores_zero_without_running_the_verifier(
+    task_dir, backend, no_leaks
+):
     record = await attack(task_dir, backend, MV_SHIM, tamper="fail")
+    assert record.error is not None, record
     assert record.error["kind"] == "tampered" and "/usr/local/bin/mv" in record.error["message"]
     assert record.reward == 0.0 and not record.resolved and record.assertions == []
 
@@ -58,7 +64,9 @@ async def test_under_the_fail_policy_a_tampered_trial_scores_zero_without_runnin
 async def test_the_separate_verification_mode_grades_in_a_fresh_container(tmp_path, backend, no_leaks):
     """The shim would have forged the report in the agent's container; the separate verifier runs
     in a new one, into which only the declared artifact is copied."""
-    task = write_task(tmp_path, verifier_toml='environment_mode = "separate"', top_toml='artifacts = ["/app/result.txt"]')
+    task = write_task(
+        tmp_path, verifier_toml='environment_mode = "separate"', top_toml='artifacts = ["/app/result.txt"]'
+    )
     cheated = await attack(task, backend, MV_SHIM)
     assert not forged(cheated), cheated
     honest = await attack(task, backend, MV_SHIM, "echo done > /app/result.txt")
@@ -111,4 +119,3 @@ async def test_a_build_step_cannot_reach_the_hosts_loopback(tmp_path, backend, n
     thread.join()
     listener.close()
     assert record.resolved and not reached.is_set()
-

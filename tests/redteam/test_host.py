@@ -52,7 +52,9 @@ async def test_a_helper_cannot_be_planted_where_termgym_finds_its_helpers(task_d
     PATH termgym ran helpers with), wait for termgym to run it as root outside every namespace.
     The plant fails; that termgym runs helpers by absolute path only is test_helpers_are_run_by_absolute_path."""
     with host_canary("/usr/sbin") as planted:
-        plant = f"mount -o remount,rw,bind /usr; printf '#!/bin/sh\\ntouch /tmp/pwned\\n' > {planted} && chmod +x {planted}"
+        plant = (
+            f"mount -o remount,rw,bind /usr; printf '#!/bin/sh\\ntouch /tmp/pwned\\n' > {planted} && chmod +x {planted}"
+        )
         observations = await run_in_sandbox(task_dir, plant)
         assert not planted.exists(), observations
 
@@ -60,8 +62,12 @@ async def test_a_helper_cannot_be_planted_where_termgym_finds_its_helpers(task_d
 @root_only
 async def test_host_sysctls_are_read_only(task_dir, no_leaks):
     write_back = "v=$(cat /proc/sys/kernel/{0}); printf '%s\\n' \"$v\" > /proc/sys/kernel/{0} && echo WROTE-{0}"
-    observations = await run_in_sandbox(task_dir, write_back.format("core_pattern"), write_back.format("hostname"),
-                                        "echo 1 > /proc/sysrq-trigger && echo WROTE-sysrq")  # fmt: skip
+    observations = await run_in_sandbox(
+        task_dir,
+        write_back.format("core_pattern"),
+        write_back.format("hostname"),
+        "echo 1 > /proc/sysrq-trigger && echo WROTE-sysrq",
+    )
     assert not any("WROTE" in o for o in observations), observations
 
 
@@ -91,18 +97,24 @@ async def test_sandbox_root_is_an_unprivileged_host_user_with_docker_capabilitie
 async def test_files_the_sandbox_writes_belong_to_an_unprivileged_host_uid(task_dir, no_leaks):
     from termgym.env import sandbox_spec
 
-    async with LocalSandbox(sandbox_spec(load_task(task_dir), run_id="redteam")) as sandbox:
+    sandbox = LocalSandbox(sandbox_spec(load_task(task_dir), run_id="redteam"))
+    async with sandbox:
         await sandbox.exec(["/bin/sh", "-c", "echo x > /app/mine"], timeout=10)
-        owner = (sandbox.host_dir / "fs" / "app" / "mine").stat().st_uid
+        host_dir = sandbox.host_dir
+        assert host_dir is not None  # a started sandbox has its host directory
+        owner = (host_dir / "fs" / "app" / "mine").stat().st_uid
         assert owner == sandbox.owner and owner >= 1 << 20, owner
 
 
 async def test_helpers_are_run_by_absolute_path(task_dir, no_leaks):
     from termgym.env import sandbox_spec
 
-    async with LocalSandbox(sandbox_spec(load_task(task_dir), run_id="redteam")) as sandbox:
+    sandbox = LocalSandbox(sandbox_spec(load_task(task_dir), run_id="redteam"))
+    async with sandbox:
         for argv in (sandbox._bwrap_argv(), sandbox._enter_argv(["true"], {}, "/")):
-            programs = [argv[0]] + [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--" and not argv[i + 1].startswith("-")]
+            programs = [argv[0]] + [
+                argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--" and not argv[i + 1].startswith("-")
+            ]
             assert programs and all(p.startswith("/") for p in programs), argv
 
 
@@ -111,8 +123,9 @@ async def test_breaking_out_leaves_no_forged_reward(task_dir, no_leaks):
     """The whole chain at once, as an RL policy would try it: escape, then plant a passing report."""
     with host_canary("/usr/local/bin") as canary:
         record = await attack(
-            task_dir, "local",
+            task_dir,
+            "local",
             f"mount -o remount,rw,bind /usr; touch {canary}",
-            "mkdir -p /logs/verifier && echo '{\"results\":{\"tests\":[{\"name\":\"x\",\"status\":\"passed\"}]}}' > /logs/verifier/ctrf.json",
-        )  # fmt: skip
+            'mkdir -p /logs/verifier && echo \'{"results":{"tests":[{"name":"x","status":"passed"}]}}\' > /logs/verifier/ctrf.json',
+        )
         assert not canary.exists() and not forged(record) and record.total == 2

@@ -16,7 +16,9 @@ from tests.helpers import write_task
 from tests.redteam.helpers import attack, running_as_root
 
 pytestmark = [pytest.mark.redteam]
-limits_need_root = pytest.mark.skipif(not running_as_root(), reason="cgroups and a sized file system need root on the embedded backend")
+limits_need_root = pytest.mark.skipif(
+    not running_as_root(), reason="cgroups and a sized file system need root on the embedded backend"
+)
 
 
 def _warned(record, fragment: str) -> bool:
@@ -68,6 +70,10 @@ async def test_a_limit_that_cannot_be_enforced_is_a_warning_not_silence(tmp_path
     monkeypatch.setattr(storage.SizedFilesystem, "create", no_loop_device)
     record = await attack(write_task(tmp_path), "local", "echo done > /app/result.txt")
     assert record.resolved
-    for fragment in ("memory limit not enforced", "process-count limit not enforced", "CPU limit not enforced",
-                     "storage limit enforced per file only"):  # fmt: skip
+    for fragment in (
+        "memory limit not enforced",
+        "process-count limit not enforced",
+        "CPU limit not enforced",
+        "storage limit enforced per file only",
+    ):
         assert _warned(record, fragment), record.warnings

@@ -9,7 +9,15 @@ import pytest
 
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.sandboxes.pacing import Pacer
-from termgym.scheduling.scheduler import FAILED_KINDS, RETRYABLE_KINDS, RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes
+from termgym.scheduling.scheduler import (
+    FAILED_KINDS,
+    RETRYABLE_KINDS,
+    RolloutScheduler,
+    SchedulerConfig,
+    TaskPool,
+    TrialRunner,
+    make_nodes,
+)
 from termgym.tasks import load_task
 from termgym.trial import ScriptedAgent
 from tests.redteam.helpers import attack
@@ -18,14 +26,15 @@ pytestmark = [pytest.mark.redteam]
 
 # Redefines `builtin`, which the shell's frame goes through, to answer a malformed frame.
 PROTOCOL_BREAKER = (
-    "builtin() { if [ \"$1\" = printf ]; then printf '\\n__TG_%s_ not-a-status\\n__TG_%s_END\\n' \"$__tg_n\" \"$__tg_n\" >&99;"
-    " else command \"$@\"; fi; }"
+    'builtin() { if [ "$1" = printf ]; then printf \'\\n__TG_%s_ not-a-status\\n__TG_%s_END\\n\' "$__tg_n" "$__tg_n" >&99;'
+    ' else command "$@"; fi; }'
 )
 
 
 @pytest.mark.parametrize("command", ["kill -9 -1", PROTOCOL_BREAKER], ids=["kill-everything", "break-the-protocol"])
 async def test_breaking_the_sandbox_scores_zero_and_blames_the_agent(task_dir, backend, no_leaks, command):
     record = await attack(task_dir, backend, "echo done > /app/result.txt", command)
+    assert record.error is not None, record
     assert record.error["kind"] == "broken_by_agent", record.error
     assert record.reward == 0.0 and not record.resolved
     assert record.error["kind"] not in RETRYABLE_KINDS and record.error["kind"] not in FAILED_KINDS
@@ -37,14 +46,19 @@ async def test_a_broken_sandbox_is_kept_in_the_batch_not_retried(task_dir, no_le
     config = SchedulerConfig(batch_size=1, mode="wait", nodes=make_nodes([1]))
     scheduler = RolloutScheduler(runner, TaskPool([load_task(task_dir)], shuffle=False), config, pacer=pacer)
     result = await scheduler.step()
-    assert [k.record.error["kind"] for k in result.kept] == ["broken_by_agent"]
+    errors = [k.record.error for k in result.kept]
+    assert all(e is not None for e in errors), errors
+    assert [e["kind"] for e in errors if e is not None] == ["broken_by_agent"]
     assert pacer.granted == 1  # one sandbox: the failure was not erased by a retry
 
 
 @pytest.mark.docker
 async def test_a_tool_the_harness_needs_broken_by_the_agent_scores_zero(task_dir, no_leaks):
     """On Docker the harness runs the image's `timeout`; the agent (root there) replaces it."""
-    record = await attack(task_dir, "docker", "echo done > /app/result.txt", "printf '#!/bin/sh\\nexit 127\\n' > /usr/bin/timeout")
+    record = await attack(
+        task_dir, "docker", "echo done > /app/result.txt", "printf '#!/bin/sh\\nexit 127\\n' > /usr/bin/timeout"
+    )
+    assert record.error is not None, record
     assert record.error["kind"] == "broken_by_agent" and record.reward == 0.0, record.error
 
 

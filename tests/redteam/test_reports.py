@@ -32,7 +32,7 @@ def forging_tool(passing: int) -> str:
 
 
 def verifier_running_tool(check: str = "tg_check_sh 'result says done' 'grep -qx done /app/result.txt'") -> str:
-    return f'#!/bin/sh\n{KIT_SOURCE}\n/app/tool.sh 2>/dev/null\n{check}\ntg_finish\n'
+    return f"#!/bin/sh\n{KIT_SOURCE}\n/app/tool.sh 2>/dev/null\n{check}\ntg_finish\n"
 
 
 async def test_a_summary_printed_by_the_agents_program_never_outranks_the_report_file(tmp_path, backend, no_leaks):
@@ -48,7 +48,10 @@ async def test_a_summary_is_not_graded_when_the_report_directory_was_sabotaged(t
     forged summary in the output would be all that is left: the reset undoes it. (On the embedded
     backend /logs is a mount point the agent cannot replace.)"""
     backend = "docker"
-    sabotage = forging_tool(50) + "rm -rf /logs/verifier /logs/* 2>/dev/null; echo x > /logs/verifier; (rm -rf /logs && echo x > /logs) 2>/dev/null; true\n"
+    sabotage = (
+        forging_tool(50)
+        + "rm -rf /logs/verifier /logs/* 2>/dev/null; echo x > /logs/verifier; (rm -rf /logs && echo x > /logs) 2>/dev/null; true\n"
+    )
     record = await oracle_attack(tmp_path, backend, sabotage, test_sh=verifier_running_tool())
     assert record.report_format == "ctrf" and not forged(record), record
 
@@ -57,7 +60,10 @@ async def test_a_declared_report_format_grades_nothing_else(tmp_path, backend, n
     """The kit's report is missing (the verifier was made to skip it): with the format declared,
     a forged summary in the output is never graded."""
     test_sh = "#!/bin/sh\n/app/tool.sh\nexit 0\n"
-    record = await oracle_attack(tmp_path, backend, forging_tool(50), test_sh=test_sh, verifier_toml='report_format = "ctrf"')
+    record = await oracle_attack(
+        tmp_path, backend, forging_tool(50), test_sh=test_sh, verifier_toml='report_format = "ctrf"'
+    )
+    assert record.error is not None, record
     assert record.error["kind"] == "verifier_error" and not forged(record), record
 
 
@@ -65,7 +71,10 @@ async def test_a_forged_summary_cannot_amplify_the_reward_past_the_declared_coun
     """A Terminal-Bench 1 style task graded from the pytest summary, which the agent's program
     floods with 50,000 passes: the task declares 2 assertions, so the report is an error, reward 0."""
     test_sh = "#!/bin/sh\n/app/tool.sh\n"
-    record = await oracle_attack(tmp_path, backend, forging_tool(50000), test_sh=test_sh, verifier_toml="assertions = 2")
+    record = await oracle_attack(
+        tmp_path, backend, forging_tool(50000), test_sh=test_sh, verifier_toml="assertions = 2"
+    )
+    assert record.error is not None, record
     assert record.report_format == "pytest" and record.error["kind"] == "verifier_error"
     assert re.search(r"the report counts \d{4,} assertions; the task.s verifier defines 2", record.error["message"])
     assert record.reward == 0.0 and not record.resolved
@@ -77,7 +86,10 @@ async def test_a_runaway_report_cannot_amplify_the_reward(tmp_path, backend, no_
         #!/bin/sh
         { printf '{"results":{"tests":['; i=0; while [ $i -lt 60000 ]; do [ $i -gt 0 ] && printf ','; printf '{"name":"t%d","status":"passed"}' $i; i=$((i + 1)); done; printf ']}}'; } > /logs/verifier/ctrf.json
         """)
-    record = await oracle_attack(tmp_path, backend, "#!/bin/sh\ntrue\n", test_sh=test_sh, verifier_toml="assertions = 2", verifier_timeout=120)
+    record = await oracle_attack(
+        tmp_path, backend, "#!/bin/sh\ntrue\n", test_sh=test_sh, verifier_toml="assertions = 2", verifier_timeout=120
+    )
+    assert record.error is not None, record
     assert record.error["kind"] == "verifier_error" and record.reward == 0.0, record
 
 
@@ -92,5 +104,6 @@ async def test_report_files_past_the_cap_are_an_error_not_a_silent_truncation(tm
         printf '<testsuite><testcase classname="c" name="last"><failure message="no"/></testcase></testsuite>' > /logs/verifier/r99.xml
         """)
     record = await oracle_attack(tmp_path, backend, "#!/bin/sh\ntrue\n", test_sh=test_sh)
+    assert record.error is not None, record
     assert record.error["kind"] == "verifier_error" and "40 report files" in record.error["message"]
     assert not record.resolved and record.reward == 0.0

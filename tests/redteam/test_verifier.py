@@ -55,16 +55,24 @@ async def test_a_module_shadowing_the_standard_library_in_the_working_directory_
     plant = SOLVE + f"printf '%s\\nraise SystemExit(0)\\n' \"{MARK_IT}\" > /app/unittest.py\n"
     test_py = "import unittest\n\nclass T(unittest.TestCase):\n    def test_done(self):\n        self.assertEqual(open('/app/result.txt').read(), 'done\\n')\n"
     step = "cd /app && python3 -m unittest discover -s /tests -p 'test_*.py'"
-    record = await oracle_attack(tmp_path, "local", plant, test_sh=verifier_running(step), extra_files={"tests/test_done.py": test_py})
+    record = await oracle_attack(
+        tmp_path, "local", plant, test_sh=verifier_running(step), extra_files={"tests/test_done.py": test_py}
+    )
     assert record.resolved, record.assertions
 
 
 @pytest.mark.parametrize("where", ["global", "repository"])
 async def test_a_git_fsmonitor_hook_from_the_agent_is_not_run(tmp_path, no_leaks, where):
     hook = f"printf '#!/bin/sh\\ntouch {MARK}\\n' > /app/hook.sh && chmod +x /app/hook.sh"
-    config = "git config --global core.fsmonitor /app/hook.sh" if where == "global" else "git -C /app config core.fsmonitor /app/hook.sh"
+    config = (
+        "git config --global core.fsmonitor /app/hook.sh"
+        if where == "global"
+        else "git -C /app config core.fsmonitor /app/hook.sh"
+    )
     plant = SOLVE + f"cd /app && git init -q . && {hook} && {config}\n"
-    record = await oracle_attack(tmp_path, "local", plant, test_sh=verifier_running("git -C /app status --porcelain >/dev/null"))
+    record = await oracle_attack(
+        tmp_path, "local", plant, test_sh=verifier_running("git -C /app status --porcelain >/dev/null")
+    )
     assert record.resolved, record.assertions
 
 
@@ -73,12 +81,14 @@ async def test_a_git_fsmonitor_hook_from_the_agent_is_not_run(tmp_path, no_leaks
 # and lets it go on. Only a process still alive while the reports are read can do this.
 SWAPPER = (
     "(while :; do ps=; for r in $(grep -ls 'cd /logs/verifie[r]' /proc/[0-9]*/cmdline); do p=${r#/proc/}; ps=\"$ps ${p%/cmdline}\"; done;"
-    " [ -n \"$ps\" ] || continue; kill -STOP $ps; echo '" + FORGED_CTRF + "' > /logs/verifier/f.tmp;"
+    ' [ -n "$ps" ] || continue; kill -STOP $ps; echo \'' + FORGED_CTRF + "' > /logs/verifier/f.tmp;"
     " mv -f /logs/verifier/f.tmp /logs/verifier/ctrf.json; kill -CONT $ps; exit; done) >/dev/null 2>&1 &"
 )
 
 
-async def test_a_process_the_verifier_started_cannot_rewrite_the_reports_while_they_are_read(tmp_path, backend, no_leaks):
+async def test_a_process_the_verifier_started_cannot_rewrite_the_reports_while_they_are_read(
+    tmp_path, backend, no_leaks
+):
     plant = f"#!/bin/sh\ncat > /app/tool.sh <<'EOF'\n#!/bin/sh\n{SWAPPER}\nexit 0\nEOF\nchmod +x /app/tool.sh\n"
     test_sh = f"#!/bin/sh\n{KIT_SOURCE}\ntg_check_sh 'tool runs' /app/tool.sh\ntg_check_sh 'result says done' 'grep -qx done /app/result.txt'\ntg_finish\n"
     record = await oracle_attack(tmp_path, backend, plant, test_sh=test_sh)

@@ -32,7 +32,9 @@ async def test_output_flood_keeps_memory_bounded(task_dir, backend, no_leaks):
 
 
 async def test_binary_output_does_not_break_the_trial(task_dir, backend, no_leaks):
-    record = await trial(task_dir, backend, "head -c 2000000 /dev/urandom", "printf '\\x00\\xff\\xfe'", "echo done > result.txt")
+    record = await trial(
+        task_dir, backend, "head -c 2000000 /dev/urandom", "printf '\\x00\\xff\\xfe'", "echo done > result.txt"
+    )
     assert record.resolved and record.error is None
 
 
@@ -77,8 +79,10 @@ async def test_tests_replaced_by_symlink_do_not_count(task_dir, backend, no_leak
 
 
 async def test_background_rewriter_of_reports_does_not_count(task_dir, backend, no_leaks):
-    rewriter = f"while true; do mkdir -p /logs/verifier; echo '{ALL_PASS_CTRF}' > /logs/verifier/ctrf.json; sleep 0.01; done"
-    record = await trial(task_dir, backend, f"nohup sh -c \"{rewriter}\" >/dev/null 2>&1 &", "sleep 0.3")
+    rewriter = (
+        f"while true; do mkdir -p /logs/verifier; echo '{ALL_PASS_CTRF}' > /logs/verifier/ctrf.json; sleep 0.01; done"
+    )
+    record = await trial(task_dir, backend, f'nohup sh -c "{rewriter}" >/dev/null 2>&1 &', "sleep 0.3")
     assert record.total == 2 and record.passed == 0 and not record.resolved
 
 
@@ -88,7 +92,11 @@ async def test_background_rewriter_of_reports_does_not_count(task_dir, backend, 
         ("#!/bin/sh\nexec /no/such/interpreter\n", "verifier_error", "127"),
         ("#!/bin/sh\nsleep 100006\n", "verifier_timeout", "exceeded"),
         ("#!/bin/sh\nhead -c 3000 /dev/urandom > /logs/verifier/ctrf.json\n", "verifier_error", "unparseable"),
-        ("#!/bin/sh\nprintf '<?xml version=\"1.0\"?><!DOCTYPE x [<!ENTITY a \"aaaa\">]><x>&a;</x>' > /logs/verifier/r.xml\n", "verifier_error", "unparseable"),
+        (
+            '#!/bin/sh\nprintf \'<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaa">]><x>&a;</x>\' > /logs/verifier/r.xml\n',
+            "verifier_error",
+            "unparseable",
+        ),
     ],
 )
 async def test_broken_verifiers_give_a_record_not_a_crash(tmp_path, backend, no_leaks, test_sh, kind, fragment):
@@ -103,9 +111,12 @@ async def test_broken_verifiers_give_a_record_not_a_crash(tmp_path, backend, no_
 
 
 async def test_failed_build_is_a_record_with_the_log(tmp_path, no_leaks):
-    dockerfile = "FROM debian:bookworm-slim\nWORKDIR /app\nRUN echo building && apt-get install -y cowsay-nonexistent-tool\n"
+    dockerfile = (
+        "FROM debian:bookworm-slim\nWORKDIR /app\nRUN echo building && apt-get install -y cowsay-nonexistent-tool\n"
+    )
     task_dir = write_task(tmp_path, dockerfile=dockerfile)
     record = await run_trial(load_task(task_dir), OracleAgent(), EnvOptions())
+    assert record.error is not None, record
     assert record.error["kind"] == "build_failed"
     assert "--backend docker" in record.error["message"]
     assert "Dockerfile:3: RUN" in record.error["message"]

@@ -13,7 +13,8 @@ import time
 import pytest
 
 from termgym.aio import cancel_and_wait, uninterrupted, wait_for
-from termgym.sandboxes.local import _end_entered, _spawn
+from termgym.sandboxes.host_processes import end_entered as _end_entered
+from termgym.sandboxes.host_processes import spawn as _spawn
 from tests.helpers import pids_matching
 
 
@@ -125,8 +126,12 @@ async def test_a_spawn_cancelled_half_way_ends_the_process_and_what_it_started(y
     # plain create_subprocess_exec, cancelled while connecting the pipes, then waits for it.
     marker = f"{30 + yields}.{os.getpid()}"
     spawning = asyncio.create_task(
-        _spawn(["sh", "-c", f"sleep {marker} & exec sleep {marker}"], _end_entered,
-               stdout=asyncio.subprocess.PIPE, start_new_session=True)  # fmt: skip
+        _spawn(
+            ["sh", "-c", f"sleep {marker} & exec sleep {marker}"],
+            _end_entered,
+            stdout=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
     )
     for _ in range(yields):
         await asyncio.sleep(0)

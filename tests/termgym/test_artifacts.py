@@ -17,8 +17,13 @@ def archive(*members: tuple[str, bytes | None, str, int]) -> bytes:
         for name, content, kind, mode in members:
             info = tarfile.TarInfo(name)
             info.mode, info.uid = mode, 1234
-            info.type = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "symlink": tarfile.SYMTYPE,
-                         "link": tarfile.LNKTYPE, "fifo": tarfile.FIFOTYPE}[kind]  # fmt: skip
+            info.type = {
+                "file": tarfile.REGTYPE,
+                "dir": tarfile.DIRTYPE,
+                "symlink": tarfile.SYMTYPE,
+                "link": tarfile.LNKTYPE,
+                "fifo": tarfile.FIFOTYPE,
+            }[kind]
             if kind in ("symlink", "link"):
                 info.linkname = "/etc/shadow"
             info.size = len(content or b"")
@@ -33,19 +38,31 @@ def members(data: bytes) -> dict[str, tuple[str, int, int]]:
 
 def test_only_regular_files_and_directories_under_the_declared_paths_cross():
     data = archive(
-        ("app", None, "dir", 0o755), ("app/out.txt", b"result", "file", 0o4755), ("app/secret", b"x", "file", 0o644),
-        ("app/link", None, "symlink", 0o777), ("app/hard", None, "link", 0o644), ("app/fifo", None, "fifo", 0o644),
-        ("logs/artifacts/plot.png", b"png", "file", 0o644), ("../escape", b"x", "file", 0o644), ("/etc/passwd", b"x", "file", 0o644),
-        ("data/results", None, "dir", 0o700), ("data/results/a.csv", b"a", "file", 0o600),
-    )  # fmt: skip
+        ("app", None, "dir", 0o755),
+        ("app/out.txt", b"result", "file", 0o4755),
+        ("app/secret", b"x", "file", 0o644),
+        ("app/link", None, "symlink", 0o777),
+        ("app/hard", None, "link", 0o644),
+        ("app/fifo", None, "fifo", 0o644),
+        ("logs/artifacts/plot.png", b"png", "file", 0o644),
+        ("../escape", b"x", "file", 0o644),
+        ("/etc/passwd", b"x", "file", 0o644),
+        ("data/results", None, "dir", 0o700),
+        ("data/results/a.csv", b"a", "file", 0o600),
+    )
     kept, dropped = safe_artifacts(data, artifact_paths(["/app/out.txt", "/data/results/"]))
     assert members(kept) == {
-        "app": ("dir", 0o755, 0), "app/out.txt": ("file", 0o755, 0),  # the set-uid bit is gone, owner root
-        "logs/artifacts/plot.png": ("file", 0o644, 0), "data/results": ("dir", 0o700, 0), "data/results/a.csv": ("file", 0o600, 0),
-    }  # fmt: skip
+        "app": ("dir", 0o755, 0),
+        "app/out.txt": ("file", 0o755, 0),  # the set-uid bit is gone, owner root
+        "logs/artifacts/plot.png": ("file", 0o644, 0),
+        "data/results": ("dir", 0o700, 0),
+        "data/results/a.csv": ("file", 0o600, 0),
+    }
     assert sorted(dropped) == sorted(["app/secret", "app/link", "app/hard", "app/fifo", "../escape", "/etc/passwd"])
     with tarfile.open(fileobj=io.BytesIO(kept)) as tar:
-        assert tar.extractfile("app/out.txt").read() == b"result"
+        member = tar.extractfile("app/out.txt")
+        assert member is not None  # a regular file
+        assert member.read() == b"result"
 
 
 def test_a_file_in_place_of_a_declared_paths_parent_does_not_cross():

@@ -15,14 +15,20 @@ from termgym import cli, sandboxes
 from termgym.audit import runner as audit_runner
 from termgym.audit.rubric import Reject, Verdict
 from termgym.records import TrialRecord, read_records
-from tests.helpers import REPO_ROOT, KIT_SOURCE, write_task
+from tests.helpers import KIT_SOURCE, REPO_ROOT, write_task
 
 
-def termgym(*args: str, stdin: str | None = None, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def termgym(
+    *args: str, stdin: str | None = None, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "termgym", *args],
-        input=stdin, capture_output=True, text=True, timeout=timeout, cwd=cwd,
-    )  # fmt: skip
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:
@@ -36,11 +42,26 @@ def test_check_json_prints_the_record_alone(task_dir, no_leaks):
     result = termgym("check", str(task_dir), "--json")
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
-    expected_keys = {"task", "backend", "agent", "resolved", "reward", "passed", "total", "assertions",
-                     "report_format", "turns", "error", "timings"}  # fmt: skip
+    expected_keys = {
+        "task",
+        "backend",
+        "agent",
+        "resolved",
+        "reward",
+        "passed",
+        "total",
+        "assertions",
+        "report_format",
+        "turns",
+        "error",
+        "timings",
+    }
     assert expected_keys <= record.keys()
     assert record["resolved"] and record["agent"] == "oracle" and record["backend"] == "local"
-    assert record["assertions"] == [{"name": "result exists", "passed": True}, {"name": "result says done", "passed": True}]
+    assert record["assertions"] == [
+        {"name": "result exists", "passed": True},
+        {"name": "result says done", "passed": True},
+    ]
     assert record["timings"]["total"] > 0
 
 
@@ -76,7 +97,13 @@ def test_invalid_tb1_yaml_is_one_line_and_exit_2(tmp_path):
 
 @pytest.mark.parametrize(
     "args",
-    [["check"], ["check", "/no/such/task"], ["check", "x", "--agent", "genius"], ["frobnicate"], ["run", "x", "-n", "0"]],
+    [
+        ["check"],
+        ["check", "/no/such/task"],
+        ["check", "x", "--agent", "genius"],
+        ["frobnicate"],
+        ["run", "x", "-n", "0"],
+    ],
 )
 def test_bad_usage_is_one_line_and_exit_2(args):
     result = termgym(*args)
@@ -122,22 +149,51 @@ def test_run_writes_a_record_per_trial(tmp_path, no_leaks):
 
 def test_run_batches_with_the_scheduler_on_a_simulated_clock(tmp_path):
     out = tmp_path / "run"
-    result = termgym("run", "envs/", "--simulate", "--batch", "64", "--steps", "2", "--nodes", "2", "--node-cap", "30,40",
-                     "--mode", "carry-over", "--out", str(out), cwd=REPO_ROOT)  # fmt: skip
+    result = termgym(
+        "run",
+        "envs/",
+        "--simulate",
+        "--batch",
+        "64",
+        "--steps",
+        "2",
+        "--nodes",
+        "2",
+        "--node-cap",
+        "30,40",
+        "--mode",
+        "carry-over",
+        "--out",
+        str(out),
+        cwd=REPO_ROOT,
+    )
     assert result.returncode == 0, result.stderr
     steps = read_records(out / "metrics.jsonl")
     assert [m["kept"] for m in steps] == [64, 64] and steps[1]["max_staleness"] >= 1
-    assert max(steps[0]["node_peaks"].values()) <= 40 and set(steps[0]["families"]["groups"]) == {"archives", "file-ops", "shell-scripting", "text-processing"}
+    assert max(steps[0]["node_peaks"].values()) <= 40 and set(steps[0]["families"]["groups"]) == {
+        "archives",
+        "file-ops",
+        "shell-scripting",
+        "text-processing",
+    }
     assert steps[1]["run"]["families"]["totals"]["kept"] == 128
-    assert len(read_records(out / "trials.jsonl")) == steps[1]["run"]["families"]["totals"]["launched"]  # carried tail cancelled at the end
+    assert (
+        len(read_records(out / "trials.jsonl")) == steps[1]["run"]["families"]["totals"]["launched"]
+    )  # carried tail cancelled at the end
     assert "shell-scripting" in result.stdout and "total-variation distance" in result.stdout
 
 
 @pytest.mark.parametrize(
     "args",
-    [["--batch", "0"], ["--batch", "4", "--oversample", "3"], ["--nodes", "2", "--node-cap", "3,4,5"], ["--node-cap", "x"],
-     ["--mode", "drop"], ["--steps", "0"]],
-)  # fmt: skip
+    [
+        ["--batch", "0"],
+        ["--batch", "4", "--oversample", "3"],
+        ["--nodes", "2", "--node-cap", "3,4,5"],
+        ["--node-cap", "x"],
+        ["--mode", "drop"],
+        ["--steps", "0"],
+    ],
+)
 def test_bad_scheduler_options_are_one_line_and_exit_2(task_dir, args):
     result = termgym("run", str(task_dir), "--simulate", *args)
     assert result.returncode == 2
@@ -244,11 +300,14 @@ def test_records_and_summaries_print_untrusted_text_as_text(colorless, capsys):
 
 def test_audit_table_prints_untrusted_text_as_text(tmp_path, colorless, capsys, monkeypatch):
     verdict = Verdict(
-        task="v[/bold]\x1b]0;pwned\x07", scores={}, score=0.25, accepted=False,
+        task="v[/bold]\x1b]0;pwned\x07",
+        scores={},
+        score=0.25,
+        accepted=False,
         rejects=[Reject("test_leakage", "tests/x[/red] \x1b[2Jis in the build context")],
         checks={"oracle": "3/3", "leakage": "tests/x[/red]\x1b[2J"},
         flags=[Reject("odd\x1b[31m[/]", "why")],
-    )  # fmt: skip
+    )
 
     async def audit_tasks(tasks, options, **kwargs):
         return [verdict]

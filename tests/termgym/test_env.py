@@ -39,7 +39,7 @@ async def test_partial_progress_earns_partial_reward(task_dir, no_leaks):
 async def test_nonzero_exit_is_shown_in_observation(task_dir, no_leaks):
     async with termgym.make(str(task_dir)) as env:
         await env.reset()
-        obs, *_ , info = await env.step("ls /nonexistent")
+        obs, *_, info = await env.step("ls /nonexistent")
         assert "No such file" in obs and obs.rstrip().endswith("[exit code 2]")
         assert info["exit_code"] == 2
 
@@ -120,10 +120,18 @@ async def test_a_separate_verifier_gets_only_the_declared_artifacts_in_a_fresh_s
         tg_check_sh "nothing else of the agent's" '[ ! -e /app/other.txt ] && [ ! -e /tmp/scratch ] && [ ! -e /app/link ]'
         tg_finish
         """)
-    task = load_task(write_task(tmp_path, test_sh=test_sh, verifier_toml='environment_mode = "separate"',
-                                top_toml='artifacts = ["/app/result.txt", "/app/link"]'))  # fmt: skip
-    commands = ("echo done > /app/result.txt; echo x > /app/other.txt; touch /tmp/scratch; ln -s /etc/passwd /app/link",
-                "mkdir -p /logs/artifacts && echo plot > /logs/artifacts/plot.txt")  # fmt: skip
+    task = load_task(
+        write_task(
+            tmp_path,
+            test_sh=test_sh,
+            verifier_toml='environment_mode = "separate"',
+            top_toml='artifacts = ["/app/result.txt", "/app/link"]',
+        )
+    )
+    commands = (
+        "echo done > /app/result.txt; echo x > /app/other.txt; touch /tmp/scratch; ln -s /etc/passwd /app/link",
+        "mkdir -p /logs/artifacts && echo plot > /logs/artifacts/plot.txt",
+    )
     record = await run_trial(task, ScriptedAgent(commands), EnvOptions())
     assert record.resolved and record.total == 3, record.assertions
     assert any("1 artifact entries were not carried over" in w for w in record.warnings), record.warnings

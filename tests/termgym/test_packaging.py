@@ -8,6 +8,7 @@ import sys
 import zipfile
 
 import pytest
+
 from tests.helpers import REPO_ROOT
 
 ROOT = REPO_ROOT
@@ -17,11 +18,17 @@ ROOT = REPO_ROOT
 def test_wheel_carries_tasks_and_kit_and_they_load(tmp_path):
     # Build from a copy, so that setuptools' build/ directory never lands in the checkout.
     source = tmp_path / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "runs", "build", "*.egg-info", "__pycache__"))
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(".venv", ".git", ".typecheck", "runs", "build", "*.egg-info", "__pycache__"),
+    )
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
-        check=True, capture_output=True, cwd=tmp_path,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     (wheel,) = tmp_path.glob("termgym-*.whl")
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:
@@ -34,12 +41,16 @@ def test_wheel_carries_tasks_and_kit_and_they_load(tmp_path):
         "import termgym, termgym.bundled as b, termgym.verification as v;"
         "from termgym.tasks import discover_tasks;"
         "tasks = discover_tasks(b.bundled_root());"
-        "assert str(b.bundled_root()).startswith(%r), b.bundled_root();"
+        f"assert str(b.bundled_root()).startswith({str(site)!r}), b.bundled_root();"
         "assert len(v.assertion_kit()) > 100;"
-        "print(len(tasks))" % str(site)
+        "print(len(tasks))"
     )
     result = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) == len(list((ROOT / "envs").glob("*/*/task.toml")))
@@ -51,17 +62,41 @@ def test_the_wheel_installs_under_the_termgym_namespace_beside_another_verifiers
     a widely used PyPI library): both import, neither shadows the other, and ``termgym train``
     reaches the trainer through its entry point."""
     source = tmp_path / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "runs", "build", "*.egg-info", "__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
-                   check=True, capture_output=True, cwd=tmp_path)  # fmt: skip
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(".venv", ".git", ".typecheck", "runs", "build", "*.egg-info", "__pycache__"),
+    )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     (wheel,) = tmp_path.glob("termgym-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         tops = {name.split("/")[0] for name in archive.namelist()}
-    assert tops == {"termgym", wheel.name.split("-py3")[0] + ".dist-info"}, tops  # no top-level verifiers, trainer or envs
+    assert tops == {"termgym", wheel.name.split("-py3")[0] + ".dist-info"}, (
+        tops
+    )  # no top-level verifiers, trainer or envs
     fresh = tmp_path / "fresh"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(fresh / "bin" / "python"), "install", "-q", "--no-deps",
-                    "--no-index", str(wheel)], check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(fresh / "bin" / "python"),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     (site,) = fresh.glob("lib/python*/site-packages")
     (site / "verifiers").mkdir()
     (site / "verifiers" / "__init__.py").write_text('"""Not termgym\'s."""\nDUMMY = "the other verifiers"\n')
@@ -75,8 +110,12 @@ def test_the_wheel_installs_under_the_termgym_namespace_beside_another_verifiers
         "assert not hasattr(verifiers, 'select_report')"
     )
     environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    result = subprocess.run([str(fresh / "bin" / "python"), "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=environ)
+    result = subprocess.run(
+        [str(fresh / "bin" / "python"), "-c", probe], capture_output=True, text=True, cwd=tmp_path, env=environ
+    )
     assert result.returncode == 0, result.stderr
-    result = subprocess.run([str(fresh / "bin" / "termgym"), "train", "--help"], capture_output=True, text=True, cwd=tmp_path, env=environ)
+    result = subprocess.run(
+        [str(fresh / "bin" / "termgym"), "train", "--help"], capture_output=True, text=True, cwd=tmp_path, env=environ
+    )
     assert result.returncode == 0, result.stderr
     assert "--preset" in result.stdout

@@ -46,7 +46,7 @@ async def test_background_job_survives_later_commands(shell):
         ("echo 'it'\"'\"'s' \"a\\\\b\" $'tab\\there'", "it's a\\b tab\there\n", 0),
         ("cat <<'EOF'\nline one\n  $HOME stays\nEOF", "line one\n  $HOME stays\n", 0),
         ("echo 'héllo wörld ✓'", "héllo wörld ✓\n", 0),
-        ("echo \"__TG_deadbeef_ 0 /\"", "__TG_deadbeef_ 0 /\n", 0),
+        ('echo "__TG_deadbeef_ 0 /"', "__TG_deadbeef_ 0 /\n", 0),
         ("cat", "", 0),  # stdin is /dev/null, never the shell's command stream
         ("if true; then", "", 2),  # a syntax error is the command's failure, not the shell's
     ],
@@ -126,7 +126,9 @@ async def test_trapped_signal_falls_back_to_restart(shell):
     assert (await shell.run("pwd", timeout=10)).output == "/tmp\n"
 
 
-@pytest.mark.parametrize("text", ["plain", "it's", "back\\slash", "new\nline", "tab\t", "ünï €", "\x01\x7f", "'$(rm -rf /)'"])
+@pytest.mark.parametrize(
+    "text", ["plain", "it's", "back\\slash", "new\nline", "tab\t", "ünï €", "\x01\x7f", "'$(rm -rf /)'"]
+)
 def test_bash_quote_is_a_single_safe_word(text):
     quoted = bash_quote(text)
     assert quoted.startswith("$'") and quoted.endswith("'")

@@ -156,10 +156,19 @@ def test_harbor_defaults(tmp_path):
 HARBOR_FIELD_CASES = [
     ("legacy-version-key", 'version = "1.0"\n[agent]\ntimeout_sec = 120', "agent_timeout_sec", 120.0),
     ("task-name", '[task]\nname = "org/my-task"', "name", "org/my-task"),
-    ("int-timeouts-become-float", "[verifier]\ntimeout_sec = 30\n[environment]\nbuild_timeout_sec = 45",
-     "verifier_timeout_sec", 30.0),
+    (
+        "int-timeouts-become-float",
+        "[verifier]\ntimeout_sec = 30\n[environment]\nbuild_timeout_sec = 45",
+        "verifier_timeout_sec",
+        30.0,
+    ),
     ("build-timeout", "[environment]\nbuild_timeout_sec = 45.5", "build_timeout_sec", 45.5),
-    ("resources", "[environment]\ncpus = 2.5\nmemory_mb = 4096\nstorage_mb = 20000", "resources", Resources(2.5, 4096, 20000)),
+    (
+        "resources",
+        "[environment]\ncpus = 2.5\nmemory_mb = 4096\nstorage_mb = 20000",
+        "resources",
+        Resources(2.5, 4096, 20000),
+    ),
     ("legacy-memory-G", '[environment]\nmemory = "2G"', "resources", Resources(memory_mb=2048)),
     ("legacy-memory-M", '[environment]\nmemory = "512M"', "resources", Resources(memory_mb=512)),
     ("legacy-memory-fraction", '[environment]\nmemory = "1.5g"', "resources", Resources(memory_mb=1536)),
@@ -167,37 +176,72 @@ HARBOR_FIELD_CASES = [
     ("legacy-memory-GB", '[environment]\nmemory = "4GB"', "resources", Resources(memory_mb=4096)),
     ("legacy-storage-T", '[environment]\nstorage = "1T"', "resources", Resources(storage_mb=1024 * 1024)),
     ("legacy-storage-10G", '[environment]\nstorage = "10G"', "resources", Resources(storage_mb=10240)),
-    ("legacy-equal-to-new-key", '[environment]\nmemory = "1G"\nmemory_mb = 1024', "resources", Resources(memory_mb=1024)),
+    (
+        "legacy-equal-to-new-key",
+        '[environment]\nmemory = "1G"\nmemory_mb = 1024',
+        "resources",
+        Resources(memory_mb=1024),
+    ),
     ("network-public", '[environment]\nnetwork_mode = "public"', "network", True),
     ("network-none", '[environment]\nnetwork_mode = "no-network"', "network", False),
     ("network-allowlist", '[environment]\nnetwork_mode = "allowlist"\nallowed_hosts = ["pypi.org"]', "network", True),
     ("allow-internet-false", "[environment]\nallow_internet = false", "network", False),
     ("allow-internet-true", "[environment]\nallow_internet = true", "network", True),
-    ("network-mode-beats-allow-internet", '[environment]\nallow_internet = false\nnetwork_mode = "public"', "network", True),
+    (
+        "network-mode-beats-allow-internet",
+        '[environment]\nallow_internet = false\nnetwork_mode = "public"',
+        "network",
+        True,
+    ),
     ("workdir", '[environment]\nworkdir = "/app"', "workdir", "/app"),
     ("metadata-category-family", '[metadata]\ncategory = "security"', "family", "security"),
     ("blank-category-falls-back", '[metadata]\ncategory = " "', "family", "parent"),
     ("verifier-env", '[verifier.env]\nMODE = "strict"\nEMPTY = ""', "verifier_env", {"MODE": "strict", "EMPTY": ""}),
     ("environment-env-literal", '[environment.env]\nA = "1"', "environment_env", {"A": "1"}),
-    ("env-host-default-used", '[environment.env]\nA = "${TG_TEST_UNSET_VAR:-fallback}"', "environment_env", {"A": "fallback"}),
-    ("env-host-value-wins", '[environment.env]\nA = "${TG_TEST_SET_VAR:-fallback}"', "environment_env", {"A": "from-host"}),
+    (
+        "env-host-default-used",
+        '[environment.env]\nA = "${TG_TEST_UNSET_VAR:-fallback}"',
+        "environment_env",
+        {"A": "fallback"},
+    ),
+    (
+        "env-host-value-wins",
+        '[environment.env]\nA = "${TG_TEST_SET_VAR:-fallback}"',
+        "environment_env",
+        {"A": "from-host"},
+    ),
     ("env-host-plain", '[verifier.env]\nA = "${TG_TEST_SET_VAR}"', "verifier_env", {"A": "from-host"}),
-    ("env-not-whole-template-is-literal", '[verifier.env]\nA = "x-${TG_TEST_SET_VAR}"', "verifier_env", {"A": "x-${TG_TEST_SET_VAR}"}),
-    ("unknown-keys-ignored", "future_key = 1\n[agent]\nuser = \"agent\"\n[steps]\nx = 1", "agent_timeout_sec", 900.0),
+    (
+        "env-not-whole-template-is-literal",
+        '[verifier.env]\nA = "x-${TG_TEST_SET_VAR}"',
+        "verifier_env",
+        {"A": "x-${TG_TEST_SET_VAR}"},
+    ),
+    ("unknown-keys-ignored", 'future_key = 1\n[agent]\nuser = "agent"\n[steps]\nx = 1', "agent_timeout_sec", 900.0),
     ("report-format", '[verifier]\nreport_format = "ctrf"', "report_format", "ctrf"),
     ("report-format-default", "", "report_format", None),
     ("assertions", "[verifier]\nassertions = 7", "expected_assertions", 7),
     ("assertions-default", "", "expected_assertions", None),
     ("verifier-mode-default", "", "verifier_mode", "shared"),
     ("verifier-mode-separate", '[verifier]\nenvironment_mode = "separate"', "verifier_mode", "separate"),
-    ("artifacts-paths-and-tables", 'artifacts = ["/app/out.txt", { source = "/data/results/", destination = "r" }]\n',
-     "artifacts", ("/app/out.txt", "/data/results")),
-    ("resources-at-the-engine-bounds", "[environment]\ncpus = 0.01\nmemory_mb = 6\nstorage_mb = 1", "resources", Resources(0.01, 6, 1)),
+    (
+        "artifacts-paths-and-tables",
+        'artifacts = ["/app/out.txt", { source = "/data/results/", destination = "r" }]\n',
+        "artifacts",
+        ("/app/out.txt", "/data/results"),
+    ),
+    (
+        "resources-at-the-engine-bounds",
+        "[environment]\ncpus = 0.01\nmemory_mb = 6\nstorage_mb = 1",
+        "resources",
+        Resources(0.01, 6, 1),
+    ),
 ]
 
 
-@pytest.mark.parametrize(("toml", "attribute", "expected"), [c[1:] for c in HARBOR_FIELD_CASES],
-                         ids=[c[0] for c in HARBOR_FIELD_CASES])
+@pytest.mark.parametrize(
+    ("toml", "attribute", "expected"), [c[1:] for c in HARBOR_FIELD_CASES], ids=[c[0] for c in HARBOR_FIELD_CASES]
+)
 def test_harbor_fields(tmp_path, monkeypatch, toml, attribute, expected):
     monkeypatch.setenv("TG_TEST_SET_VAR", "from-host")
     monkeypatch.delenv("TG_TEST_UNSET_VAR", raising=False)
@@ -226,7 +270,10 @@ def test_harbor_files(tmp_path):
         (tests / "test_outputs.py", "test_outputs.py"),
     ]
     solution = (task_dir / "solution").resolve()
-    assert task.solution_files() == [(solution / "lib" / "helper.py", "lib/helper.py"), (solution / "solve.sh", "solve.sh")]
+    assert task.solution_files() == [
+        (solution / "lib" / "helper.py", "lib/helper.py"),
+        (solution / "solve.sh", "solve.sh"),
+    ]
 
 
 def test_solution_dir_without_solve_sh(tmp_path):
@@ -239,9 +286,9 @@ def test_solution_dir_without_solve_sh(tmp_path):
 def test_task_is_immutable(tmp_path):
     task = load_task(harbor_task(tmp_path, "t", '[metadata]\ncategory = "c"'))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        task.name = "other"  # type: ignore[misc]
+        task.name = "other"  # pyright: ignore[reportAttributeAccessIssue]  # deliberately writes a frozen field: the FrozenInstanceError is under test
     with pytest.raises(TypeError):
-        task.metadata["category"] = "x"  # type: ignore[index]
+        task.metadata["category"] = "x"  # pyright: ignore[reportIndexIssue]  # deliberately writes the read-only mapping: the TypeError is under test
 
 
 # (id, task.toml, fragments the one-line message must contain)
@@ -255,46 +302,93 @@ HARBOR_TOML_ERRORS = [
     ("build-timeout", '[environment]\nbuild_timeout_sec = "10m"', ["[environment].build_timeout_sec"]),
     ("cpus-zero", "[environment]\ncpus = 0", ["[environment].cpus must be a positive number, got 0"]),
     ("cpus-string", '[environment]\ncpus = "2"', ["[environment].cpus"]),
-    ("memory-mb-float", "[environment]\nmemory_mb = 1.5", ["[environment].memory_mb must be a positive integer, got 1.5"]),
+    (
+        "memory-mb-float",
+        "[environment]\nmemory_mb = 1.5",
+        ["[environment].memory_mb must be a positive integer, got 1.5"],
+    ),
     ("storage-mb-negative", "[environment]\nstorage_mb = -1", ["[environment].storage_mb must be a positive integer"]),
-    ("legacy-memory-bad-unit", '[environment]\nmemory = "2X"', ["[environment].memory must be a size like '2G'", "'2X'"]),
+    (
+        "legacy-memory-bad-unit",
+        '[environment]\nmemory = "2X"',
+        ["[environment].memory must be a size like '2G'", "'2X'"],
+    ),
     ("legacy-memory-not-string", "[environment]\nmemory = 2048", ["[environment].memory must be a size"]),
     ("legacy-memory-too-small", '[environment]\nmemory = "1K"', ["[environment].memory"]),
-    ("legacy-memory-conflict", '[environment]\nmemory = "2G"\nmemory_mb = 1024',
-     ["[environment].memory = '2G' (2048 MB) conflicts with [environment].memory_mb = 1024"]),
-    ("network-mode-unknown", '[environment]\nnetwork_mode = "bridge"', ["[environment].network_mode must be one of", "'bridge'"]),
-    ("allow-internet-string", '[environment]\nallow_internet = "yes"', ["[environment].allow_internet must be true or false"]),
+    (
+        "legacy-memory-conflict",
+        '[environment]\nmemory = "2G"\nmemory_mb = 1024',
+        ["[environment].memory = '2G' (2048 MB) conflicts with [environment].memory_mb = 1024"],
+    ),
+    (
+        "network-mode-unknown",
+        '[environment]\nnetwork_mode = "bridge"',
+        ["[environment].network_mode must be one of", "'bridge'"],
+    ),
+    (
+        "allow-internet-string",
+        '[environment]\nallow_internet = "yes"',
+        ["[environment].allow_internet must be true or false"],
+    ),
     ("env-not-table", '[environment]\nenv = "A=1"', ["[environment].env must be a table of strings"]),
     ("env-value-int", "[verifier.env]\nA = 1", ["[verifier].env.A must be a string, got 1"]),
-    ("env-host-missing", '[environment.env]\nKEY = "${TG_TEST_UNSET_VAR}"',
-     ["[environment].env.KEY: host variable TG_TEST_UNSET_VAR is not set and has no default"]),
+    (
+        "env-host-missing",
+        '[environment.env]\nKEY = "${TG_TEST_UNSET_VAR}"',
+        ["[environment].env.KEY: host variable TG_TEST_UNSET_VAR is not set and has no default"],
+    ),
     ("section-not-table", 'agent = "fast"', ["[agent] must be a table, got 'fast'"]),
     ("metadata-not-table", "metadata = 3", ["[metadata] must be a table"]),
     ("task-name-empty", '[task]\nname = ""', ["[task].name must be a non-empty string"]),
     ("docker-image-int", "[environment]\ndocker_image = 3", ["[environment].docker_image must be a non-empty string"]),
-    ("workdir-relative", '[environment]\nworkdir = "app"', ["[environment].workdir must be an absolute path, got 'app'"]),
+    (
+        "workdir-relative",
+        '[environment]\nworkdir = "app"',
+        ["[environment].workdir must be an absolute path, got 'app'"],
+    ),
     ("schema-version-float", "schema_version = 1.1", ["schema_version must be a string, got 1.1"]),
     ("version-int", "version = 1", ["version must be a string, got 1"]),
-    ("report-format-unknown", '[verifier]\nreport_format = "xml"', ["[verifier].report_format must be one of", "'xml'"]),
+    (
+        "report-format-unknown",
+        '[verifier]\nreport_format = "xml"',
+        ["[verifier].report_format must be one of", "'xml'"],
+    ),
     ("assertions-zero", "[verifier]\nassertions = 0", ["[verifier].assertions must be a positive integer, got 0"]),
     ("assertions-string", '[verifier]\nassertions = "5"', ["[verifier].assertions must be a positive integer"]),
     ("verifier-mode-unknown", '[verifier]\nenvironment_mode = "fresh"', ["[verifier].environment_mode must be one of"]),
-    ("verifier-environment-table", '[verifier]\nenvironment_mode = "separate"\n[verifier.environment]\ndocker_image = "x"',
-     ["[verifier.environment] (a separate grading image) is not supported yet"]),
+    (
+        "verifier-environment-table",
+        '[verifier]\nenvironment_mode = "separate"\n[verifier.environment]\ndocker_image = "x"',
+        ["[verifier.environment] (a separate grading image) is not supported yet"],
+    ),
     ("artifacts-relative", 'artifacts = ["app/out.txt"]', ["each artifact must be an absolute path"]),
     ("artifacts-dotdot", 'artifacts = ["/app/../etc"]', ["each artifact must be an absolute path"]),
     ("artifacts-root", 'artifacts = ["/"]', ["each artifact must be an absolute path"]),
     ("artifacts-not-list", 'artifacts = "/app"', ["artifacts must be a list of paths"]),
     # values no container engine accepts: an invalid task, never a retried sandbox fault
-    ("cpus-absurd", "[environment]\ncpus = 1e12", ["[environment].cpus = 1e+12 is outside what a container engine accepts"]),
-    ("cpus-tiny", "[environment]\ncpus = 0.001", ["[environment].cpus = 0.001 is outside what a container engine accepts"]),
+    (
+        "cpus-absurd",
+        "[environment]\ncpus = 1e12",
+        ["[environment].cpus = 1e+12 is outside what a container engine accepts"],
+    ),
+    (
+        "cpus-tiny",
+        "[environment]\ncpus = 0.001",
+        ["[environment].cpus = 0.001 is outside what a container engine accepts"],
+    ),
     ("memory-absurd", "[environment]\nmemory_mb = 1000000000000000", ["[environment].memory_mb = 1e+15 is outside"]),
-    ("memory-below-docker-minimum", "[environment]\nmemory_mb = 4", ["[environment].memory_mb = 4 is outside", "(6 to"]),
+    (
+        "memory-below-docker-minimum",
+        "[environment]\nmemory_mb = 4",
+        ["[environment].memory_mb = 4 is outside", "(6 to"],
+    ),
     ("storage-absurd", '[environment]\nstorage = "100000000T"', ["[environment].storage_mb", "is outside"]),
 ]
 
 
-@pytest.mark.parametrize(("toml", "fragments"), [c[1:] for c in HARBOR_TOML_ERRORS], ids=[c[0] for c in HARBOR_TOML_ERRORS])
+@pytest.mark.parametrize(
+    ("toml", "fragments"), [c[1:] for c in HARBOR_TOML_ERRORS], ids=[c[0] for c in HARBOR_TOML_ERRORS]
+)
 def test_harbor_toml_errors(tmp_path, monkeypatch, toml, fragments):
     monkeypatch.delenv("TG_TEST_UNSET_VAR", raising=False)
     task_dir = harbor_task(tmp_path, "t", toml)
@@ -309,12 +403,18 @@ HARBOR_FILE_ERRORS = [
     ("instruction-empty", {"instruction": ""}, "instruction.md", "instruction is empty"),
     ("instruction-blank", {"instruction": " \n\t\n"}, "instruction.md", "instruction is empty"),
     ("test-sh-missing", {"test_sh": False}, "tests/test.sh", "missing test script"),
-    ("dockerfile-missing", {"dockerfile": False}, "environment/Dockerfile",
-     "missing Dockerfile (and task.toml sets no [environment].docker_image)"),
+    (
+        "dockerfile-missing",
+        {"dockerfile": False},
+        "environment/Dockerfile",
+        "missing Dockerfile (and task.toml sets no [environment].docker_image)",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("options", "file", "fragment"), [c[1:] for c in HARBOR_FILE_ERRORS], ids=[c[0] for c in HARBOR_FILE_ERRORS])
+@pytest.mark.parametrize(
+    ("options", "file", "fragment"), [c[1:] for c in HARBOR_FILE_ERRORS], ids=[c[0] for c in HARBOR_FILE_ERRORS]
+)
 def test_harbor_file_errors(tmp_path, options, file, fragment):
     task_dir = harbor_task(tmp_path, "t", "", **options)
     with pytest.raises(TaskError) as caught:
@@ -362,7 +462,10 @@ def test_tb1_defaults(tmp_path):
         metadata={},
     )
     assert task.solution_files() == [(root / "solution.sh", "solution.sh")]
-    assert task.test_files() == [(root / "run-tests.sh", "run-tests.sh"), (root / "tests" / "test_outputs.py", "test_outputs.py")]
+    assert task.test_files() == [
+        (root / "run-tests.sh", "run-tests.sh"),
+        (root / "tests" / "test_outputs.py", "test_outputs.py"),
+    ]
 
 
 def test_tb1_overrides_and_metadata(tmp_path):
@@ -428,18 +531,36 @@ TB1_ERRORS = [
     ("yaml-empty", "", {}, "task.yaml", ["top level must be a mapping, got NoneType"]),
     ("instruction-missing", "category: x\n", {}, "task.yaml", ["missing 'instruction'"]),
     ("instruction-empty", "instruction: ''\n", {}, "task.yaml", ["'instruction' must be a non-empty string"]),
-    ("instruction-not-string", "instruction: [a]\n", {}, "task.yaml", ["'instruction' must be a non-empty string, got ['a']"]),
-    ("timeout-string", "instruction: x\nmax_agent_timeout_sec: abc\n", {}, "task.yaml",
-     ["max_agent_timeout_sec must be a positive number, got 'abc'"]),
-    ("test-timeout-negative", "instruction: x\nmax_test_timeout_sec: -1\n", {}, "task.yaml",
-     ["max_test_timeout_sec must be a positive number, got -1"]),
+    (
+        "instruction-not-string",
+        "instruction: [a]\n",
+        {},
+        "task.yaml",
+        ["'instruction' must be a non-empty string, got ['a']"],
+    ),
+    (
+        "timeout-string",
+        "instruction: x\nmax_agent_timeout_sec: abc\n",
+        {},
+        "task.yaml",
+        ["max_agent_timeout_sec must be a positive number, got 'abc'"],
+    ),
+    (
+        "test-timeout-negative",
+        "instruction: x\nmax_test_timeout_sec: -1\n",
+        {},
+        "task.yaml",
+        ["max_test_timeout_sec must be a positive number, got -1"],
+    ),
     ("run-tests-missing", "instruction: x\n", {"run_tests": False}, "run-tests.sh", ["missing test script"]),
     ("compose-missing", "instruction: x\n", {"compose": False}, "docker-compose.yaml", ["missing docker-compose.yaml"]),
     ("dockerfile-missing", "instruction: x\n", {"dockerfile": False}, "Dockerfile", ["missing Dockerfile"]),
 ]
 
 
-@pytest.mark.parametrize(("yaml_text", "options", "file", "fragments"), [c[1:] for c in TB1_ERRORS], ids=[c[0] for c in TB1_ERRORS])
+@pytest.mark.parametrize(
+    ("yaml_text", "options", "file", "fragments"), [c[1:] for c in TB1_ERRORS], ids=[c[0] for c in TB1_ERRORS]
+)
 def test_tb1_errors(tmp_path, yaml_text, options, file, fragments):
     task_dir = tb1_task(tmp_path, "t", yaml_text, **options)
     with pytest.raises(TaskError) as caught:
@@ -487,7 +608,11 @@ def test_discover_tasks(tmp_path):
     write(root / "text" / "word-count" / "tests" / "inner" / "task.toml", "not scanned = = =")
     tasks = discover_tasks(root)
     assert [t.name for t in tasks] == [
-        "flat-parent/x/deep/task", "legacy/hello", "org/custom", "text/csv", "text/word-count",
+        "flat-parent/x/deep/task",
+        "legacy/hello",
+        "org/custom",
+        "text/csv",
+        "text/word-count",
     ]
     assert [t.family for t in tasks] == ["deep", "legacy", "files", "data", "text"]
     assert [t.layout for t in tasks] == ["harbor", "tb1", "harbor", "harbor", "harbor"]

@@ -26,7 +26,9 @@ RUN_TESTS = textwrap.dedent("""\
 def write_tb1_task(root):
     task = root / "hello-tb1"
     (task / "tests").mkdir(parents=True)
-    (task / "task.yaml").write_text("instruction: Write hello into /app/hello.txt\ndifficulty: easy\ncategory: basics\nmax_agent_timeout_sec: 30\n")
+    (task / "task.yaml").write_text(
+        "instruction: Write hello into /app/hello.txt\ndifficulty: easy\ncategory: basics\nmax_agent_timeout_sec: 30\n"
+    )
     (task / "Dockerfile").write_text("FROM ubuntu:24.04\nWORKDIR /app\n")
     (task / "docker-compose.yaml").write_text("services:\n  client:\n    build: .\n    command: sleep infinity\n")
     (task / "solution.sh").write_text("#!/bin/bash\necho hello > /app/hello.txt\n")

@@ -9,8 +9,8 @@ import random
 import torch
 
 from termgym.trainer.kv_cache import PrefixCache, cached_next_token_logprobs
-from termgym.trainer.sampler import BatchedSampler, next_token_logprobs
 from termgym.trainer.routing import routing_shape
+from termgym.trainer.sampler import BatchedSampler, next_token_logprobs
 
 
 def random_sequences(seed: int, lengths) -> list[list[int]]:
@@ -57,8 +57,10 @@ def test_a_sampler_with_the_cache_decodes_what_one_without_decodes(tiny_policy):
 
     cached, plain = BatchedSampler(model), BatchedSampler(model, kv_cache=False)
     assert asyncio.run(decode(cached)) == asyncio.run(decode(plain))
-    assert cached.cache.computed < (cached.cache.hits + cached.cache.computed) / 5  # most positions reused
-    assert len(cached.cache) == 0  # every episode forgotten at its end
+    cache = cached.cache
+    assert cache is not None  # kv_cache is on by default
+    assert cache.computed < (cache.hits + cache.computed) / 5  # most positions reused
+    assert len(cache) == 0  # every episode forgotten at its end
 
 
 def test_routing_of_cached_positions_is_the_routing_of_the_forward_that_computed_them(tiny_policy):
@@ -69,6 +71,7 @@ def test_routing_of_cached_positions_is_the_routing_of_the_forward_that_computed
     longer = [sequences[0] + [9, 10, 11], sequences[1] + [12]]
     positions = [[3, 19, 20, 22], [32, 33]]  # cached, cached, new, new / cached, new
     _, routed = cached_next_token_logprobs(model, longer, cache, positions=positions)
+    assert routed is not None  # recorded: positions were given
     expected = full_routing(model, longer)
     layers, top_k = routing_shape(model)
     for row, wanted in enumerate(positions):

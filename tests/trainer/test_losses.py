@@ -75,7 +75,9 @@ POLICY_CASES = [
 
 @pytest.mark.parametrize(("delta", "advantage", "loss", "clip_fraction"), POLICY_CASES)
 def test_clipped_policy_loss(delta, advantage, loss, clip_fraction):
-    got, fraction = losses.policy_loss(T([[delta, 9.0]]), T([[0.0, 0.0]]), T([[advantage, 9.0]]), T([[1.0, 0.0]]), clip=0.2)
+    got, fraction = losses.policy_loss(
+        T([[delta, 9.0]]), T([[0.0, 0.0]]), T([[advantage, 9.0]]), T([[1.0, 0.0]]), clip=0.2
+    )
     assert float(got) == pytest.approx(loss, abs=1e-6)
     assert float(fraction) == pytest.approx(clip_fraction)
 
@@ -113,7 +115,9 @@ def test_explained_variance(returns, values, expected):
 def test_explained_variance_is_nan_without_return_variance():
     assert math.isnan(losses.explained_variance(T([[1.0, 1.0]]), T([[0.0, 2.0]]), T([[1.0, 1.0]])))
     # equal returns that float rounding made differ in the last bit: still no variance to explain
-    assert math.isnan(losses.explained_variance(T([[0.05, 0.05 + 1e-9, 0.05]]), T([[0.0, 0.3, 0.1]]), T([[1.0, 1.0, 1.0]])))
+    assert math.isnan(
+        losses.explained_variance(T([[0.05, 0.05 + 1e-9, 0.05]]), T([[0.0, 0.3, 0.1]]), T([[1.0, 1.0, 1.0]]))
+    )
 
 
 def test_token_logprobs_and_entropy():
@@ -125,7 +129,9 @@ def test_token_logprobs_and_entropy():
 def test_kl_to_reference_is_zero_where_they_agree_and_estimates_the_kl_from_samples():
     same = torch.log(torch.tensor([0.2, 0.5]))
     assert torch.equal(losses.kl_to_reference(same, same), torch.zeros(2))
-    assert bool((losses.kl_to_reference(same, same - 0.3) > 0).all()) and bool((losses.kl_to_reference(same, same + 0.3) > 0).all())
+    assert bool((losses.kl_to_reference(same, same - 0.3) > 0).all()) and bool(
+        (losses.kl_to_reference(same, same + 0.3) > 0).all()
+    )
     # the token mean over samples of the policy approaches the exact KL(policy || reference)
     policy, reference = torch.tensor([0.6, 0.3, 0.1]), torch.tensor([0.2, 0.5, 0.3])
     exact = float((policy * (policy / reference).log()).sum())

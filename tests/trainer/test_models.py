@@ -23,7 +23,9 @@ def test_the_tiny_policy_is_a_normal_local_moe_model_directory(tiny_policy_dir):
     assert len(tokenizer) == model.config.vocab_size
 
 
-@pytest.mark.parametrize("text", ["ls -la /app && echo done", "find . -name '*.txt' | xargs wc -l", "héllo\tworld\n", "\x00\x7f"])
+@pytest.mark.parametrize(
+    "text", ["ls -la /app && echo done", "find . -name '*.txt' | xargs wc -l", "héllo\tworld\n", "\x00\x7f"]
+)
 def test_the_byte_level_tokenizer_round_trips_any_text(tiny_policy, text):
     _, tokenizer = tiny_policy
     assert tokenizer.decode(tokenizer(text, add_special_tokens=False).input_ids) == text

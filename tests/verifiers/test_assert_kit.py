@@ -60,7 +60,7 @@ TRICKY = [
     b"ctl \x01\x02\x1b[31mred\x1b[0m \x1f\x7f end",
     "ünïcødé ✓ 𝄞 日本語".encode(),
     b"invalid \xff\xfe \xc3( \xe2\x82 \xf0\x9f\x98 \xed\xa0\x80 \xc0\xaf \xf4\x90\x80\x80 cut\xe2",
-    "mixed \"q\" é\t\\ \x01 ✓".encode() + b"\x80",
+    'mixed "q" é\t\\ \x01 ✓'.encode() + b"\x80",
     b"%s %d %% \\x41 $HOME `id` $(id) '",
     bytes(range(1, 256)),
 ]
@@ -113,9 +113,13 @@ def test_report_is_valid_after_every_assertion_and_when_killed(shell, tmp_path):
     # the verifier, which must leave the report of the assertions before it.
     snap = tmp_path / "snap"
     snap.mkdir()
-    body = "".join(
-        f'tg_check_sh "check {i} \\"q\\" é" \'cp "$TG_REPORT" {snap}/{i}.json; [ {i} -ne 2 ]\'\n' for i in range(5)
-    ) + "tg_skip skipped why\n" + f"tg_check_sh killer 'cp \"$TG_REPORT\" {snap}/6.json; kill -9 $PPID'\ntg_finish\n"
+    body = (
+        "".join(
+            f'tg_check_sh "check {i} \\"q\\" é" \'cp "$TG_REPORT" {snap}/{i}.json; [ {i} -ne 2 ]\'\n' for i in range(5)
+        )
+        + "tg_skip skipped why\n"
+        + f"tg_check_sh killer 'cp \"$TG_REPORT\" {snap}/6.json; kill -9 $PPID'\ntg_finish\n"
+    )
     proc, report = run_kit(shell, tmp_path, body, {b"TG_REPORT": bytes(tmp_path / "ctrf.json")})
     assert proc.returncode == -9
     for i in [0, 1, 2, 3, 4, 6]:
@@ -138,7 +142,11 @@ def test_report_is_valid_after_every_assertion_and_when_killed(shell, tmp_path):
 def test_finish_exit_status_summary_and_cleanup(shell, tmp_path):
     proc, report = run_kit(shell, tmp_path, "set -eu\ntg_check ok true\ntg_skip later 'not yet'\ntg_finish\n")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.decode().splitlines() == ["ok      ok", "skipped later (not yet)", "1 passed, 0 failed, 1 skipped"]
+    assert proc.stdout.decode().splitlines() == [
+        "ok      ok",
+        "skipped later (not yet)",
+        "1 passed, 0 failed, 1 skipped",
+    ]
     data = json.loads(report.read_text())
     summary = data["results"]["summary"]
     assert data["results"]["tool"] == {"name": "termgym-assert"}

@@ -2,11 +2,21 @@
 
 import pytest
 
-from termgym.verifiers import DEFAULT_SCALE, Assertion, AssertionReport, compute_reward, from_exit_code, parse_reward_txt
+from termgym.verifiers import (
+    DEFAULT_SCALE,
+    Assertion,
+    AssertionReport,
+    compute_reward,
+    from_exit_code,
+    parse_reward_txt,
+)
+from termgym.verifiers.report import Status
 
 
 def _dense(passed: int, failed: int = 0, skipped: int = 0, error: str | None = None) -> AssertionReport:
-    statuses = ["passed"] * passed + ["failed"] * failed + ["skipped"] * skipped
+    counts: dict[Status, int] = {"passed": passed, "failed": failed, "skipped": skipped}
+    # the passes, then the failures, then the skips
+    statuses: list[Status] = [status for status, n in counts.items() for _ in range(n)]
     assertions = tuple(Assertion(name=f"t{i}", status=s) for i, s in enumerate(statuses))
     return AssertionReport(format="ctrf", assertions=assertions, binary=False, source="ctrf.json", error=error)
 
@@ -45,8 +55,15 @@ def test_default_scale_is_20():
         (parse_reward_txt("1.0"), 1.0),
         (parse_reward_txt("0.7"), 0.0),
         (parse_reward_txt("3"), 1.0),  # binary: a reward above 1 is still 1.0
-        (AssertionReport(format="exit-code", assertions=(Assertion("exit code", "passed"),), binary=True,
-                         error="verifier produced no result"), 0.0),
+        (
+            AssertionReport(
+                format="exit-code",
+                assertions=(Assertion("exit code", "passed"),),
+                binary=True,
+                error="verifier produced no result",
+            ),
+            0.0,
+        ),
         (AssertionReport(format="reward-file", assertions=(), binary=True), 0.0),  # nothing counted
     ],
 )
@@ -63,4 +80,4 @@ def test_scale_must_be_a_positive_int(scale):
 
 def test_report_must_be_an_assertion_report():
     with pytest.raises(ValueError):
-        compute_reward({"passed": 3})
+        compute_reward({"passed": 3})  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test

@@ -49,8 +49,15 @@ def test_pytest_json_ctrf_output():
 
 @pytest.mark.parametrize(
     ("status", "expected"),
-    [("passed", "passed"), ("failed", "failed"), ("skipped", "skipped"), ("pending", "skipped"),
-     ("other", "failed"), ("PASSED", "failed"), ("", "failed")],
+    [
+        ("passed", "passed"),
+        ("failed", "failed"),
+        ("skipped", "skipped"),
+        ("pending", "skipped"),
+        ("other", "failed"),
+        ("PASSED", "failed"),
+        ("", "failed"),
+    ],
 )
 def test_status_mapping(status, expected):
     text = json.dumps({"results": {"tests": [{"name": "t", "status": status}]}})

@@ -97,6 +97,7 @@ def test_minimal_summary_with_closing_line():
         "PASSED tests/after_the_closing_line.py::test_z\n"
     )
     report = parse_pytest_summary(text)
+    assert report is not None
     assert [a.name[-6:] for a in report.assertions] == ["test_a", "test_b", "test_c", "test_d", "test_e"]
     assert (report.passed, report.failed) == (3, 2)
 
@@ -120,8 +121,10 @@ def test_no_banner_returns_none(text):
         ("PASSED tests/t.py::test_a", ("tests/t.py::test_a", "passed", "")),
         ("FAILED tests/t.py::test_a - assert 1 == 2", ("tests/t.py::test_a", "failed", "assert 1 == 2")),
         ("FAILED tests/t.py::test_a[x - y] - ValueError", ("tests/t.py::test_a[x - y]", "failed", "ValueError")),
-        ("ERROR tests/t.py - ModuleNotFoundError: No module named 'requests'",
-         ("tests/t.py", "failed", "ModuleNotFoundError: No module named 'requests'")),
+        (
+            "ERROR tests/t.py - ModuleNotFoundError: No module named 'requests'",
+            ("tests/t.py", "failed", "ModuleNotFoundError: No module named 'requests'"),
+        ),
         ("SKIPPED [2] tests/t.py:7: unconditional skip", ("tests/t.py:7", "skipped", "unconditional skip")),
         ("SKIPPED [1] tests/t.py: module skipped", ("tests/t.py", "skipped", "module skipped")),
         ("XFAIL tests/t.py::test_a", ("tests/t.py::test_a", "passed", "")),
@@ -131,7 +134,9 @@ def test_no_banner_returns_none(text):
 )
 def test_line_forms(line, expected):
     text = f"==== short test summary info ====\n{line}\n==== 1 passed in 0.01s ====\n"
-    (assertion,) = parse_pytest_summary(text).assertions
+    report = parse_pytest_summary(text)
+    assert report is not None
+    (assertion,) = report.assertions
     assert (assertion.name, assertion.status, assertion.message) == expected
 
 
@@ -143,7 +148,11 @@ def test_ansi_colours_are_removed():
         "\x1b[31m========================= \x1b[31m\x1b[1m1 failed\x1b[0m, \x1b[32m1 passed\x1b[0m\x1b[31m in 0.02s\x1b[0m\x1b[31m =========================\x1b[0m\n"
     )
     report = parse_pytest_summary(text)
-    assert [(a.name, a.status) for a in report.assertions] == [("tests/t.py::test_a", "passed"), ("tests/t.py::test_b", "failed")]
+    assert report is not None
+    assert [(a.name, a.status) for a in report.assertions] == [
+        ("tests/t.py::test_a", "passed"),
+        ("tests/t.py::test_b", "failed"),
+    ]
 
 
 def test_multiline_failure_message_is_joined():
@@ -155,6 +164,7 @@ def test_multiline_failure_message_is_joined():
         "=== 1 failed, 1 passed in 0.01s ===\n"
     )
     report = parse_pytest_summary(text)
+    assert report is not None
     assert report.assertions[0].message == "AssertionError: first line\nsecond line"
     assert report.assertions[1].message == ""
 

@@ -4,11 +4,11 @@ import dataclasses
 
 import pytest
 
-from termgym import verifiers
-from termgym.verifiers.report import MAX_MESSAGE_CHARS, Assertion, AssertionReport
+import termgym.verifiers as verifiers
+from termgym.verifiers.report import MAX_MESSAGE_CHARS, Assertion, AssertionReport, Status
 
 
-def _report(*statuses: str, error: str | None = None, binary: bool = False) -> AssertionReport:
+def _report(*statuses: Status, error: str | None = None, binary: bool = False) -> AssertionReport:
     assertions = tuple(Assertion(name=f"t{i}", status=s) for i, s in enumerate(statuses))
     return AssertionReport(format="ctrf", assertions=assertions, binary=binary, error=error)
 
@@ -49,13 +49,13 @@ def test_short_message_is_kept():
 @pytest.mark.parametrize(
     "build",
     [
-        lambda: Assertion(name="a", status="ok"),
-        lambda: Assertion(name=1, status="passed"),
-        lambda: Assertion(name="a", status="failed", message=None),
-        lambda: AssertionReport(format="xunit", assertions=(), binary=False),
-        lambda: AssertionReport(format="ctrf", assertions=("passed",), binary=False),
-        lambda: AssertionReport(format="ctrf", assertions=(), binary=1),
-        lambda: AssertionReport(format="ctrf", assertions=(), binary=False, error=3),
+        lambda: Assertion(name="a", status="ok"),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+        lambda: Assertion(name=1, status="passed"),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+        lambda: Assertion(name="a", status="failed", message=None),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+        lambda: AssertionReport(format="xunit", assertions=(), binary=False),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+        lambda: AssertionReport(format="ctrf", assertions=("passed",), binary=False),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+        lambda: AssertionReport(format="ctrf", assertions=(), binary=1),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+        lambda: AssertionReport(format="ctrf", assertions=(), binary=False, error=3),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
     ],
 )
 def test_invalid_construction_raises_value_error(build):
@@ -64,12 +64,16 @@ def test_invalid_construction_raises_value_error(build):
 
 
 def test_assertions_become_a_tuple_and_objects_are_frozen():
-    report = AssertionReport(format="tap", assertions=[Assertion(name="a", status="passed")], binary=False)
+    report = AssertionReport(
+        format="tap",
+        assertions=[Assertion(name="a", status="passed")],  # pyright: ignore[reportArgumentType]  # deliberately a list: its conversion to a tuple is under test
+        binary=False,
+    )
     assert isinstance(report.assertions, tuple)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        report.error = "x"  # type: ignore[misc]
+        report.error = "x"  # pyright: ignore[reportAttributeAccessIssue]  # deliberately writes a frozen field: the FrozenInstanceError is under test
     with pytest.raises(dataclasses.FrozenInstanceError):
-        report.assertions[0].status = "failed"  # type: ignore[misc]
+        report.assertions[0].status = "failed"  # pyright: ignore[reportAttributeAccessIssue]  # deliberately writes a frozen field: the FrozenInstanceError is under test
 
 
 def test_report_parse_error_is_a_value_error():
@@ -79,9 +83,20 @@ def test_report_parse_error_is_a_value_error():
 @pytest.mark.parametrize(
     "name",
     [
-        "Assertion", "AssertionReport", "ReportParseError", "select_report", "compute_reward",
-        "DEFAULT_SCALE", "MAX_REPORT_BYTES", "parse_ctrf", "parse_junit", "parse_tap",
-        "parse_pytest_summary", "parse_reward_json", "parse_reward_txt", "from_exit_code",
+        "Assertion",
+        "AssertionReport",
+        "ReportParseError",
+        "select_report",
+        "compute_reward",
+        "DEFAULT_SCALE",
+        "MAX_REPORT_BYTES",
+        "parse_ctrf",
+        "parse_junit",
+        "parse_tap",
+        "parse_pytest_summary",
+        "parse_reward_json",
+        "parse_reward_txt",
+        "from_exit_code",
     ],
 )
 def test_package_exports(name):

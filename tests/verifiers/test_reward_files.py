@@ -64,8 +64,17 @@ def test_reward_json_garbage(text):
 
 @pytest.mark.parametrize(
     ("text", "status"),
-    [("1", "passed"), ("1.0\n", "passed"), ("  1.5  ", "passed"), ("1e0", "passed"), (".5", "failed"),
-     ("0", "failed"), ("-1", "failed"), ("0.99999", "failed"), ("+1.", "passed")],
+    [
+        ("1", "passed"),
+        ("1.0\n", "passed"),
+        ("  1.5  ", "passed"),
+        ("1e0", "passed"),
+        (".5", "failed"),
+        ("0", "failed"),
+        ("-1", "failed"),
+        ("0.99999", "failed"),
+        ("+1.", "passed"),
+    ],
 )
 def test_reward_txt(text, status):
     assert _outcome(parse_reward_txt(text)) == status
@@ -82,8 +91,13 @@ def test_reward_txt_garbage(text):
 
 @pytest.mark.parametrize(
     ("code", "status", "message"),
-    [(0, "passed", ""), (1, "failed", "exit 1"), (2, "failed", "exit 2"), (137, "failed", "exit 137"),
-     (-9, "failed", "exit -9")],
+    [
+        (0, "passed", ""),
+        (1, "failed", "exit 1"),
+        (2, "failed", "exit 2"),
+        (137, "failed", "exit 137"),
+        (-9, "failed", "exit -9"),
+    ],
 )
 def test_from_exit_code(code, status, message):
     report = from_exit_code(code)

@@ -5,12 +5,26 @@ import random
 
 import pytest
 
-from termgym.verifiers import MAX_REPORT_BYTES, check_assertion_count, compute_reward, report_format_of, select_report, too_many_files_report
+from termgym.verifiers import (
+    MAX_REPORT_BYTES,
+    check_assertion_count,
+    compute_reward,
+    report_format_of,
+    select_report,
+    too_many_files_report,
+)
 
-CTRF = json.dumps({"results": {"tool": {"name": "pytest"}, "tests": [
-    {"name": "ctrf::a", "status": "passed", "duration": 0.1},
-    {"name": "ctrf::b", "status": "passed", "duration": 0.1},
-]}}).encode()
+CTRF = json.dumps(
+    {
+        "results": {
+            "tool": {"name": "pytest"},
+            "tests": [
+                {"name": "ctrf::a", "status": "passed", "duration": 0.1},
+                {"name": "ctrf::b", "status": "passed", "duration": 0.1},
+            ],
+        }
+    }
+).encode()
 JUNIT_A = b'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest"><testcase classname="a" name="one"/></testsuite></testsuites>'
 JUNIT_B = b'<testsuite name="b"><testcase classname="b" name="two"><failure message="nope"/></testcase></testsuite>'
 TAP_A = b"TAP version 13\n1..1\nok 1 - tap a\n"
@@ -44,18 +58,52 @@ def _without(*names):
         (ALL_FILES, PYTEST_OUTPUT, 1, "ctrf", "ctrf.json", ["ctrf::a", "ctrf::b"]),
         (_without("ctrf.json"), PYTEST_OUTPUT, 1, "junit", "results.xml", ["a::one"]),
         (_without("ctrf.json", "results.xml"), PYTEST_OUTPUT, 1, "tap", "results.tap", ["tap a"]),
-        (_without("ctrf.json", "results.xml", "results.tap"), PYTEST_OUTPUT, 1, "reward-file", "reward.json",
-         ["reward"]),  # a report file outranks a summary in the output, which an agent's program can print
+        (
+            _without("ctrf.json", "results.xml", "results.tap"),
+            PYTEST_OUTPUT,
+            1,
+            "reward-file",
+            "reward.json",
+            ["reward"],
+        ),  # a report file outranks a summary in the output, which an agent's program can print
         ({"reward.txt": b"0"}, PYTEST_OUTPUT, 0, "reward-file", "reward.txt", ["reward"]),
-        ({}, PYTEST_OUTPUT, 1, "pytest", "verifier output",
-         ["tests/test_outputs.py::test_one", "tests/test_outputs.py::test_two"]),
+        (
+            {},
+            PYTEST_OUTPUT,
+            1,
+            "pytest",
+            "verifier output",
+            ["tests/test_outputs.py::test_one", "tests/test_outputs.py::test_two"],
+        ),
         ({}, "", 3, "exit-code", "exit code", ["exit code"]),
-        ({"notes.log": b"ok 1\n", "ctrf.json.bak": CTRF, "reward.json~": REWARD_JSON}, "", 0, "exit-code",
-         "exit code", ["exit code"]),  # near-miss names are not reports
-        ({"sub/ctrf.json": CTRF, "sub/r.xml": JUNIT_A}, "", 0, "exit-code", "exit code", ["exit code"]),  # not top level
+        (
+            {"notes.log": b"ok 1\n", "ctrf.json.bak": CTRF, "reward.json~": REWARD_JSON},
+            "",
+            0,
+            "exit-code",
+            "exit code",
+            ["exit code"],
+        ),  # near-miss names are not reports
+        (
+            {"sub/ctrf.json": CTRF, "sub/r.xml": JUNIT_A},
+            "",
+            0,
+            "exit-code",
+            "exit code",
+            ["exit code"],
+        ),  # not top level
     ],
-    ids=["ctrf-first", "junit-second", "tap-third", "reward-json-fourth", "reward-txt-fifth", "pytest-sixth",
-         "exit-code-last", "near-miss-names", "nested-paths"],
+    ids=[
+        "ctrf-first",
+        "junit-second",
+        "tap-third",
+        "reward-json-fourth",
+        "reward-txt-fifth",
+        "pytest-sixth",
+        "exit-code-last",
+        "near-miss-names",
+        "nested-paths",
+    ],
 )
 def test_priority_order(files, output, exit_code, format, source, names):
     report = select_report(files, output, exit_code)
@@ -83,6 +131,7 @@ def test_multiple_files_are_sorted_by_name_and_aggregated(extension, first, seco
 def test_one_bad_junit_file_spoils_the_aggregate_and_is_named():
     report = select_report({"a.xml": JUNIT_A, "b.xml": b"<testsuites><oops"}, "", 0)
     assert report.format == "junit" and report.assertions == ()
+    assert report.error is not None
     assert report.error.startswith("unparseable report b.xml: ")
 
 
@@ -93,19 +142,25 @@ GARBAGE = {
     "reward.json": b'{"reward": "yes"}',
     "reward.txt": b"passed\n",
 }
-FORMATS = {"ctrf.json": "ctrf", "results.xml": "junit", "results.tap": "tap", "reward.json": "reward-file",
-           "reward.txt": "reward-file"}
+FORMATS = {
+    "ctrf.json": "ctrf",
+    "results.xml": "junit",
+    "results.tap": "tap",
+    "reward.json": "reward-file",
+    "reward.txt": "reward-file",
+}
 ORDER = ["ctrf.json", "results.xml", "results.tap", "reward.json", "reward.txt"]
 
 
 @pytest.mark.parametrize("name", ORDER)
 def test_garbage_first_source_does_not_fall_through(name):
-    files = {later: ALL_FILES[later] for later in ORDER[ORDER.index(name) + 1:]}
+    files = {later: ALL_FILES[later] for later in ORDER[ORDER.index(name) + 1 :]}
     files[name] = GARBAGE[name]
     # the pytest summary ranks below every report file, so it must not be fallen through to
     report = select_report(files, PYTEST_OUTPUT, 0)
     assert report.format == FORMATS[name] and report.source == name
     assert report.assertions == ()
+    assert report.error is not None
     assert report.error.startswith(f"unparseable report {name}: ")
     assert not report.resolved and compute_reward(report) == 0.0
 
@@ -161,6 +216,7 @@ def test_fault_cases_become_error_reports(name, content, reason):
     output = "" if name.startswith("reward") else PYTEST_OUTPUT  # a later source that must be ignored
     report = select_report({name: content}, output, 0)
     assert report.assertions == ()
+    assert report.error is not None
     assert report.error.startswith(f"unparseable report {name}: ") and reason in report.error
     assert compute_reward(report) == 0.0
 
@@ -176,8 +232,8 @@ def test_random_bytes_never_raise(name):
 
 
 def test_str_and_bytearray_content_are_accepted():
-    assert select_report({"ctrf.json": CTRF.decode()}, "", 1).passed == 2
-    assert select_report({"reward.txt": bytearray(b"1")}, "", 1).resolved
+    assert select_report({"ctrf.json": CTRF.decode()}, "", 1).passed == 2  # pyright: ignore[reportArgumentType]  # deliberately str, not bytes: that it is accepted is under test
+    assert select_report({"reward.txt": bytearray(b"1")}, "", 1).resolved  # pyright: ignore[reportArgumentType]  # deliberately a bytearray: that it is accepted is under test
 
 
 def test_bom_prefixed_json_is_accepted():
@@ -215,14 +271,42 @@ def test_wrong_argument_types_raise_value_error(files, output, exit_code):
         ("pytest", ALL_FILES, PYTEST_OUTPUT, 0, "pytest", "verifier output", None),
         ("exit-code", ALL_FILES, PYTEST_OUTPUT, 0, "exit-code", "exit code", None),
         # the declared source is missing: an error, whatever else the verifier left
-        ("ctrf", _without("ctrf.json"), PYTEST_OUTPUT, 0, "ctrf", "ctrf.json",
-         "the task declares its report as ctrf, but the verifier produced no ctrf.json"),
-        ("tap", {"ctrf.json": CTRF}, "", 0, "tap", "TAP *.tap file",
-         "the task declares its report as tap, but the verifier produced no TAP *.tap file"),
-        ("pytest", ALL_FILES, "no summary", 0, "pytest", "pytest summary in its output",
-         "the task declares its report as pytest, but the verifier produced no pytest summary in its output"),
-        ("exit-code", {}, "", None, "exit-code", "exit code",
-         "the task declares its report as exit-code, but the verifier produced no exit code"),
+        (
+            "ctrf",
+            _without("ctrf.json"),
+            PYTEST_OUTPUT,
+            0,
+            "ctrf",
+            "ctrf.json",
+            "the task declares its report as ctrf, but the verifier produced no ctrf.json",
+        ),
+        (
+            "tap",
+            {"ctrf.json": CTRF},
+            "",
+            0,
+            "tap",
+            "TAP *.tap file",
+            "the task declares its report as tap, but the verifier produced no TAP *.tap file",
+        ),
+        (
+            "pytest",
+            ALL_FILES,
+            "no summary",
+            0,
+            "pytest",
+            "pytest summary in its output",
+            "the task declares its report as pytest, but the verifier produced no pytest summary in its output",
+        ),
+        (
+            "exit-code",
+            {},
+            "",
+            None,
+            "exit-code",
+            "exit code",
+            "the task declares its report as exit-code, but the verifier produced no exit code",
+        ),
     ],
 )
 def test_a_declared_format_is_the_only_source_read(declared, files, output, exit_code, format, source, error):
@@ -240,7 +324,7 @@ def test_a_declared_ctrf_task_ignores_a_forged_summary_in_its_output():
 
 def test_an_unknown_declared_format_is_a_value_error():
     with pytest.raises(ValueError):
-        select_report({}, "", 0, declared="xml")
+        select_report({}, "", 0, declared="xml")  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
 
 
 def _ctrf_report(passed: int, failed: int = 0, skipped: int = 0):
@@ -270,10 +354,14 @@ def test_assertion_count_is_held_to_the_tasks(passed, failed, skipped, expected,
 def test_missing_assertions_are_named_as_not_reported():
     report = check_assertion_count(_ctrf_report(1), 3)
     assert [a.name for a in report.assertions if a.status == "failed"] == [
-        "(assertion 2 of 3 not reported)", "(assertion 3 of 3 not reported)"]
+        "(assertion 2 of 3 not reported)",
+        "(assertion 3 of 3 not reported)",
+    ]
 
 
-@pytest.mark.parametrize("report", [select_report({"reward.txt": b"1"}, "", 0), select_report({"ctrf.json": b"{"}, "", 0)])
+@pytest.mark.parametrize(
+    "report", [select_report({"reward.txt": b"1"}, "", 0), select_report({"ctrf.json": b"{"}, "", 0)]
+)
 def test_binary_and_error_reports_are_not_count_checked(report):
     assert check_assertion_count(report, 7) is report
 
@@ -286,19 +374,34 @@ def test_a_bad_expected_count_is_a_value_error(expected):
 
 @pytest.mark.parametrize(
     ("counts", "declared", "format"),
-    [({"junit": 40}, None, "junit"), ({"tap": 30, "ctrf": 1, "reward-file": 2}, None, "ctrf"),
-     ({"junit": 40}, "ctrf", "ctrf"), ({}, None, "exit-code")],
+    [
+        ({"junit": 40}, None, "junit"),
+        ({"tap": 30, "ctrf": 1, "reward-file": 2}, None, "ctrf"),
+        ({"junit": 40}, "ctrf", "ctrf"),
+        ({}, None, "exit-code"),
+    ],
 )
 def test_too_many_report_files_is_an_error_never_a_truncation(counts, declared, format):
     report = too_many_files_report(counts, 32, declared)
     assert report.format == format and report.assertions == () and compute_reward(report) == 0.0
-    assert report.error == f"the verifier wrote {sum(counts.values())} report files to its log directory, more than the 32 termgym reads"
+    assert (
+        report.error
+        == f"the verifier wrote {sum(counts.values())} report files to its log directory, more than the 32 termgym reads"
+    )
 
 
 @pytest.mark.parametrize(
     ("name", "format"),
-    [("ctrf.json", "ctrf"), ("a.xml", "junit"), (".hidden.tap", "tap"), ("reward.json", "reward-file"),
-     ("reward.txt", "reward-file"), ("ctrf.json.tmp", None), ("test-stdout.txt", None), ("notes.log", None)],
+    [
+        ("ctrf.json", "ctrf"),
+        ("a.xml", "junit"),
+        (".hidden.tap", "tap"),
+        ("reward.json", "reward-file"),
+        ("reward.txt", "reward-file"),
+        ("ctrf.json.tmp", None),
+        ("test-stdout.txt", None),
+        ("notes.log", None),
+    ],
 )
 def test_report_format_of_a_file_name(name, format):
     assert report_format_of(name) == format

@@ -89,8 +89,10 @@ def test_bail_out_without_plan_fails_the_run():
     ("text", "rows"),
     [
         # numbers are optional and auto-increment; missing planned tests fail
-        ("1..4\nok\nok - second\nnot ok\n", [("test 1", "passed"), ("second", "passed"), ("test 3", "failed"),
-                                              ("missing test 4", "failed")]),
+        (
+            "1..4\nok\nok - second\nnot ok\n",
+            [("test 1", "passed"), ("second", "passed"), ("test 3", "failed"), ("missing test 4", "failed")],
+        ),
         # auto-increment continues from an explicit number
         ("ok 2 - b\nok - c\n1..3\n", [("b", "passed"), ("c", "passed"), ("missing test 1", "failed")]),
         # no plan: just the test points
@@ -102,18 +104,32 @@ def test_bail_out_without_plan_fails_the_run():
         # skip-all plan: valid, nothing counted
         ("1..0 # Skipped: no display available\n", []),
         # lowercase and variant directives; a skip with no description is named by number
-        ("ok 1 # skip\nok 2 - x # Skipped: later\nnot ok 3 - y # todo\n", [("test 1", "skipped"), ("x", "skipped"),
-                                                                           ("y", "skipped")]),
+        (
+            "ok 1 # skip\nok 2 - x # Skipped: later\nnot ok 3 - y # todo\n",
+            [("test 1", "skipped"), ("x", "skipped"), ("y", "skipped")],
+        ),
         # an escaped hash is not a directive; a plain hash is part of the description
-        ("ok 1 - handles \\# SKIP literally\nok 2 - issue #42 fixed\n", [("handles # SKIP literally", "passed"),
-                                                                         ("issue #42 fixed", "passed")]),
+        (
+            "ok 1 - handles \\# SKIP literally\nok 2 - issue #42 fixed\n",
+            [("handles # SKIP literally", "passed"), ("issue #42 fixed", "passed")],
+        ),
         # Windows line endings, pragmas and comments
         ("TAP version 14\r\npragma +strict\r\n1..1\r\n# hello\r\nok 1 - crlf\r\n", [("crlf", "passed")]),
         # "okay" and "not okay" are not test points
         ("okay then\nnot okay\nok 1 - real\n", [("real", "passed")]),
     ],
-    ids=["auto-increment", "continue-numbering", "no-plan", "over-plan", "duplicate-number", "skip-all",
-         "directive-variants", "escaped-hash", "crlf-pragma", "okay-is-not-ok"],
+    ids=[
+        "auto-increment",
+        "continue-numbering",
+        "no-plan",
+        "over-plan",
+        "duplicate-number",
+        "skip-all",
+        "directive-variants",
+        "escaped-hash",
+        "crlf-pragma",
+        "okay-is-not-ok",
+    ],
 )
 def test_tap_cases(text, rows):
     assert _rows(parse_tap(text)) == rows

@@ -28,15 +28,17 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from termgym.errors import ConfigError
-from termgym.sandboxes.pacing import Window
 from termgym.sandboxes.base import Resources
+from termgym.sandboxes.pacing import Window
 
 FailureClass = Literal["rate_limited", "quota", "transient", "fatal"]
 
 TRANSIENT_STATUSES = frozenset({500, 502, 503, 504})
 # "Total CPU limit exceeded. Maximum allowed: 10." / "Sandbox resource limit reached (16), please
 # try again later" / "quota exceeded": the API has no dedicated class for these (daytona#3304).
-_QUOTA = re.compile(r"\b(limit|quota)s?\b.*\b(exceeded|reached)\b|\bexceed(s|ed)?\b.*\b(limit|quota)s?\b", re.IGNORECASE)
+_QUOTA = re.compile(
+    r"\b(limit|quota)s?\b.*\b(exceeded|reached)\b|\bexceed(s|ed)?\b.*\b(limit|quota)s?\b", re.IGNORECASE
+)
 
 
 def is_quota_message(message: str) -> bool:
@@ -106,7 +108,9 @@ class RetryPolicy:
             raise ConfigError("retry delays must satisfy 0 <= base_delay <= max_delay and jitter >= 0")
 
 
-def backoff_delay(attempt: int, *, base: float, cap: float, retry_after: float | None, jitter: float, draw: float) -> float:
+def backoff_delay(
+    attempt: int, *, base: float, cap: float, retry_after: float | None, jitter: float, draw: float
+) -> float:
     """Seconds to wait after failed attempt number ``attempt`` (1 for the first): exponential
     ``base * 2**(attempt-1)`` capped at ``cap``, never below ``retry_after``, then stretched by
     ``1 + jitter * draw`` (``draw`` in [0, 1), the caller's random number) so that clients told to
@@ -119,17 +123,30 @@ def backoff_delay(attempt: int, *, base: float, cap: float, retry_after: float |
     return max(exponential, retry_after or 0.0) * (1.0 + jitter * draw)
 
 
-def retry_delay(policy: RetryPolicy, kind: FailureClass, attempt: int, retry_after: float | None, draw: float) -> float | None:
+def retry_delay(
+    policy: RetryPolicy, kind: FailureClass, attempt: int, retry_after: float | None, draw: float
+) -> float | None:
     """Seconds to wait before trying again after attempt ``attempt`` failed with ``kind``; None to
     give up (a fatal failure, or the attempts for that class are spent)."""
     if kind == "fatal":
         return None
-    limit = {"rate_limited": policy.rate_limited_attempts, "quota": policy.quota_attempts}.get(kind, policy.transient_attempts)
+    limit = {"rate_limited": policy.rate_limited_attempts, "quota": policy.quota_attempts}.get(
+        kind, policy.transient_attempts
+    )
     if attempt >= limit:
         return None
     if kind == "quota":
-        return backoff_delay(attempt, base=policy.quota_base_delay, cap=policy.quota_max_delay, retry_after=retry_after, jitter=policy.jitter, draw=draw)
-    return backoff_delay(attempt, base=policy.base_delay, cap=policy.max_delay, retry_after=retry_after, jitter=policy.jitter, draw=draw)
+        return backoff_delay(
+            attempt,
+            base=policy.quota_base_delay,
+            cap=policy.quota_max_delay,
+            retry_after=retry_after,
+            jitter=policy.jitter,
+            draw=draw,
+        )
+    return backoff_delay(
+        attempt, base=policy.base_delay, cap=policy.max_delay, retry_after=retry_after, jitter=policy.jitter, draw=draw
+    )
 
 
 def paced_windows(per_second: int, per_minute: int, guard: float) -> tuple[Window, ...]:
@@ -159,7 +176,9 @@ class ContextEntry:
     executable: bool = False
 
 
-def environment_hash(dockerfile: bytes | None, context: Iterable[ContextEntry], image: str | None, resources: tuple[int, int, int]) -> str:
+def environment_hash(
+    dockerfile: bytes | None, context: Iterable[ContextEntry], image: str | None, resources: tuple[int, int, int]
+) -> str:
     """A hex digest of everything a snapshot is built from; the order of ``context`` is irrelevant."""
     digest = hashlib.sha256()
 
@@ -209,7 +228,7 @@ def encode_command(script: str) -> str:
     if b"\0" in data:
         raise ValueError("a shell script cannot contain NUL bytes")
     body = "".join(chr(b) if chr(b).isascii() and chr(b).isalnum() else f"\\{b:03o}" for b in data)
-    return f"sh -c 'eval \"$(printf \"{body}\")\"'"
+    return f'sh -c \'eval "$(printf "{body}")"\''
 
 
 def command_line(argv: Sequence[str], env: Mapping[str, str], cwd: str, *, timeout: float | None = None) -> str:
@@ -226,7 +245,9 @@ def command_line(argv: Sequence[str], env: Mapping[str, str], cwd: str, *, timeo
     return f"cd -- {sh_quote(cwd)} && exec {limit}env -i {' '.join(words)}"
 
 
-def exec_script(argv: Sequence[str], *, env: Mapping[str, str], cwd: str, timeout: float, output_limit: int, stdin_path: str | None) -> str:
+def exec_script(
+    argv: Sequence[str], *, env: Mapping[str, str], cwd: str, timeout: float, output_limit: int, stdin_path: str | None
+) -> str:
     """The script ``exec`` runs: ``argv`` as ``command_line`` gives it, with its timeout, output to
     a private file, then printed as the byte count on one line followed by the first
     ``output_limit // 2`` and the last ``output_limit - output_limit // 2`` bytes (all of it when
@@ -260,7 +281,7 @@ def parse_exec_output(text: str, output_limit: int) -> tuple[bytes, int]:
         if len(whole) <= output_limit:
             return whole, 0
         head = output_limit // 2
-        return whole[:head] + whole[len(whole) - (output_limit - head):], len(whole) - output_limit
+        return whole[:head] + whole[len(whole) - (output_limit - head) :], len(whole) - output_limit
     total = int(first.strip())
     return data, max(0, total - output_limit) if total > output_limit else 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from termgym.audit.judge import JudgeError, parse_answer
 from termgym.audit.rubric import (
     WEIGHTS,
     MechanicalFindings,
@@ -19,7 +20,6 @@ from termgym.audit.rubric import (
     split_top_level,
     weighted_score,
 )
-from termgym.audit.judge import JudgeError, parse_answer
 
 OK = RunResult(6, 6, True)
 NULL = RunResult(1, 6, False)
@@ -70,7 +70,10 @@ def test_weighted_score_rejects_unknown_dimensions():
         ({"deterministic": False}, ["flaky"]),
         ({"null": RunResult(6, 6, True)}, ["weak_verifier"]),
         ({"oracle": (RunResult(0, 0, False),), "null": RunResult(0, 0, False)}, ["solution_fails", "weak_verifier"]),
-        ({"leaks": ("tests/expected.txt is in the environment as data/expected.txt (same content)",)}, ["test_leakage"]),
+        (
+            {"leaks": ("tests/expected.txt is in the environment as data/expected.txt (same content)",)},
+            ["test_leakage"],
+        ),
     ],
 )
 def test_hard_rejects(changes, kinds):
@@ -119,8 +122,13 @@ def test_low_score_is_not_accepted_and_select_order_is_by_score():
 
 
 def test_find_leaks_by_content_and_by_path():
-    protected = {"tests": [("test.sh", "h1"), ("data/expected.txt", "h2"), ("empty", "e0")], "solution": [("solve.sh", "h3")]}
-    assert find_leaks(protected, [("Dockerfile", "h9"), ("test.sh", "other"), ("empty", "e0")], min_bytes_hash="e0") == []
+    protected = {
+        "tests": [("test.sh", "h1"), ("data/expected.txt", "h2"), ("empty", "e0")],
+        "solution": [("solve.sh", "h3")],
+    }
+    assert (
+        find_leaks(protected, [("Dockerfile", "h9"), ("test.sh", "other"), ("empty", "e0")], min_bytes_hash="e0") == []
+    )
     leaks = find_leaks(protected, [("copy/answers.txt", "h2"), ("solve.sh", "h3"), ("data/expected.txt", "x")])
     assert leaks == [
         "tests/data/expected.txt is in the environment as copy/answers.txt (same content)",
@@ -137,7 +145,7 @@ def test_find_leaks_by_content_and_by_path():
         ("a \\\n  b\nc |\n  d\ne &&\n f\n", [1, 3, 5]),
         ("cat > f <<'EOF'\nif x; then\nEOF\nchmod +x f\n", [2, 3]),
         ("cat <<-END > f\n\tdone\n\tEND\nx\n", [2, 3]),
-        ("for f in *; do\n  mv \"$f\" x\ndone\nls\n", [2, 3]),
+        ('for f in *; do\n  mv "$f" x\ndone\nls\n', [2, 3]),
         ("case $x in\n  a) y ;;\n  *) z ;;\nesac\n", [3]),
         ("{ find a\n  find b; } | sort\nf() {\n  echo hi\n}\n", [1, 4]),
         ("echo 'a\nb'\necho \"c # not a comment\"\n", [1, 2]),
@@ -145,7 +153,7 @@ def test_find_leaks_by_content_and_by_path():
         ("if true; then\n  echo\n", None),
         ("done\n", None),
         ("echo done; echo fi\n", [0]),
-        ("while read -r l; do echo \"$l\"; done < f\n", [0]),
+        ('while read -r l; do echo "$l"; done < f\n', [0]),
         ("for ((i = 0; i < 3; i++)); do echo $i; done\n", [0]),
     ],
 )
@@ -153,7 +161,9 @@ def test_split_top_level(script, ends):
     assert split_top_level(script) == ends
 
 
-@pytest.mark.parametrize(("steps", "lengths"), [(0, []), (1, []), (2, [1]), (3, [1, 2]), (4, [1, 2, 3]), (9, [2, 5, 8])])
+@pytest.mark.parametrize(
+    ("steps", "lengths"), [(0, []), (1, []), (2, [1]), (3, [1, 2]), (4, [1, 2, 3]), (9, [2, 5, 8])]
+)
 def test_prefix_lengths(steps, lengths):
     assert prefix_lengths(steps) == lengths
 
@@ -179,7 +189,8 @@ def test_parse_answer_defensively():
 
 
 @pytest.mark.parametrize(
-    "content", ["no json here", '{"scores": []}', '{"scores": {"vibes": 1}}', '{"scores": {"task_value": -1}}', "{broken"]
+    "content",
+    ["no json here", '{"scores": []}', '{"scores": {"vibes": 1}}', '{"scores": {"task_value": -1}}', "{broken"],
 )
 def test_parse_answer_without_usable_scores_raises(content):
     with pytest.raises(JudgeError):
@@ -189,10 +200,17 @@ def test_parse_answer_without_usable_scores_raises(content):
 def test_scan_roots_and_merge_leaks():
     roots = scan_roots(["/app/data/", "/opt/tool/bin/run.sh", "/tests/x", "/etc/conf"], ["/", "/app", "/solution"])
     assert roots == ["/app", "/app/data", "/etc", "/opt/tool/bin"]
-    merged = merge_leaks(["tests/a is in the environment as a (same content)"], [
-        "tests/a is in the environment as /app/a (same content)", "tests/b is in the environment as /app/b (same content)"
-    ])
-    assert merged == ["tests/a is in the environment as a (same content)", "tests/b is in the environment as /app/b (same content)"]
+    merged = merge_leaks(
+        ["tests/a is in the environment as a (same content)"],
+        [
+            "tests/a is in the environment as /app/a (same content)",
+            "tests/b is in the environment as /app/b (same content)",
+        ],
+    )
+    assert merged == [
+        "tests/a is in the environment as a (same content)",
+        "tests/b is in the environment as /app/b (same content)",
+    ]
 
 
 def test_content_copied_in_the_sandbox_is_a_flag_not_a_reject():

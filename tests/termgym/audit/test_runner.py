@@ -14,11 +14,11 @@ from typing import ClassVar
 
 import pytest
 
+from termgym.audit.judge import OpenAIJudge
 from termgym.audit.runner import audit_task, leakage
 from termgym.env import EnvOptions
-from termgym.audit.judge import OpenAIJudge
 from termgym.tasks import load_task
-from tests.helpers import REPO_ROOT, KIT_SOURCE, write_task
+from tests.helpers import KIT_SOURCE, REPO_ROOT, write_task
 
 OPTIONS = EnvOptions(run_id="audit-test")
 THREE_STEPS = "#!/bin/bash\nset -e\necho a > /app/a\necho b > /app/b\necho c > /app/c\n"
@@ -45,12 +45,14 @@ def test_a_sound_multi_step_task_is_accepted_with_partial_credit(tmp_path, no_le
     assert verdict.accepted, verdict.to_dict()
     assert verdict.rejects == [] and verdict.flags == []
     assert verdict.checks["oracle"] == "2/2" and verdict.checks["null"] == "0/3"
-    assert verdict.checks["determinism"] == "same" and verdict.scores["granularity"] == pytest.approx(0.5 * 3 / 20 + 0.5)
+    assert verdict.checks["determinism"] == "same" and verdict.scores["granularity"] == pytest.approx(
+        0.5 * 3 / 20 + 0.5
+    )
     assert verdict.judge == "not run"
 
 
 def test_verifier_that_passes_on_an_empty_sandbox_is_weak(tmp_path, no_leaks):
-    test_sh = f"#!/bin/sh\n{KIT_SOURCE}\ntg_check \"app exists\" test -d /app\ntg_check \"shell works\" true\ntg_finish\n"
+    test_sh = f'#!/bin/sh\n{KIT_SOURCE}\ntg_check "app exists" test -d /app\ntg_check "shell works" true\ntg_finish\n'
     verdict = audit(write_task(tmp_path, test_sh=test_sh))
     assert not verdict.accepted
     assert kinds(verdict.rejects) == ["weak_verifier"]
@@ -63,7 +65,7 @@ def test_tests_copied_into_the_image_leak(tmp_path, no_leaks):
         tmp_path,
         dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\nCOPY notes.txt /app/notes.txt\n",
         solve_sh="#!/bin/bash\nprintf 'alpha\\nbeta\\n' > /app/result.txt\n",
-        test_sh=f"#!/bin/sh\n{KIT_SOURCE}\ntg_check \"result matches\" cmp /app/result.txt /tests/expected.txt\ntg_finish\n",
+        test_sh=f'#!/bin/sh\n{KIT_SOURCE}\ntg_check "result matches" cmp /app/result.txt /tests/expected.txt\ntg_finish\n',
         extra_files={"tests/expected.txt": expected, "environment/notes.txt": expected},
     )
     verdict = audit(task, k=1)
@@ -76,7 +78,7 @@ def test_answers_written_into_the_image_by_a_run_step_are_flagged(tmp_path, no_l
         tmp_path,
         dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\nRUN mkdir -p /opt/data && printf 'alpha\\nbeta\\n' > /opt/data/.cache\nCOPY input.txt /opt/data/input.txt\n",
         solve_sh="#!/bin/bash\nprintf 'alpha\\nbeta\\n' > /app/result.txt\n",
-        test_sh=f"#!/bin/sh\n{KIT_SOURCE}\ntg_check \"result matches\" cmp /app/result.txt /tests/expected.txt\ntg_finish\n",
+        test_sh=f'#!/bin/sh\n{KIT_SOURCE}\ntg_check "result matches" cmp /app/result.txt /tests/expected.txt\ntg_finish\n',
         extra_files={"tests/expected.txt": "alpha\nbeta\n", "environment/input.txt": "unrelated\n"},
     )
     verdict = audit(task, k=1)
@@ -116,7 +118,11 @@ def test_task_without_a_reference_solution_is_rejected_without_a_sandbox(tmp_pat
 def test_binary_in_disguise_is_flagged(tmp_path, no_leaks):
     # Every assertion needs all three files: the score jumps from none to all.
     all_three = "test -f /app/a && test -f /app/b && test -f /app/c"
-    test_sh = f"#!/bin/sh\n{KIT_SOURCE}\n" + "".join(f"tg_check_sh \"check {i}\" '{all_three}'\n" for i in range(3)) + "tg_finish\n"
+    test_sh = (
+        f"#!/bin/sh\n{KIT_SOURCE}\n"
+        + "".join(f"tg_check_sh \"check {i}\" '{all_three}'\n" for i in range(3))
+        + "tg_finish\n"
+    )
     verdict = audit(write_task(tmp_path, solve_sh=THREE_STEPS, test_sh=test_sh), k=1)
     assert kinds(verdict.flags) == ["binary_in_disguise"]
     assert "1 steps 0/3, 2 steps 0/3" in verdict.flags[0].reason

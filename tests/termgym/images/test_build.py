@@ -21,7 +21,10 @@ from termgym.sandboxes.docker import FrameDemux
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("a:1=b:2", ("a:1", "b:2")), (" debian:bookworm-slim = termgym/base:bookworm ", ("debian:bookworm-slim", "termgym/base:bookworm"))],
+    [
+        ("a:1=b:2", ("a:1", "b:2")),
+        (" debian:bookworm-slim = termgym/base:bookworm ", ("debian:bookworm-slim", "termgym/base:bookworm")),
+    ],
 )
 def test_parse_alias(text, expected):
     assert parse_alias(text) == expected
@@ -41,7 +44,11 @@ ALIASES = {"debian:bookworm-slim": BASE_IMAGE, "python:3.12": "local/python:3.12
     [
         ("FROM debian:bookworm-slim\nRUN true\n", set(), f"FROM {BASE_IMAGE}\nRUN true\n"),
         ("FROM debian:bookworm-slim\n", {"debian:bookworm-slim"}, "FROM debian:bookworm-slim\n"),
-        ("from --platform=linux/amd64 python:3.12 AS build\nFROM build\n", set(), "from --platform=linux/amd64 local/python:3.12 AS build\nFROM build\n"),
+        (
+            "from --platform=linux/amd64 python:3.12 AS build\nFROM build\n",
+            set(),
+            "from --platform=linux/amd64 local/python:3.12 AS build\nFROM build\n",
+        ),
         ("FROM alpine:3\n", set(), "FROM alpine:3\n"),
         ("FROM debian:bookworm-slim", set(), f"FROM {BASE_IMAGE}"),
     ],

@@ -59,10 +59,20 @@ STEP_CASES = [
     ),
     ("exec-form", 'FROM a\nRUN ["echo", "$HOME", "a b"]', None, [run(("echo", "$HOME", "a b"))]),
     ("invalid-json-is-shell-form", "FROM a\nRUN [ -f x ] && echo y", None, [run("[ -f x ] && echo y")]),
-    ("run-not-substituted", "FROM a\nENV X=1\nRUN echo $X ${X:-d}", None, [run("echo $X ${X:-d}", [("X", "1")], line=3)]),
+    (
+        "run-not-substituted",
+        "FROM a\nENV X=1\nRUN echo $X ${X:-d}",
+        None,
+        [run("echo $X ${X:-d}", [("X", "1")], line=3)],
+    ),
     ("heredoc", "FROM a\nRUN <<EOF\necho one\n  echo two\nEOF", None, [run("echo one\n  echo two\n")]),
     ("heredoc-strip-tabs", "FROM a\nRUN <<-EOF\n\techo one\n\t\techo two\n\tEOF", None, [run("echo one\necho two\n")]),
-    ("heredoc-quoted-delimiter", "FROM a\nRUN <<'EOF'\necho $HOME\nEOF\nRUN next", None, [run("echo $HOME\n"), run("next", line=5)]),
+    (
+        "heredoc-quoted-delimiter",
+        "FROM a\nRUN <<'EOF'\necho $HOME\nEOF\nRUN next",
+        None,
+        [run("echo $HOME\n"), run("next", line=5)],
+    ),
     ("heredoc-double-quoted", 'FROM a\nRUN <<"END"\nx\nEND', None, [run("x\n")]),
     (
         "heredoc-body-keeps-comments-and-backslashes",
@@ -78,7 +88,12 @@ STEP_CASES = [
     ),
     ("heredoc-marker-inside-quotes-is-not-one", "FROM a\nRUN echo '<<EOF'", None, [run("echo '<<EOF'")]),
     ("unicode-line-separator-is-not-a-newline", "FROM a\nRUN echo '\u2028'", None, [run("echo '\u2028'")]),
-    ("heredoc-with-unbalanced-quote-elsewhere", "FROM a\nRUN cat <<EOF # don't\nx\nEOF", None, [run("cat <<EOF # don't\nx\nEOF")]),
+    (
+        "heredoc-with-unbalanced-quote-elsewhere",
+        "FROM a\nRUN cat <<EOF # don't\nx\nEOF",
+        None,
+        [run("cat <<EOF # don't\nx\nEOF")],
+    ),
     ("here-string-is-not-a-heredoc", "FROM a\nRUN cat <<<word", None, [run("cat <<<word")]),
     ("workdir-default-relative-to-root", "FROM a\nWORKDIR app", None, [WorkdirStep("/app", 2)]),
     (
@@ -88,11 +103,26 @@ STEP_CASES = [
         [WorkdirStep("/a", 2), WorkdirStep("/a/c", 3), WorkdirStep("/abs/x", 4)],
     ),
     ("workdir-quoted", 'FROM a\nWORKDIR "/my dir"', None, [WorkdirStep("/my dir", 2)]),
-    ("copy-relative-dest", "FROM a\nWORKDIR /app\nCOPY x.py y", None, [WorkdirStep("/app", 2), copy(["x.py"], "/app/y", "/app", line=3)]),
-    ("copy-dot-dest-is-directory", "FROM a\nWORKDIR /app\nCOPY . .", None, [WorkdirStep("/app", 2), copy(["."], "/app/", "/app", line=3)]),
+    (
+        "copy-relative-dest",
+        "FROM a\nWORKDIR /app\nCOPY x.py y",
+        None,
+        [WorkdirStep("/app", 2), copy(["x.py"], "/app/y", "/app", line=3)],
+    ),
+    (
+        "copy-dot-dest-is-directory",
+        "FROM a\nWORKDIR /app\nCOPY . .",
+        None,
+        [WorkdirStep("/app", 2), copy(["."], "/app/", "/app", line=3)],
+    ),
     ("copy-dest-keeps-slash", "FROM a\nCOPY x /opt/y/", None, [copy(["x"], "/opt/y/")]),
     ("copy-into-root", "FROM a\nCOPY x /", None, [copy(["x"], "/")]),
-    ("copy-several-sources-and-globs", "FROM a\nCOPY a.txt src/*.py b?[0-9] /dst/", None, [copy(["a.txt", "src/*.py", "b?[0-9]"], "/dst/")]),
+    (
+        "copy-several-sources-and-globs",
+        "FROM a\nCOPY a.txt src/*.py b?[0-9] /dst/",
+        None,
+        [copy(["a.txt", "src/*.py", "b?[0-9]"], "/dst/")],
+    ),
     ("copy-json-form", 'FROM a\nCOPY ["my file", "other", "/d/"]', None, [copy(["my file", "other"], "/d/")]),
     ("copy-quoted-word", 'FROM a\nCOPY "my file" /d/', None, [copy(["my file"], "/d/")]),
     ("copy-escaped-space", "FROM a\nCOPY my\\ file /d/", None, [copy(["my file"], "/d/")]),
@@ -119,34 +149,64 @@ STEP_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("text", "build_args", "expected"), [c[1:] for c in STEP_CASES], ids=[c[0] for c in STEP_CASES])
+@pytest.mark.parametrize(
+    ("text", "build_args", "expected"), [c[1:] for c in STEP_CASES], ids=[c[0] for c in STEP_CASES]
+)
 def test_steps(text, build_args, expected):
     assert parse_dockerfile(text, build_args).steps == tuple(expected)
 
 
 # (id, dockerfile, build_args, {plan field: expected value})
 PLAN_CASES = [
-    ("minimal", "FROM ubuntu:24.04", None, {"base_image": "ubuntu:24.04", "steps": (), "env": (), "workdir": "/", "user": None, "ignored": ()}),
+    (
+        "minimal",
+        "FROM ubuntu:24.04",
+        None,
+        {"base_image": "ubuntu:24.04", "steps": (), "env": (), "workdir": "/", "user": None, "ignored": ()},
+    ),
     ("stage-name-stripped", "FROM python:3.12-slim AS final", None, {"base_image": "python:3.12-slim"}),
     ("platform-flag", "FROM --platform=linux/amd64 debian AS x", None, {"base_image": "debian"}),
     ("env-legacy-form", "FROM a\nENV GREETING hello big   world", None, {"env": (("GREETING", "hello big   world"),)}),
     (
         "env-equals-form",
-        'FROM a\nENV K=V K2="v 2" K3=v\\ 3 K4=\'$K\' K5=',
+        "FROM a\nENV K=V K2=\"v 2\" K3=v\\ 3 K4='$K' K5=",
         None,
         {"env": (("K", "V"), ("K2", "v 2"), ("K3", "v 3"), ("K4", "$K"), ("K5", ""))},
     ),
-    ("env-first-definition-order", "FROM a\nENV A=1 B=2\nENV A=3 C=4", None, {"env": (("A", "3"), ("B", "2"), ("C", "4"))}),
+    (
+        "env-first-definition-order",
+        "FROM a\nENV A=1 B=2\nENV A=3 C=4",
+        None,
+        {"env": (("A", "3"), ("B", "2"), ("C", "4"))},
+    ),
     ("env-same-instruction-sees-old-values", "FROM a\nENV A=1\nENV A=2 B=$A", None, {"env": (("A", "2"), ("B", "1"))}),
     (
         "substitution-forms",
         "FROM a\nENV S=set E=\nENV A=$S-${S} B=${U:-def} C=${E:-def} D=${S:+alt} F=${U:+alt} G=${E-d} H=${U-d} I=\\$S",
         None,
-        {"env": (("S", "set"), ("E", ""), ("A", "set-set"), ("B", "def"), ("C", "def"), ("D", "alt"), ("F", ""), ("G", ""), ("H", "d"), ("I", "$S"))},
+        {
+            "env": (
+                ("S", "set"),
+                ("E", ""),
+                ("A", "set-set"),
+                ("B", "def"),
+                ("C", "def"),
+                ("D", "alt"),
+                ("F", ""),
+                ("G", ""),
+                ("H", "d"),
+                ("I", "$S"),
+            )
+        },
     ),
     ("substitution-default-with-space", "FROM a\nENV C=${U:-a b} D=1", None, {"env": (("C", "a b"), ("D", "1"))}),
     ("substitution-nested-default", "FROM a\nENV X=x\nENV Y=${U:-${X}/y}", None, {"env": (("X", "x"), ("Y", "x/y"))}),
-    ("substitution-in-double-quotes", 'FROM a\nENV X=x\nENV Y="$X \\"q\\" \\$X"', None, {"env": (("X", "x"), ("Y", 'x "q" $X'))}),
+    (
+        "substitution-in-double-quotes",
+        'FROM a\nENV X=x\nENV Y="$X \\"q\\" \\$X"',
+        None,
+        {"env": (("X", "x"), ("Y", 'x "q" $X'))},
+    ),
     ("dollar-without-name-is-literal", "FROM a\nENV P=5$ Q=$1", None, {"env": (("P", "5$"), ("Q", "$1"))}),
     (
         "substitution-in-workdir-copy-user",
@@ -162,8 +222,18 @@ PLAN_CASES = [
     ("arg-build-arg-override", "FROM a\nARG V=1.0\nENV VERSION=$V", {"V": "2.0"}, {"env": (("VERSION", "2.0"),)}),
     ("arg-without-default", "FROM a\nARG V\nENV VERSION=[$V]", None, {"env": (("VERSION", "[]"),)}),
     ("arg-without-default-set-by-build-arg", "FROM a\nARG V\nENV VERSION=$V", {"V": "3"}, {"env": (("VERSION", "3"),)}),
-    ("undeclared-build-arg-ignored", "FROM a\nENV X=${NOT_DECLARED:-no}", {"NOT_DECLARED": "yes"}, {"env": (("X", "no"),)}),
-    ("arg-before-from-in-from", "ARG TAG=3.11\nARG IMG=python:${TAG}\nFROM ${IMG}-slim", None, {"base_image": "python:3.11-slim"}),
+    (
+        "undeclared-build-arg-ignored",
+        "FROM a\nENV X=${NOT_DECLARED:-no}",
+        {"NOT_DECLARED": "yes"},
+        {"env": (("X", "no"),)},
+    ),
+    (
+        "arg-before-from-in-from",
+        "ARG TAG=3.11\nARG IMG=python:${TAG}\nFROM ${IMG}-slim",
+        None,
+        {"base_image": "python:3.11-slim"},
+    ),
     ("arg-before-from-overridden", "ARG TAG=3.11\nFROM python:$TAG", {"TAG": "3.13"}, {"base_image": "python:3.13"}),
     ("arg-before-from-not-in-stage", "ARG TAG=3.11\nFROM a\nENV T=[$TAG]", None, {"env": (("T", "[]"),)}),
     ("arg-before-from-redeclared", "ARG TAG=3.11\nFROM a\nARG TAG\nENV T=$TAG", {"TAG": "9"}, {"env": (("T", "9"),)}),
@@ -178,16 +248,24 @@ PLAN_CASES = [
         "multi-stage-only-last-counts",
         "FROM golang AS build\nENV GO=1\nRUN go build\nCOPY --from=other /x /y\nFROM alpine:3\nRUN echo final",
         None,
-        {"base_image": "alpine:3", "env": (), "steps": (run("echo final", line=6),),
-         "ignored": ("FROM golang AS build (line 1): build stage not used by the final stage",)},
+        {
+            "base_image": "alpine:3",
+            "env": (),
+            "steps": (run("echo final", line=6),),
+            "ignored": ("FROM golang AS build (line 1): build stage not used by the final stage",),
+        },
     ),
     (
         "multi-stage-chained",
         "FROM ubuntu AS base\nENV A=1\nWORKDIR /w\nRUN one\nFROM scratch AS unused\nFROM base AS final\nRUN two",
         None,
-        {"base_image": "ubuntu", "env": (("A", "1"),), "workdir": "/w",
-         "steps": (WorkdirStep("/w", 3), run("one", [("A", "1")], "/w", 4), run("two", [("A", "1")], "/w", 7)),
-         "ignored": ("FROM scratch AS unused (line 5): build stage not used by the final stage",)},
+        {
+            "base_image": "ubuntu",
+            "env": (("A", "1"),),
+            "workdir": "/w",
+            "steps": (WorkdirStep("/w", 3), run("one", [("A", "1")], "/w", 4), run("two", [("A", "1")], "/w", 7)),
+            "ignored": ("FROM scratch AS unused (line 5): build stage not used by the final stage",),
+        },
     ),
     ("multi-stage-args-do-not-leak", "FROM a AS one\nARG X=1\nFROM one\nENV Y=[$X]", None, {"env": (("Y", "[]"),)}),
     ("user-last-wins", "FROM a\nUSER app\nUSER root:root", None, {"user": "root:root"}),
@@ -196,17 +274,29 @@ PLAN_CASES = [
         'FROM a\nEXPOSE 80\nCMD ["python", "app.py"]\nentrypoint ["x"]\nLABEL a=b\nVOLUME /data\nHEALTHCHECK NONE\n'
         "STOPSIGNAL SIGTERM\nMAINTAINER me\nONBUILD RUN x\nCOPY --chown=1:1 a /b",
         None,
-        {"ignored": ("EXPOSE 80 (line 2)", 'CMD ["python", "app.py"] (line 3)', 'ENTRYPOINT ["x"] (line 4)',
-                     "LABEL a=b (line 5)", "VOLUME /data (line 6)", "HEALTHCHECK NONE (line 7)",
-                     "STOPSIGNAL SIGTERM (line 8)", "MAINTAINER me (line 9)", "ONBUILD RUN x (line 10)",
-                     "COPY --chown=1:1 (line 11)")},
+        {
+            "ignored": (
+                "EXPOSE 80 (line 2)",
+                'CMD ["python", "app.py"] (line 3)',
+                'ENTRYPOINT ["x"] (line 4)',
+                "LABEL a=b (line 5)",
+                "VOLUME /data (line 6)",
+                "HEALTHCHECK NONE (line 7)",
+                "STOPSIGNAL SIGTERM (line 8)",
+                "MAINTAINER me (line 9)",
+                "ONBUILD RUN x (line 10)",
+                "COPY --chown=1:1 (line 11)",
+            )
+        },
     ),
     ("long-ignored-is-shortened", "FROM a\nCMD " + "x" * 100, None, {"ignored": ("CMD " + "x" * 53 + "... (line 2)",)}),
     ("crlf-and-bom", "\ufeffFROM a\r\nENV A=1\r\n", None, {"env": (("A", "1"),)}),
 ]
 
 
-@pytest.mark.parametrize(("text", "build_args", "expected"), [c[1:] for c in PLAN_CASES], ids=[c[0] for c in PLAN_CASES])
+@pytest.mark.parametrize(
+    ("text", "build_args", "expected"), [c[1:] for c in PLAN_CASES], ids=[c[0] for c in PLAN_CASES]
+)
 def test_plan(text, build_args, expected):
     plan = parse_dockerfile(text, build_args)
     assert {key: getattr(plan, key) for key in expected} == expected
@@ -218,12 +308,37 @@ ERROR_CASES = [
     ("only-comments-and-args", "# c\nARG X=1\n", 1, "no FROM instruction"),
     ("instruction-before-from", "RUN echo\nFROM a", 1, "RUN before the first FROM (only ARG may precede FROM)"),
     ("unknown-instruction", "FROM a\nFROB x", 2, "unknown instruction FROB"),
-    ("copy-from", "FROM a AS b\nFROM c\nCOPY --from=b /x /y", 3, "COPY --from is not supported by the embedded backend"),
-    ("add-url", "FROM a\nADD https://example.com/x.tgz /opt/", 2, "ADD from a URL needs network; not supported by the embedded backend"),
-    ("add-git", "FROM a\nADD git@github.com:o/r.git /src/", 2, "ADD from a URL needs network; not supported by the embedded backend"),
-    ("run-mount", "FROM a\nRUN --mount=type=cache,target=/root/.cache pip install x", 2, "RUN --mount is not supported by the embedded backend"),
+    (
+        "copy-from",
+        "FROM a AS b\nFROM c\nCOPY --from=b /x /y",
+        3,
+        "COPY --from is not supported by the embedded backend",
+    ),
+    (
+        "add-url",
+        "FROM a\nADD https://example.com/x.tgz /opt/",
+        2,
+        "ADD from a URL needs network; not supported by the embedded backend",
+    ),
+    (
+        "add-git",
+        "FROM a\nADD git@github.com:o/r.git /src/",
+        2,
+        "ADD from a URL needs network; not supported by the embedded backend",
+    ),
+    (
+        "run-mount",
+        "FROM a\nRUN --mount=type=cache,target=/root/.cache pip install x",
+        2,
+        "RUN --mount is not supported by the embedded backend",
+    ),
     ("run-network", "FROM a\nRUN --network=none make", 2, "RUN --network is not supported by the embedded backend"),
-    ("copy-unknown-flag", "FROM a\nCOPY --parents a/b /c/", 2, "COPY --parents is not supported by the embedded backend"),
+    (
+        "copy-unknown-flag",
+        "FROM a\nCOPY --parents a/b /c/",
+        2,
+        "COPY --parents is not supported by the embedded backend",
+    ),
     ("run-empty", "FROM a\nRUN", 2, "RUN needs a command"),
     ("run-empty-exec", "FROM a\nRUN []", 2, "RUN needs a command"),
     ("copy-one-argument", "FROM a\nCOPY x", 2, "COPY needs at least one source and a destination"),
@@ -233,7 +348,12 @@ ERROR_CASES = [
     ("arg-empty", "FROM a\nARG", 2, "ARG needs a name"),
     ("workdir-empty", "FROM a\nWORKDIR", 2, "WORKDIR needs a path"),
     ("unterminated-quote", 'FROM a\nENV A="x', 2, "unterminated \" quote in 'A=\"x'"),
-    ("unsupported-substitution", "FROM a\nENV A=${B%%x}", 2, "unsupported substitution in '${B%%x}': only $V, ${V}, ${V:-w}, ${V:+w}"),
+    (
+        "unsupported-substitution",
+        "FROM a\nENV A=${B%%x}",
+        2,
+        "unsupported substitution in '${B%%x}': only $V, ${V}, ${V:-w}, ${V:+w}",
+    ),
     ("unclosed-brace", "FROM a\nENV A=${B:-x", 2, "missing '}' in '${B:-x'"),
     ("bad-substitution", "FROM a\nENV A=${}", 2, "bad substitution in '${}'"),
     ("unterminated-heredoc", "FROM a\nRUN <<EOF\necho x\nEOF2", 2, "heredoc <<EOF is not terminated"),
@@ -263,6 +383,7 @@ def test_errors_in_unused_stages_do_not_matter():
 def test_shebang_heredoc_runs_as_a_script(tmp_path):
     plan = parse_dockerfile("FROM a\nRUN <<EOF\n#!/bin/sh\nprintf '%s' \"$0\" > /dev/null\necho from-script\nEOF")
     (step,) = plan.steps
+    assert isinstance(step, RunStep)
     assert isinstance(step.command, str) and "#!/bin/sh\n" in step.command
     result = subprocess.run(["/bin/sh", "-c", step.command], capture_output=True, text=True, timeout=10)
     assert (result.returncode, result.stdout) == (0, "from-script\n")
@@ -273,6 +394,7 @@ def test_copy_heredoc_command_writes_content_verbatim(tmp_path):
     body = "line $x\nTERMGYM_EOF\n'quoted'\n"
     text = f"FROM a\nCOPY <<'EOF' {target}\n{body}EOF"
     (step,) = parse_dockerfile(text).steps
+    assert isinstance(step, RunStep) and isinstance(step.command, str)  # a heredoc COPY runs as a shell command
     subprocess.run(["/bin/sh", "-c", step.command], check=True, timeout=10)
     assert target.read_text() == body
 
@@ -280,7 +402,9 @@ def test_copy_heredoc_command_writes_content_verbatim(tmp_path):
 def test_plan_is_frozen():
     plan = parse_dockerfile("FROM a\nRUN x")
     assert isinstance(plan, EnvironmentPlan)
+    step = plan.steps[0]
+    assert isinstance(step, RunStep)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.workdir = "/x"  # type: ignore[misc]
+        plan.workdir = "/x"  # pyright: ignore[reportAttributeAccessIssue]  # deliberately writes a frozen field: the FrozenInstanceError is under test
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.steps[0].command = "y"  # type: ignore[misc]
+        step.command = "y"  # pyright: ignore[reportAttributeAccessIssue]  # deliberately writes a frozen field: the FrozenInstanceError is under test

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from termgym.sandboxes.limits import PIDS_LIMIT, SandboxCgroup, event_counts, find_hierarchies, limit_files, parse_proc_cgroup
+from termgym.sandboxes.limits import (
+    PIDS_LIMIT,
+    SandboxCgroup,
+    event_counts,
+    find_hierarchies,
+    limit_files,
+    parse_proc_cgroup,
+)
 from termgym.tasks import Resources
 
 V1_MOUNTINFO = """\
@@ -25,7 +32,12 @@ V2_PROC = "0::/user.slice/run.scope\n"
 
 def test_parse_proc_cgroup():
     assert parse_proc_cgroup("9:name=systemd:/\n4:memory:/a/b\n2:cpu,cpuacct:/c\n0::/d\n") == {
-        "name=systemd": "/", "memory": "/a/b", "cpu": "/c", "cpuacct": "/c", "0": "/d"}  # fmt: skip
+        "name=systemd": "/",
+        "memory": "/a/b",
+        "cpu": "/c",
+        "cpuacct": "/c",
+        "0": "/d",
+    }
 
 
 def test_v1_hierarchies_are_one_mount_per_controller(tmp_path):
@@ -33,7 +45,10 @@ def test_v1_hierarchies_are_one_mount_per_controller(tmp_path):
     (tmp_path / "sys/fs/cgroup/unified/cgroup.controllers").write_text("hugetlb\n")
     found = find_hierarchies(V1_MOUNTINFO, V1_PROC, tmp_path)
     assert {c: (h.version, h.mount.relative_to(tmp_path).as_posix(), h.own) for c, h in found.items()} == {
-        "cpu": (1, "sys/fs/cgroup/cpu", "/"), "memory": (1, "sys/fs/cgroup/memory", "/jobs/42"), "pids": (1, "sys/fs/cgroup/pids", "/")}  # fmt: skip
+        "cpu": (1, "sys/fs/cgroup/cpu", "/"),
+        "memory": (1, "sys/fs/cgroup/memory", "/jobs/42"),
+        "pids": (1, "sys/fs/cgroup/pids", "/"),
+    }
 
 
 @pytest.mark.parametrize(
@@ -74,7 +89,9 @@ def test_v2_falls_back_to_the_top_when_the_own_cgroup_cannot_delegate(tmp_path):
     top = fake_v2(tmp_path, own_has_processes=True)
     cgroup, warnings = SandboxCgroup.create("termgym-tg-x", Resources(cpus=2, memory_mb=512), root=tmp_path)
     assert warnings == [] and cgroup is not None
-    assert {v for v, _ in cgroup.dirs.values()} == {2} and {d for _, d in cgroup.dirs.values()} == {top / "termgym/termgym-tg-x"}
+    assert {v for v, _ in cgroup.dirs.values()} == {2} and {d for _, d in cgroup.dirs.values()} == {
+        top / "termgym/termgym-tg-x"
+    }
 
 
 def test_v2_nests_under_the_own_cgroup_and_writes_every_limit(tmp_path):
@@ -84,7 +101,11 @@ def test_v2_nests_under_the_own_cgroup_and_writes_every_limit(tmp_path):
     assert warnings == [] and cgroup is not None and cgroup.procs_files == [str(directory / "cgroup.procs")]
     assert (top / "user.slice/run.scope/cgroup.subtree_control").read_text() == "+memory +pids +cpu"
     assert {f: (directory / f).read_text() for f in ("memory.max", "memory.swap.max", "pids.max", "cpu.max")} == {
-        "memory.max": str(512 << 20), "memory.swap.max": "0", "pids.max": str(PIDS_LIMIT), "cpu.max": "200000 100000"}  # fmt: skip
+        "memory.max": str(512 << 20),
+        "memory.swap.max": "0",
+        "pids.max": str(PIDS_LIMIT),
+        "cpu.max": "200000 100000",
+    }
     (directory / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n")
     (directory / "pids.events").write_text("max 7\n")
     assert cgroup.limit_warnings() == [
@@ -99,14 +120,20 @@ def test_a_host_without_controllers_gives_one_warning_per_limit(tmp_path):
     (tmp_path / "proc/self/cgroup").write_text("0::/\n")
     cgroup, warnings = SandboxCgroup.create("termgym-tg-x", Resources(), root=tmp_path)
     assert cgroup is None and [w.split(":")[0] for w in warnings] == [
-        "memory limit not enforced", "process-count limit not enforced", "CPU limit not enforced"]
+        "memory limit not enforced",
+        "process-count limit not enforced",
+        "CPU limit not enforced",
+    ]
 
 
 @pytest.mark.parametrize(
     ("version", "controller", "name", "text", "count"),
-    [(1, "memory", "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 4\n", 4),
-     (1, "pids", "pids.events", "max 12\n", 12), (2, "memory", "memory.events", "oom 1\noom_kill 0\n", 0),
-     (1, "cpu", "cpu.stat", "nr_throttled 9\n", 0)],
+    [
+        (1, "memory", "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 4\n", 4),
+        (1, "pids", "pids.events", "max 12\n", 12),
+        (2, "memory", "memory.events", "oom 1\noom_kill 0\n", 0),
+        (1, "cpu", "cpu.stat", "nr_throttled 9\n", 0),
+    ],
 )
 def test_event_counts(tmp_path, version, controller, name, text, count):
     (tmp_path / name).write_text(text)
@@ -133,19 +160,36 @@ def test_a_real_cgroup_on_this_host_holds_the_limits_and_is_removed():
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
-@pytest.mark.parametrize(("storage_mb", "memory_mb", "fstype"), [(64, 256, "tmpfs"), (65, 256, "ext4"), (1024, 512, "ext4")])
-async def test_the_storage_is_in_memory_only_when_small_against_the_memory_limit(tmp_path, no_leaks, storage_mb, memory_mb, fstype):
+@pytest.mark.parametrize(
+    ("storage_mb", "memory_mb", "fstype"), [(64, 256, "tmpfs"), (65, 256, "ext4"), (1024, 512, "ext4")]
+)
+async def test_the_storage_is_in_memory_only_when_small_against_the_memory_limit(
+    tmp_path, no_leaks, storage_mb, memory_mb, fstype
+):
     from termgym.sandboxes.base import SandboxSpec
     from termgym.sandboxes.local import LocalSandbox
 
-    spec = SandboxSpec(name="storage", context_dir=None, dockerfile=None, resources=Resources(memory_mb=memory_mb, storage_mb=storage_mb))
-    async with LocalSandbox(spec) as sandbox:
-        mountpoint = os.path.realpath(sandbox.host_dir / "fs")
-        mounts = [line.split(" - ")[1].split()[0] for line in Path("/proc/self/mountinfo").read_text().splitlines()
-                  if line.split()[4] == mountpoint]  # fmt: skip
+    spec = SandboxSpec(
+        name="storage",
+        context_dir=None,
+        dockerfile=None,
+        resources=Resources(memory_mb=memory_mb, storage_mb=storage_mb),
+    )
+    sandbox = LocalSandbox(spec)
+    async with sandbox:
+        host_dir = sandbox.host_dir
+        assert host_dir is not None  # a started sandbox has its host directory
+        mountpoint = os.path.realpath(host_dir / "fs")
+        mounts = [
+            line.split(" - ")[1].split()[0]
+            for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if line.split()[4] == mountpoint
+        ]
         assert mounts == [fstype]
         stats = os.statvfs(mountpoint)
-        assert abs(stats.f_blocks * stats.f_frsize - (storage_mb << 20)) <= (storage_mb << 20) // 10  # its size, give or take metadata
+        assert (
+            abs(stats.f_blocks * stats.f_frsize - (storage_mb << 20)) <= (storage_mb << 20) // 10
+        )  # its size, give or take metadata
         result = await sandbox.exec(["/bin/sh", "-c", "stat -c %u /app; touch /app/x"], timeout=10)
         assert result.exit_code == 0 and result.text.split()[0] == "0"  # the sandbox's root owns it
     assert not any(line.split()[4] == mountpoint for line in Path("/proc/self/mountinfo").read_text().splitlines())
@@ -175,6 +219,7 @@ async def test_gc_removes_what_a_killed_run_left_mounted_and_its_cgroups(sandbox
         "asyncio.run(main())\n"
     )
     process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE)
+    assert process.stdout is not None  # stdout=PIPE
     host_dir, *procs_files = (await asyncio.wait_for(process.stdout.readline(), 30)).decode().split()
     process.send_signal(signal.SIGKILL)
     await process.wait()
@@ -182,4 +227,6 @@ async def test_gc_removes_what_a_killed_run_left_mounted_and_its_cgroups(sandbox
     cgroups = [Path(p).parent for p in procs_files]
     assert Path(host_dir).is_dir() and is_mounted(Path(host_dir) / "fs") and all(c.is_dir() for c in cgroups)
     assert collect_garbage(sandbox_dir) == 1
-    assert not Path(host_dir).exists() and not is_mounted(Path(host_dir) / "fs") and not any(c.exists() for c in cgroups)
+    assert (
+        not Path(host_dir).exists() and not is_mounted(Path(host_dir) / "fs") and not any(c.exists() for c in cgroups)
+    )

@@ -7,8 +7,8 @@ import tarfile
 
 import pytest
 
-from termgym.images.dockerfile import parse_dockerfile
 from termgym.errors import EnvironmentBuildError, SandboxError
+from termgym.images.dockerfile import parse_dockerfile
 from termgym.sandboxes.base import SandboxSpec, tar_of_files
 from termgym.sandboxes.local import BASE_WRITABLE, LocalSandbox, writable_roots
 
@@ -80,6 +80,7 @@ async def test_dockerfile_subset_prepares_the_environment(tmp_path, no_leaks):
         'RUN echo "$GREETING from run" > /app/run.txt && mkdir -p "$TARGET"\nWORKDIR /app/sub\n'
     )
     the_spec = spec(tmp_path, dockerfile, **{"note.txt": "a note\n", "conf__a.conf": "a=1\n"})
+    assert the_spec.context_dir is not None
     (the_spec.context_dir / "bundle.tar.gz").write_bytes(archive.getvalue())
     async with LocalSandbox(the_spec) as sandbox:
         assert sandbox.workdir == "/app/sub" and sandbox.env["GREETING"] == "hello"

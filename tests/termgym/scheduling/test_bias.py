@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from termgym.scheduling import bias
-from termgym.scheduling.bias import TrialOutcome
 from termgym.sandboxes.pacing import Window, default_windows
+from termgym.scheduling import bias
+from termgym.scheduling.bias import Fate, TrialOutcome
 
 
 @pytest.mark.parametrize(
@@ -113,8 +113,15 @@ def test_step_lower_bound(pacing, durations, expected):
     assert bias.step_lower_bound(pacing, durations) == expected
 
 
-def outcome(task: str, family: str, fate: str, duration: float = 10.0, turns: int = 2, launched: bool = True,
-            weight: float = 1.0) -> TrialOutcome:  # fmt: skip
+def outcome(
+    task: str,
+    family: str,
+    fate: Fate,
+    duration: float = 10.0,
+    turns: int = 2,
+    launched: bool = True,
+    weight: float = 1.0,
+) -> TrialOutcome:
     return TrialOutcome(task, family, fate, launched, duration, turns, weight)
 
 
@@ -134,9 +141,21 @@ def test_tally_counts_each_fate_per_family():
     groups = bias.tally(STEP)
     assert list(groups) == ["long", "short"]
     short, long = groups["short"], groups["long"]
-    assert (short.launched, short.finished, short.kept, short.cancelled, short.failed, short.carried) == (4, 3, 2, 0, 1, 0)
+    assert (short.launched, short.finished, short.kept, short.cancelled, short.failed, short.carried) == (
+        4,
+        3,
+        2,
+        0,
+        1,
+        0,
+    )
     assert (long.launched, long.finished, long.kept, long.cancelled, long.failed, long.carried) == (3, 2, 2, 1, 0, 1)
-    assert long.kept_seconds == 140 and long.launched_seconds == 150 and long.kept_turns == 15 and long.launched_turns == 15
+    assert (
+        long.kept_seconds == 140
+        and long.launched_seconds == 150
+        and long.kept_turns == 15
+        and long.launched_turns == 15
+    )
 
 
 def test_tally_per_task():
@@ -158,7 +177,11 @@ def test_bias_report_shares_distance_and_means():
 
 
 def test_weighted_share_uses_the_weights():
-    outcomes = [outcome("a", "a", "kept", weight=0.5), outcome("a", "a", "kept", weight=0.5), outcome("b", "b", "kept", weight=2.0)]
+    outcomes = [
+        outcome("a", "a", "kept", weight=0.5),
+        outcome("a", "a", "kept", weight=0.5),
+        outcome("b", "b", "kept", weight=2.0),
+    ]
     report = bias.bias_report(bias.tally(outcomes))
     assert report.weighted_share == pytest.approx({"a": 1 / 3, "b": 2 / 3})
     assert report.kept_share == pytest.approx({"a": 2 / 3, "b": 1 / 3})
@@ -179,7 +202,7 @@ def test_merge_adds_counts_and_keeps_only_the_latest_carried():
 
 def test_unknown_fate_is_rejected():
     with pytest.raises(ValueError, match="fate"):
-        outcome("a", "a", "lost")
+        outcome("a", "a", "lost")  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
 
 
 def test_report_serializes_per_group():

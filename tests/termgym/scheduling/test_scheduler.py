@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
-from termgym.scheduling import simclock
 from termgym.errors import SandboxError
-from termgym.sandboxes.pacing import Pacer, Window, max_in_any_window
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox, SandboxSpec
+from termgym.sandboxes.pacing import Pacer, Window, max_in_any_window
+from termgym.scheduling import simclock
 from termgym.scheduling.scheduler import (
     KeptTrial,
     Node,
@@ -20,18 +21,21 @@ from termgym.scheduling.scheduler import (
     PacedSandbox,
     RolloutScheduler,
     SchedulerConfig,
+    SchedulerMode,
     TaskPool,
     TrialProgress,
     make_nodes,
     pick_node,
     step_metrics,
 )
+from termgym.tasks import Task
 
 FAST = (Window(1000, 1.0),)  # pacing that never binds
 
 
-def fake_task(name: str, family: str | None = None) -> SimpleNamespace:
-    return SimpleNamespace(name=name, family=family or name.rstrip("0123456789"))
+def fake_task(name: str, family: str | None = None) -> Task:
+    # A stand-in for a Task with only the name and family the scheduler reads (the runners here never load one).
+    return cast(Task, SimpleNamespace(name=name, family=family or name.rstrip("0123456789")))
 
 
 class SleepRunner:
@@ -59,8 +63,13 @@ class SleepRunner:
             if self.failing.get(task.name, 0) > 0:
                 self.failing[task.name] -= 1
                 await asyncio.sleep(1.0)
-                return TrialRecord(task=task.name, backend="fake", agent="fake", family=task.family,
-                                   error={"kind": "sandbox_error", "message": "boom"})  # fmt: skip
+                return TrialRecord(
+                    task=task.name,
+                    backend="fake",
+                    agent="fake",
+                    family=task.family,
+                    error={"kind": "sandbox_error", "message": "boom"},
+                )
             await asyncio.sleep(self.durations[task.name])
             return TrialRecord(task=task.name, backend="fake", agent="fake", family=task.family, turns=3, reward=1.0)
         finally:
@@ -71,7 +80,18 @@ class SleepRunner:
         return result
 
 
-def scheduler(tasks, durations, *, batch, launch=None, mode="cancel", caps=(64,), failing=None, windows=FAST, retries=2):
+def scheduler(
+    tasks,
+    durations,
+    *,
+    batch,
+    launch=None,
+    mode: SchedulerMode = "cancel",
+    caps=(64,),
+    failing=None,
+    windows=FAST,
+    retries=2,
+):
     pacer = Pacer(windows)
     runner = SleepRunner(pacer, durations, failing)
     config = SchedulerConfig(batch_size=batch, launch=launch, mode=mode, nodes=make_nodes(list(caps)), retries=retries)
@@ -131,7 +151,8 @@ def test_config_is_validated(kwargs, message):
 
 
 @pytest.mark.parametrize(
-    ("mode", "launch", "expected"), [("cancel", None, 560), ("reweight", None, 560), ("carry-over", 600, 600), ("wait", 600, 512)]
+    ("mode", "launch", "expected"),
+    [("cancel", None, 560), ("reweight", None, 560), ("carry-over", 600, 600), ("wait", 600, 512)],
 )
 def test_launched_per_step(mode, launch, expected):
     assert SchedulerConfig(batch_size=512, launch=launch, mode=mode).launched_per_step == expected
@@ -176,7 +197,10 @@ def test_cancel_keeps_the_first_b_and_records_the_rest_as_cancelled():
     assert all(k.weight == 1.0 and k.staleness == 0 and k.policy_version == 0 for k in result.kept)
     cancelled = [r for f, r in decided if f == "cancelled"]
     assert sorted(r.task for r in cancelled) == ["t5", "t6", "t7"]
-    assert all(r.error["kind"] == "cancelled" and r.timings["total"] == pytest.approx(50) for r in cancelled)
+    assert all(
+        r.error is not None and r.error["kind"] == "cancelled" and r.timings["total"] == pytest.approx(50)
+        for r in cancelled
+    )
     assert runner.running == 0  # every cancelled trial has finished unwinding
     assert result.wall_seconds == pytest.approx(50) and result.lower_bound == pytest.approx(50)
     assert result.families.groups["long"].cancelled == 2 and result.families.kept_share["long"] == 0.0
@@ -187,7 +211,9 @@ def test_wait_runs_exactly_b_and_cancels_nothing():
     tasks = [fake_task(f"t{i}") for i in range(4)]
 
     async def main():
-        sched, runner, decided = scheduler(tasks, {f"t{i}": 5.0 * (i + 1) for i in range(4)}, batch=4, launch=8, mode="wait")
+        sched, runner, decided = scheduler(
+            tasks, {f"t{i}": 5.0 * (i + 1) for i in range(4)}, batch=4, launch=8, mode="wait"
+        )
         return await sched.step(), decided
 
     result, decided = simclock.run(main())
@@ -228,7 +254,9 @@ def test_retries_run_out_and_the_batch_comes_back_short():
     tasks = [fake_task("ok"), fake_task("bad")]
 
     async def main():
-        sched, _, decided = scheduler(tasks, {"ok": 1.0, "bad": 1.0}, batch=2, mode="wait", failing={"bad": 99}, retries=1)
+        sched, _, decided = scheduler(
+            tasks, {"ok": 1.0, "bad": 1.0}, batch=2, mode="wait", failing={"bad": 99}, retries=1
+        )
         return await sched.step(), decided
 
     result, decided = simclock.run(main())
@@ -258,7 +286,9 @@ def test_node_caps_and_pacing_are_never_exceeded():
     durations = {f"t{i}": 3.0 + (i * 7) % 11 for i in range(40)}
 
     async def main():
-        sched, runner, _ = scheduler(tasks, durations, batch=30, launch=40, caps=(3, 5, 4), windows=(Window(6, 1.0), Window(20, 60.0)))
+        sched, runner, _ = scheduler(
+            tasks, durations, batch=30, launch=40, caps=(3, 5, 4), windows=(Window(6, 1.0), Window(20, 60.0))
+        )
         result = await sched.step()
         return result, runner
 
@@ -288,7 +318,12 @@ def test_carry_over_keeps_the_tail_for_the_next_step_with_its_version():
     carried = [k for k in second.kept if k.policy_version == 7]
     assert [k.record.task for k in carried] == ["t3"] and carried[0].staleness == 1
     assert carried[0].duration == pytest.approx(15)
-    assert [r.task for r in closing] == ["t4"] and closing[0].error["kind"] == "cancelled" and runner.running == 0
+    assert (
+        [r.task for r in closing] == ["t4"]
+        and closing[0].error is not None
+        and closing[0].error["kind"] == "cancelled"
+        and runner.running == 0
+    )
     run = sched.run_families
     assert run.totals.launched == 7 and run.totals.kept == 6 and run.totals.cancelled == 1 and run.totals.carried == 0
 
@@ -383,6 +418,10 @@ def test_the_paced_sandbox_forwards_every_coroutine_of_the_contract():
     from termgym.sandboxes.base import Sandbox
     from termgym.scheduling.scheduler import PacedSandbox
 
-    contract = {name for name, member in inspect.getmembers(Sandbox) if inspect.iscoroutinefunction(member) and not name.startswith("_")}
+    contract = {
+        name
+        for name, member in inspect.getmembers(Sandbox)
+        if inspect.iscoroutinefunction(member) and not name.startswith("_")
+    }
     forwarded = {name for name in contract if name in vars(PacedSandbox)}
     assert contract - {"upload_files"} <= forwarded, sorted(contract - forwarded)

@@ -19,8 +19,13 @@ async def test_cancelled_trials_release_their_sandboxes_before_the_step_returns(
     runner = TrialRunner(OracleAgent(), EnvOptions(run_id="sched-test"), pacer)
     config = SchedulerConfig(batch_size=2, launch=4, mode="cancel", nodes=make_nodes([2, 2]))
     decided = []
-    scheduler = RolloutScheduler(runner, TaskPool(quick + slow, shuffle=False), config, pacer=pacer,
-                                 on_record=lambda fate, record: decided.append((fate, record)))  # fmt: skip
+    scheduler = RolloutScheduler(
+        runner,
+        TaskPool(quick + slow, shuffle=False),
+        config,
+        pacer=pacer,
+        on_record=lambda fate, record: decided.append((fate, record)),
+    )
     result = await scheduler.step()
 
     # Checked at once, not at teardown: the sandboxes were gone when step() returned.
@@ -36,13 +41,17 @@ async def test_cancelled_trials_release_their_sandboxes_before_the_step_returns(
 
 
 async def test_wait_mode_runs_every_trial_on_real_sandboxes(tmp_path, no_leaks):
-    tasks = [load_task(write_task(tmp_path, "good")),
-             load_task(write_task(tmp_path, "wrong", solve_sh="#!/bin/bash\necho wrong > /app/result.txt\n"))]  # fmt: skip
+    tasks = [
+        load_task(write_task(tmp_path, "good")),
+        load_task(write_task(tmp_path, "wrong", solve_sh="#!/bin/bash\necho wrong > /app/result.txt\n")),
+    ]
     pacer = Pacer()
     runner = TrialRunner(OracleAgent(), EnvOptions(run_id="sched-test"), pacer)
     config = SchedulerConfig(batch_size=4, mode="wait", nodes=make_nodes([2]))
     scheduler = RolloutScheduler(runner, TaskPool(tasks * 2, shuffle=False), config, pacer=pacer)
     result = await scheduler.step()
     assert len(result.kept) == 4 and result.families.totals.cancelled == 0
-    assert sorted((k.record.task, k.record.resolved) for k in result.kept) == [("good", True)] * 2 + [("wrong", False)] * 2
+    assert (
+        sorted((k.record.task, k.record.resolved) for k in result.kept) == [("good", True)] * 2 + [("wrong", False)] * 2
+    )
     assert all(k.duration > 0 for k in result.kept) and result.node_peaks == {"node-0": 2}

@@ -10,13 +10,20 @@ from dataclasses import replace
 
 import pytest
 
+from termgym.bundled import bundled_root
+from termgym.sandboxes.pacing import Pacer, max_in_any_window
 from termgym.scheduling import simclock
 from termgym.scheduling.bias import launch_count
-from termgym.bundled import bundled_root
 from termgym.scheduling.latency import BUNDLED, FamilyLatency, LatencyModel, plan_trial
-from termgym.sandboxes.pacing import Pacer, max_in_any_window
+from termgym.scheduling.scheduler import (
+    RolloutScheduler,
+    SchedulerConfig,
+    SchedulerMode,
+    TaskPool,
+    TrialRunner,
+    make_nodes,
+)
 from termgym.scheduling.simulated import SimulatedAgent, SimulatedBackend
-from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes
 from termgym.tasks import discover_tasks
 from termgym.trial import run_trial
 
@@ -28,7 +35,18 @@ def bundled_tasks():
     return discover_tasks(bundled_root())
 
 
-def simulate(tasks, *, batch, mode="cancel", launch=None, caps=PUBLISHED_CAPS, model=BUNDLED, steps=1, seed=0, retries=2):
+def simulate(
+    tasks,
+    *,
+    batch,
+    mode: SchedulerMode = "cancel",
+    launch=None,
+    caps=PUBLISHED_CAPS,
+    model=BUNDLED,
+    steps=1,
+    seed=0,
+    retries=2,
+):
     """Run ``steps`` steps on a virtual clock; returns (results, sandboxes alive after each step,
     backend, decided records, real seconds)."""
 
@@ -36,7 +54,9 @@ def simulate(tasks, *, batch, mode="cancel", launch=None, caps=PUBLISHED_CAPS, m
         backend = SimulatedBackend(model, seed=seed)
         pacer = Pacer()
         runner = TrialRunner(SimulatedAgent(), backend.options("sim"), pacer, sandbox_factory=backend)
-        config = SchedulerConfig(batch_size=batch, launch=launch, mode=mode, nodes=make_nodes(list(caps)), retries=retries)
+        config = SchedulerConfig(
+            batch_size=batch, launch=launch, mode=mode, nodes=make_nodes(list(caps)), retries=retries
+        )
         decided = []
         record = lambda fate, rec: decided.append((fate, rec))  # noqa: E731
         sched = RolloutScheduler(runner, TaskPool(tasks, seed=seed), config, pacer=pacer, on_record=record)
@@ -75,13 +95,19 @@ def test_published_step_512_of_560_on_six_capped_nodes(bundled_tasks):
 
 def test_failed_sandboxes_are_recorded_and_replaced(bundled_tasks):
     flaky = replace(BUNDLED, failure_rate=0.2, loss_rate=0.1)
-    (result,), (live_after,), backend, decided, _ = simulate(bundled_tasks, batch=60, caps=(16, 16), model=flaky, retries=10)
+    (result,), (live_after,), backend, decided, _ = simulate(
+        bundled_tasks, batch=60, caps=(16, 16), model=flaky, retries=10
+    )
     totals = result.families.totals
     failed = [r for f, r in decided if f == "failed"]
     assert len(result.kept) == 60 and totals.failed == len(failed) > 10
     assert all(r.error["kind"] == "sandbox_error" for r in failed)
-    assert any("lost" in r.error["message"] for r in failed) and any("could not be created" in r.error["message"] for r in failed)
-    assert totals.launched == launch_count(60) + totals.failed  # each failure replaced once (10 retries: never exhausted)
+    assert any("lost" in r.error["message"] for r in failed) and any(
+        "could not be created" in r.error["message"] for r in failed
+    )
+    assert (
+        totals.launched == launch_count(60) + totals.failed
+    )  # each failure replaced once (10 retries: never exhausted)
     assert all(k.record.error is None for k in result.kept)
     assert live_after == 0 and backend.created == backend.released
 
@@ -114,6 +140,7 @@ def test_a_lost_sandbox_is_a_sandbox_error_record(bundled_tasks):
         return await run_trial(bundled_tasks[0], SimulatedAgent(), backend.options(), sandbox_factory=backend), backend
 
     record, backend = simclock.run(main())
+    assert record.error is not None, record
     assert record.error["kind"] == "sandbox_error" and "lost" in record.error["message"]
     assert not backend.live and backend.released == 1
 

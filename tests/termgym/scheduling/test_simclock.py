@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from termgym.scheduling import simclock
 from termgym.sandboxes.pacing import Pacer, max_in_any_window
+from termgym.scheduling import simclock
 
 
 def test_an_hour_of_sleep_takes_no_real_time():
@@ -71,6 +71,7 @@ def test_start_time_and_a_clock_that_never_goes_backwards():
         for delay in (3, 0, 1e-6, 2):
             await asyncio.sleep(delay)
             seen.append(loop.time())
+        assert isinstance(loop, simclock.VirtualTimeLoop)
         loop.advance(-5)  # ignored
         seen.append(loop.time())
         return seen

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -14,9 +15,9 @@ from tests.termgym.sandboxes.daytona.server import FakeDaytona, Faults
 FAST_RETRY = RetryPolicy(base_delay=0.05, max_delay=0.4, quota_base_delay=0.1, quota_max_delay=0.4, jitter=0.5)
 
 
-def fast_settings(**overrides: object) -> DaytonaSettings:
-    values: dict[str, object] = {"retry": FAST_RETRY, "create_timeout": 20.0, "request_timeout": 20.0, **overrides}
-    return DaytonaSettings(**values)  # type: ignore[arg-type]
+def fast_settings(**overrides: Any) -> DaytonaSettings:
+    values: dict[str, Any] = {"retry": FAST_RETRY, "create_timeout": 20.0, "request_timeout": 20.0, **overrides}
+    return DaytonaSettings(**values)
 
 
 @pytest.fixture

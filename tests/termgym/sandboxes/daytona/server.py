@@ -42,14 +42,15 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from aiohttp import MultipartWriter, web
+from aiohttp import BodyPartReader, MultipartWriter, web
+from aiohttp.abc import AbstractStreamWriter
 
 from termgym.errors import SandboxError
-from termgym.sandboxes.pacing import max_in_any_window
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.local import LocalSandbox
+from termgym.sandboxes.pacing import max_in_any_window
 
 STDOUT_PREFIX = b"\x01\x01\x01"
 SESSIONS_DIR = "/run/.daytona/sessions"  # inside each sandbox, as the daemon keeps its own
@@ -173,7 +174,8 @@ class FakeDaytona:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        (address,) = self._runner.addresses  # the one listening socket
+        self.port = address[1]
         return self
 
     async def close(self) -> None:
@@ -187,13 +189,15 @@ class FakeDaytona:
 
     async def stats(self, request: web.Request) -> web.StreamResponse:
         creates = [r for r in self.requests if r.method == "POST" and r.path == "/api/sandbox"]
-        return web.json_response({
-            "create_times": self.create_times,
-            "create_statuses": [r.status for r in creates],
-            "live": len(self.sandboxes),
-            "requests": len(self.requests),
-            "snapshot_builds": sum(1 for r in self.requests if r.method == "POST" and r.path == "/api/snapshots"),
-        })  # fmt: skip
+        return web.json_response(
+            {
+                "create_times": self.create_times,
+                "create_statuses": [r.status for r in creates],
+                "live": len(self.sandboxes),
+                "requests": len(self.requests),
+                "snapshot_builds": sum(1 for r in self.requests if r.method == "POST" and r.path == "/api/snapshots"),
+            }
+        )
 
     def live(self) -> list[FakeSandbox]:
         return list(self.sandboxes.values())
@@ -243,15 +247,29 @@ class FakeDaytona:
     def _dto(self, sandbox: FakeSandbox, *, state: str | None = None) -> dict[str, Any]:
         body = sandbox.body
         return {
-            "id": sandbox.id, "organizationId": "org-test", "name": sandbox.name, "user": body.get("user") or "root",
-            "env": body.get("env") or {}, "labels": body.get("labels") or {}, "public": False,
-            "networkBlockAll": bool(body.get("networkBlockAll")), "kvm": False, "target": "us",
-            "cpu": int(body.get("cpu") or 1), "gpu": 0, "memory": int(body.get("memory") or 1),
-            "disk": int(body.get("disk") or 3), "toolboxProxyUrl": f"{self.base_url}/toolbox",
-            "state": state or self._state(sandbox), "errorReason": sandbox.error_reason, "snapshot": body.get("snapshot"),
-            "autoStopInterval": body.get("autoStopInterval"), "autoDeleteInterval": body.get("autoDeleteInterval"),
-            "createdAt": sandbox.created_at, "updatedAt": sandbox.created_at,
-        }  # fmt: skip
+            "id": sandbox.id,
+            "organizationId": "org-test",
+            "name": sandbox.name,
+            "user": body.get("user") or "root",
+            "env": body.get("env") or {},
+            "labels": body.get("labels") or {},
+            "public": False,
+            "networkBlockAll": bool(body.get("networkBlockAll")),
+            "kvm": False,
+            "target": "us",
+            "cpu": int(body.get("cpu") or 1),
+            "gpu": 0,
+            "memory": int(body.get("memory") or 1),
+            "disk": int(body.get("disk") or 3),
+            "toolboxProxyUrl": f"{self.base_url}/toolbox",
+            "state": state or self._state(sandbox),
+            "errorReason": sandbox.error_reason,
+            "snapshot": body.get("snapshot"),
+            "autoStopInterval": body.get("autoStopInterval"),
+            "autoDeleteInterval": body.get("autoDeleteInterval"),
+            "createdAt": sandbox.created_at,
+            "updatedAt": sandbox.created_at,
+        }
 
     # -- control plane: sandboxes ----------------------------------------------------------------
 
@@ -260,7 +278,10 @@ class FakeDaytona:
         self.create_bodies.append(body)
         outcome = self._create_outcome()
         if outcome == "429":
-            headers = {"Retry-After-sandbox-create": f"{self.faults.retry_after:g}", "X-RateLimit-Limit-sandbox-create": "600"}
+            headers = {
+                "Retry-After-sandbox-create": f"{self.faults.retry_after:g}",
+                "X-RateLimit-Limit-sandbox-create": "600",
+            }
             return _error(429, "ThrottlerException: Too Many Requests", headers=headers)
         if outcome == "quota":
             return _error(400, "Total CPU limit exceeded. Maximum allowed: 10.")
@@ -379,9 +400,15 @@ class FakeDaytona:
     def _snapshot_dto(self, snapshot: dict[str, Any]) -> dict[str, Any]:
         keys = ("id", "name", "state", "cpu", "mem", "disk", "errorReason", "createdAt", "updatedAt", "imageName")
         return {
-            **{k: snapshot.get(k) for k in keys}, "general": False, "size": None, "entrypoint": None,
-            "gpu": 0, "lastUsedAt": None, "sourceSandboxId": None, "organizationId": "org-test",
-        }  # fmt: skip
+            **{k: snapshot.get(k) for k in keys},
+            "general": False,
+            "size": None,
+            "entrypoint": None,
+            "gpu": 0,
+            "lastUsedAt": None,
+            "sourceSandboxId": None,
+            "organizationId": "org-test",
+        }
 
     def _snapshot(self, key: str) -> dict[str, Any] | None:
         return self.snapshots.get(key) or next((s for s in self.snapshots.values() if s["id"] == key), None)
@@ -410,13 +437,24 @@ class FakeDaytona:
         build = body.get("buildInfo") or {}
         dockerfile = build.get("dockerfileContent")
         snapshot = {
-            "id": str(uuid.uuid4()), "name": name, "state": "building", "cpu": int(body.get("cpu") or 1),
-            "mem": int(body.get("memory") or 1), "disk": int(body.get("disk") or 3), "errorReason": None,
-            "createdAt": now, "updatedAt": now, "imageName": body.get("imageName"), "dockerfile": dockerfile,
-        }  # fmt: skip
+            "id": str(uuid.uuid4()),
+            "name": name,
+            "state": "building",
+            "cpu": int(body.get("cpu") or 1),
+            "mem": int(body.get("memory") or 1),
+            "disk": int(body.get("disk") or 3),
+            "errorReason": None,
+            "createdAt": now,
+            "updatedAt": now,
+            "imageName": body.get("imageName"),
+            "dockerfile": dockerfile,
+        }
         self.snapshots[name] = snapshot
         if build.get("contextHashes"):
-            snapshot["state"], snapshot["errorReason"] = "build_failed", "build contexts are not available on this test server"
+            snapshot["state"], snapshot["errorReason"] = (
+                "build_failed",
+                "build contexts are not available on this test server",
+            )
         elif dockerfile is not None:
             local = self._local(name, dockerfile)
             try:
@@ -450,12 +488,18 @@ class FakeDaytona:
         timeout = float(body.get("timeout") or 3600)
         env = {**sandbox.local.env, **(body.get("envs") or {})}
         result = await sandbox.local.exec(
-            ["/bin/sh", "-c", body["command"]], timeout=timeout, env=env, cwd=body.get("cwd") or "/", output_limit=1 << 26
+            ["/bin/sh", "-c", body["command"]],
+            timeout=timeout,
+            env=env,
+            cwd=body.get("cwd") or "/",
+            output_limit=1 << 26,
         )
         if result.timed_out:
             message = f"Command execution timed out after {timeout:g} seconds."
             return _error(408, message, toolbox=request)
-        return web.json_response({"exitCode": result.exit_code, "result": result.output.decode("utf-8", errors="replace")})
+        return web.json_response(
+            {"exitCode": result.exit_code, "result": result.output.decode("utf-8", errors="replace")}
+        )
 
     async def work_dir(self, request: web.Request) -> web.StreamResponse:
         sandbox = self._box(request)
@@ -514,13 +558,13 @@ class FakeDaytona:
         os.chown(host / "output", sandbox.local.owner, sandbox.local.owner)
         command = FakeCommand(command_id, body["command"], inner, host, bool(body.get("suppressInputEcho")))
         session.commands[command_id] = command
-        keeper = "sleep infinity > \"$d/input\""
+        keeper = 'sleep infinity > "$d/input"'
         if self.faults.input_keeper_delay > 0:
             keeper = f"{{ sleep {self.faults.input_keeper_delay:g}; exec {keeper}; }}"
         wrapper = (
             f"{{ d='{inner}'; mkfifo \"$d/input\"; {keeper} & tg_k=$!; {{ {body['command']}\n"
-            f"}} < \"$d/input\" >> \"$d/output\" 2>&1; echo \"$?\" > \"$d/exit.tmp\"; mv \"$d/exit.tmp\" \"$d/exit_code\";"
-            f" kill $tg_k 2>/dev/null; rm -f \"$d/input\"; }}\n"
+            f'}} < "$d/input" >> "$d/output" 2>&1; echo "$?" > "$d/exit.tmp"; mv "$d/exit.tmp" "$d/exit_code";'
+            f' kill $tg_k 2>/dev/null; rm -f "$d/input"; }}\n'
         )
         await session.shell.write(wrapper.encode())
         if body.get("runAsync") or body.get("async"):
@@ -615,6 +659,7 @@ class FakeDaytona:
         files: dict[str, bytes] = {}
         paths: dict[str, str] = {}
         while (part := await reader.next()) is not None:
+            assert isinstance(part, BodyPartReader), "a bulk upload's parts are fields, never nested multiparts"
             name = part.name or ""
             match = re.fullmatch(r"files\[(\d+)\]\.(path|file)", name)
             if match is None:
@@ -652,7 +697,9 @@ class FakeDaytona:
                 part.set_content_disposition("form-data", quote_fields=False, name="error", filename=path)
         response = web.StreamResponse(headers={"Content-Type": f"multipart/form-data; boundary={writer.boundary}"})
         await response.prepare(request)
-        await writer.write(response)
+        # MultipartWriter.write only calls write(bytes), which a prepared StreamResponse has; aiohttp's
+        # annotation asks for the lower-level AbstractStreamWriter.
+        await writer.write(cast(AbstractStreamWriter, response))
         await response.write_eof()
         return response
 
@@ -675,14 +722,31 @@ def _make_host_dir(local: LocalSandbox, inner: str) -> Path:
     return path
 
 
-def _error(status: int, message: str, *, headers: dict[str, str] | None = None, toolbox: web.Request | None = None) -> web.Response:
+def _error(
+    status: int, message: str, *, headers: dict[str, str] | None = None, toolbox: web.Request | None = None
+) -> web.Response:
     body: dict[str, Any] = {"statusCode": status, "message": message, "error": _REASONS.get(status, "Error")}
     if toolbox is not None:  # the daemon's envelope
-        body = {**body, "path": toolbox.path, "method": toolbox.method, "timestamp": dt.datetime.now(dt.UTC).isoformat(), "source": "DAYTONA_DAEMON"}
+        body = {
+            **body,
+            "path": toolbox.path,
+            "method": toolbox.method,
+            "timestamp": dt.datetime.now(dt.UTC).isoformat(),
+            "source": "DAYTONA_DAEMON",
+        }
     return web.json_response(body, status=status, headers=headers)
 
 
-_REASONS = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 408: "Request Timeout", 409: "Conflict", 410: "Gone", 429: "Too Many Requests", 500: "Internal Server Error"}
+_REASONS = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    408: "Request Timeout",
+    409: "Conflict",
+    410: "Gone",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+}
 
 
 async def _serve(port_file: Path, faults: Faults) -> None:
@@ -707,7 +771,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--429-rate", dest="rate_429", type=float, default=0.0)
     parser.add_argument("--quota-rate", type=float, default=0.0)
     args = parser.parse_args(argv)
-    faults = Faults(create_latency=args.create_latency, create_rates={"429": args.rate_429, "quota": args.quota_rate}, retry_after=0.5)
+    faults = Faults(
+        create_latency=args.create_latency,
+        create_rates={"429": args.rate_429, "quota": args.quota_rate},
+        retry_after=0.5,
+    )
     asyncio.run(_serve(args.port_file, faults))
 
 

@@ -11,9 +11,8 @@ import time
 
 import pytest
 
-from termgym.env import EnvOptions
+from termgym.env import EnvOptions, sandbox_spec
 from termgym.errors import BackendUnavailable
-from termgym.env import sandbox_spec
 from termgym.sandboxes import create_sandbox, preflight
 from termgym.sandboxes.daytona.backend import DaytonaSandbox, get_provider
 from termgym.tasks import load_task
@@ -42,7 +41,12 @@ async def test_create_request_carries_labels_limits_and_lifetime(tmp_path, dayto
     await run_trial(load_task(write_task(tmp_path / "b")), NullAgent(), options())
     await run_trial(load_task(task_dir), NullAgent(), options())
     closed, open_ = daytona.create_bodies
-    assert closed["labels"] == {"termgym": "1", "termgym.run": "run-1", "termgym.task": "demo", "code-toolbox-language": "python"}
+    assert closed["labels"] == {
+        "termgym": "1",
+        "termgym.run": "run-1",
+        "termgym.task": "demo",
+        "code-toolbox-language": "python",
+    }
     assert closed["networkBlockAll"] is True and open_["networkBlockAll"] is False
     assert closed["autoDeleteInterval"] == 0  # ephemeral: deleted as soon as it stops
     assert closed["autoStopInterval"] == 60 and closed["ttlMinutes"] == 240
@@ -71,6 +75,7 @@ async def test_failed_build_is_a_record_with_the_log_and_is_not_retried(tmp_path
     task = load_task(write_task(tmp_path, dockerfile=dockerfile))
     first = await run_trial(task, OracleAgent(), options())
     second = await run_trial(task, OracleAgent(), options())
+    assert first.error is not None, first
     assert first.error["kind"] == "build_failed" and "building" in first.logs["build"]
     assert second.error == first.error
     assert len([r for r in daytona.requests if r.path == "/api/snapshots" and r.method == "POST"]) == 1
@@ -78,7 +83,9 @@ async def test_failed_build_is_a_record_with_the_log_and_is_not_retried(tmp_path
 
 
 async def test_image_and_workdir_come_from_the_dockerfile(tmp_path, daytona):
-    dockerfile = 'FROM debian:bookworm-slim\nENV GREETING="hi there"\nWORKDIR /srv/data\nRUN echo seeded > /srv/data/seed.txt\n'
+    dockerfile = (
+        'FROM debian:bookworm-slim\nENV GREETING="hi there"\nWORKDIR /srv/data\nRUN echo seeded > /srv/data/seed.txt\n'
+    )
     spec = sandbox_spec(load_task(write_task(tmp_path, dockerfile=dockerfile)), run_id="r")
     async with create_sandbox("daytona", spec) as sandbox:
         result = await sandbox.exec(["sh", "-c", 'echo "$GREETING"; pwd; cat seed.txt'], timeout=10)
@@ -97,10 +104,12 @@ async def test_exec_contract(task_dir, daytona):
         started = time.monotonic()
         slow = await sandbox.exec(["sh", "-c", "sleep 100007 & sleep 100007"], timeout=1)
         assert slow.timed_out and slow.exit_code is None and time.monotonic() - started < 8
-        flood = await sandbox.exec(["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' x; echo END"], timeout=10, output_limit=1000)
+        flood = await sandbox.exec(
+            ["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' x; echo END"], timeout=10, output_limit=1000
+        )
         assert len(flood.output) == 1000 and flood.dropped_bytes == 300004 - 1000 and flood.text.endswith("END\n")
-        weird = await sandbox.exec(["printf", "%s", "it's \"quoted\" $HOME `x` \\ ✓"], timeout=10)
-        assert weird.text == "it's \"quoted\" $HOME `x` \\ ✓"
+        weird = await sandbox.exec(["printf", "%s", 'it\'s "quoted" $HOME `x` \\ ✓'], timeout=10)
+        assert weird.text == 'it\'s "quoted" $HOME `x` \\ ✓'
     assert not pids_matching("sleep 100007")
 
 
@@ -110,7 +119,8 @@ async def test_files_travel_in_bulk_with_modes(task_dir, tmp_path, daytona):
     script.chmod(0o755)
     data = tmp_path / "data.bin"
     data.write_bytes(bytes(range(256)) * 100)
-    async with DaytonaSandbox(sandbox_spec(load_task(task_dir), run_id="r")) as sandbox:
+    sandbox = DaytonaSandbox(sandbox_spec(load_task(task_dir), run_id="r"))
+    async with sandbox:
         await sandbox.upload_files([(script, "bin/run.sh"), (data, "deep/er/data.bin")], "/opt/up")
         ran = await sandbox.exec(["/opt/up/bin/run.sh"], timeout=10)
         files = await sandbox.download_files(["/opt/up/deep/er/data.bin", "/no/such/file"])
@@ -123,15 +133,17 @@ async def test_files_travel_in_bulk_with_modes(task_dir, tmp_path, daytona):
 async def test_persistent_shell_over_a_session(task_dir, daytona):
     record = await run_trial(
         load_task(task_dir),
-        ScriptedAgent((
-            "cd /tmp && export KEPT=yes && f() { echo fn-$1; }",
-            'echo "$PWD $KEPT $(f 1)" > /app/state.txt',
-            "sleep 100008",
-            'cat /app/state.txt; echo "$KEPT" >> /app/state.txt',
-            "echo done > /app/result.txt",
-        )),
+        ScriptedAgent(
+            (
+                "cd /tmp && export KEPT=yes && f() { echo fn-$1; }",
+                'echo "$PWD $KEPT $(f 1)" > /app/state.txt',
+                "sleep 100008",
+                'cat /app/state.txt; echo "$KEPT" >> /app/state.txt',
+                "echo done > /app/result.txt",
+            )
+        ),
         options(command_timeout=1.5),
-    )  # fmt: skip
+    )
     assert record.error is None and record.resolved and record.turns == 5
     assert any(r.path.endswith("/input") for r in daytona.requests)
     assert not pids_matching("sleep 100008")
@@ -163,14 +175,16 @@ async def test_shell_state_timeouts_and_output_through_the_env(task_dir, daytona
 async def test_background_processes_do_not_survive_verification(task_dir, daytona):
     record = await run_trial(
         load_task(task_dir),
-        ScriptedAgent((
-            "sleep 100009 &",
-            "(setsid sleep 100010 &)",
-            "nohup sh -c 'trap \"\" TERM HUP; exec sleep 100011' >/dev/null 2>&1 &",
-            "echo done > /app/result.txt",
-        )),
+        ScriptedAgent(
+            (
+                "sleep 100009 &",
+                "(setsid sleep 100010 &)",
+                "nohup sh -c 'trap \"\" TERM HUP; exec sleep 100011' >/dev/null 2>&1 &",
+                "echo done > /app/result.txt",
+            )
+        ),
         options(),
-    )  # fmt: skip
+    )
     assert record.error is None and record.resolved
     for marker in ("100009", "100010", "100011"):
         assert not pids_matching(f"sleep {marker}"), f"sleep {marker} survived"
@@ -189,7 +203,9 @@ async def test_planted_reports_do_not_count(task_dir, daytona):
 async def test_bundled_task_with_a_real_environment(daytona):
     from termgym.bundled import bundled_task_path
 
-    task = load_task(bundled_task_path("archives/package-logs"))
+    path = bundled_task_path("archives/package-logs")
+    assert path is not None
+    task = load_task(path)
     record = await run_trial(task, OracleAgent(), options())
     assert record.error is None and record.resolved, record.logs
 
@@ -206,8 +222,12 @@ def test_missing_credentials_is_one_line_naming_the_variables(monkeypatch, tmp_p
     task = write_task(tmp_path)
     result = subprocess.run(
         [sys.executable, "-m", "termgym", "check", str(task), "--backend", "daytona"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "DAYTONA_API_KEY" in result.stderr and "Traceback" not in result.stderr
 
@@ -215,8 +235,8 @@ def test_missing_credentials_is_one_line_naming_the_variables(monkeypatch, tmp_p
 async def test_rejected_credentials_fail_the_trial_with_a_record(task_dir, daytona):
     daytona.api_key = "another-key"
     record = await run_trial(load_task(task_dir), OracleAgent(), options())
+    assert record.error is not None, record
     assert record.error["kind"] == "sandbox_error" and "DAYTONA_API_KEY" in record.error["message"]
-
 
 
 async def test_shell_survives_the_daemons_input_fifo_race(task_dir, daytona):
@@ -245,6 +265,7 @@ async def test_without_snapshot_rights_sandboxes_are_built_from_the_dockerfile(t
 async def test_snapshot_build_errors_that_persist_end_the_trial(task_dir, daytona):
     daytona.faults.storms.append(("POST", r"^/api/snapshots$", 503, 100))
     record = await run_trial(load_task(task_dir), OracleAgent(), options())
+    assert record.error is not None, record
     assert record.error["kind"] == "sandbox_error" and "snapshot" in record.error["message"]
     assert not daytona.create_times
 
@@ -252,9 +273,15 @@ async def test_snapshot_build_errors_that_persist_end_the_trial(task_dir, dayton
 async def test_task_with_a_prebuilt_image_only(tmp_path, daytona):
     task_dir = write_task(tmp_path)
     (task_dir / "environment" / "Dockerfile").unlink()
-    toml = (task_dir / "task.toml").read_text().replace("[environment]\n", '[environment]\ndocker_image = "debian:bookworm-slim"\n')
+    toml = (
+        (task_dir / "task.toml")
+        .read_text()
+        .replace("[environment]\n", '[environment]\ndocker_image = "debian:bookworm-slim"\n')
+    )
     (task_dir / "task.toml").write_text(toml)
-    record = await run_trial(load_task(task_dir), ScriptedAgent(("mkdir -p /app && echo done > /app/result.txt",)), options())
+    record = await run_trial(
+        load_task(task_dir), ScriptedAgent(("mkdir -p /app && echo done > /app/result.txt",)), options()
+    )
     assert record.error is None and record.resolved
     (snapshot,) = daytona.snapshots.values()
     assert snapshot["imageName"] == "debian:bookworm-slim"

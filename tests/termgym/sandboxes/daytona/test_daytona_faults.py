@@ -11,9 +11,9 @@ from collections import deque
 import pytest
 
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
-from termgym.sandboxes.pacing import Pacer, Window, max_in_any_window
-from termgym.sandboxes.daytona.backend import get_provider
+from termgym.sandboxes.daytona.backend import DaytonaSandbox, get_provider
 from termgym.sandboxes.daytona.policy import paced_windows
+from termgym.sandboxes.pacing import Pacer, Window, max_in_any_window
 from termgym.tasks import load_task
 from termgym.trial import NullAgent, OracleAgent, run_trial
 from tests.termgym.sandboxes.daytona.server import Faults
@@ -113,7 +113,9 @@ class VanishingAgent:
 
     async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict):
         await env.step("echo done > /app/result.txt")
-        await self.server.kill(env.sandbox.sandbox_id)
+        sandbox = env.sandbox
+        assert isinstance(sandbox, DaytonaSandbox)
+        await self.server.kill(sandbox.sandbox_id)
         step = await env.step("cat /app/result.txt")
         if env.done:
             return step
@@ -139,10 +141,13 @@ async def test_sandbox_gone_before_verification(task_dir, daytona):
     class KillThenSubmit(VanishingAgent):
         async def run(self, env, instruction, info):
             await env.step("echo done > /app/result.txt")
-            await self.server.kill(env.sandbox.sandbox_id)
+            sandbox = env.sandbox
+            assert isinstance(sandbox, DaytonaSandbox)
+            await self.server.kill(sandbox.sandbox_id)
             return await env.step(SUBMIT)
 
     record = await run_trial(load_task(task_dir), KillThenSubmit(daytona), options())
+    assert record.error is not None, record
     assert record.error["kind"] == "sandbox_error" and not record.resolved
 
 

@@ -22,20 +22,40 @@ def labelled(server) -> list:
 
 async def termgym(*args: str, cwd) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "termgym", *args, cwd=cwd,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "termgym",
+        *args,
+        cwd=cwd,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None  # communicate() returns once the process has exited
     return process.returncode, out.decode(), err.decode()
 
 
 async def test_gc_after_a_run_killed_with_sigkill(tmp_path, daytona):
     task = write_task(tmp_path, solve_sh="#!/bin/sh\nsleep 100012\n", agent_timeout=300)
     run = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "termgym", "run", str(task), "--backend", "daytona", "-n", "3", "-k", "5",
-        "--out", str(tmp_path / "run"), cwd=tmp_path, start_new_session=True,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "termgym",
+        "run",
+        str(task),
+        "--backend",
+        "daytona",
+        "-n",
+        "3",
+        "-k",
+        "5",
+        "--out",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     try:
         for _ in range(600):
             if len([s for s in labelled(daytona) if s.state == "booted"]) >= 3:
@@ -72,7 +92,9 @@ async def test_gc_trusts_the_per_id_lookup_and_spares_other_sandboxes(tmp_path, 
         assert removed == 1
         assert labelled(daytona) == []
         assert [s.id for s in daytona.live()] == [foreign.id]
-        assert any(r.method == "GET" and r.path.endswith(leaked[0].sandbox_id) and r.status == 404 for r in daytona.requests)
+        assert any(
+            r.method == "GET" and r.path.endswith(leaked[0].sandbox_id) and r.status == 404 for r in daytona.requests
+        )
         assert await collect_garbage() == 0  # nothing left: the ghost is skipped again
     finally:
         if foreign is not None:

@@ -58,7 +58,13 @@ def test_classify_failure(status, message, transport, expected):
 
 @pytest.mark.parametrize(
     ("message", "expected"),
-    [("Total GPU limit exceeded", True), ("quota exceeded", True), ("limits reached for org", True), ("", False), ("bad limit value", False)],
+    [
+        ("Total GPU limit exceeded", True),
+        ("quota exceeded", True),
+        ("limits reached for org", True),
+        ("", False),
+        ("bad limit value", False),
+    ],
 )
 def test_is_quota_message(message, expected):
     assert is_quota_message(message) is expected
@@ -98,7 +104,9 @@ def test_retry_after_seconds(headers, expected):
     ],
 )
 def test_backoff_delay(attempt, retry_after, draw, expected):
-    assert backoff_delay(attempt, base=1.0, cap=30.0, retry_after=retry_after, jitter=0.5, draw=draw) == pytest.approx(expected)
+    assert backoff_delay(attempt, base=1.0, cap=30.0, retry_after=retry_after, jitter=0.5, draw=draw) == pytest.approx(
+        expected
+    )
 
 
 @pytest.mark.parametrize(("attempt", "draw"), [(0, 0.0), (1, 1.0), (1, -0.1)])
@@ -107,7 +115,16 @@ def test_backoff_delay_rejects_bad_input(attempt, draw):
         backoff_delay(attempt, base=1.0, cap=2.0, retry_after=None, jitter=0.5, draw=draw)
 
 
-POLICY = RetryPolicy(rate_limited_attempts=4, quota_attempts=3, transient_attempts=2, base_delay=1.0, max_delay=8.0, quota_base_delay=5.0, quota_max_delay=20.0, jitter=0.0)
+POLICY = RetryPolicy(
+    rate_limited_attempts=4,
+    quota_attempts=3,
+    transient_attempts=2,
+    base_delay=1.0,
+    max_delay=8.0,
+    quota_base_delay=5.0,
+    quota_max_delay=20.0,
+    jitter=0.0,
+)
 
 
 @pytest.mark.parametrize(
@@ -218,7 +235,12 @@ def test_encode_command_rejects_nul():
 
 def test_command_line_sets_exactly_the_environment_and_directory(tmp_path):
     line = command_line(["env"], {"A": "x y", "B": "it's", "PATH": "/usr/bin:/bin"}, str(tmp_path))
-    result = subprocess.run(["sh", "-c", line + "; echo cd-failed"], capture_output=True, text=True, env={"LEAK": "1", "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        ["sh", "-c", line + "; echo cd-failed"],
+        capture_output=True,
+        text=True,
+        env={"LEAK": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert result.stdout.splitlines() == ["A=x y", "B=it's", "PATH=/usr/bin:/bin"]  # exec: nothing after runs
     where = subprocess.run(["sh", "-c", command_line(["pwd"], {}, str(tmp_path))], capture_output=True, text=True)
     assert where.stdout.strip() == str(tmp_path)
@@ -244,7 +266,14 @@ def test_command_line_rejects_bad_names(bad):
 def test_exec_script_caps_output_in_the_sandbox(tmp_path, command, limit, code, kept, dropped):
     stdin = tmp_path / "stdin"
     stdin.write_bytes(b"from stdin")
-    script = exec_script(["sh", "-c", command], env={"PATH": "/usr/bin:/bin"}, cwd="/", timeout=10, output_limit=limit, stdin_path=str(stdin))
+    script = exec_script(
+        ["sh", "-c", command],
+        env={"PATH": "/usr/bin:/bin"},
+        cwd="/",
+        timeout=10,
+        output_limit=limit,
+        stdin_path=str(stdin),
+    )
     result = subprocess.run(encode_command(script), shell=True, capture_output=True)
     assert result.returncode == code
     assert parse_exec_output(result.stdout.decode(), limit) == (kept, dropped)
@@ -252,7 +281,14 @@ def test_exec_script_caps_output_in_the_sandbox(tmp_path, command, limit, code, 
 
 
 def test_exec_script_kills_at_the_timeout():
-    script = exec_script(["sh", "-c", "sleep 100 & sleep 100"], env={"PATH": "/usr/bin:/bin"}, cwd="/", timeout=0.3, output_limit=100, stdin_path=None)
+    script = exec_script(
+        ["sh", "-c", "sleep 100 & sleep 100"],
+        env={"PATH": "/usr/bin:/bin"},
+        cwd="/",
+        timeout=0.3,
+        output_limit=100,
+        stdin_path=None,
+    )
     result = subprocess.run(encode_command(script), shell=True, capture_output=True, timeout=10)
     assert result.returncode == 124
 
@@ -274,15 +310,24 @@ def test_parse_exec_output(text, limit, expected):
     ("environ", "expected"),
     [
         ({}, DaytonaSettings()),
-        ({"TERMGYM_DAYTONA_PER_SECOND": "3", "TERMGYM_DAYTONA_PER_MINUTE": "100"}, DaytonaSettings(per_second=3, per_minute=100)),
-        ({"TERMGYM_DAYTONA_CREATE_TIMEOUT": "2.5", "TERMGYM_DAYTONA_MAX_SANDBOXES": "7"}, DaytonaSettings(create_timeout=2.5, max_sandboxes=7)),
+        (
+            {"TERMGYM_DAYTONA_PER_SECOND": "3", "TERMGYM_DAYTONA_PER_MINUTE": "100"},
+            DaytonaSettings(per_second=3, per_minute=100),
+        ),
+        (
+            {"TERMGYM_DAYTONA_CREATE_TIMEOUT": "2.5", "TERMGYM_DAYTONA_MAX_SANDBOXES": "7"},
+            DaytonaSettings(create_timeout=2.5, max_sandboxes=7),
+        ),
     ],
 )
 def test_settings_from_env(environ, expected):
     assert DaytonaSettings.from_env(environ) == expected
 
 
-@pytest.mark.parametrize("environ", [{"TERMGYM_DAYTONA_PER_SECOND": "six"}, {"TERMGYM_DAYTONA_PER_SECOND": "0"}, {"TERMGYM_DAYTONA_TTL_MINUTES": "0"}])
+@pytest.mark.parametrize(
+    "environ",
+    [{"TERMGYM_DAYTONA_PER_SECOND": "six"}, {"TERMGYM_DAYTONA_PER_SECOND": "0"}, {"TERMGYM_DAYTONA_TTL_MINUTES": "0"}],
+)
 def test_settings_reject_bad_values(environ):
     with pytest.raises(ValueError):
         DaytonaSettings.from_env(environ)

@@ -1,0 +1,164 @@
+"""The embedded backend's host processes: spawning them with only ``HOST_ENV`` (never interrupted
+half-way by a cancellation), feeding and draining their pipes into a bounded capture, the channel
+a persistent shell runs over, and ending process trees (a new session's, a bwrap keeper's).
+
+Guaranteed: ``spawn`` either returns the started process or, when cancelled, leaves none behind;
+``end_entered`` and ``end_keeper`` return once every process they end is gone and reaped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from termgym.aio import cancel_and_wait, uninterrupted, wait_for
+from termgym.errors import SandboxError
+from termgym.output import OutputCapture
+from termgym.sandboxes.base import ProcessChannel
+
+HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+POLL_SEC = 0.001  # how often a wait for a process or a pipe looks again
+
+
+class HostChannel(ProcessChannel):
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self._process = process
+        self.closed = False
+
+    async def write(self, data: bytes) -> None:
+        assert self._process.stdin is not None
+        try:
+            self._process.stdin.write(data)
+            await self._process.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise SandboxError("the shell's input is closed") from exc
+
+    async def read(self, max_bytes: int) -> bytes:
+        assert self._process.stdout is not None
+        return await self._process.stdout.read(max_bytes)
+
+    async def wait(self) -> int | None:
+        return await self._process.wait()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        await end_entered(self._process)
+
+
+async def communicate(process: asyncio.subprocess.Process, stdin: bytes | None, capture: OutputCapture) -> None:
+    async def feed() -> None:
+        assert process.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            process.stdin.write(stdin or b"")
+            await process.stdin.drain()
+        process.stdin.close()
+
+    async def drain() -> None:
+        assert process.stdout is not None
+        while chunk := await process.stdout.read(65536):
+            capture.feed(chunk)
+
+    feeder = asyncio.create_task(feed()) if stdin is not None else None
+    reader = asyncio.create_task(drain())
+    try:
+        # Output ends at EOF, or shortly after the process exits when a daemon it started still
+        # holds the pipe open.
+        while not reader.done() and process.returncode is None:
+            await asyncio.wait({reader}, timeout=POLL_SEC)
+        if not reader.done():
+            await asyncio.wait({reader}, timeout=0.1)
+    finally:
+        await cancel_and_wait(reader, feeder)
+
+
+async def spawn(
+    argv: Sequence[str], end: Callable[[asyncio.subprocess.Process], Awaitable[None]], **kwargs: Any
+) -> asyncio.subprocess.Process:
+    """``asyncio.create_subprocess_exec`` with ``HOST_ENV`` as its whole environment, which a
+    cancellation never interrupts half-way (see ``termgym.aio``): if the caller is cancelled
+    meanwhile, the process is started, ended with ``end`` and released, and the cancellation
+    propagates."""
+    spawning = asyncio.create_subprocess_exec(*argv, env=HOST_ENV, **kwargs)
+    return await uninterrupted(spawning, end)
+
+
+async def end_entered(process: asyncio.subprocess.Process) -> None:
+    """End a command started with ``nsenter`` in a new session, and everything it started."""
+    if process.returncode is None:
+        kill_tree(process.pid)
+    await release(process)
+
+
+async def end_keeper(keeper: asyncio.subprocess.Process) -> None:
+    """End a sandbox: killing the namespace's init makes the kernel kill every process in it."""
+    for pid in children(keeper.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if keeper.returncode is None:
+        # os.kill, not Process.kill: that polls first and may reap the exited process behind
+        # the child watcher's back (which then warns "Unknown child process").
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(keeper.pid, signal.SIGKILL)
+    await release(keeper)
+
+
+async def release(process: asyncio.subprocess.Process, timeout: float = 5.0) -> None:
+    """Wait until the process has exited, then close its pipes.
+
+    Not ``process.wait()``: on Python 3.11 that also waits for every pipe to close, which a
+    background job holding the output pipe can delay for ever. Nor closing the transport before the
+    exit is known: that reaps the process behind the child watcher's back."""
+    deadline = time.monotonic() + timeout
+    while process.returncode is None and time.monotonic() < deadline:
+        await asyncio.sleep(POLL_SEC)
+    transport = getattr(process, "_transport", None)
+    if transport is not None:
+        transport.close()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a host process started with a new session, and every process it forked into the
+    sandbox (nsenter does not forward signals to its child)."""
+    for child in children(pid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def children(pid: int) -> list[int]:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    children: list[int] = []
+    for task in tasks:
+        with contextlib.suppress(OSError):
+            children += [int(p) for p in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    return children
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, killed but not yet reaped, is not alive)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] not in ("Z", "X")
+
+
+async def read_stderr(process: asyncio.subprocess.Process) -> str:
+    with contextlib.suppress(Exception):
+        assert process.stderr is not None
+        return (await wait_for(process.stderr.read(), 1.0)).decode(errors="replace")
+    return ""
