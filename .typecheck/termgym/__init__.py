@@ -1,0 +1,1 @@
+../../termgym/__init__.py
