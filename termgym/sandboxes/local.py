@@ -79,21 +79,9 @@ SANDBOX_UID_BASE = 2_000_000_000
 SANDBOX_UID_COUNT = 65536
 # Docker's default capability set: what root in a container may do, without mounts, tracing,
 # module loading or raw devices. Commands entered into the sandbox keep only these.
-COMMAND_CAPABILITIES = (
-    "chown",
-    "dac_override",
-    "fowner",
-    "fsetid",
-    "kill",
-    "setgid",
-    "setuid",
-    "setpcap",
-    "net_bind_service",
-    "net_raw",
-    "sys_chroot",
-    "mknod",
-    "audit_write",
-    "setfcap",
+COMMAND_CAPABILITIES = tuple(
+    "chown dac_override fowner fsetid kill setgid setuid setpcap net_bind_service net_raw sys_chroot mknod"
+    " audit_write setfcap".split()
 )
 SHM_BYTES = 64 << 20
 # Joins the cgroups named before "--" (each a cgroup.procs file), then runs the rest: a process is
@@ -314,62 +302,24 @@ class LocalSandbox(Sandbox):
 
     def _bwrap_argv(self) -> list[str]:
         assert self._dir is not None
-        argv = [
-            host_tool("bwrap"),
-            "--unshare-all",
-            "--unshare-user",
-            "--uid",
-            "0",
-            "--gid",
-            "0",
-            "--hostname",
-            "termgym",
-            "--die-with-parent",
-            "--new-session",
-            "--ro-bind",
-            "/usr",
-            "/usr",
-            "--ro-bind",
-            "/etc",
-            "/etc",
-            "--symlink",
-            "usr/bin",
-            "/bin",
-            "--symlink",
-            "usr/lib",
-            "/lib",
-            "--symlink",
-            "usr/lib64",
-            "/lib64",
-            "--symlink",
-            "usr/sbin",
-            "/sbin",
-            "--proc",
-            "/proc",
-            "--ro-bind",
-            "/proc/sys",
-            "/proc/sys",
-            "--dev",
-            "/dev",
+        userns = ("--disable-userns",) if _bwrap_supports("--disable-userns") else ()
+        options = [
+            ("--unshare-all", "--unshare-user", *userns),
+            ("--uid", "0", "--gid", "0", "--hostname", "termgym"),
+            ("--die-with-parent", "--new-session"),
+            ("--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"),
+            ("--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib"),
+            ("--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin"),
+            ("--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev"),
         ]
-        if _bwrap_supports("--disable-userns"):
-            argv.insert(3, "--disable-userns")
+        argv = [host_tool("bwrap"), *(arg for group in options for arg in group)]
         if _bwrap_supports("--size"):
             argv += ["--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
         for name in self._roots:
             argv += ["--bind", str(self._dir / "fs" / name), f"/{name}"]
         # The keeper says "ready" once the sandbox is fully set up; commands enter its namespaces.
-        argv += [
-            "--remount-ro",
-            "/",
-            "--chdir",
-            "/",
-            "--clearenv",
-            "--",
-            "/bin/sh",
-            "-c",
-            "echo ready; exec /bin/sleep infinity",
-        ]
+        argv += ["--remount-ro", "/", "--chdir", "/", "--clearenv"]
+        argv += ["--", "/bin/sh", "-c", "echo ready; exec /bin/sleep infinity"]
         if self._uid is not None:
             argv = [host_tool("setpriv"), f"--reuid={self._uid}", f"--regid={self._uid}", "--clear-groups", "--", *argv]
         return self._on_host(argv)
@@ -422,32 +372,10 @@ class LocalSandbox(Sandbox):
             raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
         pairs = [f"{key}={value}" for key, value in env.items()]
         capabilities = ",".join(f"+{name}" for name in COMMAND_CAPABILITIES)
-        return self._on_host(
-            [
-                host_tool("nsenter"),
-                "-t",
-                str(self._keeper_pid),
-                "-U",
-                "-m",
-                "-p",
-                "-n",
-                "-i",
-                "-u",
-                "-r",
-                "-w",
-                "--",
-                host_tool("setpriv"),
-                "--inh-caps=-all",
-                f"--bounding-set=-all,{capabilities}",
-                "--",
-                "/usr/bin/env",
-                "-i",
-                "-C",
-                cwd,
-                *pairs,
-                *argv,
-            ]
-        )
+        namespaces = ["-U", "-m", "-p", "-n", "-i", "-u", "-r", "-w"]  # all the keeper's, its root and cwd too
+        enter = [host_tool("nsenter"), "-t", str(self._keeper_pid), *namespaces, "--"]
+        drop = [host_tool("setpriv"), "--inh-caps=-all", f"--bounding-set=-all,{capabilities}", "--"]
+        return self._on_host([*enter, *drop, "/usr/bin/env", "-i", "-C", cwd, *pairs, *argv])
 
     # -- commands ----------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -14,22 +15,24 @@ from tests.helpers import REPO_ROOT
 ROOT = REPO_ROOT
 
 
-@pytest.mark.slow
-def test_wheel_carries_tasks_and_kit_and_they_load(tmp_path):
-    # Build from a copy, so that setuptools' build/ directory never lands in the checkout.
-    source = tmp_path / "source"
-    shutil.copytree(
-        ROOT,
-        source,
-        ignore=shutil.ignore_patterns(".venv", ".git", ".typecheck", "runs", "build", "*.egg-info", "__pycache__"),
-    )
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's wheel, built from a copy so that setuptools' build/ never lands in the checkout."""
+    out = tmp_path_factory.mktemp("wheel")
+    ignored = shutil.ignore_patterns(".venv", ".git", ".typecheck", "runs", "build", "*.egg-info", "__pycache__")
+    shutil.copytree(ROOT, out / "source", ignore=ignored)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(out / "source")],
         check=True,
         capture_output=True,
-        cwd=tmp_path,
+        cwd=out,
     )
-    (wheel,) = tmp_path.glob("termgym-*.whl")
+    (built,) = out.glob("termgym-*.whl")
+    return built
+
+
+@pytest.mark.slow
+def test_wheel_carries_tasks_and_kit_and_they_load(tmp_path, wheel):
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
@@ -57,23 +60,10 @@ def test_wheel_carries_tasks_and_kit_and_they_load(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_wheel_installs_under_the_termgym_namespace_beside_another_verifiers(tmp_path):
+def test_the_wheel_installs_under_the_termgym_namespace_beside_another_verifiers(tmp_path, wheel):
     """A fresh venv holds the wheel (not editable) and a dummy top-level ``verifiers`` (the name of
     a widely used PyPI library): both import, neither shadows the other, and ``termgym train``
     reaches the trainer through its entry point."""
-    source = tmp_path / "source"
-    shutil.copytree(
-        ROOT,
-        source,
-        ignore=shutil.ignore_patterns(".venv", ".git", ".typecheck", "runs", "build", "*.egg-info", "__pycache__"),
-    )
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
-        check=True,
-        capture_output=True,
-        cwd=tmp_path,
-    )
-    (wheel,) = tmp_path.glob("termgym-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         tops = {name.split("/")[0] for name in archive.namelist()}
     assert tops == {"termgym", wheel.name.split("-py3")[0] + ".dist-info"}, (
