@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from termgym.aio import gather_limited
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, fault
@@ -121,12 +121,15 @@ async def run_trial(
     return record
 
 
+AgentT = TypeVar("AgentT", bound=Agent)
+
+
 async def run_trials(
-    jobs: Sequence[tuple[Task, Agent]],
+    jobs: Sequence[tuple[Task, AgentT]],
     options: EnvOptions,
     *,
     concurrency: int,
-    on_record: Callable[[TrialRecord, Agent], None] | None = None,
+    on_record: Callable[[TrialRecord, AgentT], None] | None = None,
 ) -> list[TrialRecord]:
     """Every ``(task, agent)`` trial of ``jobs``, at most ``concurrency`` at once. ``on_record`` gets
     each record (with its job's agent) as soon as its trial ends; the records come back in job
@@ -134,7 +137,7 @@ async def run_trials(
     if concurrency < 1:
         raise ConfigError(f"concurrency must be at least 1, got {concurrency}")
 
-    async def one(task: Task, agent: Agent) -> TrialRecord:
+    async def one(task: Task, agent: AgentT) -> TrialRecord:
         record = await run_trial(task, agent, options)
         if on_record is not None:
             on_record(record, agent)

@@ -28,7 +28,7 @@ from termgym.tasks import Task
 from termgym.trainer.chat import ChatFormat
 from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, stream_seed
 from termgym.trainer.sampler import BatchedSampler
-from termgym.trial import Agent, Step, run_trials
+from termgym.trial import Step, run_trials
 
 
 @dataclass(frozen=True)
@@ -145,9 +145,8 @@ async def evaluate(
         )
         return _EvalAgent(sampler, chat, settings, generator, Trajectory(task=task.name))
 
-    def recorded(record: TrialRecord, agent: Agent) -> None:
+    def recorded(record: TrialRecord, agent: _EvalAgent) -> None:
         if on_record is not None:
-            assert isinstance(agent, _EvalAgent)  # every job's agent is one of agent()'s
             on_record(record, agent.trajectory)
 
     draws = [(task, None) for task in tasks] if samples < 1 else [(task, i) for task in tasks for i in range(samples)]

@@ -123,7 +123,7 @@ async def collect_demonstrations(
         jobs,
         options,
         concurrency=max(1, concurrency),
-        on_record=lambda record, agent: on_record(record) if on_record is not None else None,
+        on_record=(lambda record, _agent: on_record(record)) if on_record is not None else None,
     )
     return [
         Demonstration(task.name, task.instruction, agent.commands, tuple(agent.observations))

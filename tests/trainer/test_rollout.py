@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from termgym.env import SUBMIT, AsyncTerminalEnv
+from termgym.env import SUBMIT
 from termgym.trainer.chat import ChatFormat
 from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, retokenized, token_drift
 from termgym.trainer.sampler import BatchedSampler, Sampler, TokenSampler, next_token_logprobs
@@ -49,11 +49,6 @@ def scripted(script: list[tuple[int, float]], end: int) -> Sampler:
     return cast(Sampler, ScriptedSampler(script, end))
 
 
-def as_env(env: FakeEnv) -> AsyncTerminalEnv:
-    # The fake env implements only what drive_episode uses of one (step, done): no task, no sandbox.
-    return cast(AsyncTerminalEnv, env)
-
-
 turn_strategy = st.tuples(
     st.lists(st.integers(min_value=4, max_value=1023), max_size=12),  # ordinary tokens
     st.sampled_from(["end", "submit", "none"]),  # how the turn stops
@@ -85,9 +80,7 @@ def test_trained_ids_are_the_sampled_ids_and_the_mask_covers_exactly_them(
     trajectory = Trajectory(task="t")
     rollout = RolloutSettings(max_new_tokens=max_new, max_context=context, observation_tokens=16)
     asyncio.run(
-        drive_episode(
-            as_env(env), instruction, scripted(script, chat.im_end), chat, rollout, torch.Generator(), trajectory
-        )
+        drive_episode(env, instruction, scripted(script, chat.im_end), chat, rollout, torch.Generator(), trajectory)
     )
 
     prompt = chat.prompt(instruction)
@@ -115,7 +108,7 @@ def test_a_turn_that_runs_out_of_tokens_is_closed_by_the_framing(tiny_policy):
     script = [(10, -1.0), (11, -1.0), (12, -1.0)]
     rollout = RolloutSettings(max_new_tokens=3, max_context=400)
     asyncio.run(
-        drive_episode(as_env(env), "do it", scripted(script, chat.im_end), chat, rollout, torch.Generator(), trajectory)
+        drive_episode(env, "do it", scripted(script, chat.im_end), chat, rollout, torch.Generator(), trajectory)
     )
     end = trajectory.turns[0][1]
     assert trajectory.ids[end] == chat.im_end and trajectory.loss_mask[end] == 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from typing import cast
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from torch.nn import functional as F
 from transformers import Qwen3_5MoeTextConfig, Qwen3MoeForCausalLM
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeForCausalLM
 
-from termgym.env import SUBMIT, AsyncTerminalEnv
+from termgym.env import SUBMIT
 from termgym.trainer import losses
 from termgym.trainer.batch import forward_logp, make_batch
 from termgym.trainer.chat import ChatFormat
@@ -51,10 +50,6 @@ class FakeEnv:
         self.done = self.turns >= self.max_turns
         return "a.txt b.txt\nhello world", 0.0, False, self.done, {}
 
-    def as_env(self) -> AsyncTerminalEnv:
-        # The fake env implements only what drive_episode uses of one (step, done): no task, no sandbox.
-        return cast(AsyncTerminalEnv, self)
-
 
 async def _episodes(policy, tokenizer, n: int, turns: int = 3, max_new_tokens: int = 16) -> list[Trajectory]:
     sampler = BatchedSampler(copy.deepcopy(policy), pad_id=tokenizer.pad_token_id)  # the generator's own copy
@@ -63,7 +58,7 @@ async def _episodes(policy, tokenizer, n: int, turns: int = 3, max_new_tokens: i
     await asyncio.gather(
         *[
             drive_episode(
-                FakeEnv(turns).as_env(),
+                FakeEnv(turns),
                 "count the words in /app/a.txt",
                 sampler,
                 chat,
@@ -149,7 +144,7 @@ def test_dense_or_unrecorded_sampler_leaves_routing_empty(tiny_policy):
         sampler = BatchedSampler(copy.deepcopy(policy), record_routing=False)
         trajectory = Trajectory(task="t")
         await drive_episode(
-            FakeEnv(1).as_env(),
+            FakeEnv(1),
             "x",
             sampler,
             ChatFormat(tokenizer),

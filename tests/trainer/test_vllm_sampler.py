@@ -69,7 +69,7 @@ async def episodes(
     await asyncio.gather(
         *[
             drive_episode(
-                FakeEnv(turns).as_env(),
+                FakeEnv(turns),
                 INSTRUCTION,
                 sampler,
                 chat,
