@@ -3,7 +3,9 @@
 Gymnasium semantics: ``reset(*, seed, options) -> (obs, info)`` starts a fresh sandbox and shell
 (obs is the task's instruction); ``step(action) -> (obs, reward, terminated, truncated, info)``.
 An action is one shell command, or ``SUBMIT`` to end the episode. ``terminated`` means the agent
-submitted; ``truncated`` means the turn budget or the agent timeout ran out. The reward comes on the
+submitted; ``truncated`` means the turn budget or the agent timeout ran out, or the agent gave up
+on a budget of its own (``truncate(reason)``: its context window, its parse errors). Every step
+goes into ``env.transcript`` (``termgym.transcript``), with the episode's stop reason. The reward comes on the
 final step, after verification; every other step gives 0.0. ``async with`` stops the sandbox on
 every path out, exceptions and cancellation included.
 
@@ -33,6 +35,7 @@ from termgym.sandboxes.base import Sandbox, SandboxSpec
 from termgym.shell import CommandResult, PersistentShell
 from termgym.tamper import TAMPER_POLICIES, tamper_warning
 from termgym.tasks import Task, load_task
+from termgym.transcript import StopReason, Transcript
 from termgym.verification import Verification, verify
 from termgym.verifiers import DEFAULT_SCALE
 
@@ -52,6 +55,7 @@ class EnvOptions:
     run_id: str = ""
     image_aliases: Mapping[str, str] | None = None  # None: built-in and config-file aliases
     tamper: str = "warn"  # changed system paths: "warn" records them, "fail" scores the trial 0
+    trials_dir: str | None = None  # where each trial's directory (its transcript) goes; None: not kept
 
     def __post_init__(self) -> None:
         if self.tamper not in TAMPER_POLICIES:
@@ -102,10 +106,16 @@ class AsyncTerminalEnv:
         self.error: TrialError | None = None
         self.warnings: list[str] = []
         self.system_changes: list[str] | None = None
+        self.transcript = Transcript(task=task.name, instruction=task.instruction)
 
     @property
     def agent_timeout(self) -> float:
         return self.options.agent_timeout or self.task.agent_timeout_sec
+
+    @property
+    def remaining_time(self) -> float:
+        """Seconds of the agent timeout left in this episode (0 once it has run out)."""
+        return max(0.0, self._deadline - time.monotonic()) if not self.done else 0.0
 
     async def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict]:
         """Start a fresh episode in a fresh sandbox. ``seed`` is accepted for Gymnasium; the episode
@@ -113,6 +123,7 @@ class AsyncTerminalEnv:
         await self.close()
         self.turns, self.done, self.verification, self.error = 0, False, None, None
         self.timings, self.warnings, self.system_changes = {}, [], None
+        self.transcript = Transcript(task=self.task.name, instruction=self.task.instruction)
         started = time.monotonic()
         self.sandbox = self._factory(self.task, self.options)
         try:
@@ -143,23 +154,27 @@ class AsyncTerminalEnv:
         if self.done or self._shell is None:
             raise EpisodeError("step() called without an active episode: call reset() first")
         if action == SUBMIT:
+            self.transcript.submit()
+            self.transcript.stop("submitted")
             return await self._finish("", terminated=True, truncated=False, info={"submitted": True})
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
-            self.error = {"kind": "agent_timeout", "message": f"agent timeout of {self.agent_timeout:g}s reached"}
-            return await self._finish("", terminated=False, truncated=True, info={})
+            return await self._time_out("", {})
         started = time.monotonic()
         try:
             result = await self._shell.run(action, timeout=min(timeout or self.options.command_timeout, remaining))
         except SandboxError as exc:
             self.error = fault(exc, agent_acted=True)  # the command was issued: what broke is the agent's doing
+            self.transcript.stop("sandbox_error")
             await self._end_without_verification()
             await self._collect_warnings()
             return f"[sandbox error: {exc}]", 0.0, False, True, {"error": self.error, "warnings": list(self.warnings)}
-        self.timings["agent"] = self.timings.get("agent", 0.0) + time.monotonic() - started
+        duration = time.monotonic() - started
+        self.timings["agent"] = self.timings.get("agent", 0.0) + duration
         self.turns += 1
         obs = format_observation(result)
         info = {
+            "output": result.output,
             "exit_code": result.exit_code,
             "timed_out": result.timed_out,
             "dropped_bytes": result.dropped_bytes,
@@ -167,12 +182,37 @@ class AsyncTerminalEnv:
             "shell_restarted": result.shell_restarted,
             "turn": self.turns,
         }
+        self.transcript.step(
+            action,
+            timeout,
+            {
+                **{key: info[key] for key in ("output", "exit_code", "timed_out", "cwd", "dropped_bytes")},
+                "duration": duration,  # in the transcript, not in info: a step's info is deterministic
+            },
+            obs,
+        )
         if result.timed_out and time.monotonic() >= self._deadline:
-            self.error = {"kind": "agent_timeout", "message": f"agent timeout of {self.agent_timeout:g}s reached"}
-            return await self._finish(obs, terminated=False, truncated=True, info=info)
+            return await self._time_out(obs, info)
         if self.turns >= self.options.max_turns:
+            self.transcript.stop("max_turns")
             return await self._finish(obs, terminated=False, truncated=True, info=info)
         return obs, 0.0, False, False, info
+
+    async def truncate(self, reason: StopReason) -> tuple[str, float, bool, bool, dict]:
+        """End the episode as truncated (the agent ran out of a budget of its own: turns, context,
+        well-formed replies) and verify, like a turn budget running out. ``reason`` is the stop
+        reason the transcript and the record carry."""
+        if self.done or self._shell is None:
+            raise EpisodeError("truncate() called without an active episode: call reset() first")
+        if reason == "agent_timeout":
+            return await self._time_out("", {})
+        self.transcript.stop(reason)
+        return await self._finish("", terminated=False, truncated=True, info={"stop_reason": reason})
+
+    async def _time_out(self, obs: str, info: dict) -> tuple[str, float, bool, bool, dict]:
+        self.error = {"kind": "agent_timeout", "message": f"agent timeout of {self.agent_timeout:g}s reached"}
+        self.transcript.stop("agent_timeout")
+        return await self._finish(obs, terminated=False, truncated=True, info=info)
 
     async def upload(self, files: Sequence[tuple[Path, str]], dest: str) -> None:
         """Copy host files into the sandbox during an episode (used by the oracle agent)."""
@@ -212,7 +252,13 @@ class AsyncTerminalEnv:
         await self._collect_warnings()
         verification = self.verification
         if verification is None:
-            return obs, 0.0, terminated, truncated, {**info, "error": self.error, "warnings": list(self.warnings)}
+            info = {
+                **info,
+                "stop_reason": self.transcript.stop_reason,
+                "error": self.error,
+                "warnings": list(self.warnings),
+            }
+            return obs, 0.0, terminated, truncated, info
         report = verification.report
         if verification.tampered:
             self.error = {"kind": "tampered", "message": tamper_warning(list(verification.system_changes or ()))}
@@ -237,6 +283,7 @@ class AsyncTerminalEnv:
             "assertions": [{"name": a.name, "passed": a.passed, "status": a.status} for a in report.assertions],
             "report_format": report.format,
             "verifier_output": verification.output[-4000:],
+            "stop_reason": self.transcript.stop_reason,
             "error": self.error,
             "warnings": list(self.warnings),
         }

@@ -14,6 +14,7 @@ up as the user's bad input.
         BackendUnavailable, EnvironmentBuildError, SandboxGone,
         SandboxBroken > ShellProtocolError
       EpisodeError                      the environment used out of order
+      ModelError                        the agent's model could not be reached or answered unusably
       TrainingError                     the trainer cannot go on (nothing finished, a check failed)
 """
 
@@ -72,6 +73,13 @@ class EpisodeError(TermgymError):
     """The environment was used out of order (step before reset, step after the episode ended)."""
 
     kind = "usage_error"
+
+
+class ModelError(TermgymError):
+    """The agent's model could not be reached, or answered unusably, past the client's retries
+    (a trial's ``model_error``: the run goes on)."""
+
+    kind = "model_error"
 
 
 class TrainingError(TermgymError):

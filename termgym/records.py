@@ -16,11 +16,13 @@ from typing import Any, Literal, TypedDict, get_args
 # sandbox_error: an infrastructure fault, the only kind a scheduler retries. broken_by_agent: the
 # sandbox died, its shell stopped speaking the protocol or a tool broke after the agent's commands
 # (reward 0). tampered: the agent changed system paths and the run's tamper policy is "fail" (reward 0).
+# model_error: the agent's model could not be reached or answered unusably past its retries (no verification).
 ErrorKind = Literal[
     "agent_timeout",
     "verifier_timeout",
     "verifier_error",
     "sandbox_error",
+    "model_error",
     "broken_by_agent",
     "tampered",
     "build_failed",
@@ -57,6 +59,11 @@ class TrialRecord:
     logs: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # a limit not enforced or reached, a network withheld...
     system_changes: list[str] | None = None  # what the agent changed under system paths; None: not known
+    model: str | None = None  # the model that drove the episode (model agents)
+    stop_reason: str | None = None  # termgym.transcript.StopReason
+    parse_errors: int = 0  # model replies that did not parse as an action
+    usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens, requests (model agents)
+    transcript: str | None = None  # the trial's trajectory.json, when the run keeps transcripts
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=False)

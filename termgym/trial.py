@@ -1,24 +1,29 @@
 """One trial: a fresh environment, an agent driving it to the end, verification, and its record.
 
 ``run_trial`` always returns a ``TrialRecord``: infrastructure faults (the sandbox failed, the build
-failed) become the record's ``error``, never an exception; only cancellation propagates, after the
-sandbox has been stopped. A sandbox the agent broke is ``broken_by_agent`` (``termgym.env.fault``).
+failed, the model could not be reached) become the record's ``error``, never an exception; only
+cancellation propagates, after the sandbox has been stopped. A sandbox the agent broke is
+``broken_by_agent`` (``termgym.env.fault``). With ``EnvOptions.trials_dir`` every trial, failed
+and cancelled ones too, writes its transcript to ``trials_dir/<trial_id>/trajectory.json``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 from termgym.aio import gather_limited
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, fault
-from termgym.errors import ConfigError, EnvironmentBuildError, SandboxError
+from termgym.env import AsyncTerminalEnv, EnvOptions, fault
+from termgym.errors import ConfigError, EnvironmentBuildError, ModelError, SandboxError
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
-from termgym.tasks import Task, TaskError
+from termgym.tasks import Task
+from termgym.transcript import write_transcript
 
 Step = tuple[str, float, bool, bool, dict]
 
@@ -31,58 +36,6 @@ class Agent(Protocol):
 
     async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
         """Drive ``env`` until the episode ends; return the final step (None if it never stepped)."""
-
-
-@dataclass(frozen=True)
-class NullAgent:
-    """Submits at once: what a verifier awards for doing nothing."""
-
-    name: str = "null"
-
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
-        return await env.step(SUBMIT)
-
-
-@dataclass(frozen=True)
-class OracleAgent:
-    """Runs the task's reference solution as the agent, with the whole agent timeout."""
-
-    name: str = "oracle"
-
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
-        task = env.task
-        if task.solution_script is None:
-            raise TaskError(task.path, "the task has no reference solution")
-        await env.upload(task.solution_files(), "/solution")
-        step = await env.step(f"bash /solution/{task.solution_script}", timeout=env.agent_timeout)
-        if env.done:
-            return step
-        return await env.step(SUBMIT)
-
-
-@dataclass(frozen=True)
-class ScriptedAgent:
-    """Runs a fixed list of commands, then submits (tests and adversarial checks use it)."""
-
-    commands: tuple[str, ...]
-    name: str = "scripted"
-
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
-        step = None
-        for command in self.commands:
-            step = await env.step(command)
-            if env.done:
-                return step
-        return await env.step(SUBMIT)
-
-
-AGENTS = {"oracle": OracleAgent, "null": NullAgent}
-
-
-def make_agent(name: str) -> Agent:
-    if name not in AGENTS:
-        raise ConfigError(f"unknown agent {name!r}; choose one of: {', '.join(AGENTS)}")
-    return AGENTS[name]()
 
 
 async def run_trial(
@@ -112,13 +65,41 @@ async def run_trial(
         record.logs["build"] = exc.log[-20000:]
     except SandboxError as exc:
         record.error = fault(exc, agent_acted=env.turns > 0)
+        env.transcript.stop("sandbox_error")
+    except ModelError as exc:
+        record.error = {"kind": "model_error", "message": str(exc)}
+        env.transcript.stop("model_error")
     except ConfigError as exc:
         record.error = {"kind": "invalid_task", "message": str(exc)}
+    except asyncio.CancelledError:
+        env.transcript.stop("cancelled")
+        _keep_transcript(record, env, options)
+        raise
     record.turns = record.turns or env.turns
     record.timings = {**env.timings, "total": time.monotonic() - started}
     record.warnings = record.warnings or list(env.warnings)
     record.system_changes = env.system_changes
+    _keep_transcript(record, env, options)
     return record
+
+
+def _keep_transcript(record: TrialRecord, env: AsyncTerminalEnv, options: EnvOptions) -> None:
+    """The record's view of the transcript, and the transcript's file when the run keeps them."""
+    transcript = env.transcript
+    transcript.trial_id, transcript.agent = record.trial_id, record.agent
+    record.model = transcript.model
+    record.stop_reason = transcript.stop_reason
+    record.parse_errors = transcript.parse_errors
+    if transcript.usage.requests:
+        usage = transcript.usage
+        record.usage = {
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "requests": usage.requests,
+        }
+    if options.trials_dir is not None:
+        path = write_transcript(Path(options.trials_dir) / record.trial_id, transcript)
+        record.transcript = str(path)
 
 
 AgentT = TypeVar("AgentT", bound=Agent)

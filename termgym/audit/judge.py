@@ -6,28 +6,26 @@ clarity and completeness, task value), each with a reason, plus hard rejects
 (``hidden_requirements``, ``solution_shortcut``, ``test_leakage``, ``weak_verifier``).
 
 ``OpenAIJudge`` asks any OpenAI-compatible ``/v1/chat/completions`` endpoint (a vLLM server, for
-one) with the stdlib's ``urllib`` in a thread. The answer is parsed defensively: the first JSON
+one) through the same client as the model agent (``termgym.agents.client``). The answer is parsed defensively: the first JSON
 object in the reply; unknown dimensions and reject kinds are dropped, scores are clamped to
 [0, 1] (a 1-5 or 0-10 scale is rescaled), and a reply with no usable score raises ``JudgeError``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
-import urllib.error
-import urllib.request
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from termgym.agents.client import AgentDeadline, Endpoint, call, openai_client
 from termgym.audit.rubric import JUDGE_DIMENSIONS, WEIGHTS, Reject
-from termgym.errors import TermgymError
+from termgym.errors import ConfigError, ModelError, TermgymError
 from termgym.tasks import Task
 
 JUDGE_REJECTS = ("hidden_requirements", "solution_shortcut", "test_leakage", "weak_verifier")
 MAX_FILE_CHARS = 6000
-MAX_REPLY_BYTES = 1 << 20
 
 RUBRIC = f"""You audit a terminal task used to train LLM agents. Score each dimension from 0 to 1:
 - instruction_verifier_alignment (weight {WEIGHTS["instruction_verifier_alignment"]:.2f}): every test checks something
@@ -109,46 +107,41 @@ def _first_json_object(content: str) -> object:
 
 @dataclass(frozen=True)
 class OpenAIJudge:
-    """Asks an OpenAI-compatible server; ``url`` is its base (``http://host:8000`` or ``.../v1``)."""
+    """Asks an OpenAI-compatible server through the model agent's client (the ``openai`` SDK, its
+    retries and timeouts); ``url`` is its base (``http://host:8000`` or ``.../v1``)."""
 
     url: str
     model: str
     api_key: str | None = None
     timeout: float = 120.0
+    max_retries: int = 2
 
     @property
-    def endpoint(self) -> str:
+    def base_url(self) -> str:
         base = self.url.rstrip("/")
-        return base + ("/chat/completions" if base.endswith("/v1") else "/v1/chat/completions")
+        return base if base.endswith("/v1") else base + "/v1"
 
     async def judge(self, task: Task) -> JudgeAnswer:
-        body = {
-            "model": self.model,
-            "temperature": 0,
-            "messages": [{"role": "system", "content": RUBRIC}, {"role": "user", "content": task_prompt(task)}],
-        }
-        reply = await asyncio.to_thread(self._post, json.dumps(body).encode())
+        """One request (a client per task: an audit asks once per task, so nothing is kept open)."""
         try:
-            content = reply["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            raise JudgeError("the judge's reply has no choices[0].message.content") from None
+            endpoint = Endpoint(self.base_url, self.model, self.api_key, self.timeout, self.max_retries)
+        except ConfigError as exc:
+            raise JudgeError(str(exc)) from None
+        messages = [{"role": "system", "content": RUBRIC}, {"role": "user", "content": task_prompt(task)}]
+        deadline = time.monotonic() + self.timeout * (self.max_retries + 1) + 30
+        client = openai_client(endpoint, connections=2)
+        try:
+            reply = await call(
+                client.chat.completions.create(model=self.model, temperature=0, messages=messages),
+                deadline,
+                f"{self.base_url} judge",
+            )
+        except (ModelError, AgentDeadline) as exc:
+            raise JudgeError(str(exc)) from exc
+        finally:
+            await client.close()
+        choices = getattr(reply, "choices", None)
+        content = choices[0].message.content if choices else None
         if not isinstance(content, str):
-            raise JudgeError("the judge's message content is not text")
+            raise JudgeError("the judge's reply has no choices[0].message.content text")
         return parse_answer(content)
-
-    def _post(self, data: bytes) -> dict:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(self.endpoint, data=data, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                raw = response.read(MAX_REPLY_BYTES + 1)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise JudgeError(f"{self.endpoint}: {exc}") from exc
-        if len(raw) > MAX_REPLY_BYTES:
-            raise JudgeError(f"{self.endpoint}: reply over {MAX_REPLY_BYTES} bytes")
-        try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise JudgeError(f"{self.endpoint}: reply is not JSON") from exc

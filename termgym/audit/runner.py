@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from termgym.agents import NullAgent, OracleAgent
 from termgym.aio import gather_limited
 from termgym.audit.cache import AuditCache
 from termgym.audit.judge import Judge, JudgeError
@@ -45,7 +46,7 @@ from termgym.output import plain_text as plain
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
 from termgym.tasks import Task
-from termgym.trial import NullAgent, OracleAgent, Step, run_trial
+from termgym.trial import Step, run_trial
 from termgym.verification import verify
 
 _EMPTY = hashlib.sha256(b"").hexdigest()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from termgym.agents import NullAgent, OracleAgent, ScriptedAgent
 from termgym.audit.runner import audit_tasks
 from termgym.bundled import bundled_root, bundled_task_paths
 from termgym.env import EnvOptions
@@ -30,7 +31,7 @@ from termgym.envs.families import (
 )
 from termgym.envs.families.names import MAX_LENGTH, MIN_LENGTH
 from termgym.tasks import discover_tasks, load_task
-from termgym.trial import NullAgent, OracleAgent, ScriptedAgent, run_trial
+from termgym.trial import run_trial
 from tests.helpers import REPO_ROOT
 
 OPTIONS = EnvOptions(run_id="families-test")

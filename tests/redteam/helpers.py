@@ -14,10 +14,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from termgym.agents import OracleAgent, ScriptedAgent
 from termgym.env import EnvOptions
 from termgym.records import TrialRecord
 from termgym.tasks import load_task
-from termgym.trial import OracleAgent, ScriptedAgent, run_trial
+from termgym.trial import run_trial
 from tests.helpers import KIT_SOURCE, write_task
 
 FORGED_CTRF = (

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from termgym.agents import ScriptedAgent
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling.scheduler import (
@@ -19,7 +20,6 @@ from termgym.scheduling.scheduler import (
     make_nodes,
 )
 from termgym.tasks import load_task
-from termgym.trial import ScriptedAgent
 from tests.redteam.helpers import attack
 
 pytestmark = [pytest.mark.redteam]

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
+from termgym.agents import OracleAgent, ScriptedAgent
 from termgym.env import EnvOptions
 from termgym.tasks import load_task
-from termgym.trial import OracleAgent, ScriptedAgent, run_trial
+from termgym.trial import run_trial
 from tests.helpers import KIT_SOURCE, pids_matching, write_task
 
 ALL_PASS_CTRF = '{"results":{"tests":[{"name":"a","status":"passed"},{"name":"b","status":"passed"},{"name":"c","status":"passed"}]}}'

@@ -7,10 +7,11 @@ import hashlib
 
 import pytest
 
+from termgym.agents import NullAgent, OracleAgent
 from termgym.bundled import bundled_root, bundled_task_paths
 from termgym.env import EnvOptions
 from termgym.tasks import discover_tasks, load_task
-from termgym.trial import NullAgent, OracleAgent, run_trial
+from termgym.trial import run_trial
 
 TASKS = bundled_task_paths()
 IDS = [f"{p.parent.name}/{p.name}" for p in TASKS]

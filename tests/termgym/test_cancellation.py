@@ -12,9 +12,10 @@ import time
 
 import pytest
 
+from termgym.agents import OracleAgent, ScriptedAgent
 from termgym.env import EnvOptions
 from termgym.tasks import load_task
-from termgym.trial import OracleAgent, ScriptedAgent, run_trial
+from termgym.trial import run_trial
 from tests.helpers import write_task
 
 UNWIND_LIMIT_SEC = 10.0  # generous for a loaded machine; a stuck trial never unwinds at all

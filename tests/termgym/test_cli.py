@@ -14,6 +14,7 @@ from rich.console import Console
 from termgym import cli, sandboxes
 from termgym.audit import runner as audit_runner
 from termgym.audit.rubric import Reject, Verdict
+from termgym.cli import common, episodes, runs
 from termgym.records import TrialRecord, read_records
 from tests.helpers import KIT_SOURCE, REPO_ROOT, write_task
 
@@ -231,8 +232,8 @@ def colorless(monkeypatch):
     """Rich writes no style of its own: every ESC in the output would come from the task."""
     for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(cli, "out", Console(highlight=False, width=160, color_system=None))
-    monkeypatch.setattr(cli, "err", Console(stderr=True, highlight=False, width=160, color_system=None))
+    monkeypatch.setattr(common, "out", Console(highlight=False, width=160, color_system=None))
+    monkeypatch.setattr(common, "err", Console(stderr=True, highlight=False, width=160, color_system=None))
 
 
 def assert_no_terminal_controls(*texts: str) -> None:
@@ -289,8 +290,8 @@ def test_records_and_summaries_print_untrusted_text_as_text(colorless, capsys):
     record.assertions = [{"name": "a[/red]\x1b[2J", "passed": False}]
     record.total, record.report_format = 1, "ctrf"
     record.error = {"kind": "verifier_error", "message": "bad [/] report\x1b]52;c;eA==\x07 [bold]x\r\n"}
-    cli.print_record(record)
-    cli.print_summary([record])
+    episodes.print_record(record)
+    runs.print_summary([record])
     printed = capsys.readouterr()
     assert_no_terminal_controls(printed.out, printed.err)
     assert "t[/bold] · agent oracle" in printed.out and "a[/red]" in printed.out

@@ -8,10 +8,11 @@ import time
 import pytest
 
 import termgym
+from termgym.agents import ScriptedAgent
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.errors import EpisodeError
 from termgym.tasks import load_task
-from termgym.trial import ScriptedAgent, run_trial
+from termgym.trial import run_trial
 
 
 async def test_reset_step_submit_gives_dense_reward(task_dir, no_leaks):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from termgym.agents import OracleAgent
 from termgym.env import EnvOptions
 from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes
 from termgym.tasks import load_task
-from termgym.trial import OracleAgent
 from tests.helpers import sandbox_processes, write_task
 
 SLOW_SOLUTION = "#!/bin/bash\nsleep 300 &\nsleep 300\necho done > /app/result.txt\n"

@@ -11,12 +11,13 @@ import time
 
 import pytest
 
+from termgym.agents import NullAgent, OracleAgent, ScriptedAgent
 from termgym.env import EnvOptions, sandbox_spec
 from termgym.errors import BackendUnavailable
 from termgym.sandboxes import create_sandbox, preflight
 from termgym.sandboxes.daytona.backend import DaytonaSandbox, get_provider
 from termgym.tasks import load_task
-from termgym.trial import NullAgent, OracleAgent, ScriptedAgent, run_trial
+from termgym.trial import run_trial
 from tests.helpers import pids_matching, write_task
 
 pytestmark = pytest.mark.usefixtures("daytona")

@@ -10,12 +10,13 @@ from collections import deque
 
 import pytest
 
+from termgym.agents import NullAgent, OracleAgent
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.sandboxes.daytona.backend import DaytonaSandbox, get_provider
 from termgym.sandboxes.daytona.policy import paced_windows
 from termgym.sandboxes.pacing import Pacer, Window, max_in_any_window
 from termgym.tasks import load_task
-from termgym.trial import NullAgent, OracleAgent, run_trial
+from termgym.trial import run_trial
 from tests.termgym.sandboxes.daytona.server import Faults
 
 

@@ -15,11 +15,12 @@ import uuid
 
 import pytest
 
+from termgym.agents import OracleAgent, ScriptedAgent
 from termgym.env import SUBMIT, EnvOptions
 from termgym.images import build as images
 from termgym.sandboxes.docker import docker_client
 from termgym.tasks import load_task
-from termgym.trial import OracleAgent, ScriptedAgent, run_trial
+from termgym.trial import run_trial
 from tests.helpers import KIT_SOURCE, pids_matching, require_docker, termgym_containers, write_task
 
 pytestmark = pytest.mark.docker

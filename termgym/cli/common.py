@@ -1,0 +1,155 @@
+"""What the commands share: the consoles, the one-line usage error, the option groups (backend,
+tamper policy, the model agent) and the agent the options describe."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from termgym.agents import AGENTS, ModelConfig, make_agent
+from termgym.agents.actions import ACTION_FORMATS
+from termgym.agents.model import CONTEXT_POLICIES
+from termgym.agents.settings import CLIENTS, build_model_agent
+from termgym.errors import ConfigError
+from termgym.images.build import CONFIG_FILES
+from termgym.sandboxes import BACKENDS
+from termgym.tamper import TAMPER_POLICIES
+from termgym.trial import Agent
+
+INFRA_ERRORS = ("sandbox_error", "build_failed", "model_error")
+# Piped output is not wrapped at 80 columns: tables stay one row per line for tools and logs.
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+# --model and friends: ModelConfig's fields, with the flags' names
+MODEL_FLAGS = (
+    "model",
+    "base_url",
+    "api_key_env",
+    "action_format",
+    "client",
+    "tokenizer",
+    "temperature",
+    "max_tokens",
+    "context_window",
+    "context",
+    "max_parse_errors",
+    "request_timeout",
+    "max_retries",
+)
+
+
+class UsageError(ConfigError):
+    """Bad command-line input: reported in one line, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not argparse's usage block
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def backend_option(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--backend", default="local", choices=BACKENDS, help="sandbox backend (default: local)")
+    sub.add_argument(
+        "--image-alias",
+        action="append",
+        default=[],
+        metavar="NAME=IMAGE",
+        help="build FROM IMAGE where the Dockerfile names NAME and NAME is absent (docker; repeatable)",
+    )
+
+
+def tamper_option(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--tamper",
+        choices=TAMPER_POLICIES,
+        default="warn",
+        help="when the agent changed system paths the verifier may run (docker): warn records them, fail scores 0 (default: warn)",
+    )
+
+
+def agent_options(sub: argparse.ArgumentParser) -> None:
+    """``--agent`` and the model agent's settings (docs/guides/agents.md)."""
+    sub.add_argument(
+        "--agent",
+        default=None,
+        choices=AGENTS,
+        help="oracle = reference solution, null = submit at once, model = an LLM (default: model with --model, else oracle)",
+    )
+    sub.add_argument("--max-turns", type=int, default=50, help="turns per episode (default 50)")
+    group = sub.add_argument_group("model agent (--agent model)")
+    group.add_argument("--model", default=None, help="the model's name on its server")
+    group.add_argument(
+        "--base-url", default=None, help="OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1 (default: OpenAI's)"
+    )
+    group.add_argument(
+        "--api-key-env", default=None, metavar="VAR", help="environment variable holding the API key (default: none)"
+    )
+    group.add_argument("--action-format", choices=ACTION_FORMATS, default=None, help="tool calls or a fenced command")
+    group.add_argument(
+        "--client", choices=CLIENTS, default=None, help="chat: the server renders; tokens: token ids in and out"
+    )
+    group.add_argument("--tokenizer", default=None, help="tokens client: tokenizer directory (default: --model)")
+    group.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
+    group.add_argument("--max-tokens", type=int, default=None, help="tokens per reply (default 4096)")
+    group.add_argument("--context-window", type=int, default=None, help="tokens (default: what the server says)")
+    group.add_argument("--context", choices=CONTEXT_POLICIES, default=None, help="when the window fills up")
+    group.add_argument("--max-parse-errors", type=int, default=None, help="unparsable replies in a row (default 3)")
+    group.add_argument("--request-timeout", type=float, default=None, help="seconds per request attempt")
+    group.add_argument("--max-retries", type=int, default=None, help="retries of a failed request (default 4)")
+
+
+def agent_from_args(args: argparse.Namespace, *, connections: int = 1) -> Agent:
+    """The agent the options name; model settings given to another agent are a usage error."""
+    given = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name, None) is not None}
+    name = args.agent or ("model" if given.get("model") else "oracle")
+    if name != "model":
+        if given:
+            flags = ", ".join("--" + n.replace("_", "-") for n in given)
+            raise UsageError(f"{flags}: model settings apply to --agent model only")
+        return make_agent(name)
+    return build_model_agent(ModelConfig.from_mapping(given), environ=os.environ, connections=max(1, connections))
+
+
+async def close_agent(agent: Agent) -> None:
+    close = getattr(agent, "aclose", None)
+    if close is not None:
+        await close()
+
+
+def apply_config_file(sub: argparse.ArgumentParser, command: str, files: tuple[str, ...] = CONFIG_FILES) -> None:
+    """Defaults for ``command`` from the first config file found: its ``[model]`` table, then its
+    ``[<command>]`` table, keyed by flag names (``base-url`` or ``base_url``). Flags still win. A
+    key the command has no flag for, or a value outside a flag's choices, is one line."""
+    for candidate in files:
+        path = Path(os.path.expanduser(candidate))
+        if not path.is_file():
+            continue
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        actions = {a.dest: a for a in sub._actions}
+        defaults: dict[str, Any] = {}
+        for table in ("model", command):
+            values = data.get(table, {})
+            if not isinstance(values, dict):
+                raise ConfigError(f"{path}: [{table}] must be a table")
+            if table == "model" and "agent" not in actions:
+                continue
+            for key, value in values.items():
+                dest = key.replace("-", "_")
+                action = actions.get(dest)
+                if action is None or dest in ("help", "task", "tasks"):
+                    raise ConfigError(f"{path}: [{table}] {key}: `termgym {command}` has no such setting")
+                if action.choices is not None and value not in action.choices:
+                    raise ConfigError(f"{path}: [{table}] {key} must be one of {', '.join(map(str, action.choices))}")
+                defaults[dest] = Path(value) if action.type is Path and isinstance(value, str) else value
+        sub.set_defaults(**defaults)
+        return

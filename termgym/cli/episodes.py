@@ -1,0 +1,161 @@
+"""The commands about one episode: ``check`` (one trial, its transcript and assertions), ``shell``
+(step an environment by hand) and ``replay`` (show a transcript)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import uuid
+from pathlib import Path
+
+from rich.table import Table
+from rich.text import Text
+
+from termgym.cli import common
+from termgym.cli.common import INFRA_ERRORS, UsageError, agent_from_args, close_agent
+from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, resolve_task
+from termgym.images.build import load_aliases
+from termgym.output import plain_text as plain
+from termgym.output import terminal_safe
+from termgym.records import TrialRecord
+from termgym.replay import print_transcript
+from termgym.sandboxes import preflight
+from termgym.tasks import Task
+from termgym.transcript import read_transcript
+from termgym.trial import run_trial
+
+# -- check -------------------------------------------------------------------------------------------
+
+
+async def cmd_check(args: argparse.Namespace) -> int:
+    """One trial; its transcript goes to ``runs/<run id>/trials/`` and is printed above the
+    assertions (``--json``: the record alone)."""
+    task = resolve_task(args.task)
+    agent = agent_from_args(args)
+    await asyncio.to_thread(preflight, args.backend)
+    run_id = f"check-{uuid.uuid4().hex[:8]}"
+    options = EnvOptions(
+        backend=args.backend,
+        run_id=run_id,
+        image_aliases=load_aliases(args.image_alias),
+        tamper=args.tamper,
+        max_turns=args.max_turns,
+        trials_dir=str(Path("runs") / run_id / "trials"),
+    )
+    try:
+        record = await run_trial(task, agent, options)
+    finally:
+        await close_agent(agent)
+    if args.json:
+        print(record.to_json())
+        return 1 if record.error and record.error["kind"] in INFRA_ERRORS else 0
+    if record.transcript:
+        print_transcript(common.out, read_transcript(record.transcript))
+    print_record(record)
+    if record.transcript:
+        common.err.print(f"transcript: {record.transcript}", markup=False)
+    return 1 if record.error and record.error["kind"] in INFRA_ERRORS else 0
+
+
+async def cmd_replay(args: argparse.Namespace) -> int:
+    if args.lines < 1:
+        raise UsageError(f"--lines must be at least 1, got {args.lines}")
+    try:
+        data = read_transcript(args.trial)
+    except FileNotFoundError:
+        raise UsageError(f"{args.trial}: no transcript there (expected RUN/trials/ID or its trajectory.json)") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    print_transcript(common.out, data, output_lines=args.lines)
+    return 0
+
+
+def print_record(record: TrialRecord) -> None:
+    model = f" ({record.model})" if record.model else ""
+    header = plain(f" · agent {record.agent}{model} · backend {record.backend}")
+    common.out.print(Text.assemble((terminal_safe(record.task), "bold"), header))
+    table = Table()
+    table.add_column("assertion")
+    table.add_column("result", justify="center")
+    for assertion in record.assertions:
+        table.add_row(plain(assertion["name"]), "[green]pass[/]" if assertion["passed"] else "[red]FAIL[/]")
+    common.out.print(table)
+    verdict = "[green]resolved[/]" if record.resolved else "[red]not resolved[/]"
+    common.out.print(
+        Text.assemble(
+            Text.from_markup(verdict),
+            plain(
+                f" · reward {record.reward:.3f} · {record.passed}/{record.total} assertions"
+                f" ({record.report_format}) · {record.turns} turns · {record.timings.get('total', 0):.1f}s"
+                + (f" · stop {record.stop_reason}" if record.stop_reason else "")
+                + (f" · {record.parse_errors} parse errors" if record.parse_errors else "")
+            ),
+        )
+    )
+    for warning in record.warnings:
+        common.out.print(Text.assemble(("warning", "yellow"), plain(f" {warning}")))
+    if record.error:
+        common.out.print(
+            Text.assemble(("error", "yellow"), plain(f" {record.error['kind']}: {record.error['message']}"))
+        )
+
+
+# -- shell -------------------------------------------------------------------------------------------
+
+
+async def cmd_shell(args: argparse.Namespace) -> int:
+    task = resolve_task(args.task)
+    await asyncio.to_thread(preflight, args.backend)
+    options = EnvOptions(
+        backend=args.backend,
+        max_turns=args.max_turns,
+        run_id=f"shell-{uuid.uuid4().hex[:8]}",
+        image_aliases=load_aliases(args.image_alias),
+    )
+    async with AsyncTerminalEnv(task, options) as env:
+        instruction, info = await env.reset()
+        header = plain(f" ({info['backend']}) · {SUBMIT} verifies · :quit leaves\n")
+        common.out.print(Text.assemble((terminal_safe(task.name), "bold"), header))
+        common.out.print(plain(instruction))
+        for warning in info["warnings"]:
+            common.err.print(plain(f"warning: {warning}"))
+        cwd = info["workdir"]
+        while True:
+            try:
+                line = await asyncio.to_thread(_read_command, terminal_safe(f"{cwd}$ "))
+            except EOFError:
+                line = ":quit"
+            if line is None or not line.strip():
+                continue
+            if line.strip() == ":quit":
+                return 0
+            action = SUBMIT if line.strip() == SUBMIT else line
+            obs, reward, terminated, truncated, step_info = await env.step(action)
+            if obs:
+                shown = terminal_safe(obs)
+                common.out.print(Text(shown), end="" if shown.endswith("\n") else "\n")
+            cwd = step_info.get("cwd") or cwd
+            if terminated or truncated:
+                _print_final(task, step_info, reward)
+                return 0
+
+
+def _read_command(prompt: str) -> str | None:
+    lines = [input(prompt)]
+    while lines[-1].endswith("\\"):
+        lines.append(input("> "))
+    return "\n".join(lines)
+
+
+def _print_final(task: Task, info: dict, reward: float) -> None:
+    record = TrialRecord(task=task.name, backend="", agent="human", reward=reward)
+    record.assertions = info.get("assertions", [])
+    record.resolved, record.passed, record.total = (
+        info.get("resolved", False),
+        info.get("passed", 0),
+        info.get("total", 0),
+    )
+    record.report_format, record.error = info.get("report_format"), info.get("error")
+    record.warnings = list(info.get("warnings", []))
+    record.agent = "you"
+    print_record(record)
