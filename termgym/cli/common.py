@@ -22,7 +22,7 @@ from termgym.sandboxes import BACKENDS
 from termgym.tamper import TAMPER_POLICIES
 from termgym.trial import Agent
 
-INFRA_ERRORS = ("sandbox_error", "build_failed", "model_error")
+INFRA_ERRORS = ("sandbox_error", "build_failed", "model_error")  # check exits 1 on these
 # Piped output is not wrapped at 80 columns: tables stay one row per line for tools and logs.
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)

@@ -27,9 +27,9 @@ ends, and what happens to the rest is the mode:
 
 Guarantees: never more than B kept per step (exactly B unless failures exhaust their retries,
 then ``StepResult.short`` says how many are missing); failed trials (infrastructure faults, error
-kinds ``sandbox_error``, ``build_failed``, ``invalid_task``) are recorded and never count as
-finished; a ``sandbox_error`` is replaced by a fresh trial of the same task (so failure-prone
-tasks keep their share), up to ``retries`` times per launch; no node ever runs more than its cap;
+kinds ``sandbox_error``, ``model_error``, ``build_failed``, ``invalid_task``) are recorded and never
+count as finished; a ``sandbox_error`` or ``model_error`` is replaced by a fresh trial of the same task
+(so failure-prone tasks keep their share), up to ``retries`` times per launch; no node ever runs more than its cap;
 every sandbox creation goes through the pacer; a cancelled trial's sandbox is stopped (deleted)
 before ``step()`` returns, and its record (error kind ``cancelled``, the turns and time it had run)
 is reported like any other, so no trial goes unrecorded. Every step's accounting, per family and
@@ -63,8 +63,8 @@ from termgym.trial import Agent, Step, run_trial
 T = TypeVar("T")
 SchedulerMode = Literal["wait", "cancel", "carry-over", "reweight"]
 MODES: tuple[SchedulerMode, ...] = get_args(SchedulerMode)
-FAILED_KINDS = ("sandbox_error", "build_failed", "invalid_task")  # not finished: no verifier verdict
-RETRYABLE_KINDS = ("sandbox_error",)  # a fresh sandbox may work; a broken task never will
+FAILED_KINDS = ("sandbox_error", "model_error", "build_failed", "invalid_task")  # not finished: no verdict
+RETRYABLE_KINDS = ("sandbox_error", "model_error")  # a fresh sandbox or request may work; a broken task never will
 SandboxFactory = Callable[[Task, EnvOptions], Sandbox]
 
 
