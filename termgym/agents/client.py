@@ -19,6 +19,7 @@ again without them, once, and the client remembers (``notes``).
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Sequence
@@ -33,8 +34,14 @@ from termgym.transcript import Transcript
 DEFAULT_REQUEST_TIMEOUT = 600.0
 DEFAULT_MAX_RETRIES = 4
 OPTIONAL_FIELDS = ("return_token_ids", "logprobs")  # asked for, dropped where a server rejects them
-_PROMPT_LENGTH = re.compile(r"(\d+) in the messages|request has (\d+) input tokens|prompt \(length (\d+)\)")
-_CONTEXT_ERROR = re.compile(r"maximum context length|context length|context_length_exceeded|too many tokens", re.I)
+# vLLM: "your prompt contains [at least] N input tokens", "max_tokens=M cannot be greater than
+# max_model_len=W"; OpenAI: "you requested T tokens (N in the messages, M in the completion)".
+_PROMPT_LENGTH = re.compile(
+    r"contains (?:at least )?(\d+) input tokens|(\d+) in the messages|request has (\d+) input tokens"
+)
+_CONTEXT_ERROR = re.compile(
+    r"maximum context length|context length|context_length_exceeded|too many tokens|greater than max_model_len", re.I
+)
 
 
 class ContextExceeded(ModelError):
@@ -172,8 +179,11 @@ def resolve_api_key(api_key_env: str | None, environ: dict[str, str]) -> str | N
 
 
 def openai_client(endpoint: Endpoint, *, connections: int = 1000) -> Any:
-    """The SDK's async client for ``endpoint``: its retries and timeout set, a connection pool that
-    keeps up to ``connections`` connections alive (one per concurrent episode)."""
+    """The SDK's async client for ``endpoint``: its retries and timeout set, on the SDK's aiohttp
+    transport with a pool that keeps up to ``connections`` connections alive (one per concurrent
+    episode). The aiohttp transport, not the default one, because the default pool checks every
+    idle connection with system calls on each request: a third of the CPU at 250 episodes
+    (bench/model_agent.py)."""
     import httpx2
     import openai
 
@@ -183,8 +193,16 @@ def openai_client(endpoint: Endpoint, *, connections: int = 1000) -> Any:
         api_key=endpoint.api_key or "EMPTY",
         max_retries=endpoint.max_retries,
         timeout=openai.Timeout(endpoint.request_timeout, connect=min(10.0, endpoint.request_timeout)),
-        http_client=openai.DefaultAsyncHttpxClient(limits=limits),
+        http_client=openai.DefaultAioHttpClient(limits=limits),
     )
+
+
+def post(sdk: Any, path: str, body: dict[str, Any]) -> Any:
+    """``POST path`` with a JSON body the caller built, through the SDK's request path (its retries,
+    timeouts and errors), answering the raw body: without the SDK's per-message type transform
+    (it walks the whole history every turn, 0.2 ms of CPU per message) and its typed response
+    objects (one per log-prob). bench/model_agent.py measures both."""
+    return sdk.post(path, body=body, cast_to=bytes)
 
 
 async def call(request: Any, deadline: float, describe: str) -> Any:
@@ -257,6 +275,7 @@ class Server:
     _sdk: Any = None
     _window: int | None = None
     _asked: bool = False
+    _asking: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def model(self) -> str:
@@ -271,13 +290,16 @@ class Server:
     async def context_window(self, deadline: float | None = None) -> int | None:
         if self.context_length is not None or self._asked:
             return self.context_length or self._window
-        limit = time.monotonic() + 30
-        try:
-            self._window = await served_context_window(self.sdk, self.model, min(limit, deadline or limit))
-        except (ModelError, AgentDeadline):
-            return None
-        self._asked = True
-        return self._window
+        async with self._asking:  # episodes starting together ask once
+            if self._asked:
+                return self._window
+            limit = time.monotonic() + 30
+            try:
+                self._window = await served_context_window(self.sdk, self.model, min(limit, deadline or limit))
+            except (ModelError, AgentDeadline):
+                return None
+            self._asked = True
+            return self._window
 
     async def aclose(self) -> None:
         if self._sdk is not None:
@@ -316,11 +338,9 @@ class ChatClient:
             extra = {**self.extra_body, **body.get("extra_body", {})}
             extra = {k: v for k, v in extra.items() if k not in self._dropped}
             try:
-                return await call(
-                    self.server.sdk.chat.completions.create(**request, extra_body=extra or None),
-                    deadline,
-                    f"{self.server.endpoint.base_url} chat completion",
-                )
+                describe = f"{self.server.endpoint.base_url} chat completion"
+                raw = await call(post(self.server.sdk, "/chat/completions", {**request, **extra}), deadline, describe)
+                return json_body(raw, describe)
             except ModelError as exc:
                 optional = [k for k in OPTIONAL_FIELDS if k in request or k in extra]
                 name = None if isinstance(exc, ContextExceeded) else rejected_field(exc, optional)
@@ -338,6 +358,7 @@ class ChatSession:
     _last_prompt_tokens: int | None = None
     _last_completion_tokens: int = 0
     _last_message_count: int = 0
+    _seen: list[int] = field(default_factory=list)  # the server's last prompt and reply ids
 
     async def complete(
         self, messages: list[dict[str, Any]], *, tools: list[dict] | None, max_tokens: int, deadline: float
@@ -362,11 +383,32 @@ class ChatSession:
         self._last_prompt_tokens = completion.prompt_tokens
         self._last_completion_tokens = completion.completion_tokens
         self._last_message_count = len(messages)
+        self._keep_extension(completion)
         return completion
+
+    def _keep_extension(self, completion: Completion) -> None:
+        """When the server's prompt extends its last prompt and reply (its render of the history is
+        stable), keep only the new ids as the turn's bridge: the transcript stays linear in the
+        episode's length. Otherwise the full prompt stays, and the change is noted."""
+        if completion.prompt_ids is None or completion.completion_ids is None:
+            return
+        seen = self._seen
+        prompt = completion.prompt_ids
+        if seen and len(prompt) >= len(seen) and prompt[: len(seen)] == seen:
+            completion.bridge = prompt[len(seen) :]
+            seen.extend(completion.bridge)
+        else:
+            if seen:
+                self.transcript.notes.append(
+                    f"turn {len(self.transcript.turns)}: the server's render of the history changed"
+                )
+            self._seen = seen = list(prompt)
+        seen.extend(completion.completion_ids)
 
     def new_segment(self, reason: str) -> None:
         self.transcript.new_segment(reason)
         self._last_prompt_tokens = None
+        self._seen = []
 
     def prompt_tokens(self, messages: list[dict[str, Any]]) -> int | None:
         """An estimate: the last prompt and reply, plus about one token per three characters added."""
@@ -379,47 +421,73 @@ class ChatSession:
         return text
 
 
-def parse_chat_response(response: Any) -> Completion:
-    """A ``ChatCompletion`` to a ``Completion``; a response without a choice is a ``ModelError``."""
-    if not getattr(response, "choices", None):
+def parse_chat_response(response: dict[str, Any]) -> Completion:
+    """A chat completion's JSON to a ``Completion``; a response without a usable choice is a
+    ``ModelError``. Read from the JSON, not the SDK's typed objects: building those is a third of
+    the client's CPU per turn (one object per log-prob)."""
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise ModelError("the chat completion has no choices")
-    choice = response.choices[0]
-    message = choice.message
-    extra = getattr(message, "model_extra", None) or {}
-    reasoning = getattr(message, "reasoning", None) or extra.get("reasoning") or extra.get("reasoning_content")
-    calls = [
-        ToolCall(call.id or f"call_{i}", call.function.name or None, call.function.arguments or "")
-        for i, call in enumerate(message.tool_calls or [])
-        if getattr(call, "function", None) is not None
-    ]
-    history: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise ModelError("the chat completion's choice has no message")
+    reasoning = message.get("reasoning") or message.get("reasoning_content")
+    calls = []
+    for i, call in enumerate(message.get("tool_calls") or []):
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            name, arguments = function.get("name"), function.get("arguments")
+            calls.append(
+                ToolCall(
+                    str(call.get("id") or f"call_{i}"),
+                    name if isinstance(name, str) and name else None,
+                    arguments if isinstance(arguments, str) else json.dumps(arguments or {}),
+                )
+            )
+    text = message.get("content")
+    content = text if isinstance(text, str) else ""
+    history: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         history["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name or "", "arguments": c.arguments}}
             for c in calls
         ]
-    choice_extra = getattr(choice, "model_extra", None) or {}
-    response_extra = getattr(response, "model_extra", None) or {}
     logprobs = None
-    content_logprobs = getattr(getattr(choice, "logprobs", None), "content", None)
-    if content_logprobs:
-        logprobs = [float(item.logprob) for item in content_logprobs]
-    usage = getattr(response, "usage", None)
+    content_logprobs = (
+        (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+    )
+    if isinstance(content_logprobs, list) and content_logprobs:
+        logprobs = [float(item.get("logprob", 0.0)) for item in content_logprobs]
+    counts = response.get("usage")
+    usage: dict[str, Any] = counts if isinstance(counts, dict) else {}
     return Completion(
-        content=message.content or "",
+        content=content,
         tool_calls=calls,
-        finish_reason=choice.finish_reason or "stop",
+        finish_reason=str(choice.get("finish_reason") or "stop"),
         message=history,
         reasoning=reasoning if isinstance(reasoning, str) else None,
-        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-        prompt_ids=_ints(response_extra.get("prompt_token_ids")),
-        completion_ids=_ints(choice_extra.get("token_ids")),
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        prompt_ids=int_list(response.get("prompt_token_ids")),
+        completion_ids=int_list(choice.get("token_ids")),
         logprobs=logprobs,
     )
 
 
-def _ints(value: object) -> list[int] | None:
-    if isinstance(value, list) and all(isinstance(v, int) for v in value):
-        return list(value)
+def int_list(value: object) -> list[int] | None:
+    """``value`` itself when it is a list of ints (bools excluded), else None."""
+    if isinstance(value, list) and set(map(type, value)) <= {int}:
+        return value
     return None
+
+
+def json_body(raw: bytes, describe: str) -> dict[str, Any]:
+    """A response body as JSON; anything else (an HTML page, a torn body) is a ``ModelError``."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ModelError(f"{describe}: the reply is not JSON") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{describe}: the reply is not a JSON object")
+    return data

@@ -156,10 +156,10 @@ class _Episode:
         fit (the window is nearly full, or the server says so): the context policy acts then."""
         max_tokens = self.settings.max_tokens
         used = self.session.prompt_tokens(self.messages) if window is not None else None
-        if window is not None and used is not None:
-            if window - used < min(MIN_REPLY_TOKENS, max_tokens):
+        if window is not None:  # without an estimate, at least never more than the whole window
+            if used is not None and window - used < min(MIN_REPLY_TOKENS, max_tokens):
                 return None
-            max_tokens = min(max_tokens, window - used)
+            max_tokens = max(1, min(max_tokens, window - (used or 1)))
         deadline = time.monotonic() + self.env.remaining_time
         try:
             return await self.session.complete(

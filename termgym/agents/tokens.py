@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from termgym.agents.actions import ToolCall, parse_hermes
-from termgym.agents.client import Completion, ContextExceeded, ModelError, Server, call
+from termgym.agents.client import Completion, ContextExceeded, ModelError, Server, call, int_list, json_body, post
 from termgym.agents.prompts import cut_token_ids
 from termgym.errors import ConfigError
 from termgym.transcript import Segment, Transcript
@@ -144,30 +144,29 @@ class TokensSession:
         if budget < 1:
             raise ContextExceeded(f"the prompt has {len(segment.ids)} tokens: no room left in {window}")
         started = time.monotonic()
-        response = await call(
-            self.client.server.sdk.completions.create(
-                model=self.client.model,
-                prompt=list(segment.ids),
-                max_tokens=budget,
-                temperature=self.client.temperature,
-                logprobs=1,
-                extra_body={
-                    "return_token_ids": True,
-                    "skip_special_tokens": False,
-                    "stop_token_ids": [self.renderer.close_id],
-                },
-            ),
-            deadline,
-            f"{self.client.server.endpoint.base_url} completion",
+        body = {
+            "model": self.client.model,
+            "prompt": segment.ids,
+            "max_tokens": budget,
+            "temperature": self.client.temperature,
+            "logprobs": 1,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "stop_token_ids": [self.renderer.close_id],
+        }
+        describe = f"{self.client.server.endpoint.base_url} completion"
+        response = json_body(
+            await call(post(self.client.server.sdk, "/completions", body), deadline, describe), describe
         )
         latency = time.monotonic() - started
-        choice = response.choices[0] if getattr(response, "choices", None) else None
-        ids = _token_ids(choice)
-        if choice is None or ids is None:
+        choices = response.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        ids = int_list(choice.get("token_ids"))
+        if ids is None:
             raise ModelError("the completion has no token ids: the tokens client needs a server with return_token_ids")
-        logprobs = [
-            float(x) if x is not None else 0.0 for x in (getattr(choice.logprobs, "token_logprobs", None) or [])
-        ]
+        scores = choice.get("logprobs")
+        raw_logprobs = (scores.get("token_logprobs") if isinstance(scores, dict) else None) or []
+        logprobs = [float(x) if x is not None else 0.0 for x in raw_logprobs]
         if len(logprobs) != len(ids):
             raise ModelError(f"the completion has {len(ids)} token ids but {len(logprobs)} log-probs")
         prompt_ids = list(segment.ids)
@@ -175,7 +174,7 @@ class TokensSession:
         segment.mask += [1] * len(ids)
         segment.logprobs += logprobs
         self._closed = bool(ids) and ids[-1] == self.renderer.close_id
-        completion = self._completion(ids, choice.finish_reason or "stop", tools is not None)
+        completion = self._completion(ids, str(choice.get("finish_reason") or "stop"), tools is not None)
         completion.prompt_ids, completion.completion_ids, completion.logprobs = prompt_ids, ids, logprobs
         completion.prompt_tokens, completion.completion_tokens = len(prompt_ids), len(ids)
         completion.bridge, completion.latency = bridge, latency
@@ -254,11 +253,3 @@ def _arguments(call: ToolCall) -> Any:
     except json.JSONDecodeError:
         return call.arguments
     return value if isinstance(value, dict) else call.arguments
-
-
-def _token_ids(choice: Any) -> list[int] | None:
-    extra = getattr(choice, "model_extra", None) or {}
-    value = extra.get("token_ids")
-    if isinstance(value, list) and all(isinstance(v, int) for v in value):
-        return list(value)
-    return None

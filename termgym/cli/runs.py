@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -14,7 +15,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from termgym.agents import make_agent
+from termgym.agents import ModelAgent, make_agent
+from termgym.agents.heap import settled_heap
 from termgym.cli import common
 from termgym.cli.common import UsageError, agent_from_args, close_agent
 from termgym.env import EnvOptions, resolve_task
@@ -103,8 +105,12 @@ async def cmd_run(args: argparse.Namespace) -> int:
             await asyncio.to_thread(preflight, args.backend)
         pool = TaskPool(jobs, shuffle=args.batch is not None, seed=args.seed)
         schedule = run_steps(args, agent, config, pool, run_id, out_dir)
-        # A simulation runs on its own virtual-time loop, in a thread, so the real clock is not involved.
-        records, run_report, short = await (asyncio.to_thread(simclock.run, schedule) if args.simulate else schedule)
+        # many live model episodes: rare, short garbage collections (termgym.agents.heap)
+        with settled_heap() if isinstance(agent, ModelAgent) else contextlib.nullcontext():
+            # A simulation runs on its own virtual-time loop, in a thread, so the real clock is not involved.
+            records, run_report, short = await (
+                asyncio.to_thread(simclock.run, schedule) if args.simulate else schedule
+            )
     finally:
         if agent is not None:
             await close_agent(agent)

@@ -66,6 +66,10 @@ def test_summary_leaves_infrastructure_faults_out_and_groups_by_family():
     assert summary["families"]["x"]["pass_at_k"] == {"1": 0.5, "2": 1.0}
     assert summary["families"]["y"]["trials"] == 1
     assert summary["mean_assertions_passed"] == pytest.approx((1 + 0.5 + 0.5) / 3)
-    assert summary["parse_errors"] == 3 and summary["usage"] == {"prompt_tokens": 10, "completion_tokens": 2, "requests": 1}
+    assert summary["parse_errors"] == 3 and summary["usage"] == {
+        "prompt_tokens": 10,
+        "completion_tokens": 2,
+        "requests": 1,
+    }
     assert summary["stop_reasons"]["model_error"] == 1
     assert math.isclose(sum(summary["resolved_ci95"]) / 2, 0.4, abs_tol=0.2)

@@ -61,7 +61,10 @@ async def test_the_oracle_and_null_agents_leave_transcripts(task_dir, tmp_path, 
     null = await run_trial(load_task(task_dir), NullAgent(), options)
     assert oracle.transcript is not None and null.transcript is not None
     oracle_turns = read_transcript(oracle.transcript)["turns"]
-    assert oracle_turns[0]["action"]["command"].startswith("bash /solution/") and oracle_turns[-1]["action"]["kind"] == "submit"
+    assert (
+        oracle_turns[0]["action"]["command"].startswith("bash /solution/")
+        and oracle_turns[-1]["action"]["kind"] == "submit"
+    )
     assert [t["action"]["kind"] for t in read_transcript(null.transcript)["turns"]] == ["submit"]
 
 

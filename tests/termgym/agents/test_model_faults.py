@@ -638,3 +638,40 @@ async def test_check_exits_1_when_the_model_cannot_be_reached(server, tmp_path, 
     shown = capsys.readouterr().out
     assert "model_error" in shown
     assert code == 1
+
+
+# -- 13: settings from termgym.toml ------------------------------------------------------------------
+
+
+async def test_settings_come_from_termgym_toml_and_flags_win(server, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "termgym.toml").write_text(
+        f'[model]\nmodel = "{MODEL}"\nbase-url = "{server.base_url}"\nmax_retries = 0\n\n[run]\nattempts = 2\n'
+    )
+    server.script.default = SUBMIT
+    assert await cli("run", TASK, "--out", "from-file") == 0  # --model from the file implies --agent model
+    records = read_records(tmp_path / "from-file" / "trials.jsonl")
+    assert len(records) == 2 and {r["model"] for r in records} == {MODEL} and records[0]["agent"] == "model"
+    assert await cli("run", TASK, "-k", "1", "--out", "flag-wins") == 0
+    assert len(read_records(tmp_path / "flag-wins" / "trials.jsonl")) == 1
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ("[run]\nno-such-setting = 1\n", "[run] no-such-setting"),
+        ('[model]\naction-format = "xml"\n', "action-format must be one of tool, text"),
+        ("[run\n", "invalid TOML"),
+    ],
+)
+def test_a_bad_termgym_toml_is_one_line_and_exit_2(table, says, tmp_path, monkeypatch, capsys, sandbox_starts):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "termgym.toml").write_text(table)
+    assert main(["run", TASK]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("termgym: error:") and says in line and sandbox_starts == []
+
+
+def test_model_settings_for_another_agent_are_a_usage_error(capsys, sandbox_starts):
+    assert main(["check", TASK, "--agent", "oracle", "--model", MODEL]) == 2
+    assert "apply to --agent model only" in one_error_line(capsys.readouterr().err) and sandbox_starts == []
