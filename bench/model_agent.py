@@ -22,7 +22,8 @@ in-process fake with the attributes ``ModelAgent.run`` uses: a step sleeps ``--s
    response's parse, the action's parse, the observation, the transcript). Each has its wall-time
    median and the driver's CPU per request (``time.process_time``, mean over all requests; on a
    shared machine the CPU figure is the one to trust, as wall times include other processes'
-   turns on the core). The agent turn's CPU minus the SDK call's is the loop's own cost.
+   turns on the core). The agent turn's CPU over the raw round trip's is the loop's own cost with
+   its client's (the agent posts through the SDK's request path without its typed transform).
 2. The concurrency sweep: 1, 100, 250, 500, 1000 concurrent episodes of ``--turns`` turns each on
    the one pinned core, each episode starting at a random offset within one model latency (so
    requests arrive spread out, as in a steady rollout), the simulated latency drawn uniformly from
@@ -615,10 +616,11 @@ async def main_async(args: argparse.Namespace) -> int:
         )
     print(f"| (the server's own span, in each wall time) | {1e6 * cost['server']:.0f} | | |")
     print()
-    own = cost["turn_cpu"] - cost["sdk_cpu"]
+    own = cost["turn_cpu"] - cost["http_cpu"]
     print(
-        f"agent turn / SDK call = {cost['turn_cpu'] / cost['sdk_cpu']:.2f} (CPU), "
-        f"{cost['turn_wall'] / cost['sdk_wall']:.2f} (wall); the loop's own cost {1e6 * own:.0f} µs of CPU per turn; "
+        f"agent turn / raw HTTP round trip = {cost['turn_cpu'] / cost['http_cpu']:.2f} (CPU), "
+        f"{cost['turn_wall'] / cost['http_wall']:.2f} (wall): the loop and its client add {1e6 * own:.0f} µs of CPU "
+        f"per turn; agent turn / SDK call = {cost['turn_cpu'] / cost['sdk_cpu']:.2f} (CPU); "
         f"SDK / raw HTTP = {cost['sdk_cpu'] / cost['http_cpu']:.2f} (CPU)\n"
     )
     print(
