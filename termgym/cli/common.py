@@ -16,8 +16,9 @@ from termgym.agents import AGENTS, ModelConfig, make_agent
 from termgym.agents.actions import ACTION_FORMATS
 from termgym.agents.model import CONTEXT_POLICIES
 from termgym.agents.settings import CLIENTS, build_model_agent
+from termgym.env import EnvOptions
 from termgym.errors import ConfigError
-from termgym.images.build import CONFIG_FILES
+from termgym.images.build import CONFIG_FILES, load_aliases
 from termgym.sandboxes import BACKENDS
 from termgym.tamper import TAMPER_POLICIES
 from termgym.trial import Agent
@@ -115,6 +116,19 @@ def agent_from_args(args: argparse.Namespace, *, connections: int = 1) -> Agent:
             raise UsageError(f"{flags}: model settings apply to --agent model only")
         return make_agent(name)
     return build_model_agent(ModelConfig.from_mapping(given), environ=os.environ, connections=max(1, connections))
+
+
+def env_options(args: argparse.Namespace, run_id: str, trials_dir: Path) -> EnvOptions:
+    """The episode options of a trial command (``check``, ``run``): its backend, image aliases,
+    tamper policy and turn budget, transcripts kept under ``trials_dir``."""
+    return EnvOptions(
+        backend=args.backend,
+        run_id=run_id,
+        image_aliases=load_aliases(args.image_alias),
+        tamper=args.tamper,
+        max_turns=args.max_turns,
+        trials_dir=str(trials_dir),
+    )
 
 
 async def close_agent(agent: Agent) -> None:

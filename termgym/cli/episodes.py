@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from termgym.cli import common
-from termgym.cli.common import INFRA_ERRORS, UsageError, agent_from_args, close_agent
+from termgym.cli.common import INFRA_ERRORS, UsageError, agent_from_args, close_agent, env_options
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, resolve_task
 from termgym.images.build import load_aliases
 from termgym.output import plain_text as plain
@@ -34,14 +34,7 @@ async def cmd_check(args: argparse.Namespace) -> int:
     agent = agent_from_args(args)
     await asyncio.to_thread(preflight, args.backend)
     run_id = f"check-{uuid.uuid4().hex[:8]}"
-    options = EnvOptions(
-        backend=args.backend,
-        run_id=run_id,
-        image_aliases=load_aliases(args.image_alias),
-        tamper=args.tamper,
-        max_turns=args.max_turns,
-        trials_dir=str(Path("runs") / run_id / "trials"),
-    )
+    options = env_options(args, run_id, Path("runs") / run_id / "trials")
     try:
         record = await run_trial(task, agent, options)
     finally:

@@ -18,9 +18,8 @@ from rich.table import Table
 from termgym.agents import ModelAgent, make_agent
 from termgym.agents.heap import settled_heap
 from termgym.cli import common
-from termgym.cli.common import UsageError, agent_from_args, close_agent
+from termgym.cli.common import UsageError, agent_from_args, close_agent, env_options
 from termgym.env import EnvOptions, resolve_task
-from termgym.images.build import load_aliases
 from termgym.output import plain_text as plain
 from termgym.progress import progress_bar
 from termgym.records import TrialRecord, append_record, read_records
@@ -229,16 +228,8 @@ async def run_steps(
         simulated = SimulatedBackend(seed=args.seed)
         runner = TrialRunner(SimulatedAgent(), simulated.options(run_id), pacer, sandbox_factory=simulated)
     else:
-        options = EnvOptions(
-            backend=args.backend,
-            run_id=run_id,
-            image_aliases=load_aliases(args.image_alias),
-            tamper=args.tamper,
-            max_turns=args.max_turns,
-            trials_dir=str(out_dir / "trials"),
-        )
         assert agent is not None
-        runner = TrialRunner(agent, options, pacer)
+        runner = TrialRunner(agent, env_options(args, run_id, out_dir / "trials"), pacer)
     records: list[TrialRecord] = []
     short = 0
     with progress_bar(common.err) as progress:
