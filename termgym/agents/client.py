@@ -315,7 +315,6 @@ class ChatClient:
     server: Server
     temperature: float = 1.0
     logprobs: bool = True
-    extra_body: dict[str, Any] = field(default_factory=dict)
     _dropped: set[str] = field(default_factory=set)
 
     @property
@@ -331,18 +330,17 @@ class ChatClient:
     async def aclose(self) -> None:
         await self.server.aclose()
 
-    async def create(self, body: dict[str, Any], deadline: float, transcript: Transcript | None) -> Any:
-        """``chat.completions.create`` with the optional fields the server accepts."""
+    async def create(self, body: dict[str, Any], deadline: float, transcript: Transcript | None) -> dict[str, Any]:
+        """``POST /chat/completions`` of ``body`` without the optional fields the server rejected."""
+        describe = f"{self.server.endpoint.base_url} chat completion"
         while True:
-            request = {k: v for k, v in body.items() if k not in self._dropped and k != "extra_body"}
-            extra = {**self.extra_body, **body.get("extra_body", {})}
-            extra = {k: v for k, v in extra.items() if k not in self._dropped}
+            request = {k: v for k, v in body.items() if k not in self._dropped}
             try:
-                describe = f"{self.server.endpoint.base_url} chat completion"
-                raw = await call(post(self.server.sdk, "/chat/completions", {**request, **extra}), deadline, describe)
-                return json_body(raw, describe)
+                return json_body(
+                    await call(post(self.server.sdk, "/chat/completions", request), deadline, describe), describe
+                )
             except ModelError as exc:
-                optional = [k for k in OPTIONAL_FIELDS if k in request or k in extra]
+                optional = [k for k in OPTIONAL_FIELDS if k in request]
                 name = None if isinstance(exc, ContextExceeded) else rejected_field(exc, optional)
                 if name is None:
                     raise
@@ -369,7 +367,7 @@ class ChatSession:
             "messages": messages,
             "temperature": client.temperature,
             "max_tokens": max_tokens,
-            "extra_body": {"return_token_ids": True},
+            "return_token_ids": True,
         }
         if tools:
             body["tools"] = tools
