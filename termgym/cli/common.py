@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,13 @@ from termgym.agents.model import CONTEXT_POLICIES
 from termgym.agents.settings import CLIENTS, build_model_agent
 from termgym.env import EnvOptions
 from termgym.errors import ConfigError
-from termgym.images.build import CONFIG_FILES, load_aliases
+from termgym.images.build import CONFIG_FILES, load_aliases, read_config_file
 from termgym.sandboxes import BACKENDS
+from termgym.summary import INFRASTRUCTURE
 from termgym.tamper import TAMPER_POLICIES
 from termgym.trial import Agent
 
-INFRA_ERRORS = ("sandbox_error", "build_failed", "model_error")  # check exits 1 on these
+INFRA_ERRORS = INFRASTRUCTURE  # check exits 1 on these: the faults a summary leaves out
 # Piped output is not wrapped at 80 columns: tables stay one row per line for tools and logs.
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -141,29 +141,24 @@ def apply_config_file(sub: argparse.ArgumentParser, command: str, files: tuple[s
     """Defaults for ``command`` from the first config file found: its ``[model]`` table, then its
     ``[<command>]`` table, keyed by flag names (``base-url`` or ``base_url``). Flags still win. A
     key the command has no flag for, or a value outside a flag's choices, is one line."""
-    for candidate in files:
-        path = Path(os.path.expanduser(candidate))
-        if not path.is_file():
-            continue
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-        actions = {a.dest: a for a in sub._actions}
-        defaults: dict[str, Any] = {}
-        for table in ("model", command):
-            values = data.get(table, {})
-            if not isinstance(values, dict):
-                raise ConfigError(f"{path}: [{table}] must be a table")
-            if table == "model" and "agent" not in actions:
-                continue
-            for key, value in values.items():
-                dest = key.replace("-", "_")
-                action = actions.get(dest)
-                if action is None or dest in ("help", "task", "tasks"):
-                    raise ConfigError(f"{path}: [{table}] {key}: `termgym {command}` has no such setting")
-                if action.choices is not None and value not in action.choices:
-                    raise ConfigError(f"{path}: [{table}] {key} must be one of {', '.join(map(str, action.choices))}")
-                defaults[dest] = Path(value) if action.type is Path and isinstance(value, str) else value
-        sub.set_defaults(**defaults)
+    found = read_config_file(files)
+    if found is None:
         return
+    path, data = found
+    actions = {a.dest: a for a in sub._actions}
+    defaults: dict[str, Any] = {}
+    for table in ("model", command):
+        values = data.get(table, {})
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: [{table}] must be a table")
+        if table == "model" and "agent" not in actions:
+            continue
+        for key, value in values.items():
+            dest = key.replace("-", "_")
+            action = actions.get(dest)
+            if action is None or dest in ("help", "task", "tasks"):
+                raise ConfigError(f"{path}: [{table}] {key}: `termgym {command}` has no such setting")
+            if action.choices is not None and value not in action.choices:
+                raise ConfigError(f"{path}: [{table}] {key} must be one of {', '.join(map(str, action.choices))}")
+            defaults[dest] = Path(value) if action.type is Path and isinstance(value, str) else value
+    sub.set_defaults(**defaults)

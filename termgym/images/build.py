@@ -22,6 +22,7 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from termgym.errors import ConfigError, EnvironmentBuildError
 
@@ -46,20 +47,30 @@ def parse_alias(text: str) -> tuple[str, str]:
     return name.strip(), target.strip()
 
 
-def load_aliases(cli: Sequence[str] = (), config_files: Sequence[str] = CONFIG_FILES) -> dict[str, str]:
-    """Defaults, then ``[images.aliases]`` of the first config file found, then ``--image-alias``."""
-    aliases = dict(DEFAULT_ALIASES)
+def read_config_file(config_files: Sequence[str] = CONFIG_FILES) -> tuple[Path, dict[str, Any]] | None:
+    """The first of ``config_files`` that exists and its TOML, or None when there is none; a file
+    that is not TOML is one line (``ConfigError``). Image aliases and the command line's defaults
+    both read it."""
     for candidate in config_files:
         path = Path(os.path.expanduser(candidate))
         if path.is_file():
             try:
-                table = tomllib.loads(path.read_text()).get("images", {}).get("aliases", {})
-            except tomllib.TOMLDecodeError as exc:
-                raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
-            if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
-                raise ConfigError(f"{path}: [images.aliases] must map image names to image names")
-            aliases.update(table)
-            break
+                return path, tomllib.loads(path.read_text(encoding="utf-8"))
+            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    return None
+
+
+def load_aliases(cli: Sequence[str] = (), config_files: Sequence[str] = CONFIG_FILES) -> dict[str, str]:
+    """Defaults, then ``[images.aliases]`` of the first config file found, then ``--image-alias``."""
+    aliases = dict(DEFAULT_ALIASES)
+    found = read_config_file(config_files)
+    if found is not None:
+        path, data = found
+        table = data.get("images", {}).get("aliases", {})
+        if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+            raise ConfigError(f"{path}: [images.aliases] must map image names to image names")
+        aliases.update(table)
     aliases.update(parse_alias(item) for item in cli)
     return aliases
 
