@@ -33,7 +33,7 @@ from termgym.envs.families import generate_split
 from termgym.tasks import load_task
 from termgym.trainer.config import PRESETS, Config
 from termgym.trainer.evaluate import evaluate, paired_change
-from termgym.trainer.models import load_policy
+from termgym.trainer.models import load_policy, policy_renderer
 from termgym.trainer.pipeline import reinforce
 from termgym.trainer.rollout import rollout_options, rollout_settings
 
@@ -84,7 +84,7 @@ async def main_async(args) -> int:
         for policy, tokenizer in policies:
             summary, _ = await evaluate(
                 policy,
-                tokenizer,
+                policy_renderer(run / "sft" / "policy", tokenizer, cfg),
                 tasks,
                 rollout_options(cfg, f"effect-{out.name}"),
                 rollout_settings(cfg),

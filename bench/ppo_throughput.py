@@ -25,7 +25,7 @@ from termgym.trainer.batch import Batch, forward_logp, forward_values, make_batc
 from termgym.trainer.config import Config
 from termgym.trainer.models import Critic, build_tiny_policy, load_policy
 from termgym.trainer.ppo import ppo_update
-from termgym.trainer.rollout import Trajectory
+from termgym.trainer.rollout import Sample, Trajectory
 
 
 def synthetic_batch(batch: int, length: int, vocab: int, pad_id: int) -> Batch:
@@ -39,7 +39,8 @@ def synthetic_batch(batch: int, length: int, vocab: int, pad_id: int) -> Batch:
         mask = [int(m) for m in mask]
         logprobs = [-7.0 * m for m in mask]
         reward = float(torch.rand((), generator=g))
-        trajectories.append(Trajectory(task="bench", ids=ids, loss_mask=mask, logprobs=logprobs, reward=reward))
+        sample = Sample(ids=ids, loss_mask=mask, logprobs=logprobs)
+        trajectories.append(Trajectory(task="bench", samples=[sample], reward=reward))
     return make_batch(trajectories, [1.0] * batch, pad_id)
 
 

@@ -31,41 +31,70 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from termgym.env import SUBMIT
+from termgym.agents.model import LoopSettings
+from termgym.agents.renderers import make_renderer
+from termgym.env import SUBMIT, EnvOptions
 from termgym.trainer import losses
 from termgym.trainer.batch import forward_logp, make_batch
-from termgym.trainer.chat import ChatFormat
 from termgym.trainer.models import build_tiny_policy, load_policy
-from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, retokenized, token_drift
+from termgym.trainer.rollout import (
+    SHORT_TEXT_SYSTEM,
+    RolloutSettings,
+    Trajectory,
+    retokenized,
+    run_policy_episode,
+    token_drift,
+)
 from termgym.trainer.routing import record_routing, replay_routing, stack_routing
 from termgym.trainer.sampler import BatchedSampler
+from termgym.transcript import Transcript
 
 INSTRUCTION = "Count the words in /app/notes.txt and write the total to /app/count.txt"
 OBSERVATIONS = ["notes.txt  data.csv\n", "  42 /app/notes.txt\n", "cat: /app/count.txt: No such file or directory\n"]
 
 
 class ScriptedEnv:
-    """Answers each command with the next scripted observation; ends after three commands or on SUBMIT."""
+    """What the model agent uses of an environment: each command answered with the next scripted
+    observation; it ends after three commands, on SUBMIT, or when the agent truncates."""
 
     def __init__(self) -> None:
         self.done, self.turns = False, 0
+        self.options, self.transcript, self.remaining_time = EnvOptions(max_turns=3), Transcript(task="bench"), 1e9
 
-    async def step(self, action: str):
+    async def step(self, action: str, *, timeout: float | None = None):
         if action == SUBMIT:
             self.done = True
+            self.transcript.stop("submitted")
             return "", 0.0, True, False, {}
         observation = OBSERVATIONS[self.turns % len(OBSERVATIONS)]
         self.turns += 1
         self.done = self.turns >= 3
-        return observation, 0.0, False, self.done, {}
+        self.transcript.step(action, timeout, {}, observation)
+        return observation, 0.0, False, self.done, {"output": observation, "exit_code": 0, "timed_out": False}
+
+    async def truncate(self, reason):
+        self.done = True
+        self.transcript.stop(reason)
+        return "", 0.0, False, True, {}
 
 
 async def roll_out(sampler, tokenizer, episodes: int) -> list[Trajectory]:
-    chat, settings = ChatFormat(tokenizer), RolloutSettings(max_new_tokens=24, max_context=512, observation_tokens=32)
+    renderer = make_renderer("chatml", tokenizer)
+    loop = LoopSettings(action_format="text", max_tokens=24, context="none", system_prompt=SHORT_TEXT_SYSTEM)
+    settings = RolloutSettings(loop, max_context=512, observation_tokens=32)
     trajectories = [Trajectory(task="bench", launch=i) for i in range(episodes)]
     await asyncio.gather(
         *[
-            drive_episode(ScriptedEnv(), INSTRUCTION, sampler, chat, settings, torch.Generator().manual_seed(i), t)
+            run_policy_episode(
+                ScriptedEnv(),
+                INSTRUCTION,
+                {},
+                sampler,
+                renderer,
+                settings,
+                torch.Generator().manual_seed(i),
+                t,  # pyright: ignore[reportArgumentType]
+            )
             for i, t in enumerate(trajectories)
         ]
     )

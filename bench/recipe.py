@@ -40,12 +40,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rich.console import Console
 from rich.table import Table
 
+from termgym.agents.renderers import make_renderer
 from termgym.cli import run_command
 from termgym.records import TrialRecord
 from termgym.tasks import load_task
 from termgym.trainer.config import PRESETS, Config
 from termgym.trainer.evaluate import EvalSummary, paired_change, sign_test, summarise_records
-from termgym.trainer.models import load_policy
+from termgym.trainer.models import TINY_FAMILY, load_policy, policy_renderer, tiny_tokenizer
 from termgym.trainer.pipeline import (
     Pool,
     build_policy,
@@ -68,8 +69,8 @@ async def reuse_pool(pool_dir: Path) -> Pool:
 
 def reuse_demonstration(line: str) -> Demonstration:
     """One line of the ``demonstrations.jsonl`` an earlier run wrote (JSON lists back to tuples)."""
-    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(line).items()}
-    return Demonstration(**fields)
+    fields: dict[str, Any] = json.loads(line)
+    return Demonstration(**{**fields, "commands": tuple(fields["commands"])})
 
 
 def bench_config(quick: bool) -> Config:
@@ -140,11 +141,12 @@ async def one_seed(
         run.mkdir(parents=True)
         policy, tokenizer = build_policy(run, cfg, console)
         warm_start(run, cfg, demos, policy, tokenizer, console)
+    renderer = policy_renderer(start, tokenizer, cfg)
     sft = finished_eval(run, "sft", n) if resume else None
     out: dict = {
         "sft": {
             "heldout": sft
-            or (await held_out(run, cfg, "sft", policy, tokenizer, pool.heldout, console)).greedy.to_dict()
+            or (await held_out(run, cfg, "sft", policy, renderer, pool.heldout, console)).greedy.to_dict()
         }
     }
 
@@ -165,7 +167,7 @@ async def one_seed(
             if done is None:
                 (run / "eval" / f"{name}.jsonl").unlink(missing_ok=True)
                 trained, _ = load_policy(run / name / "policy")
-                done = (await held_out(run, cfg, name, trained, tokenizer, pool.heldout, console)).greedy.to_dict()
+                done = (await held_out(run, cfg, name, trained, renderer, pool.heldout, console)).greedy.to_dict()
             out[name]["heldout"] = done
         return metrics
 
@@ -297,7 +299,8 @@ async def main_async(args) -> int:
         pool = await prepare_pool(
             root / "pool", replace(cfg, seed=0), console
         )  # one pool and held-out set for every seed
-        demos = await record_demonstrations(root / "pool", cfg, pool.selection, console)  # the same for every seed
+        renderer = make_renderer(TINY_FAMILY, tiny_tokenizer())  # every seed's tokenizer is this one
+        demos = await record_demonstrations(root / "pool", cfg, pool.selection, renderer, console)
     results = [
         await one_seed(root, replace(cfg, seed=seed), pool, demos, console, args.resume, frozenset(args.skip))
         for seed in args.seeds

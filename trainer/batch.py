@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
+from termgym.errors import TrainingError
 from termgym.trainer import losses
 from termgym.trainer.routing import NOT_RECORDED, ROUTING_DTYPE
 
@@ -39,7 +40,7 @@ def pad_batch(
 
 
 class Batch(TypedDict):
-    """A step's trajectories as the PPO update's tensors (``make_batch``)."""
+    """A step's trajectories as the PPO update's tensors (``make_batch``): one row per sample."""
 
     ids: torch.Tensor
     attention: torch.Tensor
@@ -50,39 +51,46 @@ class Batch(TypedDict):
     routing: torch.Tensor | None
     episode_rewards: torch.Tensor
     groups: list[str]
+    row_episode: torch.Tensor
 
 
 def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad_id: int) -> Batch:
-    """Right-padded tensors. Per-token arrays have ``T - 1`` columns, aligned with the *predicted*
-    token ``ids[:, 1:]``: ``mask`` (1 on sampled tokens), ``rollout_logp``, ``rewards`` (the
-    episode's reward on its last sampled token), ``weights`` (the scheduler's per-trial weight).
-    ``routing`` is aligned with ``ids`` (``[n, T, layers, top_k]``, -1 where not recorded and on
-    padding), or None when any trajectory has none. ``episode_rewards`` and ``groups`` (task names)
-    have one entry per trajectory."""
-    ids, attention, mask = pad_batch([(t.ids, t.loss_mask) for t in trajectories], pad_id)
+    """Right-padded tensors, one row per sample (segment) of every trajectory. Per-token arrays have
+    ``T - 1`` columns, aligned with the *predicted* token ``ids[:, 1:]``: ``mask`` (1 on sampled
+    tokens), ``rollout_logp``, ``rewards`` (the episode's reward on each sample's last sampled
+    token: every segment carries the episode's reward), ``weights`` (the scheduler's per-trial
+    weight, on each of its rows). ``routing`` is aligned with ``ids`` (``[rows, T, layers, top_k]``,
+    -1 where not recorded and on padding), or None when any sample has none. ``episode_rewards``
+    and ``groups`` (task names) have one entry per trajectory; ``row_episode`` maps each row to its
+    trajectory."""
+    rows = [(sample, episode) for episode, t in enumerate(trajectories) for sample in t.samples]
+    if not rows:
+        raise TrainingError("no trajectory sampled anything: there is nothing to train on")
+    ids, attention, mask = pad_batch([(s.ids, s.loss_mask) for s, _ in rows], pad_id)
     n, width = ids.shape
     rollout_logp, rewards = torch.zeros((n, width)), torch.zeros((n, width))
-    for row, t in enumerate(trajectories):
-        rollout_logp[row, : len(t.ids)] = torch.tensor(t.logprobs, dtype=torch.float32)
-        sampled = [i for i, m in enumerate(t.loss_mask) if m]
+    for row, (s, episode) in enumerate(rows):
+        rollout_logp[row, : len(s.ids)] = torch.tensor(s.logprobs, dtype=torch.float32)
+        sampled = [i for i, m in enumerate(s.loss_mask) if m]
         if sampled:
-            rewards[row, sampled[-1]] = t.reward
+            rewards[row, sampled[-1]] = trajectories[episode].reward
     routing: torch.Tensor | None = None
-    recorded = [t.routing for t in trajectories if t.routing is not None]
-    if trajectories and len(recorded) == len(trajectories):
+    recorded = [s.routing for s, _ in rows if s.routing is not None]
+    if len(recorded) == len(rows):
         routing = torch.full((n, width, *recorded[0].shape[1:]), NOT_RECORDED, dtype=ROUTING_DTYPE)
-        for row, (t, t_routing) in enumerate(zip(trajectories, recorded)):
-            routing[row, : len(t.ids)] = t_routing
+        for row, ((s, _), s_routing) in enumerate(zip(rows, recorded)):
+            routing[row, : len(s.ids)] = s_routing
     return {
         "ids": ids,
         "attention": attention,
         "mask": mask,
         "rollout_logp": rollout_logp[:, 1:],
         "rewards": rewards[:, 1:],
-        "weights": torch.tensor(list(weights), dtype=torch.float32),
+        "weights": torch.tensor([float(weights[episode]) for _, episode in rows], dtype=torch.float32),
         "routing": routing,
         "episode_rewards": torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         "groups": [t.task for t in trajectories],
+        "row_episode": torch.tensor([episode for _, episode in rows], dtype=torch.long),
     }
 
 

@@ -46,7 +46,19 @@ class Config:
     max_context: int = 1024
     """tokens per episode, prompt and observations included; beyond it the episode is truncated"""
     observation_tokens: int = 128
-    """tokens kept of each observation"""
+    """tokens kept of each observation (head and tail)"""
+    renderer: str = "auto"
+    """the policy's chat format: auto (decided from the model directory's files), chatml (Qwen2.5/Qwen3), qwen-xml (Qwen3.5, Qwen3-Coder), llama3, or template (the tokenizer's own chat template, its prefix checked every turn)"""
+    thinking: str = "cycle"
+    """earlier reasoning kept in the prompt: all, cycle (within the tool cycle, Qwen3's rule) or strip (every reply with reasoning then starts a new segment)"""
+    action_format: str = "tool"
+    """how a reply asks for a command: tool (a bash tool call in the renderer's format) or text (one fenced ```bash block)"""
+    system_prompt: str = ""
+    """the agent's system prompt; empty: the action format's own (a one-line prompt for the text format)"""
+    context: str = "none"
+    """when a segment's context fills up: none (the episode ends, context_exhausted), truncate (elide old observations: a new segment) or summarize (the policy summarizes: a new segment)"""
+    max_parse_errors: int = 3
+    """replies in a row that do not parse before the episode ends"""
     advantage: str = "gae"
     """gae: GAE over the critic's token values (the recipe); group: no critic, each episode's reward minus the mean of the other episodes of its task in the batch (RLOO), the same for all its tokens; launch several episodes per task with --group-size"""
     group_size: int = 1
@@ -86,7 +98,11 @@ class Config:
     routing_replay: bool = True
     """R3 for MoE policies: the log-prob recompute and the loss forwards use the experts the sampler chose at sampled tokens (prompt and observation tokens route freely); turns the router load-balancing loss off. No effect on a dense policy"""
     generator: str = "torch"
-    """rollout engine: torch (the policy's own batched forward; records MoE routing) or vllm (a vLLM engine in its own processes, weights published into it each step and checked against the trainer's log-probs; needs head_dim >= 64; on CPU it cannot return routed experts, so R3 is off for that run)"""
+    """rollout engine: torch (the policy's own batched forward; records MoE routing), vllm (a vLLM engine in its own processes, weights published into it each step and checked against the trainer's log-probs; needs head_dim >= 64; on CPU it cannot return routed experts, so R3 is off for that run) or server (a running vllm serve at --base-url, weights published to it each step; see docs/guides/training.md)"""
+    base_url: str = ""
+    """with --generator server: the server's OpenAI-compatible URL, e.g. http://127.0.0.1:8000/v1"""
+    served_model: str = ""
+    """with --generator server: the model's name on the server (its --served-model-name)"""
     sampler_dtype: str = "float32"
     """torch generator's precision: float32 (the trainer's) or bfloat16, a sampler that differs numerically from the trainer as production samplers do (what R3 is for)"""
     reward: str = "dense"
@@ -140,6 +156,7 @@ PRESETS: dict[str, dict] = {
         max_new_tokens=48,
         max_context=512,
         observation_tokens=64,
+        action_format="text",
         actor_lr=2e-4,
         critic_lr=1e-3,
         kl_coef=0.5,
@@ -161,9 +178,10 @@ PRESETS: dict[str, dict] = {
         concurrency=4,
         max_turns=2,
         command_timeout=5.0,
-        max_new_tokens=16,
+        max_new_tokens=24,
         max_context=1024,
         observation_tokens=64,
+        action_format="text",
         actor_lr=1e-4,
         critic_lr=1e-3,
         update_epochs=2,
@@ -235,7 +253,11 @@ def warmup_steps(cfg: Config) -> int:
 
 CHOICES = {
     "mode": MODES,
-    "generator": ("torch", "vllm"),
+    "generator": ("torch", "vllm", "server"),
+    "thinking": ("all", "cycle", "strip"),
+    "action_format": ("tool", "text"),
+    "context": ("none", "truncate", "summarize"),
+    "renderer": ("auto", "chatml", "qwen-xml", "llama3", "template"),
     "advantage": ("gae", "group"),
     "reward": ("dense", "binary"),
     "sampler_dtype": ("float32", "bfloat16"),
@@ -249,6 +271,10 @@ def check_config(cfg: Config) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose one of {', '.join(allowed)}")
     if cfg.kl_coef < 0:
         raise ConfigError(f"--kl-coef must be at least 0, got {cfg.kl_coef}")
+    if cfg.generator == "server" and not (cfg.base_url and cfg.served_model):
+        raise ConfigError(
+            "--generator server needs --base-url URL and --served-model NAME (the vllm serve that samples the policy)"
+        )
     if cfg.advantage == "group" and cfg.group_size < 2:
         raise ConfigError("--advantage group compares episodes of the same task: give --group-size 2 or more")
     for name in (
@@ -258,6 +284,7 @@ def check_config(cfg: Config) -> None:
         "concurrency",
         "max_turns",
         "max_new_tokens",
+        "max_parse_errors",
         "update_epochs",
         "group_size",
     ):

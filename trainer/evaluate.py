@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from termgym.agents.renderers import Renderer
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.records import TrialRecord
 from termgym.tasks import Task
-from termgym.trainer.chat import ChatFormat
-from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, stream_seed
-from termgym.trainer.sampler import BatchedSampler
+from termgym.trainer.rollout import RolloutSettings, Trajectory, run_policy_episode, stream_seed
+from termgym.trainer.sampler import BatchedSampler, Sampler
 from termgym.trial import Step, run_trials
 
 
@@ -108,22 +108,22 @@ def summarise_records(records: Sequence[TrialRecord], samples: int = 0) -> EvalS
 
 @dataclass
 class _EvalAgent:
-    sampler: BatchedSampler
-    chat: ChatFormat
+    sampler: Sampler
+    renderer: Renderer
     settings: RolloutSettings
     generator: torch.Generator | None  # None: greedy
     trajectory: Trajectory
     name: str = "policy-eval"
 
     async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
-        return await drive_episode(
-            env, instruction, self.sampler, self.chat, self.settings, self.generator, self.trajectory
+        return await run_policy_episode(
+            env, instruction, info, self.sampler, self.renderer, self.settings, self.generator, self.trajectory
         )
 
 
 async def evaluate(
     policy,
-    tokenizer,
+    renderer: Renderer,
     tasks: Sequence[Task],
     options: EnvOptions,
     settings: RolloutSettings,
@@ -131,19 +131,23 @@ async def evaluate(
     concurrency: int = 8,
     samples: int = 0,
     seed: int = 0,
+    sampler: Sampler | None = None,
     on_record: Callable[[TrialRecord, Trajectory], None] | None = None,
 ) -> tuple[EvalSummary, list[TrialRecord]]:
-    """Run ``policy`` on each task, greedily once (``samples=0``) or ``samples`` times at
-    temperature 1, ``concurrency`` trials at a time (their next-token requests batched together);
-    returns the summary and the records in task order."""
-    sampler = BatchedSampler(copy.deepcopy(policy).eval(), pad_id=tokenizer.pad_token_id, record_routing=False)
-    chat = ChatFormat(tokenizer)
+    """Run ``policy`` on each task through the model agent's loop, greedily once (``samples=0``) or
+    ``samples`` times at temperature 1, ``concurrency`` trials at a time (their next-token requests
+    batched together); returns the summary and the records in task order. ``sampler``: what
+    samples (default: the torch sampler over a copy of ``policy``)."""
+    if sampler is None:
+        pad_id = renderer.tokenizer.pad_token_id
+        sampler = BatchedSampler(copy.deepcopy(policy).eval(), pad_id=pad_id or 0, record_routing=False)
+    chosen: Sampler = sampler
 
     def agent(task: Task, sample: int | None) -> _EvalAgent:
         generator = (
             None if sample is None else torch.Generator().manual_seed(stream_seed("eval", seed, task.name, sample))
         )
-        return _EvalAgent(sampler, chat, settings, generator, Trajectory(task=task.name))
+        return _EvalAgent(chosen, renderer, settings, generator, Trajectory(task=task.name))
 
     def recorded(record: TrialRecord, agent: _EvalAgent) -> None:
         if on_record is not None:

@@ -14,6 +14,15 @@ rounding, whatever is cached and however rows are batched; a forward never compu
 position again; ``forget`` drops an ended episode's entries; the cache holds at most ``capacity``
 entries (least recently used dropped first). Weights that change make every entry stale: call
 ``clear``.
+
+Only for models whose every layer is full attention (``supports_prefix_cache``): a prefix's keys
+and values then are all its later positions read. A model with any other layer is refused
+(``UnsupportedPrefixCache``) and ``BatchedSampler`` runs it without the cache: a sliding-window
+layer, and a linear-attention or other recurrent layer (Qwen3.5's Gated DeltaNet), whose cache is
+a state after the last position read, not per-position keys and values. Reusing that state would
+need, per row, the state at the row's own end (a right-padded batch runs its padding through the
+recurrence, which decays the state) and the state one position back (the last position is always
+recomputed); transformers' layers return only the state after the whole padded forward.
 """
 
 from __future__ import annotations
@@ -25,9 +34,28 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import CacheLayerMixin
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
+from termgym.errors import ConfigError
 from termgym.trainer.routing import record_routing, stack_routing
+
+
+class UnsupportedPrefixCache(ConfigError):
+    """The model has a layer whose cache is not per-position keys and values of full attention."""
+
+
+def supports_prefix_cache(model) -> bool:
+    """Whether ``model``'s every layer caches exactly the full-attention keys and values of the
+    positions it read, as transformers lays out its cache for the model's configuration (a
+    linear-attention, recurrent, sliding-window or chunked layer, or a model without a config: no)."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return False
+    try:
+        layers = DynamicCache(config=config).layers
+    except (AttributeError, KeyError, TypeError, ValueError):  # a layer type transformers cannot lay out
+        return False
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
 @dataclass
@@ -100,7 +128,12 @@ def cached_next_token_logprobs(
     one forward over the parts ``cache`` does not hold; every sequence is then cached whole. With
     ``positions`` (per sequence, positions of it), also returns the experts that computed each of
     those positions (``[len(positions[row]), MoE layers, top_k]`` per row, int16), from this
-    forward or, for a cached position, from the forward that cached it."""
+    forward or, for a cached position, from the forward that cached it. Raises
+    ``UnsupportedPrefixCache`` for a model ``supports_prefix_cache`` refuses."""
+    if not supports_prefix_cache(model):
+        raise UnsupportedPrefixCache(
+            f"{type(model).__name__}: not every layer is full attention; the prefix key/value cache cannot serve it"
+        )
     rows = len(sequences)
     hits = [cache.lookup(seq) for seq in sequences]
     if positions is not None:  # an entry cached without its routing cannot answer for its positions

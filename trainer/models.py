@@ -17,7 +17,6 @@ from torch import nn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers reads it
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -28,12 +27,13 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from termgym.agents.renderers import Renderer, renderer_for_model_dir
 from termgym.errors import ConfigError
+from termgym.trainer.tokenizer import train_family_tokenizer
 
 hf_logging.disable_progress_bar()  # loading a local directory needs no progress bar
 
-IM_START, IM_END, SUBMIT_TOKEN, PAD = "<|im_start|>", "<|im_end|>", "<|submit|>", "<|pad|>"
-SPECIAL_TOKENS = (PAD, IM_START, IM_END, SUBMIT_TOKEN)
+TINY_FAMILY = "chatml"  # the tiny policy's chat format: ChatML with Qwen3's special tokens
 
 # Words a shell agent types, so that they are single tokens even if no bundled task uses them.
 SHELL_VOCABULARY = """
@@ -66,26 +66,19 @@ def corpus_texts(envs_root: Path) -> list[str]:
     return texts + [" ".join(words), "\n".join(words)] * 40
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
-    """A byte-level BPE trained on ``texts``, with the chat special tokens as single ids
-    (``<|pad|>`` is id 0)."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        pad_token=PAD,
-        eos_token=IM_END,
-        bos_token=IM_START,
-        additional_special_tokens=[SUBMIT_TOKEN],
-    )
+def agent_framing() -> list[str]:
+    """What the model agent says around the task in the tiny presets' text format: the trainer's
+    system prompt, the working directory line, an observation's exit code."""
+    from termgym.agents.prompts import observation, task_prompt
+    from termgym.trainer.rollout import SHORT_TEXT_SYSTEM
+
+    return [SHORT_TEXT_SYSTEM, task_prompt("", "/app"), observation("", 0, False, max_chars=10)]
+
+
+def train_tokenizer(texts: list[str], vocab_size: int = 1024, family: str = TINY_FAMILY) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on ``texts``, with the special tokens of the chat format ``family``
+    as single ids (the pad token is id 0) and the project's chat template for it."""
+    return train_family_tokenizer(texts, family, vocab_size)
 
 
 def tiny_config(
@@ -123,6 +116,16 @@ def tiny_config(
     )
 
 
+def tiny_tokenizer(envs_root: Path | None = None, vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """The tiny policy's tokenizer: trained on the bundled tasks' text (``corpus_texts``), in the
+    ``TINY_FAMILY`` chat format; the same for every seed."""
+    if envs_root is None:
+        from termgym.bundled import bundled_root
+
+        envs_root = Path(bundled_root())
+    return train_tokenizer(corpus_texts(envs_root) + agent_framing() * 40, vocab_size)  # the framing in few tokens
+
+
 def build_tiny_policy(
     out_dir: str | os.PathLike,
     envs_root: Path | None = None,
@@ -137,11 +140,7 @@ def build_tiny_policy(
     """Train the tokenizer, build a randomly initialised tiny Qwen3-MoE policy (``seed``), and save
     both to ``out_dir`` as a normal model directory. Returns ``out_dir``. ``head_dim`` as in
     ``tiny_config`` (64 for a policy vLLM serves on CPU)."""
-    if envs_root is None:
-        from termgym.bundled import bundled_root
-
-        envs_root = Path(bundled_root())
-    tokenizer = train_tokenizer(corpus_texts(envs_root), vocab_size)
+    tokenizer = tiny_tokenizer(envs_root, vocab_size)
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(
         tiny_config(len(tokenizer), hidden=hidden, layers=layers, experts=experts, head_dim=head_dim)
@@ -153,13 +152,23 @@ def build_tiny_policy(
 
 
 def load_policy(model_dir: str | os.PathLike) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """A causal LM and its tokenizer from a local directory, in float32 and eval mode."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    for token in (IM_END, SUBMIT_TOKEN):
-        if tokenizer.convert_tokens_to_ids(token) in (None, tokenizer.unk_token_id):
-            raise ConfigError(f"{model_dir}: the tokenizer has no {token} token; the trainer needs it")
+    """A causal LM and its tokenizer from a local directory, in float32 and eval mode. A tokenizer
+    without a pad token pads with its eos token (padding is masked out everywhere)."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot load the policy {model_dir}: {' '.join(str(exc).split())[:300]}") from None
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise ConfigError(f"{model_dir}: the tokenizer has neither a pad nor an eos token")
+        tokenizer.pad_token = tokenizer.eos_token
     return model.eval(), tokenizer
+
+
+def policy_renderer(model_dir: str | os.PathLike, tokenizer, cfg) -> Renderer:
+    """The renderer ``cfg.renderer`` names for the policy in ``model_dir`` (auto: from its files)."""
+    return renderer_for_model_dir(model_dir, cfg.renderer, thinking=cfg.thinking, tokenizer=tokenizer)
 
 
 class Critic(nn.Module):

@@ -44,21 +44,13 @@ from termgym.errors import ConfigError, TermgymError
 from termgym.progress import progress_bar
 from termgym.records import TrialRecord, append_record
 from termgym.tasks import Task, load_task
-from termgym.trainer.chat import ChatFormat
 from termgym.trainer.config import Config, warmup_steps
 from termgym.trainer.evaluate import EvalSummary, evaluate, paired_change
-from termgym.trainer.models import build_tiny_policy, load_policy
+from termgym.trainer.models import build_tiny_policy, load_policy, policy_renderer
 from termgym.trainer.plots import write_plots
 from termgym.trainer.ppo import train
 from termgym.trainer.rollout import rollout_options, rollout_settings
-from termgym.trainer.sft import (
-    Demonstration,
-    budget_problem,
-    collect_demonstrations,
-    demonstration_tokens,
-    save_demonstrations,
-    supervised_train,
-)
+from termgym.trainer.sft import Demonstration, collect_demonstrations, save_demonstrations, supervised_train
 from termgym.trainer.vllm_sampler import policy_head_dim
 
 
@@ -193,7 +185,9 @@ def build_policy(run: Path, cfg: Config, console: Console):
     return policy, tokenizer
 
 
-async def record_demonstrations(run: Path, cfg: Config, selection: list[Task], console: Console) -> list[Demonstration]:
+async def record_demonstrations(
+    run: Path, cfg: Config, selection: list[Task], renderer, console: Console
+) -> list[Demonstration]:
     """Phase 4a: the reference trajectories of ``selection`` (resolved ones only), recorded in
     fresh sandboxes; ``run/sft/demonstrations.jsonl`` and every trial's record in ``run/sft/records.jsonl``."""
     with progress_bar(console) as progress:
@@ -203,24 +197,25 @@ async def record_demonstrations(run: Path, cfg: Config, selection: list[Task], c
             append_record(run / "sft" / "records.jsonl", record)
             progress.advance(bar)
 
-        demos = await collect_demonstrations(
+        found = await collect_demonstrations(
             selection,
             lambda task: reference_commands(task.path),
             rollout_options(cfg, f"reference-{run.name}"),
+            renderer,
+            rollout_settings(cfg),
             concurrency=cfg.concurrency,
             on_record=recorded,
         )
-    save_demonstrations(run / "sft" / "demonstrations.jsonl", demos)
-    return demos
+    if found.problems:
+        raise ConfigError(f"{found.problems[0]}: the policy could never complete that task (raise the budget)")
+    save_demonstrations(run / "sft" / "demonstrations.jsonl", found.demonstrations)
+    return found.demonstrations
 
 
 def warm_start(run: Path, cfg: Config, demos: list[Demonstration], policy, tokenizer, console: Console) -> list[float]:
     """Phase 4b: train ``policy`` on ``demos`` for ``cfg.sft_steps`` steps and save it to
     ``run/sft/policy``; returns the loss of every step."""
-    chat = ChatFormat(tokenizer)
-    rows = [demonstration_tokens(chat, demo, cfg.observation_tokens) for demo in demos]
-    if problem := budget_problem(demos, rows, cfg.max_new_tokens, cfg.max_context):
-        raise ConfigError(f"{problem}: the policy could never complete that task (raise the budget)")
+    rows = [(demo.ids, demo.mask) for demo in demos]
     began = time.monotonic()
     with progress_bar(console) as progress:
         bar = progress.add_task(f"4/7 supervised warm start on {len(demos)} trajectories", total=cfg.sft_steps)
@@ -246,9 +241,7 @@ def warm_start(run: Path, cfg: Config, demos: list[Demonstration], policy, token
     return losses
 
 
-async def held_out(
-    run: Path, cfg: Config, label: str, model, tokenizer, tasks: list[Task], console: Console
-) -> HeldOut:
+async def held_out(run: Path, cfg: Config, label: str, model, renderer, tasks: list[Task], console: Console) -> HeldOut:
     """Greedy evaluation on the held-out set (one record per task in ``run/eval/LABEL.jsonl``),
     then ``cfg.eval_samples`` sampled episodes per task (``run/eval/LABEL-sampled.jsonl``), with
     the same draws whatever the label."""
@@ -263,7 +256,7 @@ async def held_out(
 
             summary, _ = await evaluate(
                 model,
-                tokenizer,
+                renderer,
                 tasks,
                 rollout_options(cfg, f"eval-{name}-{run.name}"),
                 rollout_settings(cfg),
@@ -303,12 +296,13 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     pool = await prepare_pool(run, cfg, console)
     timings["tasks_and_audit"] = time.monotonic() - began
     policy, tokenizer = build_policy(run, cfg, console)
+    renderer = policy_renderer(run / "init", tokenizer, cfg)
     began = time.monotonic()
-    demos = await record_demonstrations(run, cfg, pool.selection, console)
+    demos = await record_demonstrations(run, cfg, pool.selection, renderer, console)
     losses = warm_start(run, cfg, demos, policy, tokenizer, console)
     timings["supervised"] = time.monotonic() - began
     began = time.monotonic()
-    before = await held_out(run, cfg, "sft", policy, tokenizer, pool.heldout, console)
+    before = await held_out(run, cfg, "sft", policy, renderer, pool.heldout, console)
     timings["evaluation"] = time.monotonic() - began
     began = time.monotonic()
     console.print(
@@ -319,7 +313,7 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     timings["ppo"] = time.monotonic() - began
     began = time.monotonic()
     trained, _ = load_policy(run / "ppo" / "policy")
-    after = await held_out(run, cfg, "ppo", trained, tokenizer, pool.heldout, console)
+    after = await held_out(run, cfg, "ppo", trained, renderer, pool.heldout, console)
     timings["evaluation"] += time.monotonic() - began
     plots = write_plots(run / "plots", metrics, sft_losses=losses, warmup_steps=warmup_steps(cfg))
     change = paired_change(before.greedy, after.greedy)

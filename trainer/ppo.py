@@ -26,6 +26,7 @@ both models with FSDP2 instead (FSDP reduces the gradients; checkpoints hold who
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import sys
@@ -58,11 +59,10 @@ from termgym.scheduling.scheduler import (
 from termgym.tasks import Task, load_task
 from termgym.trainer import losses
 from termgym.trainer.batch import Batch, forward_logp, forward_values, make_batch
-from termgym.trainer.chat import ChatFormat
 from termgym.trainer.checkpoint import load_checkpoint, restore_optimizers, save_checkpoint
 from termgym.trainer.config import Config, check_config, warmup_steps
 from termgym.trainer.distributed import FULL, shard, sync_gradients, world
-from termgym.trainer.models import Critic, build_tiny_policy, load_policy
+from termgym.trainer.models import Critic, build_tiny_policy, load_policy, policy_renderer
 from termgym.trainer.rollout import (
     PolicyRunner,
     Trajectory,
@@ -130,7 +130,7 @@ def ppo_update(
         b_advantages = losses.whiten(b_advantages, b_mask)
     else:
         per_episode = losses.leave_one_out_advantages(batch["episode_rewards"], batch["groups"])
-        b_advantages = losses.scale_to_unit(per_episode[:, None] * b_mask, b_mask)
+        b_advantages = losses.scale_to_unit(per_episode[batch["row_episode"]][:, None] * b_mask, b_mask)
     metrics = {
         "explained_variance": losses.explained_variance(b_returns, b_values, b_mask) if b_values is not None else None,
         "entropy": float(losses.masked_mean(b_entropy, b_mask)),
@@ -194,21 +194,42 @@ def ppo_update(
 # -- the loop --------------------------------------------------------------------------------------
 
 
+def episode_metrics(trajectories: Sequence[Trajectory]) -> dict:
+    """Pure: what the episode loop counted over a step's trajectories. ``bridge_break_rate``: the
+    share of turn boundaries whose prefix could not be kept; ``segments_per_episode``: training
+    samples per episode; ``parse_error_rate``: replies that did not parse, per reply;
+    ``context_exhausted``: the share of episodes that ended for want of context; compaction
+    attempts and failures (summaries asked for, and those that failed)."""
+    n = max(len(trajectories), 1)
+    boundaries = sum(t.bridges + t.bridge_breaks for t in trajectories)
+    replies = sum(t.replies for t in trajectories)
+    return {
+        "bridge_break_rate": sum(t.bridge_breaks for t in trajectories) / boundaries if boundaries else 0.0,
+        "segments_per_episode": sum(len(t.samples) for t in trajectories) / n,
+        "parse_error_rate": sum(t.parse_errors for t in trajectories) / replies if replies else 0.0,
+        "context_exhausted": sum(t.context_exhausted for t in trajectories) / n,
+        "compactions": sum(t.summaries + t.summaries_failed for t in trajectories),
+        "compaction_failures": sum(t.summaries_failed for t in trajectories),
+    }
+
+
 def summarise(step: int, kept: Sequence[KeptTrial[Trajectory]], update: dict, result, timings: dict) -> dict:
     trajectories = [k.result for k in kept]
     records = [k.record for k in kept]
     n = max(len(kept), 1)
-    action_tokens = sum(sum(t.loss_mask) for t in trajectories)
+    samples = [s for t in trajectories for s in t.samples]
+    action_tokens = sum(sum(s.loss_mask) for s in samples)
     return {
         "step": step,
         "reward": sum(t.reward for t in trajectories) / n,
         "resolved": sum(r.resolved for r in records) / n,
         "passed": sum(r.passed for r in records) / n,
         "turns": sum(r.turns for r in records) / n,
-        "tokens": sum(len(t.ids) for t in trajectories),
+        "tokens": sum(len(s.ids) for s in samples),
         "action_tokens": action_tokens,
-        "truncated": sum(t.truncated for t in trajectories),
         "token_drift": sum(token_drift(t) for t in trajectories),
+        "policy_versions": sorted({t.policy_version for t in trajectories}),
+        **episode_metrics(trajectories),
         "staleness_max": max((k.staleness for k in kept), default=0),
         "staleness_mean": sum(k.staleness for k in kept) / n,
         **update,
@@ -226,6 +247,7 @@ def progress_line(m: dict, steps: int) -> str:
         + (f"ev {ev:.2f} " if ev is not None else "")
         + f"clip {m['clip_fraction'] or 0:.2f} "
         f"entropy {m['entropy']:.2f} gap {m['logprob_gap']:.2e} drift {m['token_drift']} "
+        f"breaks {m['bridge_break_rate']:.2f} segs {m['segments_per_episode']:.2f} "
         + (f"agree {m['routing_agreement']:.3f} " if m.get("routing_agreement") is not None else "")
         + (f"kl {m['kl_to_reference']:.4f} " if m.get("kl_to_reference") is not None else "")
         + f"stale {m['staleness_max']} ({m['rollout_seconds']:.1f}s rollout, {m['update_seconds']:.1f}s update)"
@@ -234,7 +256,12 @@ def progress_line(m: dict, steps: int) -> str:
 
 def make_sampler(cfg: Config, policy, model_dir: Path, pad_id: int, rank: int) -> Sampler:
     """The rollout's sampler: its own copy of the policy (unsharded, always). With ``--generator
-    vllm`` rank 0 starts an engine (other ranks sample nothing)."""
+    vllm`` rank 0 starts an engine, with ``--generator server`` rank 0 reaches the server at
+    ``--base-url`` (other ranks sample nothing)."""
+    if cfg.generator == "server" and rank == 0:
+        from termgym.trainer.server_sampler import ServerSampler
+
+        return ServerSampler(copy.deepcopy(policy), cfg.base_url, cfg.served_model, max_context=cfg.max_context)
     if cfg.generator == "vllm" and rank == 0:
         sampler = VllmSampler(copy.deepcopy(policy), model_dir, max_context=cfg.max_context, seed=cfg.seed)
         if not sampler.records_routing:
@@ -242,6 +269,17 @@ def make_sampler(cfg: Config, policy, model_dir: Path, pad_id: int, rank: int) -
         return sampler
     sampler_model = copy.deepcopy(policy).to(getattr(torch, cfg.sampler_dtype))  # publish casts into it
     return BatchedSampler(sampler_model, pad_id=pad_id)
+
+
+@contextlib.contextmanager
+def closing_sampler(sampler: Sampler):
+    """The sampler, closed on exit when it holds processes or connections (vllm, server)."""
+    try:
+        yield sampler
+    finally:
+        close = getattr(sampler, "close", None)
+        if close is not None:
+            close()
 
 
 def bundled_tasks() -> list[Task]:
@@ -292,7 +330,7 @@ async def train(cfg: Config) -> list[dict]:
     options = rollout_options(cfg, f"train-{out.name}")
     runner = PolicyRunner(
         sampler,
-        ChatFormat(tokenizer),
+        policy_renderer(model_dir, tokenizer, cfg),
         options,
         Pacer(),
         rollout_settings(cfg),
@@ -314,7 +352,7 @@ async def train(cfg: Config) -> list[dict]:
         append_record(out / "records.jsonl", record)
         progress.advance(trials_bar, fate == "kept")
 
-    with progress:
+    with progress, closing_sampler(sampler):
         async with RolloutScheduler(runner, pool, scheduler_config, pacer=Pacer(), on_record=on_record) as scheduler:
             for step in range(start, cfg.steps):
                 progress.reset(trials_bar, total=cfg.batch_size)

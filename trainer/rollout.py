@@ -1,35 +1,32 @@
-"""Rollouts with TITO (token in, token out): the policy drives termgym environments, and the trainer
-later trains on exactly the token ids the sampler produced.
+"""Rollouts with TITO (token in, token out) on the model agent's episode loop: the policy drives
+termgym environments through ``termgym.agents.model.ModelAgent`` with the trainer's sampler as its
+client (``trainer/policy_client.py``), and the trainer later trains on exactly the ids sampled.
 
-One episode: a chat prompt (system text, then the task's instruction) is tokenized once; the policy
-samples a command token by token until its end-of-turn token (``<|im_end|>``) or its submit marker
-(``<|submit|>``); the command (the sampled ids decoded, special tokens dropped) goes to
-``env.step``; the observation is tokenized on its own, framed as a user turn, and appended. The
-episode ends when the policy submits, the environment's turn budget runs out, or the next tokens
-would not fit in the context (``truncated``; the environment is then submitted, so the verifier
-still grades it). A prompt longer than the context is kept whole and nothing is sampled.
+One episode: the agent's opening (system prompt, the task's instruction) is rendered once by the
+policy's renderer (``termgym.agents.renderers``: ChatML/Qwen3, Qwen3.5 XML, Llama 3, or the
+tokenizer's own template); each reply is sampled up to ``max_new_tokens`` (clamped to the context),
+ending at the renderer's stop ids; the agent parses it in its action format (a fenced command or a
+tool call), runs the command or submits, and the observation (exit code, output cut head and tail
+to ``observation_tokens``) is rendered as the bridge onto the sampled ids. The episode ends with a
+submit, the turn budget, the agent time, too many unparsable replies, or a context that has no
+room for a reply (``context_exhausted``): each is verified, so every episode has its reward.
 
-Guarantees (tests/trainer/test_rollout.py checks them by property): ``Trajectory.ids`` is the prompt,
-then for every turn the sampled ids unchanged, then that turn's observation ids; ``loss_mask`` is 1
-exactly on the sampled ids; ``logprobs`` holds the sampler's log-probability of each sampled id (0.0
-elsewhere); text in observations and instructions can never produce a special token. Only
-``retokenize=True`` (a demonstration of what TITO avoids) re-encodes the decoded text, and the
-drift then shows up in ``token_drift``.
+Segments. When the prefix cannot be kept (the renderer cannot prove its bridge, stripped thinking,
+elided or summarized history), the episode continues in a new segment, and every segment is its
+own training ``Sample``: its earlier tokens are prompt (outside the loss), and it carries the
+episode's reward (each segment's actions shaped the one outcome; splitting it would make a
+summarizing episode's tokens worth less than a short one's).
 
-Each turn is one ``generate_turn`` request to the sampler (the ``Sampler`` protocol,
-``trainer/sampler.py``): up to ``max_new_tokens``, within the context, ending at a stop id. The
-torch sampler batches across the episodes in flight (one forward pass serves every next-token
-request queued before the event loop gets to it, over only the tokens each request appended since
-its episode's last forward); the vLLM sampler (``trainer/vllm_sampler.py``) serves whole turns.
+Guarantees (tests/trainer/test_rollout.py checks them by property): each ``Sample.ids`` is the
+segment's prompt, then for every turn the sampled ids unchanged, then that turn's bridge;
+``loss_mask`` is 1 exactly on the sampled ids; ``logprobs`` holds the sampler's log-probability of
+each sampled id (0.0 elsewhere); no text of an observation or instruction becomes a special id.
+Only ``retokenize=True`` (a demonstration of what TITO avoids) re-encodes the decoded text, and
+the drift then shows in ``token_drift``.
 
-Routing (R3, ``trainer/routing.py``): with a mixture-of-experts policy the sampler also records, in
-``Trajectory.routing`` (``[len(ids), layers, top_k]``, int16), the top-k expert ids of every MoE
-layer at each *sampled* position ``p``, taken from the sampler forward that consumed ``ids[p]`` as
-input (the first forward whose input reached position ``p``: the one that sampled ``p + 1``, or for
-a turn's last token the next turn's first forward). That is the routing every later token's
-log-prob depended on. All other rows are ``-1``: prompt and observation positions, and the
-episode's last sampled token, which no forward consumed; in the training forward they take that
-forward's own routing.
+Routing (R3, ``trainer/routing.py``): with a mixture-of-experts policy each sample's ``routing``
+(``[len(ids), layers, top_k]``, int16) holds the experts of the forward that first read each sampled
+position (``trainer/policy_client.py``); every other row is ``-1`` and routes freely in training.
 """
 
 from __future__ import annotations
@@ -37,46 +34,57 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.agents.model import AgentEnv, LoopSettings, ModelAgent
+from termgym.agents.renderers import Renderer
+from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.env import default_sandbox_factory as backend_sandbox_factory
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
 from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling.scheduler import Node, PacedSandbox, TrialProgress
 from termgym.tasks import Task
-from termgym.trainer.chat import ChatFormat
 from termgym.trainer.config import Config
+from termgym.trainer.policy_client import PolicyClient, SamplerBackend, TurnLog
 from termgym.trainer.routing import NOT_RECORDED, ROUTING_DTYPE
 from termgym.trainer.sampler import Sampler
+from termgym.transcript import Transcript
 from termgym.trial import Step, run_trial
 
-
-class EpisodeEnv(Protocol):
-    """What ``drive_episode`` uses of an environment: ``AsyncTerminalEnv``, or a scripted stand-in."""
-
-    @property
-    def done(self) -> bool: ...
-
-    async def step(self, action: str) -> Step: ...
+# The trainer's default system prompt for the text action format: short, because a small policy's
+# context is short; it says what the format's parser reads (``termgym.agents.actions.parse_text``).
+SHORT_TEXT_SYSTEM = "Run shell commands to do the task: one command per reply in a ```bash block. When done, reply ```bash\n:submit\n```."
 
 
 @dataclass(frozen=True)
 class RolloutSettings:
-    max_new_tokens: int = 32  # per turn
-    max_context: int = 512  # tokens in the whole episode
-    observation_tokens: int = 64  # per observation
-    retokenize: bool = False  # demonstration only: decode and re-encode the episode (token drift)
+    loop: LoopSettings = field(
+        default_factory=lambda: LoopSettings(action_format="text", max_tokens=32, context="none")
+    )
+    max_context: int = 512  # tokens per segment, prompt and observations included
+    observation_tokens: int = 64  # per observation (head and tail)
+    retokenize: bool = False  # demonstration only: decode and re-encode each sample (token drift)
+
+
+def loop_settings(cfg: Config) -> LoopSettings:
+    """The model agent's settings ``cfg`` sets for every episode of a run."""
+    system = cfg.system_prompt or (SHORT_TEXT_SYSTEM if cfg.action_format == "text" else None)
+    return LoopSettings(
+        action_format=cfg.action_format,  # pyright: ignore[reportArgumentType]  # checked by check_config
+        max_tokens=cfg.max_new_tokens,
+        max_parse_errors=cfg.max_parse_errors,
+        context=cfg.context,  # pyright: ignore[reportArgumentType]  # checked by check_config
+        system_prompt=system,
+    )
 
 
 def rollout_settings(cfg: Config) -> RolloutSettings:
-    """The episode limits ``cfg`` sets (every rollout and evaluation of a run uses the same)."""
-    return RolloutSettings(cfg.max_new_tokens, cfg.max_context, cfg.observation_tokens, cfg.retokenize)
+    """The episode settings ``cfg`` sets (every rollout, evaluation and demonstration of a run)."""
+    return RolloutSettings(loop_settings(cfg), cfg.max_context, cfg.observation_tokens, cfg.retokenize)
 
 
 def rollout_options(cfg: Config, run_id: str) -> EnvOptions:
@@ -85,134 +93,153 @@ def rollout_options(cfg: Config, run_id: str) -> EnvOptions:
 
 
 @dataclass
-class Trajectory:
-    """One episode as the trainer consumes it. Per-token lists are aligned with ``ids``."""
+class Sample:
+    """One segment of an episode as the trainer trains it. Per-token lists are aligned with ``ids``."""
 
-    task: str
     ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turns: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each turn's sampled ids
     sampled: list[list[int]] = field(default_factory=list)  # each turn's ids as the sampler returned them
-    commands: list[str] = field(default_factory=list)
-    policy_version: int = 0
-    launch: int = 0  # launch order within the step (a deterministic batch order)
-    truncated: bool = False  # ran out of context
-    reward: float = 0.0
-    record: TrialRecord | None = None
-    routing: torch.Tensor | None = None  # [len(ids), MoE layers, top_k] int16, -1 where not recorded (module docstring)
+    segment: int = 0
+    reason: str = "start"  # why the segment began: start, bridge_break, truncate, summary
+    routing: torch.Tensor | None = None  # [len(ids), MoE layers, top_k] int16, -1 where not recorded
 
-    def to_json(self) -> str:
-        """One JSON object; ``routing`` is null, or one entry per id: null where not recorded, else
+    def to_dict(self) -> dict:
+        """JSON-ready; ``routing`` is null, or one entry per id: null where not recorded, else
         ``[layers][top_k]`` expert ids."""
-        fields = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "routing"}
-        out = asdict(Trajectory(**fields))  # routing None
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "routing"}
+        out["routing"] = None
         if self.routing is not None:
             recorded = (self.routing >= 0).flatten(1).all(1).tolist()
             out["routing"] = [row if kept else None for row, kept in zip(self.routing.tolist(), recorded)]
-        return json.dumps(out)
+        return out
+
+
+@dataclass
+class Trajectory:
+    """One episode: its samples (one per segment), its outcome and what the loop counted."""
+
+    task: str
+    samples: list[Sample] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    policy_version: int = 0
+    launch: int = 0  # launch order within the step (a deterministic batch order)
+    stop_reason: str | None = None
+    replies: int = 0
+    parse_errors: int = 0
+    bridges: int = 0
+    bridge_breaks: int = 0
+    summaries: int = 0
+    summaries_failed: int = 0
+    reward: float = 0.0
+    record: TrialRecord | None = None
+
+    @property
+    def context_exhausted(self) -> bool:
+        return self.stop_reason == "context_exhausted"
+
+    def to_json(self) -> str:
+        """One JSON object (the record is written to records.jsonl on its own)."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("samples", "record")}
+        return json.dumps({**out, "samples": [s.to_dict() for s in self.samples]})
 
 
 def token_drift(trajectory: Trajectory) -> int:
     """Positions of the loss region whose training id differs from the id the sampler returned
     (a position past the end of ``ids`` counts as different). Exactly 0 under TITO."""
     drift = 0
-    for (start, _), sampled in zip(trajectory.turns, trajectory.sampled):
-        for offset, token in enumerate(sampled):
-            position = start + offset
-            drift += position >= len(trajectory.ids) or trajectory.ids[position] != token
+    for sample in trajectory.samples:
+        for (start, _), sampled in zip(sample.turns, sample.sampled):
+            for offset, token in enumerate(sampled):
+                position = start + offset
+                drift += position >= len(sample.ids) or sample.ids[position] != token
     return drift
 
 
-async def drive_episode(
-    env: EpisodeEnv,
+def samples_of(
+    transcript: Transcript, backend: SamplerBackend | None, routing_shape: tuple[int, int] | None
+) -> list[Sample]:
+    """The training samples of an episode's transcript: one per segment in which something was
+    sampled; ``routing_shape`` (MoE layers, top_k) when the sampler recorded routing."""
+    turns: list[TurnLog] = backend.turns if backend is not None else []
+    samples = []
+    for segment in transcript.segments:
+        if not any(segment.mask):
+            continue
+        mine = [t for t in turns if t.segment == segment.index]
+        sample = Sample(
+            ids=list(segment.ids),
+            loss_mask=list(segment.mask),
+            logprobs=list(segment.logprobs),
+            turns=[(t.start, t.start + len(t.sampled)) for t in mine],
+            sampled=[list(t.sampled) for t in mine],
+            segment=segment.index,
+            reason=segment.reason,
+        )
+        if routing_shape is not None:
+            layers, top_k = routing_shape
+            sample.routing = torch.full((len(sample.ids), layers, top_k), NOT_RECORDED, dtype=ROUTING_DTYPE)
+            for position, row in (backend.routing.get(segment.index, {}) if backend else {}).items():
+                sample.routing[position] = row
+        samples.append(sample)
+    return samples
+
+
+def fill_from_transcript(trajectory: Trajectory, transcript: Transcript) -> None:
+    """The episode's outcome and counts, read from its transcript."""
+    trajectory.stop_reason = transcript.stop_reason
+    trajectory.commands = [t["action"]["command"] for t in transcript.turns if t["action"]["kind"] == "command"]
+    trajectory.replies = sum(t.get("reply") is not None for t in transcript.turns)
+    trajectory.parse_errors = transcript.parse_errors
+    trajectory.bridges = sum(s.bridges for s in transcript.segments)
+    trajectory.bridge_breaks = sum(s.bridge_breaks for s in transcript.segments)
+    trajectory.summaries, trajectory.summaries_failed = transcript.summaries, transcript.summaries_failed
+
+
+async def run_policy_episode(
+    env: AgentEnv,
     instruction: str,
+    info: dict,
     sampler: Sampler,
-    chat: ChatFormat,
+    renderer: Renderer,
     settings: RolloutSettings,
     generator: torch.Generator | None,
     trajectory: Trajectory,
 ) -> Step | None:
-    """Run the policy on ``env`` (already reset) until the episode ends, filling ``trajectory``
-    (and ``trajectory.routing`` when the sampler records routing)."""
-    routed: dict[int, torch.Tensor] | None = {} if sampler.records_routing else None
+    """Run the policy on ``env`` (already reset) through the model agent until the episode ends,
+    filling ``trajectory`` (its samples, with routing when the sampler records it), whatever ends it."""
+    client = PolicyClient(sampler, renderer, generator, settings.max_context, settings.observation_tokens)
+    agent = ModelAgent(client, settings.loop, name="policy")
     try:
-        return await _drive(env, instruction, sampler, chat, settings, generator, trajectory, routed)
+        return await agent.run(env, instruction, info)
     finally:
-        sampler.forget(trajectory.ids)
-        if routed is not None:
-            layers, top_k = sampler.routing_shape
-            trajectory.routing = torch.full((len(trajectory.ids), layers, top_k), NOT_RECORDED, dtype=ROUTING_DTYPE)
-            for position, row in routed.items():
-                trajectory.routing[position] = row
-
-
-async def _drive(
-    env: EpisodeEnv,
-    instruction: str,
-    sampler: Sampler,
-    chat: ChatFormat,
-    settings: RolloutSettings,
-    generator: torch.Generator | None,
-    trajectory: Trajectory,
-    routed: dict | None,
-) -> Step | None:
-    unconsumed: list[int] = []  # sampled positions no sampler forward has read yet
-    prompt = chat.prompt(instruction)
-    trajectory.ids, trajectory.loss_mask, trajectory.logprobs = list(prompt), [0] * len(prompt), [0.0] * len(prompt)
-    step: Step | None = None
-    while not env.done:
-        start = len(trajectory.ids)
-        budget = min(settings.max_new_tokens, settings.max_context - start)
-        sampled: list[int] = []
-        if budget >= 1:
-            positions = list(unconsumed) if routed is not None else []
-            turn = await sampler.generate_turn(trajectory.ids, budget, chat.stop_ids, generator, positions)
-            sampled = list(turn.tokens)
-            if routed is not None and sampled:  # the unconsumed positions and all sampled ids but the last are now read
-                routed.update(turn.routing or {})
-                unconsumed[:] = [start + len(sampled) - 1]
-            trajectory.ids += sampled
-            trajectory.loss_mask += [1] * len(sampled)
-            trajectory.logprobs += turn.logprobs
-        trajectory.turns.append((start, len(trajectory.ids)))
-        trajectory.sampled.append(sampled)
-        command = chat.command(sampled)
-        trajectory.commands.append(command)
-        if chat.submit in sampled:
-            return await env.step(SUBMIT)
-        if len(trajectory.ids) >= settings.max_context:
-            trajectory.truncated = True
-            return await env.step(SUBMIT)
-        step = await env.step(command)
-        if env.done:
-            return step
-        observation = chat.observation(step[0], settings.observation_tokens, closed=chat.im_end in sampled)
-        if len(trajectory.ids) + len(observation) + 1 > settings.max_context:
-            trajectory.truncated = True
-            return await env.step(SUBMIT)
-        trajectory.ids += observation
-        trajectory.loss_mask += [0] * len(observation)
-        trajectory.logprobs += [0.0] * len(observation)
-    return step
+        transcript = env.transcript
+        shape = sampler.routing_shape if sampler.records_routing else None
+        trajectory.samples = samples_of(transcript, client.backend, shape)
+        fill_from_transcript(trajectory, transcript)
+        client.release(transcript)
 
 
 def retokenized(trajectory: Trajectory, tokenizer) -> Trajectory:
-    """The trajectory as a re-tokenizing trainer would see it: the text decoded and encoded again,
-    the masks kept by position. Used only to show that drift is then non-zero."""
-    text = tokenizer.decode(trajectory.ids, skip_special_tokens=False)
-    ids = tokenizer(text, add_special_tokens=False).input_ids
-    n = len(ids)
-    pad = max(n - len(trajectory.ids), 0)
-    return Trajectory(
-        **{
-            **{k: getattr(trajectory, k) for k in trajectory.__dataclass_fields__},
-            "ids": ids,
-            "loss_mask": (trajectory.loss_mask + [0] * pad)[:n],
-            "logprobs": (trajectory.logprobs + [0.0] * pad)[:n],
-            "routing": None,  # positions moved: nothing to replay
-        }
-    )
+    """The trajectory as a re-tokenizing trainer would see it: each sample's text decoded and
+    encoded again, the masks kept by position. Used only to show that drift is then non-zero."""
+    samples = []
+    for sample in trajectory.samples:
+        text = tokenizer.decode(sample.ids, skip_special_tokens=False)
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+        n = len(ids)
+        pad = max(n - len(sample.ids), 0)
+        samples.append(
+            replace(
+                sample,
+                ids=ids,
+                loss_mask=(sample.loss_mask + [0] * pad)[:n],
+                logprobs=(sample.logprobs + [0.0] * pad)[:n],
+                routing=None,  # positions moved: nothing to replay
+            )
+        )
+    return replace(trajectory, samples=samples)
 
 
 def stream_seed(*parts: object) -> int:
@@ -243,7 +270,9 @@ class _PolicyAgent:
     async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
         self.progress.env = env
         r = self.runner
-        return await drive_episode(env, instruction, r.sampler, r.chat, r.settings, self.generator, self.trajectory)
+        return await run_policy_episode(
+            env, instruction, info, r.sampler, r.renderer, r.settings, self.generator, self.trajectory
+        )
 
 
 class PolicyRunner:
@@ -254,7 +283,7 @@ class PolicyRunner:
     def __init__(
         self,
         sampler: Sampler,
-        chat: ChatFormat,
+        renderer: Renderer,
         options: EnvOptions,
         pacer: Pacer,
         settings: RolloutSettings,
@@ -263,7 +292,13 @@ class PolicyRunner:
         sandbox_factory: Callable[[Task, EnvOptions], Sandbox] | None = None,
         binary_reward: bool = False,
     ) -> None:
-        self.sampler, self.chat, self.options, self.pacer, self.settings = sampler, chat, options, pacer, settings
+        self.sampler, self.renderer, self.options, self.pacer, self.settings = (
+            sampler,
+            renderer,
+            options,
+            pacer,
+            settings,
+        )
         self.seed = seed
         self.binary_reward = binary_reward  # train on resolved (0/1) instead of the dense reward
         self.sandbox_factory = sandbox_factory or backend_sandbox_factory
@@ -284,7 +319,7 @@ class PolicyRunner:
         trajectory.record = record
         trajectory.reward = float(record.resolved) if self.binary_reward else record.reward
         if self.settings.retokenize:
-            trajectory = retokenized(trajectory, self.chat.tokenizer)
+            trajectory = retokenized(trajectory, self.renderer.tokenizer)
         return trajectory
 
     def record_of(self, result: Trajectory) -> TrialRecord:

@@ -82,11 +82,15 @@ def routing_shape(model: nn.Module) -> tuple[int, int]:
 
 def disable_router_aux_loss(model: nn.Module) -> None:
     """Turn off the MoE load-balancing loss (``output_router_logits``, ``router_aux_loss_coef``)
-    in ``model``'s config: under replay the routing is fixed, so balancing it is meaningless."""
+    in ``model``'s config, and the coefficient the causal-LM classes copy from it when built (a
+    forward that asks for the router logits then adds nothing): under replay the routing is
+    fixed, so balancing it is meaningless."""
     config = getattr(model, "config", None)
     for name, off in (("output_router_logits", False), ("router_aux_loss_coef", 0.0)):
         if config is not None and hasattr(config, name):
             setattr(config, name, off)
+    if isinstance(getattr(model, "router_aux_loss_coef", None), float | int):
+        model.router_aux_loss_coef = 0.0  # pyright: ignore[reportArgumentType]  # a float attribute, not a parameter
 
 
 # -- recording -------------------------------------------------------------------------------------

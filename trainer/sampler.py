@@ -26,7 +26,7 @@ from typing import Protocol
 import torch
 
 from termgym.trainer.batch import pad_ids
-from termgym.trainer.kv_cache import PrefixCache, cached_next_token_logprobs
+from termgym.trainer.kv_cache import PrefixCache, cached_next_token_logprobs, supports_prefix_cache
 from termgym.trainer.routing import is_moe, record_routing, routing_shape, stack_routing
 
 
@@ -142,11 +142,14 @@ class BatchedSampler(TokenSampler):
     """The torch sampler: its own copy of the policy's weights (``publish`` replaces them, once per
     step) and one batched forward per round of next-token requests. With ``kv_cache`` (the
     default) each forward runs only the tokens its requests appended since their episode's last
-    forward (``trainer/kv_cache.py``); ``forget`` releases an ended episode's cache."""
+    forward (``trainer/kv_cache.py``); ``forget`` releases an ended episode's cache. A model the
+    cache cannot serve (``supports_prefix_cache``: a layer that is not full attention, such as
+    Qwen3.5's linear attention) is always run without it: every forward recomputes every position
+    (``cache`` is None)."""
 
     def __init__(self, model, *, pad_id: int = 0, record_routing: bool | None = None, kv_cache: bool = True) -> None:
         self.model, self.pad_id = model.eval(), pad_id
-        self.cache = PrefixCache() if kv_cache else None
+        self.cache = PrefixCache() if kv_cache and supports_prefix_cache(model) else None
         self.version = 0
         self.forwards = 0  # batched forward passes so far
         self.requests = 0  # next-token requests served so far

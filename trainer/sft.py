@@ -1,16 +1,19 @@
-"""The supervised warm start: reference-solution trajectories of the training pool, recorded in
-real sandboxes, then teacher-forced cross-entropy on the policy's own turns.
+"""The supervised warm start: reference-solution episodes of the training pool, run in real
+sandboxes through the model agent's episode loop, then teacher-forced cross-entropy on the tokens
+the policy would have typed.
 
-A demonstration is what the policy would have produced had it typed the reference commands: the
-same chat prompt, each command's tokens and ``<|im_end|>``, the observation the sandbox really
-returned (framed exactly as ``trainer/rollout.py`` frames it), and ``<|submit|>`` at the end. The
-loss covers only what the policy types (commands, end-of-turn and submit tokens), never the prompt
-or the observations, so supervised training and PPO train the same positions.
+A demonstration is the episode a policy that typed the reference commands would have had: the
+``TeacherClient`` (``trainer/policy_client.py``) replies with each command as the renderer's
+canonical ids of that reply in the run's action format (then the submit), and everything else (the
+prompt, the observations the sandbox really returned, the bridges) comes from the same loop and
+renderer as a rollout. The loss covers only the replies (mask 1, close tokens included), never the
+prompt or the observations, so supervised training and PPO train the same positions.
 
-Guarantees: ``demonstration_tokens`` is pure and agrees token for token with the rollout framing
-(``tests/trainer/test_sft.py``); ``collect_demonstrations`` keeps only demonstrations whose episode
-the verifier resolved, so a broken reference never teaches; ``supervised_train`` is deterministic
-in its seed on CPU.
+Guarantees: a demonstration's ids are what a rollout whose policy sampled those replies would hold
+(``tests/trainer/test_sft.py``); only episodes the verifier resolved in one segment become
+demonstrations, so a broken reference never teaches; a reference the rollout's budgets could not
+reproduce (a reply longer than ``max_new_tokens``, an episode beyond the context) is reported in
+``DemonstrationSet.problems``; ``supervised_train`` is deterministic in its seed on CPU.
 """
 
 from __future__ import annotations
@@ -23,113 +26,112 @@ from pathlib import Path
 
 import torch
 
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.agents.actions import Command, Submit, action_message
+from termgym.agents.model import ModelAgent
+from termgym.agents.renderers import Renderer
+from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.errors import TrainingError
 from termgym.records import TrialRecord
 from termgym.tasks import Task
 from termgym.trainer import losses
 from termgym.trainer.batch import forward_logp, pad_batch
-from termgym.trainer.chat import ChatFormat
+from termgym.trainer.policy_client import TeacherClient
+from termgym.trainer.rollout import RolloutSettings
 from termgym.trial import Step, run_trials
 
 
 @dataclass(frozen=True)
 class Demonstration:
-    """One reference episode: the commands typed and what the sandbox answered to each."""
+    """One reference episode as training rows: its ids and the mask of what the policy types."""
 
     task: str
-    instruction: str
     commands: tuple[str, ...]
-    observations: tuple[str, ...]
+    ids: list[int]
+    mask: list[int]
 
 
-def demonstration_tokens(chat: ChatFormat, demo: Demonstration, observation_tokens: int) -> tuple[list[int], list[int]]:
-    """``(ids, loss_mask)`` of ``demo`` in the rollout's framing; the mask is 1 on the tokens the
-    policy types: each command, its ``<|im_end|>``, and the final ``<|submit|>``."""
-    ids = chat.prompt(demo.instruction)
-    mask = [0] * len(ids)
-    for command, observation in zip(demo.commands, demo.observations):
-        typed = chat.text(command) + [chat.im_end]
-        framed = chat.observation(observation, observation_tokens, closed=True)
-        ids, mask = ids + typed + framed, mask + [1] * len(typed) + [0] * len(framed)
-    return ids + [chat.submit], mask + [1]
+@dataclass
+class DemonstrationSet:
+    demonstrations: list[Demonstration] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # references the budgets cannot reproduce
 
 
-def typed_runs(mask: Sequence[int]) -> list[int]:
-    """Pure: the lengths of the runs of 1 in a demonstration's loss mask, in order: one per
-    command (its tokens and ``<|im_end|>``), then the final ``<|submit|>``."""
-    runs: list[int] = []
-    previous = 0
-    for bit in mask:
-        if bit and previous:
-            runs[-1] += 1
-        elif bit:
-            runs.append(1)
-        previous = bit
-    return runs
-
-
-def budget_problem(
-    demos: Sequence[Demonstration], rows: Sequence[tuple[list[int], list[int]]], max_new_tokens: int, max_context: int
-) -> str | None:
-    """Pure: why the rollout's budgets could not reproduce some demonstration (a command longer
-    than ``max_new_tokens`` with its end-of-turn token, or an episode longer than ``max_context``),
-    or None when every one fits. ``rows`` are the demonstrations' ``demonstration_tokens``. A task
-    whose reference does not fit is one the policy can be taught but could never complete."""
-    for demo, (ids, mask) in zip(demos, rows, strict=True):
-        for command, needed in zip(demo.commands, typed_runs(mask)):
-            if needed > max_new_tokens:
-                return (
-                    f"the reference command {command!r} ({demo.task}) needs {needed} tokens, more than "
-                    f"--max-new-tokens {max_new_tokens}"
-                )
-        if len(ids) > max_context:
-            return (
-                f"the reference episode of {demo.task} needs {len(ids)} tokens, more than --max-context {max_context}"
-            )
-    return None
+def reference_replies(renderer: Renderer, settings: RolloutSettings, commands: Sequence[str]) -> list[list[int]]:
+    """Pure: the canonical ids of each reply of a reference episode: every command, then the submit."""
+    fmt = settings.loop.action_format
+    actions = [*(Command(c) for c in commands), Submit()]
+    return [renderer.render_assistant(action_message(fmt, action)) for action in actions]
 
 
 @dataclass
 class _ReferenceAgent:
-    """Types the reference commands one per turn, recording each observation, then submits."""
+    """The model agent's loop with the teacher as its model."""
 
+    task: str
     commands: tuple[str, ...]
-    observations: list[str] = field(default_factory=list)
+    client: TeacherClient
+    settings: RolloutSettings
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    segments: int = 0
+    stop_reason: str | None = None
     name: str = "reference"
 
     async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
-        for command in self.commands:
-            step = await env.step(command)
-            self.observations.append(step[0])
-            if env.done:
-                return step
-        return await env.step(SUBMIT)
+        try:
+            return await ModelAgent(self.client, self.settings.loop, name=self.name).run(env, instruction, info)
+        finally:
+            transcript = env.transcript
+            self.stop_reason = transcript.stop_reason
+            sampled = [s for s in transcript.segments if any(s.mask)]
+            self.segments = len(sampled)
+            if sampled:
+                self.ids, self.mask = list(sampled[0].ids), list(sampled[0].mask)
+
+    def problem(self) -> str | None:
+        """Why the rollout's budgets could not reproduce this reference, or None."""
+        backend = self.client.backend
+        if backend is not None and backend.overlong:
+            return (
+                f"a reference reply of {self.task} needs {backend.overlong[0]} tokens, more than "
+                f"--max-new-tokens {self.settings.loop.max_tokens}"
+            )
+        if self.stop_reason == "context_exhausted" or self.segments > 1:
+            return f"the reference episode of {self.task} does not fit --max-context {self.settings.max_context}"
+        return None
 
 
 async def collect_demonstrations(
     tasks: Sequence[Task],
     commands: Callable[[Task], Sequence[str]],
     options: EnvOptions,
+    renderer: Renderer,
+    settings: RolloutSettings,
     *,
     concurrency: int = 4,
     on_record: Callable[[TrialRecord], None] | None = None,
-) -> list[Demonstration]:
+) -> DemonstrationSet:
     """One reference episode per task (``commands(task)``: its reference commands), in task order;
-    only episodes the verifier resolved become demonstrations. Every trial's record goes to
-    ``on_record``, resolved or not."""
-    jobs = [(task, _ReferenceAgent(tuple(commands(task)))) for task in tasks]
+    only resolved episodes become demonstrations. Every trial's record goes to ``on_record``."""
+    jobs = []
+    for task in tasks:
+        typed = tuple(commands(task))
+        replies = reference_replies(renderer, settings, typed)
+        client = TeacherClient(renderer, replies, settings.max_context, settings.observation_tokens)
+        jobs.append((task, _ReferenceAgent(task.name, typed, client, settings)))
     records = await run_trials(
         jobs,
         options,
         concurrency=max(1, concurrency),
         on_record=(lambda record, _agent: on_record(record)) if on_record is not None else None,
     )
-    return [
-        Demonstration(task.name, task.instruction, agent.commands, tuple(agent.observations))
-        for (task, agent), record in zip(jobs, records)
-        if record.resolved and len(agent.observations) == len(agent.commands)
-    ]
+    result = DemonstrationSet()
+    for (_, agent), record in zip(jobs, records):
+        if (problem := agent.problem()) is not None:
+            result.problems.append(problem)
+        elif record.resolved and agent.stop_reason == "submitted" and agent.segments == 1:
+            result.demonstrations.append(Demonstration(agent.task, agent.commands, agent.ids, agent.mask))
+    return result
 
 
 def save_demonstrations(path: Path, demos: Sequence[Demonstration]) -> None:

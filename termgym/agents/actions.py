@@ -172,3 +172,20 @@ def parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
 def _excerpt(text: str, limit: int = 200) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[:limit] + "..."
+
+
+def action_message(action_format: ActionFormat, action: Action) -> dict[str, Any]:
+    """The assistant message that asks for ``action`` in ``action_format``: what a model that
+    follows the format replies (a demonstration's reply; ``parse_*`` reads it back as ``action``)."""
+    if action_format == "text":
+        body = SUBMIT_TEXT if isinstance(action, Submit) else action.command
+        return {"role": "assistant", "content": f"```bash\n{body}\n```"}
+    arguments: dict[str, Any] = {}
+    if isinstance(action, Submit):
+        name = "submit"
+    else:
+        name, arguments = "bash", {"command": action.command}
+        if action.timeout is not None:
+            arguments["timeout"] = action.timeout
+    call = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}

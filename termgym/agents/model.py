@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from termgym.agents.actions import (
     ACTION_FORMATS,
@@ -46,9 +46,9 @@ from termgym.agents.prompts import (
     system_prompt,
     task_prompt,
 )
-from termgym.env import SUBMIT, AsyncTerminalEnv
+from termgym.env import SUBMIT, EnvOptions
 from termgym.errors import ConfigError
-from termgym.transcript import Transcript
+from termgym.transcript import StopReason, Transcript
 from termgym.trial import Step
 
 ContextPolicy = Literal["none", "truncate", "summarize"]
@@ -79,6 +79,20 @@ class LoopSettings:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
 
 
+class AgentEnv(Protocol):
+    """What the model agent uses of an environment: ``AsyncTerminalEnv``, or a scripted stand-in."""
+
+    options: EnvOptions
+    transcript: Transcript
+
+    @property
+    def remaining_time(self) -> float: ...
+
+    async def step(self, action: str, *, timeout: float | None = None) -> Step: ...
+
+    async def truncate(self, reason: StopReason) -> Step: ...
+
+
 @dataclass
 class ModelAgent:
     """Drives an ``AsyncTerminalEnv`` with a model. One agent serves many concurrent episodes (each
@@ -95,7 +109,7 @@ class ModelAgent:
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+    async def run(self, env: AgentEnv, instruction: str, info: dict) -> Step | None:
         transcript = env.transcript
         transcript.model = self.client.model
         episode = _Episode(self, env, self.client.session(transcript), transcript, info.get("workdir"))
@@ -108,7 +122,7 @@ class ModelAgent:
 @dataclass
 class _Episode:
     agent: ModelAgent
-    env: AsyncTerminalEnv
+    env: AgentEnv
     session: Session
     transcript: Transcript
     workdir: str | None

@@ -40,6 +40,8 @@ class ModelConfig:
     action_format: ActionFormat = "tool"
     client: ClientKind = "chat"
     tokenizer: str | None = None  # tokens client; None: the model name (a local directory)
+    renderer: str = "auto"  # tokens client: the chat format (auto: decided from the model's files)
+    thinking: str = "cycle"  # tokens client: how much earlier reasoning the prompt keeps
     temperature: float = 1.0
     max_tokens: int = 4096
     context_window: int | None = None  # None: what the server reports
@@ -47,6 +49,7 @@ class ModelConfig:
     max_parse_errors: int = 3
     max_output_chars: int = 10_000
     max_output_tokens: int | None = 2048  # tokens client only (it has the tokenizer)
+    system_prompt: str | None = None  # None: the action format's own
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     max_retries: int = DEFAULT_MAX_RETRIES
     logprobs: bool = True
@@ -97,16 +100,19 @@ def build_model_agent(config: ModelConfig, *, environ: Mapping[str, str], connec
         max_parse_errors=config.max_parse_errors,
         context=config.context,
         max_output_chars=config.max_output_chars,
+        system_prompt=config.system_prompt,
     )
     server = Server(endpoint, connections=connections, context_length=config.context_window)
     if config.client == "tokens":
+        from termgym.agents.renderers import renderer_for_model_dir
         from termgym.agents.tokens import TokensClient, load_tokenizer
 
+        source = config.tokenizer or config.model
+        renderer = renderer_for_model_dir(
+            source, config.renderer, thinking=config.thinking, tokenizer=load_tokenizer(source)
+        )
         client: Any = TokensClient(
-            server,
-            load_tokenizer(config.tokenizer or config.model),
-            temperature=config.temperature,
-            max_observation_tokens=config.max_output_tokens,
+            server, renderer, temperature=config.temperature, max_observation_tokens=config.max_output_tokens
         )
     else:
         client = ChatClient(server, temperature=config.temperature, logprobs=config.logprobs)

@@ -14,6 +14,7 @@ from rich.console import Console
 from termgym.agents import AGENTS, ModelConfig, make_agent
 from termgym.agents.actions import ACTION_FORMATS
 from termgym.agents.model import CONTEXT_POLICIES
+from termgym.agents.renderers.base import THINKING_RETENTIONS
 from termgym.agents.settings import CLIENTS, build_model_agent
 from termgym.env import EnvOptions
 from termgym.errors import ConfigError
@@ -36,6 +37,10 @@ MODEL_FLAGS = (
     "action_format",
     "client",
     "tokenizer",
+    "renderer",
+    "thinking",
+    "system_prompt",
+    "max_output_tokens",
     "temperature",
     "max_tokens",
     "context_window",
@@ -97,6 +102,24 @@ def agent_options(sub: argparse.ArgumentParser) -> None:
         "--client", choices=CLIENTS, default=None, help="chat: the server renders; tokens: token ids in and out"
     )
     group.add_argument("--tokenizer", default=None, help="tokens client: tokenizer directory (default: --model)")
+    group.add_argument(
+        "--renderer",
+        default=None,
+        help="tokens client: the chat format (auto, chatml, qwen-xml, llama3, template; default auto: from the model's files)",
+    )
+    group.add_argument(
+        "--thinking",
+        choices=THINKING_RETENTIONS,
+        default=None,
+        help="tokens client: earlier reasoning kept in the prompt (all, cycle: within the tool cycle, strip; default cycle)",
+    )
+    group.add_argument("--system-prompt", default=None, help="the system prompt (default: the action format's own)")
+    group.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=None,
+        help="tokens client: tokens kept of each observation (default 2048)",
+    )
     group.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
     group.add_argument("--max-tokens", type=int, default=None, help="tokens per reply (default 4096)")
     group.add_argument("--context-window", type=int, default=None, help="tokens (default: what the server says)")

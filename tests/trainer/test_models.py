@@ -9,8 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from termgym.agents.renderers import family_spec, renderer_for_model_dir
 from termgym.trainer.config import PRESETS, Config, build_parser, field_docs, parse_config
-from termgym.trainer.models import IM_END, SPECIAL_TOKENS, SUBMIT_TOKEN, Critic
+from termgym.trainer.models import TINY_FAMILY, Critic
 
 
 def test_the_tiny_policy_is_a_normal_local_moe_model_directory(tiny_policy_dir):
@@ -19,8 +20,12 @@ def test_the_tiny_policy_is_a_normal_local_moe_model_directory(tiny_policy_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_policy_dir, local_files_only=True)
     assert model.config.model_type == "qwen3_moe" and model.config.num_experts > model.config.num_experts_per_tok
     assert 100_000 <= sum(p.numel() for p in model.parameters()) <= 5_000_000
-    assert [tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS] == [0, 1, 2, 3]
+    specials = family_spec(TINY_FAMILY).special_tokens
+    assert [tokenizer.convert_tokens_to_ids(t) for t in specials] == list(range(len(specials)))
     assert len(tokenizer) == model.config.vocab_size
+    assert model.config.eos_token_id == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    # the directory says its chat format: the renderer is found from its files, the template saved
+    assert renderer_for_model_dir(tiny_policy_dir).name == TINY_FAMILY and tokenizer.chat_template
 
 
 @pytest.mark.parametrize(
@@ -31,11 +36,13 @@ def test_the_byte_level_tokenizer_round_trips_any_text(tiny_policy, text):
     assert tokenizer.decode(tokenizer(text, add_special_tokens=False).input_ids) == text
 
 
-def test_shell_words_are_single_tokens_and_markers_are_special(tiny_policy):
+def test_shell_words_and_the_text_format_are_few_tokens_and_markers_are_special(tiny_policy):
     _, tokenizer = tiny_policy
     for word in ("grep", " grep", "xargs", " sed", "mkdir"):
         assert len(tokenizer(word, add_special_tokens=False).input_ids) == 1, word
-    for marker in (IM_END, SUBMIT_TOKEN):
+    # one id per piece of the pre-tokenizer: ``` bash \n : submit \n ```
+    assert len(tokenizer("```bash\n:submit\n```", add_special_tokens=False).input_ids) == 7
+    for marker in ("<|im_start|>", "<|im_end|>"):
         assert len(tokenizer(marker, add_special_tokens=False).input_ids) == 1
         assert len(tokenizer(marker, add_special_tokens=False, split_special_tokens=True).input_ids) > 1
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from termgym.agents.model import LoopSettings
+from termgym.agents.renderers import make_renderer
 from termgym.cli import main as termgym_main
 from termgym.env import EnvOptions
 from termgym.envs.families import generate_split
@@ -16,6 +18,8 @@ from termgym.tasks import load_task
 from termgym.trainer.evaluate import EvalSummary, evaluate, paired_change, summarise_records
 from termgym.trainer.plots import curves, write_plots
 from termgym.trainer.rollout import RolloutSettings
+
+SETTINGS = RolloutSettings(LoopSettings(action_format="text", max_tokens=8, context="none"), 512, 32)
 
 
 def test_summary_counts_resolved_passed_and_faults_per_family():
@@ -95,10 +99,10 @@ async def test_greedy_evaluation_runs_each_task_once_and_is_reproducible(tmp_pat
         seen = []
         summary, records = await evaluate(
             policy,
-            tokenizer,
+            make_renderer("chatml", tokenizer),
             tasks,
             options,
-            RolloutSettings(8, 512, 32),
+            SETTINGS,
             concurrency=3,
             on_record=lambda r, t, seen=seen: seen.append((r.task, t.commands)),
         )
@@ -117,14 +121,14 @@ async def test_sampled_evaluation_runs_each_task_k_times_with_draws_fixed_by_the
         seen = []
         summary, records = await evaluate(
             policy,
-            tokenizer,
+            make_renderer("chatml", tokenizer),
             tasks,
             options,
-            RolloutSettings(8, 512, 32),
+            SETTINGS,
             concurrency=concurrency,
             samples=4,
             seed=seed,
-            on_record=lambda r, t: seen.append((r.task, t.commands[0])),
+            on_record=lambda r, t: seen.append((r.task, tuple(t.samples[0].ids))),
         )
         assert summary.samples == 4 and summary.tasks == 3 and len(records) == 12
         assert [r.task for r in records] == [t.name for t in tasks for _ in range(4)]

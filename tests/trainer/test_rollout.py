@@ -1,5 +1,6 @@
-"""TITO rollouts: what is trained is what was sampled (property-based), batched sampling equals
-unbatched, and the re-tokenizing mode shows the drift TITO avoids."""
+"""TITO rollouts on the model agent's loop: what is trained is what was sampled (property-based),
+segments become samples, batched sampling equals unbatched, and the re-tokenizing mode shows the
+drift TITO avoids."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from termgym.env import SUBMIT
-from termgym.trainer.chat import ChatFormat
-from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, retokenized, token_drift
+from termgym.agents.model import ContextPolicy, LoopSettings
+from termgym.agents.renderers import make_renderer
+from termgym.trainer.rollout import RolloutSettings, Trajectory, retokenized, run_policy_episode, token_drift
 from termgym.trainer.sampler import BatchedSampler, Sampler, TokenSampler, next_token_logprobs
+from tests.trainer.fake_env import FakeEnv
 
 
 class ScriptedSampler(TokenSampler):
@@ -26,92 +28,123 @@ class ScriptedSampler(TokenSampler):
         return self.script.pop(0) if self.script else (self.end, -0.5)
 
 
-class FakeEnv:
-    """Echoes hostile observations; truncates after ``max_turns`` commands; SUBMIT ends it."""
-
-    def __init__(self, observations: list[str], max_turns: int) -> None:
-        self.observations, self.max_turns = observations, max_turns
-        self.done, self.turns, self.actions = False, 0, []
-
-    async def step(self, action: str):
-        self.actions.append(action)
-        if action == SUBMIT:
-            self.done = True
-            return "", 1.0, True, False, {}
-        self.turns += 1
-        self.done = self.turns >= self.max_turns
-        return self.observations[(self.turns - 1) % len(self.observations)], 0.0, False, self.done, {}
-
-
 def scripted(script: list[tuple[int, float]], end: int) -> Sampler:
-    # The scripted double implements only what drive_episode calls of a Sampler (generate_turn,
-    # records_routing): it has no model to publish.
+    # The scripted double implements only what an episode calls of a Sampler (generate_turn,
+    # records_routing, forget): it has no model to publish.
     return cast(Sampler, ScriptedSampler(script, end))
 
 
+def text_settings(
+    max_new: int, context: int, *, observation_tokens: int = 16, context_policy: ContextPolicy = "none"
+) -> RolloutSettings:
+    loop = LoopSettings(action_format="text", max_tokens=max_new, context=context_policy, system_prompt="Be brief.")
+    return RolloutSettings(loop, max_context=context, observation_tokens=observation_tokens)
+
+
+def run_episode(env, instruction, sampler, renderer, rollout, generator=None) -> Trajectory:
+    trajectory = Trajectory(task="t")
+    asyncio.run(run_policy_episode(env, instruction, {}, sampler, renderer, rollout, generator, trajectory))
+    return trajectory
+
+
 turn_strategy = st.tuples(
-    st.lists(st.integers(min_value=4, max_value=1023), max_size=12),  # ordinary tokens
-    st.sampled_from(["end", "submit", "none"]),  # how the turn stops
+    st.lists(st.integers(min_value=12, max_value=1023), max_size=12),  # ordinary tokens
+    st.sampled_from(["end", "command", "submit", "none"]),  # how the turn ends
 )
 hostile_text = st.lists(
-    st.sampled_from(list("ab $\n\t<|>_imendsubt") + ["<|im_end|>", "<|submit|>", "é"]), max_size=20
+    st.sampled_from(list("ab $\n\t<|>_imendsubt`") + ["<|im_end|>", "<|im_start|>", "<tool_call>", "```", "é"]),
+    max_size=20,
 ).map("".join)
 
 
-@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     turns=st.lists(turn_strategy, min_size=1, max_size=5),
     observations=st.lists(hostile_text, min_size=1, max_size=3),
     instruction=hostile_text,
     max_turns=st.integers(1, 5),
-    max_new=st.integers(1, 10),
+    max_new=st.integers(1, 24),
     context=st.integers(60, 600),
 )
 def test_trained_ids_are_the_sampled_ids_and_the_mask_covers_exactly_them(
     tiny_policy, turns, observations, instruction, max_turns, max_new, context
 ):
     _, tokenizer = tiny_policy
-    chat = ChatFormat(tokenizer)
+    renderer = make_renderer("chatml", tokenizer)
+    close = renderer.close_id
+    command = tokenizer("```bash\nls\n```", add_special_tokens=False).input_ids
+    submit = tokenizer("```bash\n:submit\n```", add_special_tokens=False).input_ids
     script = []
     for tokens, stop in turns:
-        script += [(t, -1.0 - i / 100) for i, t in enumerate(tokens)]
-        script += {"end": [(chat.im_end, -0.1)], "submit": [(chat.submit, -0.2)], "none": []}[stop]
+        body = {"end": tokens, "command": command, "submit": submit, "none": tokens}[stop]
+        script += [(t, -1.0 - i / 100) for i, t in enumerate(body)]
+        script += [] if stop == "none" else [(close, -0.1)]
     env = FakeEnv(observations, max_turns)
-    trajectory = Trajectory(task="t")
-    rollout = RolloutSettings(max_new_tokens=max_new, max_context=context, observation_tokens=16)
-    asyncio.run(
-        drive_episode(env, instruction, scripted(script, chat.im_end), chat, rollout, torch.Generator(), trajectory)
-    )
+    trajectory = run_episode(env, instruction, scripted(script, close), renderer, text_settings(max_new, context))
 
-    prompt = chat.prompt(instruction)
-    assert trajectory.ids[: len(prompt)] == prompt
-    sampled_positions = set()
-    for (start, end), sampled in zip(trajectory.turns, trajectory.sampled):
-        assert trajectory.ids[start:end] == sampled  # never decoded and re-encoded
-        sampled_positions |= set(range(start, end))
-    assert {i for i, m in enumerate(trajectory.loss_mask) if m} == sampled_positions
-    assert len(trajectory.loss_mask) == len(trajectory.logprobs) == len(trajectory.ids)
-    assert all(lp != 0.0 for i, lp in enumerate(trajectory.logprobs) if i in sampled_positions)
-    assert all(lp == 0.0 for i, lp in enumerate(trajectory.logprobs) if i not in sampled_positions)
+    assert env.done  # every episode ends verified: submitted, or truncated with a stop reason
+    assert trajectory.stop_reason is not None
+    specials = set(tokenizer.all_special_ids) | {tokenizer.convert_tokens_to_ids(t) for t in ("<tool_call>", "<think>")}
+    for sample in trajectory.samples:
+        sampled_positions = set()
+        for (start, end), sampled in zip(sample.turns, sample.sampled):
+            assert sample.ids[start:end] == sampled  # never decoded and re-encoded
+            sampled_positions |= set(range(start, end))
+        assert {i for i, m in enumerate(sample.loss_mask) if m} == sampled_positions
+        assert len(sample.loss_mask) == len(sample.logprobs) == len(sample.ids)
+        assert all(lp != 0.0 for i, lp in enumerate(sample.logprobs) if i in sampled_positions)
+        assert all(lp == 0.0 for i, lp in enumerate(sample.logprobs) if i not in sampled_positions)
+        assert len(sample.ids) <= context + 1  # the context, and at most a synthesized close
+        # Text never becomes a special id: outside the sampled spans, the only special ids are the
+        # framing's (no <tool_call> or <think>: the text format renders none).
+        framing = [t for i, t in enumerate(sample.ids) if i not in sampled_positions and t in specials]
+        assert tokenizer.convert_tokens_to_ids("<tool_call>") not in framing
+        assert tokenizer.convert_tokens_to_ids("<think>") not in framing
+        opens, closes = sample.ids.count(tokenizer.convert_tokens_to_ids("<|im_start|>")), sample.ids.count(close)
+        assert framing.count(tokenizer.convert_tokens_to_ids("<|im_start|>")) == opens  # only the framing opens turns
+        assert opens == closes + (sample.ids[-1] != close)  # every turn is closed, but a last one left open
     assert token_drift(trajectory) == 0
-    assert len(trajectory.ids) <= max(context, len(prompt))  # a prompt too long is kept whole, nothing sampled
-    assert env.done  # every episode ends verified (submitted or truncated by the env)
-    # Text never becomes a stop token: outside the sampled spans, <|submit|> never appears.
-    assert all(t != chat.submit for i, t in enumerate(trajectory.ids) if i not in sampled_positions)
+    assert trajectory.bridge_breaks == 0  # ChatML keeps every prefix
 
 
-def test_a_turn_that_runs_out_of_tokens_is_closed_by_the_framing(tiny_policy):
+def test_a_reply_that_runs_out_of_tokens_is_closed_outside_the_loss(tiny_policy):
     _, tokenizer = tiny_policy
-    chat = ChatFormat(tokenizer)
+    renderer = make_renderer("chatml", tokenizer)
     env = FakeEnv(["out"], max_turns=2)
-    trajectory = Trajectory(task="t")
-    script = [(10, -1.0), (11, -1.0), (12, -1.0)]
-    rollout = RolloutSettings(max_new_tokens=3, max_context=400)
-    asyncio.run(
-        drive_episode(env, "do it", scripted(script, chat.im_end), chat, rollout, torch.Generator(), trajectory)
-    )
-    end = trajectory.turns[0][1]
-    assert trajectory.ids[end] == chat.im_end and trajectory.loss_mask[end] == 0
+    script = [(20, -1.0), (21, -1.0), (22, -1.0)]
+    trajectory = run_episode(env, "do it", scripted(script, renderer.close_id), renderer, text_settings(3, 400))
+    (sample,) = trajectory.samples
+    end = sample.turns[0][1]
+    assert sample.ids[end] == renderer.close_id and sample.loss_mask[end] == 0
+    assert trajectory.parse_errors >= 1  # three arbitrary tokens are no fenced command
+
+
+def test_a_command_runs_and_the_submit_ends_the_episode(tiny_policy):
+    _, tokenizer = tiny_policy
+    renderer = make_renderer("chatml", tokenizer)
+    close = renderer.close_id
+    reply = lambda text: [(t, -0.5) for t in tokenizer(text, add_special_tokens=False).input_ids] + [(close, -0.1)]  # noqa: E731
+    script = reply("```bash\necho hi\n```") + reply("```bash\n:submit\n```")
+    env = FakeEnv(["hi"], max_turns=4)
+    trajectory = run_episode(env, "say hi", scripted(script, close), renderer, text_settings(24, 400))
+    assert env.actions[0] == "echo hi" and trajectory.commands == ["echo hi"]
+    assert trajectory.stop_reason == "submitted" and len(trajectory.samples) == 1
+    assert trajectory.bridges == 1 and trajectory.replies == 2
+
+
+def test_elided_history_continues_as_a_new_sample_with_the_earlier_tokens_as_prompt(tiny_policy):
+    _, tokenizer = tiny_policy
+    renderer = make_renderer("chatml", tokenizer)
+    close = renderer.close_id
+    reply = [(t, -0.5) for t in tokenizer("```bash\nls\n```", add_special_tokens=False).input_ids] + [(close, -0.1)]
+    env = FakeEnv(["x" * 200], max_turns=8)
+    rollout = text_settings(16, 260, observation_tokens=40, context_policy="truncate")
+    trajectory = run_episode(env, "list", scripted(reply * 8, close), renderer, rollout)
+    assert len(trajectory.samples) >= 2
+    assert [s.reason for s in trajectory.samples][1:] == ["truncate"] * (len(trajectory.samples) - 1)
+    assert token_drift(trajectory) == 0
+    for sample in trajectory.samples:
+        assert sample.loss_mask[0] == 0 and sum(sample.loss_mask) >= 1  # each sample opens with its prompt
 
 
 def test_batched_next_token_logprobs_equal_unbatched(tiny_policy):
@@ -168,20 +201,23 @@ def test_a_failure_after_the_forward_fails_every_unanswered_request_instead_of_h
 
 
 def test_retokenizing_drifts_where_tito_does_not(tiny_policy):
+    from termgym.trainer.rollout import Sample
+
     _, tokenizer = tiny_policy
-    chat = ChatFormat(tokenizer)
-    word = next(w for w in ("mkdir", "grep", "echo", "sort") if len(chat.text(w)) == 1)
-    pieces = [chat.text(c)[0] for c in word]  # a valid sampling of the word, one byte at a time
-    prompt = chat.prompt("x")
-    ids = prompt + pieces + [chat.im_end]
-    trajectory = Trajectory(
-        task="t",
+    renderer = make_renderer("chatml", tokenizer)
+    encode = renderer.encode
+    word = next(w for w in ("mkdir", "grep", "echo", "sort") if len(encode(w)) == 1)
+    pieces = [encode(c)[0] for c in word]  # a valid sampling of the word, one byte at a time
+    prompt = renderer.render([{"role": "user", "content": "x"}])
+    ids = prompt + pieces + [renderer.close_id]
+    sample = Sample(
         ids=ids,
         loss_mask=[0] * len(prompt) + [1] * (len(pieces) + 1),
         logprobs=[0.0] * len(prompt) + [-1.0] * (len(pieces) + 1),
         turns=[(len(prompt), len(ids))],
-        sampled=[pieces + [chat.im_end]],
+        sampled=[pieces + [renderer.close_id]],
     )
+    trajectory = Trajectory(task="t", samples=[sample])
     assert token_drift(trajectory) == 0
     assert token_drift(retokenized(trajectory, tokenizer)) > 0
 
@@ -198,10 +234,10 @@ def test_policy_runner_on_the_embedded_backend(tiny_policy, tmp_path, no_leaks):
     model, tokenizer = tiny_policy
     runner = PolicyRunner(
         BatchedSampler(model),
-        ChatFormat(tokenizer),
+        make_renderer("chatml", tokenizer),
         EnvOptions(max_turns=1, command_timeout=5.0),
         Pacer(),
-        RolloutSettings(max_new_tokens=4, max_context=400),
+        text_settings(4, 400),
         seed=3,
     )
     good = load_task(write_task(tmp_path / "good"))
@@ -217,7 +253,7 @@ def test_policy_runner_on_the_embedded_backend(tiny_policy, tmp_path, no_leaks):
     assert record.error is None and record.total == 2 and record.agent == "policy"
     assert trajectory.policy_version == 5 and trajectory.reward == record.reward
     assert progress.env is not None and progress.created_at is not None  # paced, and watched
-    assert sum(trajectory.loss_mask) >= 1 and token_drift(trajectory) == 0
+    assert sum(trajectory.samples[0].loss_mask) >= 1 and token_drift(trajectory) == 0
     failed_error = runner.record_of(failed).error
     assert failed_error is not None
     assert failed_error["kind"] == "build_failed"

@@ -17,14 +17,14 @@ from torch.nn import functional as F
 from transformers import Qwen3_5MoeTextConfig, Qwen3MoeForCausalLM
 from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeForCausalLM
 
-from termgym.env import SUBMIT
+from termgym.agents.model import LoopSettings
+from termgym.agents.renderers import make_renderer
 from termgym.trainer import losses
 from termgym.trainer.batch import forward_logp, make_batch
-from termgym.trainer.chat import ChatFormat
 from termgym.trainer.config import Config, parse_config
 from termgym.trainer.models import tiny_config
 from termgym.trainer.ppo import ppo_update
-from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode
+from termgym.trainer.rollout import RolloutSettings, Sample, Trajectory, run_policy_episode
 from termgym.trainer.routing import (
     UnsupportedRouter,
     disable_router_aux_loss,
@@ -34,34 +34,27 @@ from termgym.trainer.routing import (
     stack_routing,
 )
 from termgym.trainer.sampler import BatchedSampler
+from tests.trainer.fake_env import FakeEnv
 
 
-class FakeEnv:
-    """Three commands, each answered with the same listing; SUBMIT ends it."""
-
-    def __init__(self, turns: int = 3) -> None:
-        self.done, self.turns, self.max_turns = False, 0, turns
-
-    async def step(self, action: str):
-        if action == SUBMIT:
-            self.done = True
-            return "", 1.0, True, False, {}
-        self.turns += 1
-        self.done = self.turns >= self.max_turns
-        return "a.txt b.txt\nhello world", 0.0, False, self.done, {}
+def _settings(max_new_tokens: int, context: int, observation_tokens: int) -> RolloutSettings:
+    loop = LoopSettings(action_format="text", max_tokens=max_new_tokens, context="none", system_prompt="Be brief.")
+    return RolloutSettings(loop, context, observation_tokens)
 
 
-async def _episodes(policy, tokenizer, n: int, turns: int = 3, max_new_tokens: int = 16) -> list[Trajectory]:
+async def _episodes(policy, tokenizer, n: int, turns: int = 3, max_new_tokens: int = 16) -> list[Sample]:
+    """The samples of ``n`` episodes of a random policy on a scripted env (each one segment)."""
     sampler = BatchedSampler(copy.deepcopy(policy), pad_id=tokenizer.pad_token_id)  # the generator's own copy
-    chat, rollout = ChatFormat(tokenizer), RolloutSettings(max_new_tokens, 400, 24)
+    renderer, rollout = make_renderer("chatml", tokenizer), _settings(max_new_tokens, 400, 24)
     trajectories = [Trajectory(task="t", launch=i) for i in range(n)]
     await asyncio.gather(
         *[
-            drive_episode(
-                FakeEnv(turns),
+            run_policy_episode(
+                FakeEnv(["a.txt b.txt\nhello world"], turns),
                 "count the words in /app/a.txt",
+                {},
                 sampler,
-                chat,
+                renderer,
                 rollout,
                 torch.Generator().manual_seed(i),
                 t,
@@ -69,15 +62,17 @@ async def _episodes(policy, tokenizer, n: int, turns: int = 3, max_new_tokens: i
             for i, t in enumerate(trajectories)
         ]
     )
-    return trajectories
+    assert all(len(t.samples) == 1 for t in trajectories)
+    return [t.samples[0] for t in trajectories]
 
 
 @pytest.fixture(scope="module")
 def sampled(tiny_policy):
     """Four episodes of three turns sampled (batched) by the tiny policy, and their batch."""
     policy, tokenizer = tiny_policy
-    trajectories = asyncio.run(_episodes(policy, tokenizer, 4))
-    return trajectories, make_batch(trajectories, [1.0] * 4, tokenizer.pad_token_id)
+    samples = asyncio.run(_episodes(policy, tokenizer, 4))
+    episodes = [Trajectory(task="t", samples=[s]) for s in samples]
+    return samples, make_batch(episodes, [1.0] * 4, tokenizer.pad_token_id)
 
 
 def logp_gap(model, batch, *, replay: bool) -> tuple[torch.Tensor, float, float | None]:
@@ -107,8 +102,8 @@ def perturbed_router(policy, scale: float = 0.1, seed: int = 1):
 # -- what the sampler records ----------------------------------------------------------------------
 
 
-def consumed_of(t: Trajectory) -> set[int]:
-    """Sampled positions some sampler forward read: all but the episode's last sampled token."""
+def consumed_of(t: Sample) -> set[int]:
+    """Sampled positions some sampler forward read: all but the segment's last sampled token."""
     return set([p for p, m in enumerate(t.loss_mask) if m][:-1])
 
 
@@ -132,7 +127,7 @@ def test_sampler_records_routing_at_consumed_sampled_positions_only(sampled, tin
         same = (t.routing[rows].sort(-1).values == full[rows].sort(-1).values).all(-1)
         assert float(same.float().mean()) >= 0.99  # all, here; batched forwards may differ at 1e-8 on a near tie
     t = trajectories[0]
-    rows = json.loads(t.to_json())["routing"]
+    rows = json.loads(json.dumps(t.to_dict()))["routing"]
     assert len(rows) == len(t.ids) and [p for p, row in enumerate(rows) if row is not None] == sorted(consumed_of(t))
     assert all(rows[p] == t.routing[p].tolist() for p in consumed_of(t))
 
@@ -143,19 +138,21 @@ def test_dense_or_unrecorded_sampler_leaves_routing_empty(tiny_policy):
     async def one() -> Trajectory:
         sampler = BatchedSampler(copy.deepcopy(policy), record_routing=False)
         trajectory = Trajectory(task="t")
-        await drive_episode(
-            FakeEnv(1),
+        await run_policy_episode(
+            FakeEnv(["out"], 1),
             "x",
+            {},
             sampler,
-            ChatFormat(tokenizer),
-            RolloutSettings(4, 200, 8),
+            make_renderer("chatml", tokenizer),
+            _settings(4, 200, 8),
             torch.Generator().manual_seed(0),
             trajectory,
         )
         return trajectory
 
     trajectory = asyncio.run(one())
-    assert trajectory.routing is None and json.loads(trajectory.to_json())["routing"] is None
+    (sample,) = trajectory.samples
+    assert sample.routing is None and json.loads(trajectory.to_json())["samples"][0]["routing"] is None
     assert make_batch([trajectory], [1.0], 0)["routing"] is None
 
 

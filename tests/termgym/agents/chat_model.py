@@ -20,8 +20,8 @@ Guarantees:
 * trained (the default), the model replies greedily to a conversation ending in a user turn with
   ``BASH_LS_CALL`` and to one ending in a tool response with ``SUBMIT_CALL`` (each then
   ``<|im_end|>``); ``build_chat_model`` checks both on conversations it did not train on and raises
-  ``RuntimeError`` otherwise. Training is deterministic in ``seed`` on CPU (a fixed thread count)
-  and takes 150 AdamW steps of 8 conversations: about 25 s on 2 idle cores (0.16 s a step; more
+  ``RuntimeError`` otherwise. Training is deterministic in ``seed`` on CPU (it runs on one thread)
+  and takes 300 AdamW steps of 8 conversations: about 50 s on 2 idle cores (0.16 s a step; more
   on a loaded machine).
 
 Not guaranteed: anything beyond those two replies (the model knows nothing else); the replies on
@@ -48,16 +48,16 @@ from tokenizers import AddedToken
 from termgym.agents.actions import TOOLS as AGENT_TOOLS
 from termgym.agents.prompts import system_prompt, task_prompt
 from termgym.trainer.models import (
-    IM_END,
     Qwen3MoeForCausalLM,
     corpus_texts,
     tiny_config,
     train_tokenizer,
 )
 
+IM_END = "<|im_end|>"
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 HEAD_DIM = 64  # vLLM's CPU attention backend needs at least 64
-DECISION_WEIGHT = 10.0  # the loss weight of the id that picks the tool (bash or submit)
+DECISION_WEIGHT = 10.0  # the loss weight of the ids that tell a bash call from a submit
 
 # The model is trained with the tools and system prompt the model agent sends (termgym.agents), so
 # that a served request renders into what it learned.
@@ -154,11 +154,12 @@ def tool_call_message(name: str, arguments: dict) -> dict:
 @dataclass(frozen=True)
 class Example:
     """One training conversation: the prompt ids (ending in the generation prompt), the reply, and
-    the index in the reply of the id that tells the two replies apart (the tool's name)."""
+    the indices in the reply of the ids that tell the two replies apart (the tool's name, and where
+    the arguments begin to differ)."""
 
     prompt: list[int]
     reply: list[int]
-    decision: int
+    decisions: tuple[int, ...]
 
 
 def reply_ids(tokenizer, text: str) -> list[int]:
@@ -208,13 +209,13 @@ def examples(
     tool response (reply: ``SUBMIT_CALL``)."""
     rng = random.Random(seed)
     bash, submit = reply_ids(tokenizer, BASH_LS_CALL), reply_ids(tokenizer, SUBMIT_CALL)
-    decision = next(i for i, (a, b) in enumerate(zip(bash, submit)) if a != b)
+    decisions = tuple(i for i, (a, b) in enumerate(zip(bash, submit)) if a != b)
     out = []
     for n in range(count):
         ends_with_tool = n % 2 == 1
         messages = conversation(rng, snippets, ends_with_tool=ends_with_tool, instructions=instructions)
         prompt = render_ids(tokenizer, messages, generation_prompt=True)
-        out.append(Example(prompt, submit if ends_with_tool else bash, decision))
+        out.append(Example(prompt, submit if ends_with_tool else bash, decisions))
     return out
 
 
@@ -241,7 +242,8 @@ def train_replies(
             mask[row, : len(sequence)] = 1
             labels[row, len(e.prompt) : len(sequence)] = torch.tensor(e.reply)
             weights[row, len(e.prompt) : len(sequence)] = 1.0
-            weights[row, len(e.prompt) + e.decision] = DECISION_WEIGHT
+            for decision in e.decisions:
+                weights[row, len(e.prompt) + decision] = DECISION_WEIGHT
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
         token_loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), labels[:, 1:], reduction="none")
         loss = (token_loss * weights[:, 1:]).sum() / weights[:, 1:].sum()
@@ -297,7 +299,7 @@ def build_chat_model(
     *,
     seed: int = 0,
     train: bool = True,
-    steps: int = 150,
+    steps: int = 300,
     batch: int = 8,
     lr: float = 5e-3,
     envs_root: Path | None = None,
@@ -317,7 +319,12 @@ def build_chat_model(
     if train:
         start, cpu_start = time.monotonic(), time.process_time()
         data = examples(tokenizer, _snippets(corpus_texts(envs_root)), 512, seed, bundled_instructions(envs_root))
-        losses = train_replies(model, data, steps=steps, batch=batch, lr=lr, seed=seed)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # one thread: the same sums on every machine, so the same model
+        try:
+            losses = train_replies(model, data, steps=steps, batch=batch, lr=lr, seed=seed)
+        finally:
+            torch.set_num_threads(threads)
         LAST_TRAINING = TrainingReport(time.monotonic() - start, time.process_time() - cpu_start, steps, losses[-1])
         eos = tokenizer.convert_tokens_to_ids(IM_END)
         assert isinstance(eos, int)  # one token, one id

@@ -5,7 +5,9 @@ session of its own, configured for CPU and a small footprint (float32, a bounded
 context, eager mode) and for tool calling (``--enable-auto-tool-choice --tool-call-parser hermes``)
 with processed log-probs (``--logprobs-mode processed_logprobs``: after temperature scaling, as the
 sampler draws them). ``base_url`` is ``http://127.0.0.1:PORT/v1``, what ``openai.OpenAI`` and
-``openai.AsyncOpenAI`` take.
+``openai.AsyncOpenAI`` take. ``extra_args`` are appended to the command line and ``env`` to the
+environment (e.g. ``--worker-extension-cls ...`` and ``VLLM_SERVER_DEV_MODE=1`` for a server that
+takes published weights, ``trainer/server_sampler.py``).
 
 Guarantees:
 
@@ -46,7 +48,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -79,6 +81,7 @@ class VllmServer:
         max_num_seqs: int = 16,
         seed: int = 0,
         extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
         startup_timeout: float = 300.0,
         stop_grace: float = 10.0,
         log_path: str | os.PathLike | None = None,
@@ -90,6 +93,7 @@ class VllmServer:
         self.max_num_seqs = max_num_seqs
         self.seed = seed
         self.extra_args = tuple(extra_args)
+        self.extra_env = dict(env or {})
         self.startup_timeout = startup_timeout
         self.stop_grace = stop_grace
         self.port = 0
@@ -164,6 +168,7 @@ class VllmServer:
             TMPDIR=str(self._runtime_dir),  # and its other files (the gloo store /tmp/vllm_dist_*, never removed)
             PYTHONUNBUFFERED="1",
         )
+        env.update(self.extra_env)  # the caller's (VLLM_SERVER_DEV_MODE=1, say), last
         return env
 
     # -- lifetime --------------------------------------------------------------------------------

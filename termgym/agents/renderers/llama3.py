@@ -1,0 +1,127 @@
+"""Llama 3 (3.1 and later; 3.0 without ``<|eom_id|>``): header-framed turns, tool results in the
+``ipython`` role, tool calls as the reply's whole text.
+
+What a conversation renders to (``templates/llama3.jinja`` renders the same text)::
+
+    <|begin_of_text|><|start_header_id|>system<|end_header_id|>\\n\\nEnvironment: ipython\\n\\n{how to call}\\n\\n{tool JSON, indent 4}\\n\\n...{system}<|eot_id|>
+    <|start_header_id|>user<|end_header_id|>\\n\\n{content}<|eot_id|>
+    <|start_header_id|>assistant<|end_header_id|>\\n\\n{"name": N, "parameters": A}<|eot_id|>
+    <|start_header_id|>ipython<|end_header_id|>\\n\\n{result}<|eot_id|>
+    <|start_header_id|>assistant<|end_header_id|>\\n\\n                    (the generation prompt)
+
+The system turn exists when there is a system message or tools. A reply is its content, or one
+tool call and nothing else, written as Llama 3.1's documented JSON ``{"name": ..., "parameters":
+{...}}`` (string arguments as they are, a mapping as ``json.dumps``); a message with two calls, or
+a call and content, is a ``ValueError``. Llama has no reasoning blocks: reasoning is never
+rendered and never parsed (``reasoning`` is None), so no retention ever breaks a bridge.
+
+Llama has no tool-call token, so ``parse`` reads the text of the whole reply: it is a call when it
+is one JSON object with a string ``name`` (arguments from ``parameters``, or ``arguments``, or
+none); it is an unreadable call (``name=None``, the raw text) when it starts with
+``<|python_tag|>`` or with ``{"name"`` and is not such an object; otherwise it is content. The
+stop ids are ``<|eot_id|>``, ``<|eom_id|>`` and ``<|end_of_text|>`` (those the tokenizer has); the
+close id is ``<|eot_id|>``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from termgym.agents.actions import ToolCall
+from termgym.agents.renderers.base import ParsedReply, ThinkingRetention
+from termgym.agents.renderers.chatml import arguments_text
+from termgym.agents.renderers.families import FAMILIES, FamilyRenderer, Part, message_text, tool_calls_of
+
+BEGIN, END_OF_TEXT = "<|begin_of_text|>", "<|end_of_text|>"
+START_HEADER, END_HEADER = "<|start_header_id|>", "<|end_header_id|>"
+EOT, EOM, PYTHON_TAG = "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"
+
+TOOLS_INTRO = (
+    "Environment: ipython\n\nYou can call the functions below. To call one, reply with nothing but a JSON object "
+    'of the form {"name": function name, "parameters": dictionary of argument names and values}. '
+    "Do not use variables.\n\n"
+)
+
+
+class Llama3Renderer(FamilyRenderer):
+    """The Llama 3 chat format, token-exact (module docstring)."""
+
+    name = "llama3"
+    spec = FAMILIES["llama3"]
+
+    def __init__(self, tokenizer: Any, *, thinking: ThinkingRetention = "cycle"):
+        super().__init__(tokenizer, thinking=thinking)
+        self.close_id: int = self.ids[EOT]
+        self.stop_ids: tuple[int, ...] = tuple(self.ids[t] for t in (EOT, EOM, END_OF_TEXT) if t in self.ids)
+
+    def _head(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> list[Part]:
+        parts: list[Part] = [self.ids[BEGIN]]
+        system = messages[0] if messages and messages[0].get("role") == "system" else None
+        if system is None and not tools:
+            return parts
+        text = "\n\n"
+        if tools:
+            text += TOOLS_INTRO + "".join(json.dumps(tool, ensure_ascii=False, indent=4) + "\n\n" for tool in tools)
+        if system is not None:
+            text += message_text(system)
+        return [*parts, *self._header("system"), text, self.ids[EOT]]
+
+    def _header(self, role: str) -> list[Part]:
+        return [self.ids[START_HEADER], role, self.ids[END_HEADER]]
+
+    def _message(self, messages: list[dict[str, Any]], index: int) -> list[Part]:
+        message = messages[index]
+        role = message.get("role")
+        if role not in ("system", "user", "tool"):
+            raise ValueError(f"the {self.name} format has no {role!r} messages")
+        return [*self._header("ipython" if role == "tool" else role), "\n\n" + message_text(message), self.ids[EOT]]
+
+    def _generation_prompt(self, kept: bool) -> list[Part]:
+        return [*self._header("assistant"), "\n\n"]
+
+    def _after_reply(self) -> list[Part]:
+        return []
+
+    def _reply(self, message: dict[str, Any], kept: bool) -> list[Part]:
+        calls = tool_calls_of(message)
+        content = message_text(message)
+        if not calls:
+            return [content, self.ids[EOT]]
+        if len(calls) > 1:
+            raise ValueError(f"a Llama 3 reply holds one tool call, not {len(calls)}")
+        if content:
+            raise ValueError("a Llama 3 tool call is the whole reply: the message must have no content")
+        name, arguments = calls[0]
+        if not name and isinstance(arguments, str):  # a call parse could not read: its raw text
+            return [arguments, self.ids[EOT]]
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        return ['{"name": "' + name + '", "parameters": ' + text + "}", self.ids[EOT]]
+
+    def _retention_breaks(self, message: dict[str, Any]) -> bool:
+        return False  # reasoning is never rendered
+
+    def parse(self, ids: Sequence[int]) -> ParsedReply:
+        body, closed = self._split_stop(ids, self.stop_ids)
+        tagged = PYTHON_TAG in self.ids and body[:1] == [self.ids[PYTHON_TAG]]
+        text = self._decode_text(body[1:] if tagged else body)
+        call = read_call(text, tagged)
+        if call is None:
+            return ParsedReply(text, None, [], closed)
+        return ParsedReply("", None, [call], closed)
+
+
+def read_call(text: str, tagged: bool) -> ToolCall | None:
+    """The reply's text as its one tool call, or None when it is content (module docstring)."""
+    body = text.strip()
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("name"), str):
+        key = "parameters" if "parameters" in data else "arguments"
+        return ToolCall("call_0", data["name"], arguments_text(body, data["name"], key, data.get(key, {})))
+    if tagged or body.startswith('{"name"'):
+        return ToolCall("call_0", None, text)
+    return None
