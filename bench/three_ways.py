@@ -39,6 +39,7 @@ from termgym.trainer.models import load_policy, policy_renderer
 from termgym.trainer.pipeline import build_policy, prepare_pool, record_demonstrations, warm_start
 from termgym.trainer.rollout import rollout_options, rollout_settings
 from termgym.trainer.vllm_sampler import VllmSampler
+from termgym.transcript import read_transcript
 from tests.termgym.agents.vllm_server import VllmServer
 
 
@@ -69,10 +70,10 @@ def served_records(policy_dir: Path, heldout: Path, cfg: Config, out: Path) -> l
     return [TrialRecord(**json.loads(line)) for line in (out / "trials.jsonl").read_text().splitlines()]
 
 
-def commands_of(run: Path, record: TrialRecord) -> list[str]:
-    """The commands of a served trial, from its transcript."""
-    transcript = json.loads((run / "trials" / record.trial_id / "trajectory.json").read_text())
-    return [t["action"].get("command", t["action"]["kind"]) for t in transcript["turns"]]
+def commands_of(record: TrialRecord) -> list[str]:
+    """The commands of a served trial, then its stop reason (as the in-process ways record them)."""
+    turns = read_transcript(record.transcript or "")["turns"]
+    return [*(t["action"]["command"] for t in turns if t["action"]["kind"] == "command"), record.stop_reason or ""]
 
 
 async def main_async(args) -> int:
@@ -117,7 +118,7 @@ async def main_async(args) -> int:
     served = served_records(policy_dir, heldout, cfg, out / "served")
     seconds["vllm serve + termgym run"] = time.monotonic() - began
     ways["vllm serve + termgym run"] = {r.task: r.resolved for r in served}
-    commands["vllm serve + termgym run"] = {r.task: commands_of(out / "served", r) for r in served}
+    commands["vllm serve + termgym run"] = {r.task: commands_of(r) for r in served}
 
     names = list(ways)
     print(f"held-out set: {len(tasks)} tasks, greedy, policy {policy_dir}")

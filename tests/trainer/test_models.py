@@ -83,6 +83,9 @@ def test_preset_then_explicit_flags():
         (["--mode", "fastest"], "--mode 'fastest'"),
         (["--steps", "0"], "--steps must be at least 1"),
         (["--pool", "10", "--heldout", "0"], "with --pool"),
+        (["--generator", "server"], "--generator server needs --base-url URL and --served-model NAME"),
+        (["--renderer", "gpt2"], "--renderer 'gpt2': choose one of auto, chatml"),
+        (["--thinking", "some"], "--thinking 'some'"),
     ],
 )
 def test_unusable_values_are_refused_before_any_work(flags, message, tmp_path, capsys):

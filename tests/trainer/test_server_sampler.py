@@ -311,3 +311,39 @@ def test_close_releases_the_client_and_the_scratch_directory(server, policy):
     other = ServerSampler(copy.deepcopy(policy), server.base_url, MODEL, max_context=MAX_CONTEXT)
     asyncio.run(other.aclose())
     assert not other._thread.is_alive()
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_termgym_train_with_the_server_generator_publishes_every_step(server, policy_dir, tmp_path, no_leaks):
+    """Two PPO steps sampled by the running server (no warm-up: step 1 publishes updated weights);
+    each step's publication is checked against the trainer, every trajectory carries its version,
+    and the server then serves the version of the last publication."""
+    import json
+    from urllib.request import urlopen
+
+    from termgym.cli import main as termgym_main
+
+    out = tmp_path / "run"
+    args = ["train", "--preset", "tiny-ppo", "--model", str(policy_dir), "--out", str(out), "--steps", "2"]
+    args += ["--batch-size", "2", "--minibatch-size", "2", "--concurrency", "2", "--max-turns", "2"]
+    args += [
+        "--critic-warmup-steps",
+        "0",
+        "--max-context",
+        str(MAX_CONTEXT),
+        "--tasks",
+        "text-processing/word-frequency",
+    ]
+    args += ["--generator", "server", "--base-url", server.base_url, "--served-model", MODEL]
+    assert termgym_main(args) == 0
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["policy_versions"] for m in metrics] == [[0], [1]]
+    for m in metrics:
+        assert m["publication_gap"] is not None and m["publication_gap"] < 1e-3
+        assert m["token_drift"] == 0 and m["routing_recorded"] is False  # no routed experts from a server
+        assert m["logprob_gap"] < 1e-3  # the server sampled with the weights the trainer recomputed with
+    trajectories = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert [t["policy_version"] for t in trajectories] == [t["step"] for t in trajectories]
+    with urlopen(root_url(server.base_url) + "/weight_info") as response:
+        assert json.loads(response.read())["weight_version"] == "1"

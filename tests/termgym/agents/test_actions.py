@@ -13,6 +13,7 @@ from termgym.agents.actions import (
     ParseFailure,
     Submit,
     ToolCall,
+    action_message,
     parse_hermes,
     parse_text,
     parse_tool_calls,
@@ -103,3 +104,13 @@ def test_parsing_never_raises(reply):
     _, calls = parse_hermes(reply)
     parse_tool_calls(calls)
     parse_tool_calls([ToolCall("x", "bash", reply)])
+
+
+@pytest.mark.parametrize("action", [Command("ls -la /app"), Command("sleep 2", timeout=30.0), Submit()])
+def test_the_message_of_an_action_parses_back_to_it_in_either_format(action):
+    text = action_message("text", Command(action.command) if isinstance(action, Command) else action)
+    assert parse_text(text["content"]) == (Command(action.command) if isinstance(action, Command) else action)
+    tool = action_message("tool", action)
+    (call,) = tool["tool_calls"]
+    arguments = json.dumps(call["function"]["arguments"])
+    assert parse_tool_calls([ToolCall(call["id"], call["function"]["name"], arguments)]) == action

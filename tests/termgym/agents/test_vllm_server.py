@@ -78,6 +78,7 @@ def test_tokens_mode_ids_are_exactly_what_was_sampled(server, trained_chat_model
         base_url=server.base_url,
         client="tokens",
         tokenizer=str(trained_chat_model),
+        renderer="template",  # the chat model's own template (the one it was trained on), prefix checked
         temperature=temperature,
         max_tokens=64,
     )
