@@ -44,6 +44,7 @@ from termgym.sandboxes.limits import PIDS_LIMIT
 
 START_HINT = "start it with scripts/docker-engine.sh, or as root: dockerd --iptables=false --bridge=none &"
 RESTART_TIMEOUT = 30.0
+SETTLE_TIMEOUT = 2.0  # how long a container the engine could not list may take to stop
 KEEPER = "sleep infinity"  # what the container runs under its init
 _DIFF_KINDS = {0: "C", 1: "A", 2: "D"}
 
@@ -212,20 +213,36 @@ class DockerSandbox(Sandbox):
             raise await self._fault(exc, "could not end the agent's processes") from exc
 
     async def check_alive(self) -> None:
+        """Returns while the container runs with its keeper; a container whose processes were
+        killed from inside is ``SandboxBroken``, also when it stops between the engine's two
+        answers (listing a dying container's processes fails; the state asked again says why)."""
         container = self._require()
-        try:
-            state = (await _run(docker_client().api.inspect_container, container)).get("State") or {}
-        except Exception as exc:
-            raise await self._fault(exc, "could not inspect the container") from exc
+        state = await self._state(container)
         if state.get("Running"):  # and its keeper too: the engine notices the init's exit a moment later
             try:
                 top = await _run(docker_client().api.top, container)
             except Exception as exc:
-                raise await self._fault(exc, "could not list the container's processes") from exc
-            if self._keeper is None or self._keeper in _column(top, "PID"):
-                return
+                state = await self._settled_state(container)
+                if state.get("Running"):
+                    raise await self._fault(exc, "could not list the container's processes") from exc
+            else:
+                if self._keeper is None or self._keeper in _column(top, "PID"):
+                    return
         oom = " (out of memory)" if state.get("OOMKilled") else ""
         raise await self._fault(_Stopped(), f"the container stopped{oom}: its processes were all killed from inside")
+
+    async def _state(self, container: str) -> dict:
+        try:
+            return (await _run(docker_client().api.inspect_container, container)).get("State") or {}
+        except Exception as exc:
+            raise await self._fault(exc, "could not inspect the container") from exc
+
+    async def _settled_state(self, container: str) -> dict:
+        """The state once a container the engine could not list has had a moment to stop."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while (state := await self._state(container)).get("Running") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return state
 
     async def changed_system_paths(self) -> list[str] | None:
         try:
