@@ -21,7 +21,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from termgym.artifacts import MAX_ARTIFACT_BYTES, artifact_paths, safe_artifacts
 from termgym.errors import ConfigError, EpisodeError, SandboxBroken, SandboxError
 from termgym.images.build import load_aliases
 from termgym.output import DEFAULT_OUTPUT_LIMIT
+from termgym.overrides import PULL_POLICIES, RunOverrides, apply_overrides
 from termgym.records import TrialError
 from termgym.sandboxes import create_sandbox
 from termgym.sandboxes.base import Sandbox, SandboxSpec
@@ -56,8 +57,16 @@ class EnvOptions:
     image_aliases: Mapping[str, str] | None = None  # None: built-in and config-file aliases
     tamper: str = "warn"  # changed system paths: "warn" records them, "fail" scores the trial 0
     trials_dir: str | None = None  # where each trial's directory (its transcript) goes; None: not kept
+    overrides: RunOverrides = field(default_factory=RunOverrides)  # Harbor's run overrides (termgym.overrides)
+    pull: str = "missing"  # registry images (docker): missing, never, always
+    build: bool = False  # build the Dockerfile even when the task names a docker_image
+    keep: bool = False  # leave the sandbox running after the episode (record.kept says how to enter it)
 
     def __post_init__(self) -> None:
+        if self.pull not in PULL_POLICIES:
+            raise ConfigError(f"--pull must be one of {', '.join(PULL_POLICIES)}, got {self.pull!r}")
+        if isinstance(self.reward_scale, bool) or not isinstance(self.reward_scale, int) or self.reward_scale < 1:
+            raise ConfigError(f"--reward-scale must be a whole number of at least 1, got {self.reward_scale!r}")
         if self.tamper not in TAMPER_POLICIES:
             raise ConfigError(f"tamper must be one of {', '.join(TAMPER_POLICIES)}, got {self.tamper!r}")
         if self.max_turns < 1:
@@ -92,8 +101,10 @@ class AsyncTerminalEnv:
         *,
         sandbox_factory: Callable[[Task, EnvOptions], Sandbox] | None = None,
     ) -> None:
-        self.task = task
         self.options = options or EnvOptions()
+        self.original_task = task
+        # the task as the run's overrides change it; what applied goes in the record
+        self.task, self.overrides, self._override_warnings = apply_overrides(task, self.options.overrides)
         self.run_id = self.options.run_id or uuid.uuid4().hex[:12]
         self._factory = sandbox_factory or default_sandbox_factory
         self.sandbox: Sandbox | None = None
@@ -106,6 +117,7 @@ class AsyncTerminalEnv:
         self.error: TrialError | None = None
         self.warnings: list[str] = []
         self.system_changes: list[str] | None = None
+        self.image: dict[str, str] = {}  # the image the episode's sandbox ran (Sandbox.image)
         self.transcript = Transcript(task=task.name, instruction=task.instruction)
 
     @property
@@ -136,7 +148,8 @@ class AsyncTerminalEnv:
             await asyncio.shield(self.close())
             raise
         self.timings["setup"] = time.monotonic() - started
-        self.warnings = list(self.sandbox.warnings)
+        self.warnings = [*self._override_warnings, *self.task.warnings, *self.sandbox.warnings]
+        self.image = dict(self.sandbox.image)
         self._deadline = time.monotonic() + self.agent_timeout
         info = {
             "task": self.task.name,
@@ -144,7 +157,7 @@ class AsyncTerminalEnv:
             "workdir": self.sandbox.workdir,
             "max_turns": self.options.max_turns,
             "agent_timeout": self.agent_timeout,
-            "warnings": list(self.sandbox.warnings),
+            "warnings": list(self.warnings),
         }
         return self.task.instruction, info
 
@@ -349,7 +362,14 @@ def fault(exc: SandboxError, *, agent_acted: bool) -> TrialError:
     return {"kind": "sandbox_error", "message": str(exc)}
 
 
-def sandbox_spec(task: Task, *, run_id: str, image_aliases: Mapping[str, str] | None = None) -> SandboxSpec:
+def sandbox_spec(
+    task: Task,
+    *,
+    run_id: str,
+    image_aliases: Mapping[str, str] | None = None,
+    pull: str = "missing",
+    prefer_build: bool = False,
+) -> SandboxSpec:
     """The sandbox a task's environment needs, labelled as DESIGN.md says. ``image_aliases``
     defaults to the built-in ones plus the config file's (``termgym.images.build.load_aliases``)."""
     return SandboxSpec(
@@ -364,13 +384,22 @@ def sandbox_spec(task: Task, *, run_id: str, image_aliases: Mapping[str, str] | 
         build_timeout_sec=task.build_timeout_sec,
         compose_file=task.compose_file,
         image_aliases=dict(image_aliases) if image_aliases is not None else load_aliases(),
+        pull=pull,
+        prefer_build=prefer_build,
     )
 
 
 def default_sandbox_factory(task: Task, options: EnvOptions) -> Sandbox:
     """The sandbox ``options.backend`` makes for ``task``, labelled with the run id, with image aliases."""
     return create_sandbox(
-        options.backend, sandbox_spec(task, run_id=options.run_id, image_aliases=options.image_aliases)
+        options.backend,
+        sandbox_spec(
+            task,
+            run_id=options.run_id,
+            image_aliases=options.image_aliases,
+            pull=options.pull,
+            prefer_build=options.build,
+        ),
     )
 
 

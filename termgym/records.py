@@ -64,6 +64,13 @@ class TrialRecord:
     parse_errors: int = 0  # model replies that did not parse as an action
     usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens, requests (model agents)
     transcript: str | None = None  # the trial's trajectory.json, when the run keeps transcripts
+    reward_scale: int = 20  # the S of the reward the trial was scored with (termgym.verifiers)
+    image: dict[str, str] = field(default_factory=dict)  # ref, source ("docker_image", "build", "host"), digest
+    overrides: dict[str, Any] = field(default_factory=dict)  # the run's overrides that applied: name -> value
+    network: dict[str, bool] = field(default_factory=dict)  # per phase: what the task asked, what it got
+    artifacts: list[str] = field(default_factory=list)  # files copied out of the sandbox, relative to the trial dir
+    steps: list[dict[str, Any]] = field(default_factory=list)  # multi-step tasks: one result per [[steps]] entry
+    kept: dict[str, str] | None = None  # --keep: the sandbox left running (backend, id, attach and remove commands)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=False)

@@ -52,12 +52,14 @@ __all__ = [
     "DEFAULT_AGENT_TIMEOUT_SEC",
     "DEFAULT_BUILD_TIMEOUT_SEC",
     "DEFAULT_VERIFIER_TIMEOUT_SEC",
+    "Healthcheck",
     "RESOURCE_BOUNDS",
     "TB1_DEFAULT_AGENT_TIMEOUT_SEC",
     "TB1_DEFAULT_TEST_TIMEOUT_SEC",
     "Resources",
     "Task",
     "TaskError",
+    "TaskStep",
     "discover_tasks",
     "load_task",
 ]
@@ -91,6 +93,34 @@ class TaskError(ConfigError):
         self.path = Path(path)
         self.problem = " ".join(problem.split())
         super().__init__(f"{self.path}: {self.problem}")
+
+
+@dataclass(frozen=True)
+class Healthcheck:
+    """Harbor's ``[environment].healthcheck``: ``command`` (run by ``sh -c`` in the sandbox) must
+    exit 0 before the agent gets the environment; tried every ``interval_sec``, each try at most
+    ``timeout_sec``; failures during ``start_period_sec`` do not count against ``retries``."""
+
+    command: str
+    interval_sec: float = 5.0
+    timeout_sec: float = 30.0
+    start_period_sec: float = 0.0
+    retries: int = 3
+
+
+@dataclass(frozen=True)
+class TaskStep:
+    """One entry of a multi-step task's ``[[steps]]``: its own instruction, tests and solution
+    (``steps/<name>/``), run in order in the same sandbox."""
+
+    name: str
+    instruction: str
+    tests_dir: Path
+    test_script: str
+    solution_dir: Path | None
+    solution_script: str | None
+    agent_timeout_sec: float
+    verifier_timeout_sec: float
 
 
 @dataclass(frozen=True)
@@ -129,7 +159,15 @@ class Task:
     report_format: ReportFormat | None = None  # [verifier].report_format: grade that source alone
     expected_assertions: int | None = None  # [verifier].assertions, or what an audit counted
     verifier_mode: Literal["shared", "separate"] = "shared"  # [verifier].environment_mode
-    artifacts: tuple[str, ...] = ()  # absolute paths: copied into a separate verifier's sandbox
+    artifacts: tuple[str, ...] = ()  # absolute paths: copied out after the episode (and into a separate verifier)
+    agent_user: str | None = None  # [agent].user: who the agent's shell runs as (None: the image's user)
+    verifier_user: str | None = None  # [verifier].user: who the test script runs as
+    agent_network: bool | None = None  # [agent].network_mode / allow_internet (None: the environment's)
+    verifier_network: bool | None = None  # [verifier].network_mode / allow_internet (None: the environment's)
+    healthcheck: Healthcheck | None = None  # [environment].healthcheck
+    steps: tuple[TaskStep, ...] = ()  # [[steps]]: a multi-step task
+    multi_step_reward_strategy: Literal["mean", "final"] = "mean"
+    warnings: tuple[str, ...] = ()  # what loading noticed and accepted (unknown keys), one line each
 
     def solution_files(self) -> list[tuple[Path, str]]:
         """``(host file, path relative to /solution)`` for each file to upload, sorted.

@@ -53,8 +53,10 @@ async def run_trial(
         run_id=options.run_id,
         trial_id=uuid.uuid4().hex[:12],
         family=task.family,
+        reward_scale=options.reward_scale,
     )
     env = AsyncTerminalEnv(task, options, sandbox_factory=sandbox_factory)
+    record.overrides = dict(env.overrides)
     try:
         async with env:
             instruction, info = await env.reset()
@@ -79,6 +81,7 @@ async def run_trial(
     record.timings = {**env.timings, "total": time.monotonic() - started}
     record.warnings = record.warnings or list(env.warnings)
     record.system_changes = env.system_changes
+    record.image = dict(env.image)
     _keep_transcript(record, env, options)
     return record
 

@@ -43,6 +43,7 @@ from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.errors import ConfigError, TermgymError
 from termgym.images.dockerfile import CopyStep, DockerfileError, WorkdirStep, parse_dockerfile
 from termgym.output import plain_text as plain
+from termgym.overrides import override_fields
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
 from termgym.tasks import Task
@@ -255,7 +256,10 @@ async def run_audit(args, tasks: list[Task], console) -> int:
     )
     await asyncio.to_thread(preflight, args.backend)
     options = EnvOptions(
-        backend=args.backend, run_id=f"audit-{uuid.uuid4().hex[:8]}", image_aliases=load_aliases(args.image_alias)
+        backend=args.backend,
+        run_id=f"audit-{uuid.uuid4().hex[:8]}",
+        image_aliases=load_aliases(args.image_alias),
+        **override_fields(args),
     )
     cache_path: Path | None = args.cache
     cache = AuditCache.load(cache_path) if cache_path is not None else None

@@ -1,4 +1,4 @@
-"""The ``termgym`` command line: check, shell, run, replay, audit, list, demo, gc, images, train.
+"""The ``termgym`` command line: check, shell, run, replay, report, audit, list, demo, gc, images, train.
 
 Exit codes: 0 when the trials ran (whatever they scored), 2 for bad usage or an invalid task (one
 line on stderr, no traceback), 1 for an infrastructure failure (the trial's record says which).
@@ -21,11 +21,14 @@ from termgym.cli.common import (
     agent_options,
     apply_config_file,
     backend_option,
+    run_overrides_options,
     tamper_option,
 )
-from termgym.cli.episodes import cmd_check, cmd_replay, cmd_shell
+from termgym.cli.episodes import cmd_check, cmd_replay
 from termgym.cli.maintenance import cmd_audit, cmd_gc, cmd_images, cmd_list
+from termgym.cli.report import cmd_report
 from termgym.cli.runs import cmd_demo, cmd_run
+from termgym.cli.shell import cmd_shell
 from termgym.errors import ConfigError, TermgymError
 from termgym.output import terminal_safe
 from termgym.sandboxes import close_backends
@@ -43,17 +46,32 @@ def build_parser() -> argparse.ArgumentParser:
     backend_option(check)
     tamper_option(check)
     agent_options(check)
+    run_overrides_options(check)
     check.add_argument("--json", action="store_true", help="print the trial record alone, as JSON, on stdout")
+    check.add_argument(
+        "-v", "--verbose", action="store_true", help="all of the verifier's output (and the build log), not its tail"
+    )
+    check.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the sandbox running after the trial (enter: termgym shell --attach ID)",
+    )
 
     shell = commands.add_parser("shell", help="step a task's environment interactively")
-    shell.add_argument("task")
+    shell.add_argument("task", nargs="?", help="task directory or bundled task name (not with --attach)")
     backend_option(shell)
+    run_overrides_options(shell)
     shell.add_argument("--max-turns", type=int, default=1000)
+    shell.add_argument("--attach", default=None, metavar="ID", help="enter a sandbox kept by check --keep")
+    shell.add_argument(
+        "--keep", action="store_true", help="leave the sandbox running when the session ends (enter again: --attach ID)"
+    )
 
     run = commands.add_parser("run", help="run many trials concurrently and write JSONL records")
     run.add_argument("tasks", nargs="+", help="task directories, directories of tasks, or bundled names")
     backend_option(run)
     tamper_option(run)
+    run_overrides_options(run)
     agent_options(run)
     run.add_argument("-n", "--concurrency", type=int, default=4)
     run.add_argument("-k", "--attempts", type=int, default=1, help="trials per task (pass@k for every k up to it)")
@@ -93,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit = commands.add_parser("audit", help="audit tasks: keep only those whose verifiers can be trusted")
     audit.add_argument("tasks", nargs="+", help="task directories, directories of tasks, or bundled names")
     backend_option(audit)
+    run_overrides_options(audit)
     audit.add_argument("-k", "--k", type=int, default=3, help="oracle runs in fresh sandboxes (default 3)")
     audit.add_argument("-n", "--concurrency", type=int, default=2, help="tasks audited at once (default 2)")
     audit.add_argument("--json", action="store_true", help="print the verdicts as JSON on stdout")
@@ -115,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     replay = commands.add_parser("replay", help="show a trial's transcript (RUN/trials/ID)")
     replay.add_argument("trial", type=Path, help="a trial directory or its trajectory.json")
     replay.add_argument("--lines", type=int, default=12, help="output lines shown per command, head and tail")
+    report = commands.add_parser("report", help="write a run's report: one self-contained HTML file")
+    report.add_argument("run_dir", type=Path, help="a run directory (with trials.jsonl)")
+    report.add_argument("--out", type=Path, default=None, help="the HTML file (default RUN_DIR/report.html)")
     commands.add_parser("list", help="list the bundled tasks")
     demo = commands.add_parser("demo", help="check every bundled task with the oracle and the null agent")
     demo.add_argument("-n", "--concurrency", type=int, default=2)
@@ -174,6 +196,7 @@ def _dispatch(argv: list[str]) -> int:
         "gc": cmd_gc,
         "images": cmd_images,
         "audit": cmd_audit,
+        "report": cmd_report,
     }
     return asyncio.run(_closing_backends(handler[args.command](args)))
 

@@ -1,5 +1,5 @@
 """What the commands share: the consoles, the one-line usage error, the option groups (backend,
-tamper policy, the model agent) and the agent the options describe."""
+tamper policy, the run's task overrides, the model agent) and the agent the options describe."""
 
 from __future__ import annotations
 
@@ -19,10 +19,12 @@ from termgym.agents.settings import CLIENTS, build_model_agent
 from termgym.env import EnvOptions
 from termgym.errors import ConfigError
 from termgym.images.build import CONFIG_FILES, load_aliases, read_config_file
+from termgym.overrides import NETWORK_CHOICES, PULL_POLICIES, override_fields
 from termgym.sandboxes import BACKENDS
 from termgym.summary import INFRASTRUCTURE
 from termgym.tamper import TAMPER_POLICIES
 from termgym.trial import Agent
+from termgym.verifiers import DEFAULT_SCALE
 
 INFRA_ERRORS = INFRASTRUCTURE  # check exits 1 on these: the faults a summary leaves out
 # Piped output is not wrapped at 80 columns: tables stay one row per line for tools and logs.
@@ -68,6 +70,44 @@ def backend_option(sub: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=IMAGE",
         help="build FROM IMAGE where the Dockerfile names NAME and NAME is absent (docker; repeatable)",
+    )
+
+
+def run_overrides_options(sub: argparse.ArgumentParser, *, build: bool = True) -> None:
+    """Harbor's run overrides, the network choice, the pull policy and the reward scale
+    (docs/guides/tasks.md); each override that applied goes in the trial's record."""
+    group = sub.add_argument_group("task overrides (recorded in each trial)")
+    group.add_argument(
+        "--network",
+        choices=NETWORK_CHOICES,
+        default="task",
+        help="task: each phase gets the network its task asks for; none: no network anywhere, recorded as a warning (default: task)",
+    )
+    group.add_argument(
+        "--pull",
+        choices=PULL_POLICIES,
+        default="missing",
+        help="images from a registry (docker): missing pulls what is absent, as docker run does; never; always (default: missing)",
+    )
+    if build:
+        group.add_argument(
+            "--build", action="store_true", help="build the task's Dockerfile even when it names a docker_image"
+        )
+    group.add_argument(
+        "--agent-timeout-multiplier", type=float, default=1.0, metavar="X", help="scale every agent timeout"
+    )
+    group.add_argument(
+        "--verifier-timeout-multiplier", type=float, default=1.0, metavar="X", help="scale every verifier timeout"
+    )
+    group.add_argument("--override-cpus", type=float, default=None, metavar="N", help="CPUs for every task")
+    group.add_argument("--override-memory-mb", type=int, default=None, metavar="MB", help="memory for every task")
+    group.add_argument("--override-storage-mb", type=int, default=None, metavar="MB", help="storage for every task")
+    group.add_argument(
+        "--reward-scale",
+        type=int,
+        default=DEFAULT_SCALE,
+        metavar="S",
+        help=f"the reward's assertion scale S: reward = min(passed, S) / S (default {DEFAULT_SCALE})",
     )
 
 
@@ -151,6 +191,8 @@ def env_options(args: argparse.Namespace, run_id: str, trials_dir: Path) -> EnvO
         tamper=args.tamper,
         max_turns=args.max_turns,
         trials_dir=str(trials_dir),
+        keep=getattr(args, "keep", False),
+        **override_fields(args),
     )
 
 

@@ -57,6 +57,8 @@ class SandboxSpec:
     build_timeout_sec: float = 600.0
     compose_file: Path | None = None
     image_aliases: Mapping[str, str] = field(default_factory=dict)  # FROM rewrites for offline builds
+    pull: str = "missing"  # images from a registry: "missing" (as docker run), "never", "always"
+    prefer_build: bool = False  # build the Dockerfile even when the task names a docker_image (--build)
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,8 @@ class Sandbox(abc.ABC):
         self.env: dict[str, str] = {"PATH": DEFAULT_PATH}
         self.workdir: str = "/"
         self.warnings: list[str] = []
+        # Set by start(): the image the sandbox runs (ref, source "docker_image"/"build"/"host", digest).
+        self.image: dict[str, str] = {}
 
     @abc.abstractmethod
     async def start(self) -> None: ...
