@@ -118,6 +118,7 @@ class AsyncTerminalEnv:
         self.warnings: list[str] = []
         self.system_changes: list[str] | None = None
         self.image: dict[str, str] = {}  # the image the episode's sandbox ran (Sandbox.image)
+        self.kept: dict[str, str] | None = None  # --keep: the sandbox left running (Sandbox.keep)
         self.transcript = Transcript(task=task.name, instruction=task.instruction)
 
     @property
@@ -234,9 +235,17 @@ class AsyncTerminalEnv:
         await self.sandbox.upload_files(files, dest)
 
     async def close(self) -> None:
+        """End the episode and stop its sandbox; with ``EnvOptions.keep`` the sandbox is left
+        running instead and ``self.kept`` says how to enter and remove it (a backend that cannot
+        keep one stops it and says so in the warnings)."""
         await self._end_without_verification()
         if self.sandbox is not None:
             sandbox, self.sandbox = self.sandbox, None
+            if self.options.keep and self.kept is None:
+                try:
+                    self.kept = await asyncio.shield(sandbox.keep())
+                except SandboxError as exc:
+                    self.warnings.append(f"--keep: {exc}")
             await asyncio.shield(sandbox.stop())
 
     async def __aenter__(self) -> AsyncTerminalEnv:

@@ -82,6 +82,8 @@ async def run_trial(
     record.warnings = record.warnings or list(env.warnings)
     record.system_changes = env.system_changes
     record.image = dict(env.image)
+    record.kept = env.kept
+    record.warnings += [w for w in env.warnings if w not in record.warnings]  # --keep's, after the sandbox closed
     _keep_transcript(record, env, options)
     return record
 

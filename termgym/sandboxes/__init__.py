@@ -67,6 +67,16 @@ def preflight(backend: str) -> None:
     backend_module(backend).preflight()
 
 
+async def attach_sandbox(backend: str, sandbox_id: str) -> Sandbox:
+    """A started sandbox of ``backend`` that an earlier ``--keep`` left running (its module's
+    ``attach(id)``); ``ConfigError`` in one line when there is no such sandbox."""
+    module = backend_module(backend)
+    attach = getattr(module, "attach", None)
+    if attach is None:
+        raise ConfigError(f"the {backend} backend cannot attach to a kept sandbox")
+    return await attach(sandbox_id)
+
+
 async def remove_leftovers(backend: str, *, images: bool = False) -> str:
     """``termgym gc`` on ``backend``: remove what killed runs left; one line saying what went."""
     return await backend_module(backend).remove_leftovers(images)
@@ -89,6 +99,7 @@ __all__ = [
     "Resources",
     "Sandbox",
     "SandboxSpec",
+    "attach_sandbox",
     "backend_module",
     "close_backends",
     "create_sandbox",

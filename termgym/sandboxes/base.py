@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from termgym.errors import SandboxBroken
+from termgym.errors import SandboxBroken, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -176,6 +176,12 @@ class Sandbox(abc.ABC):
     async def limit_warnings(self) -> list[str]:
         """One line per resource limit the sandbox reached so far (memory, processes, storage)."""
         return []
+
+    async def keep(self) -> dict[str, str]:
+        """Leave the sandbox running past this process (``--keep``) instead of stopping it; returns
+        ``{"backend", "id", "attach", "remove"}`` (the commands that enter and remove it). After
+        it, ``stop`` leaves the sandbox alone. ``SandboxError`` where the backend cannot keep one."""
+        raise SandboxError(f"the {self.backend} backend cannot keep a sandbox after the trial")
 
     async def upload_files(self, files: Sequence[tuple[Path, str]], dest: str) -> None:
         """Copy host files into ``dest``, each at its relative path, executable bits kept."""
