@@ -106,7 +106,9 @@ class Config:
     sampler_dtype: str = "float32"
     """torch generator's precision: float32 (the trainer's) or bfloat16, a sampler that differs numerically from the trainer as production samplers do (what R3 is for)"""
     reward: str = "dense"
-    """what PPO optimises: dense (assertions passed / 20, the verifier's reward) or binary (1 if resolved, else 0)"""
+    """what PPO optimises: dense (min(assertions passed, S) / S, the verifier's reward) or binary (1 if resolved, else 0)"""
+    reward_scale: int = 20
+    """the dense reward's assertion scale S (termgym's --reward-scale): each passed assertion is worth 1/S, up to S of them"""
     pool: int = 0
     """generate a training pool of this many tasks (envs/families) and a held-out set, audit the pool and train on the accepted tasks: supervised warm start, held-out evaluation, critic warm-up and PPO, evaluation again, plots and a final table. 0: PPO alone on --tasks"""
     heldout: int = 48
@@ -278,6 +280,7 @@ def check_config(cfg: Config) -> None:
     if cfg.advantage == "group" and cfg.group_size < 2:
         raise ConfigError("--advantage group compares episodes of the same task: give --group-size 2 or more")
     for name in (
+        "reward_scale",
         "steps",
         "batch_size",
         "minibatch_size",

@@ -89,7 +89,13 @@ def rollout_settings(cfg: Config) -> RolloutSettings:
 
 def rollout_options(cfg: Config, run_id: str) -> EnvOptions:
     """The environment options ``cfg`` sets, for the trials labelled ``run_id``."""
-    return EnvOptions(backend=cfg.backend, max_turns=cfg.max_turns, command_timeout=cfg.command_timeout, run_id=run_id)
+    return EnvOptions(
+        backend=cfg.backend,
+        max_turns=cfg.max_turns,
+        command_timeout=cfg.command_timeout,
+        run_id=run_id,
+        reward_scale=cfg.reward_scale,
+    )
 
 
 @dataclass

@@ -43,9 +43,36 @@ async def cmd_check(args: argparse.Namespace) -> int:
     if record.transcript:
         print_transcript(common.out, read_transcript(record.transcript))
     print_record(record)
+    print_failure_output(record, verbose=args.verbose)
     if record.transcript:
         common.err.print(f"transcript: {record.transcript}", markup=False)
     return 1 if record.error and record.error["kind"] in INFRA_ERRORS else 0
+
+
+TAIL_LINES = 20  # of the verifier's output (or the build log) under a trial that is not resolved
+
+
+def output_tail(text: str, lines: int | None) -> tuple[str, int]:
+    """The last ``lines`` lines of ``text`` (all of them when None) and how many came before."""
+    rows = text.rstrip("\n").splitlines()
+    if lines is None or len(rows) <= lines:
+        return "\n".join(rows), 0
+    return "\n".join(rows[-lines:]), len(rows) - lines
+
+
+def print_failure_output(record: TrialRecord, *, verbose: bool) -> None:
+    """Under a trial that is not resolved: the tail of the build log (a build failure) or of the
+    verifier's output, terminal-safe; ``verbose`` prints all of it."""
+    if record.resolved:
+        return
+    for key, title in (("build", "build log"), ("verifier", "verifier output")):
+        text = record.logs.get(key, "")
+        if not text.strip():
+            continue
+        shown, cut = output_tail(text, None if verbose else TAIL_LINES)
+        note = f" (last {TAIL_LINES} lines; -v shows all {cut + TAIL_LINES})" if cut else ""
+        common.out.print(Text.assemble((f"{title}{note}", "bold"), plain(":")))
+        common.out.print(Text(terminal_safe(shown)))
 
 
 async def cmd_replay(args: argparse.Namespace) -> int:
