@@ -51,7 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("agents", ("termgym.agents",)),
     ("scheduling", ("termgym.scheduling",)),
     ("audit", ("termgym.audit",)),
-    ("cli", ("termgym.cli", "termgym.__main__", "termgym.summary", "termgym.replay")),
+    ("cli", ("termgym.cli", "termgym.__main__", "termgym.summary", "termgym.replay", "termgym.report")),
     ("trainer", ("termgym.trainer",)),
 ]
 SANDBOX_MAY_IMPORT = ("termgym.errors", "termgym.output", "termgym.aio", "termgym.images", "termgym.sandboxes")
