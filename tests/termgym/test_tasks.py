@@ -217,7 +217,7 @@ HARBOR_FIELD_CASES = [
         "verifier_env",
         {"A": "x-${TG_TEST_SET_VAR}"},
     ),
-    ("unknown-keys-ignored", 'future_key = 1\n[agent]\nuser = "agent"\n[steps]\nx = 1', "agent_timeout_sec", 900.0),
+    ("unknown-keys-ignored", 'future_key = 1\n[agent]\nuser = "agent"\n[extra]\nx = 1', "agent_timeout_sec", 900.0),
     ("report-format", '[verifier]\nreport_format = "ctrf"', "report_format", "ctrf"),
     ("report-format-default", "", "report_format", None),
     ("assertions", "[verifier]\nassertions = 7", "expected_assertions", 7),
@@ -361,9 +361,9 @@ HARBOR_TOML_ERRORS = [
         '[verifier]\nenvironment_mode = "separate"\n[verifier.environment]\ndocker_image = "x"',
         ["[verifier.environment] (a separate grading image) is not supported yet"],
     ),
-    ("artifacts-relative", 'artifacts = ["app/out.txt"]', ["each artifact must be an absolute path"]),
-    ("artifacts-dotdot", 'artifacts = ["/app/../etc"]', ["each artifact must be an absolute path"]),
-    ("artifacts-root", 'artifacts = ["/"]', ["each artifact must be an absolute path"]),
+    ("artifacts-relative", 'artifacts = ["app/out.txt"]', ["artifacts[0] must be an absolute path"]),
+    ("artifacts-dotdot", 'artifacts = ["/app/../etc"]', ["artifacts[0] must be an absolute path"]),
+    ("artifacts-root", 'artifacts = ["/"]', ["artifacts[0] must be an absolute path"]),
     ("artifacts-not-list", 'artifacts = "/app"', ["artifacts must be a list of paths"]),
     # values no container engine accepts: an invalid task, never a retried sandbox fault
     (
