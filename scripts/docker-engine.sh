@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 . scripts/apt-ensure.sh
-apt_ensure docker-engine dockerd:docker.io debootstrap:debootstrap
+apt_ensure docker-engine dockerd:docker.io debootstrap:debootstrap docker-registry:docker-registry
 
 socket=/var/run/docker.sock
 answering() { [ -S "$socket" ] && .venv/bin/python -c "import docker; docker.from_env(timeout=5).ping()" >/dev/null 2>&1; }

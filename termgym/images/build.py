@@ -3,8 +3,9 @@
 Pure parts (tested with tables): ``parse_alias``, ``rewrite_from`` (a Dockerfile's ``FROM`` rewritten
 to an alias when the named image is absent), ``context_digest`` (the hash of a build context and its
 Dockerfile, from which the image tag derives, so an unchanged task never rebuilds). I/O parts take a
-docker-py client: ``ensure_task_image`` builds at most once per tag per process (concurrent trials
-of one task wait for the same build), ``bootstrap_base_image`` makes ``termgym/base:bookworm`` with
+docker-py client: ``ensure_task_image`` picks the task's ``docker_image`` or its Dockerfile
+(``builds_dockerfile``), pulls per the pull policy (``termgym.images.pull``) and builds at most once
+per tag per process (concurrent trials of one task wait for the same build); ``bootstrap_base_image`` makes ``termgym/base:bookworm`` with
 debootstrap, no registry needed.
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from termgym.errors import ConfigError, EnvironmentBuildError
+from termgym.images.pull import ensure_pulled, stderr_reporter
 
 BASE_IMAGE = "termgym/base:bookworm"
 # Public bases that the offline base image stands in for (it is Debian bookworm, minbase).
@@ -159,9 +161,33 @@ def task_image_tag(task_name: str, digest: str) -> str:
 
 @dataclass(frozen=True)
 class ImageConfig:
+    """The image a container is created from (``tag``) with the environment and working directory
+    it defines; ``source`` says where it came from (``docker_image``: the task's named image, or an
+    alias of it; ``build``: its Dockerfile, built), ``ref`` the name the task gave or the built tag,
+    ``digest`` the image's registry digest (``repo@sha256:...``) when it has one, else its Id."""
+
     tag: str
     env: dict[str, str]
     workdir: str
+    source: str = "build"
+    ref: str = ""
+    digest: str = ""
+
+    def record(self) -> dict[str, str]:
+        """What a trial's record says of its image (``Sandbox.image``)."""
+        return {"ref": self.ref or self.tag, "source": self.source, "digest": self.digest}
+
+
+def builds_dockerfile(dockerfile: Path | None, image: str | None, prefer_build: bool) -> bool:
+    """Whether a task's environment is built from its Dockerfile rather than run from its
+    ``docker_image``: the named image wins, as in Harbor, unless ``--build`` (``prefer_build``)
+    asks for the Dockerfile or there is no image; without a Dockerfile nothing is built."""
+    return dockerfile is not None and (prefer_build or not image)
+
+
+def local_only(aliases: Mapping[str, str]) -> set[str]:
+    """Images never pulled: the names aliases stand in for and the local images they name."""
+    return set(aliases) | set(aliases.values())
 
 
 _build_locks: dict[str, asyncio.Lock] = {}
@@ -179,20 +205,28 @@ async def ensure_task_image(
     timeout: float,
     run: Callable,
     network: bool = False,
+    pull: str = "missing",
+    prefer_build: bool = False,
+    reporter: Callable[[str], Callable[[str | None], None]] = stderr_reporter,
 ) -> ImageConfig:
-    """The image a trial runs: the task's ``docker_image`` as is, else its Dockerfile built once
-    (tag from the context digest), with network only when the task allows it (``network``), and
-    never the host's. ``run(fn, *args)`` runs a blocking docker-py call off the loop.
-    Raises ``EnvironmentBuildError`` with the build output when the build fails."""
-    if dockerfile is None:
+    """The image a trial runs (``builds_dockerfile`` decides which): the task's ``docker_image``,
+    pulled per the ``pull`` policy (``termgym.images.pull``), or the local image an alias names for
+    it (then nothing is pulled); else its Dockerfile built once (tag from the context digest), its
+    ``FROM`` bases pulled per the same policy first (never an alias's), with network only when the
+    task allows it (``network``), and never the host's. ``run(fn, *args)`` runs a blocking docker-py
+    call off the loop. Raises ``EnvironmentBuildError`` in one line naming the image when an image
+    is absent and cannot be pulled, with the build output when the build fails."""
+    if not builds_dockerfile(dockerfile, image, prefer_build):
         if image is None:
             raise EnvironmentBuildError(f"{name}: the task has neither a Dockerfile nor a docker_image")
-        tag = aliases.get(image, image) if not await run(_image_present, client, image) else image
-        if not await run(_image_present, client, tag):
-            raise EnvironmentBuildError(
-                f"{name}: image {image} is not present and there is no registry; add an alias (--image-alias {image}=IMAGE)"
-            )
-        return await run(_image_config, client, tag)
+        try:
+            return await _named_image(client, name, image, aliases, run, pull, reporter)
+        except EnvironmentBuildError as exc:
+            if dockerfile is None:
+                raise
+            # The task ships a Dockerfile too: building it is the third way out.
+            raise EnvironmentBuildError(f"{exc}, or build the task's Dockerfile (--build)", log=exc.log) from None
+    assert dockerfile is not None
     original = dockerfile.read_text(encoding="utf-8", errors="replace")
     key = (context_digest(context_dir, original), tuple(sorted(aliases.items())))
     if key in _ready:  # built or found earlier in this process: no engine round trips
@@ -202,17 +236,45 @@ async def ensure_task_image(
     lock = _build_locks.setdefault(tag, asyncio.Lock())
     async with lock:
         if not await run(_image_present, client, tag):
-            # Nothing may be pulled: a missing base image fails here, before the engine tries.
+            # The build itself never pulls: its bases are made present here, per the policy.
             for base in base_images(text):
-                if not await run(_image_present, client, base):
-                    raise EnvironmentBuildError(
-                        f"{dockerfile}: base image {base} is not present and nothing is pulled; "
-                        f"add an alias (--image-alias {base}=IMAGE) or build it first"
-                    )
+                if base in local_only(aliases):
+                    if not await run(_image_present, client, base):
+                        raise EnvironmentBuildError(
+                            f"{dockerfile}: base image {base} is not present (it is a local image an alias names); "
+                            f"build it first or change the alias (--image-alias NAME={base})"
+                        )
+                    continue
+                await ensure_pulled(
+                    client, base, policy=pull, what=str(dockerfile), present=_image_present, run=run, reporter=reporter
+                )
             mode = await run(build_network, client, network)
             await run(_build, client, tag, build_context_tar(context_dir, text), timeout, dockerfile, mode)
-        _ready[key] = await run(_image_config, client, tag)
+        _ready[key] = await run(_image_config, client, tag, "build", tag)
     return _ready[key]
+
+
+async def _named_image(
+    client,
+    name: str,
+    image: str,
+    aliases: Mapping[str, str],
+    run: Callable,
+    pull: str,
+    reporter: Callable[[str], Callable[[str | None], None]],
+) -> ImageConfig:
+    """A task's ``docker_image``: when an alias names a stand-in, the image itself if present, else
+    the stand-in, never pulled; otherwise the image per the pull policy."""
+    if image in aliases:
+        tag = image if await run(_image_present, client, image) else aliases[image]
+        if not await run(_image_present, client, tag):
+            raise EnvironmentBuildError(
+                f"{name}: image {image} and its alias {tag} are not present (an alias is never pulled); "
+                f"build or load {tag} first"
+            )
+        return await run(_image_config, client, tag, "docker_image", image)
+    await ensure_pulled(client, image, policy=pull, what=name, present=_image_present, run=run, reporter=reporter)
+    return await run(_image_config, client, image, "docker_image", image)
 
 
 def _image_present(client, ref: str) -> bool:
@@ -225,10 +287,36 @@ def _image_present(client, ref: str) -> bool:
         return False
 
 
-def _image_config(client, tag: str) -> ImageConfig:
-    config = client.api.inspect_image(tag).get("Config") or {}
+def _image_config(client, tag: str, source: str = "build", ref: str = "") -> ImageConfig:
+    info = client.api.inspect_image(tag)
+    config = info.get("Config") or {}
     env = dict(item.partition("=")[::2] for item in config.get("Env") or [])
-    return ImageConfig(tag=tag, env=env, workdir=config.get("WorkingDir") or "/")
+    return ImageConfig(
+        tag=tag,
+        env=env,
+        workdir=config.get("WorkingDir") or "/",
+        source=source,
+        ref=ref or tag,
+        digest=image_digest(info, ref or tag),
+    )
+
+
+def image_digest(info: Mapping[str, Any], ref: str) -> str:
+    """An inspected image's registry digest for ``ref``'s repository (``repo@sha256:...``), else
+    its first registry digest, else its Id (a local build has no registry digest)."""
+    digests = [str(d) for d in info.get("RepoDigests") or []]
+    repository = _repository(ref)
+    for digest in digests:
+        if digest.partition("@")[0] == repository:
+            return digest
+    return digests[0] if digests else str(info.get("Id") or "")
+
+
+def _repository(ref: str) -> str:
+    """``host:port/name:tag`` or ``name@sha256:...`` to its repository (``host:port/name``)."""
+    ref = ref.partition("@")[0]
+    head, sep, tail = ref.rpartition(":")
+    return head if sep and "/" not in tail else ref
 
 
 def build_network(client, network: bool) -> str:

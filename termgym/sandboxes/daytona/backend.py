@@ -2,10 +2,12 @@
 
 What it covers:
 - **Images.** Each task environment becomes a Daytona snapshot named from its content hash
-  (``termgym-<hash12>``: Dockerfile, build context, base image, resources), looked up first and
-  built once when missing (one build at a time per name in this process; a build another process
-  started is waited for), reused across trials and runs. When the organization cannot create
-  snapshots, the sandbox is built from the Dockerfile instead (slow: every create builds). A build
+  (``termgym-<hash12>``: Dockerfile, build context, base image, resources), made from the task's
+  ``docker_image`` as an image reference when it names one (unless ``--build``), else from its
+  Dockerfile; looked up first and built once when missing (one build at a time per name in this
+  process; a build another process started is waited for), reused across trials and runs. When the
+  organization cannot create snapshots, each sandbox is made from the image or the Dockerfile
+  instead (``buildInfo``; slow: every create builds). A build
   that fails is an ``EnvironmentBuildError``; this process remembers it and does not rebuild.
 - **Sandboxes.** Resources from the task (whole vCPUs and GiB, rounded up); ``network_block_all``
   unless the task needs network; labels ``termgym=1``, ``termgym.run``, ``termgym.task``;
@@ -57,12 +59,14 @@ from termgym.sandboxes.daytona.policy import (
 from termgym.sandboxes.daytona.provider import (
     DaytonaProvider,
     DaytonaSettings,
+    builds_on_daytona,
     check_credentials,
     close_providers,
     environment_hash_of,
     failure_of,
     get_provider,
     image_of,
+    image_record,
     sdk_error,
     state_of,
 )
@@ -102,19 +106,22 @@ class DaytonaSandbox(Sandbox):
         if self.spec.compose_file is not None:
             self.warnings.append("docker-compose services are not supported on Daytona: only the main image runs")
         snapshot, why_not = await provider.ensure_snapshot(self.spec)
+        built = builds_on_daytona(self.spec)
         if why_not:
-            self.warnings.append(f"{why_not}; building from the Dockerfile instead")
+            instead = "building from the Dockerfile" if built else f"creating from image {self.spec.image}"
+            self.warnings.append(f"{why_not}; {instead} instead")
         self._sandbox = await self._create(snapshot)
         self.sandbox_id = self._sandbox.id
+        self.image = image_record(self.spec)
         self._apply_image_config()
-        if self.spec.dockerfile is None:
+        if not built:  # the named image's own working directory
             with contextlib.suppress(SandboxError):
                 self.workdir = await provider.call("work dir", lambda: self._sandbox.get_work_dir()) or "/"
         probe = await self.exec(["/bin/sh", "-c", "cd /proc && echo [0-9]*"], timeout=30, cwd="/")
         self._baseline = probe.text.split()
 
     def _apply_image_config(self) -> None:
-        if self.spec.dockerfile is not None:
+        if builds_on_daytona(self.spec) and self.spec.dockerfile is not None:
             try:
                 plan = parse_dockerfile(self.spec.dockerfile.read_text(encoding="utf-8", errors="replace"))
             except DockerfileError as exc:

@@ -17,6 +17,7 @@ from typing import Any
 
 from termgym.aio import wait_for
 from termgym.errors import BackendUnavailable, ConfigError, EnvironmentBuildError, SandboxError, SandboxGone
+from termgym.images.build import builds_dockerfile
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.daytona.policy import (
     ContextEntry,
@@ -228,18 +229,37 @@ def state_of(resource: Any) -> str | None:
     return None if state is None else str(getattr(state, "value", state)).lower()
 
 
+def builds_on_daytona(spec: SandboxSpec) -> bool:
+    """Whether the sandbox is built from the task's Dockerfile rather than run from its
+    ``docker_image`` (the named image wins unless ``--build``; ``builds_dockerfile``)."""
+    return builds_dockerfile(spec.dockerfile, spec.image, spec.prefer_build)
+
+
 def image_of(spec: SandboxSpec) -> Any:
+    """What a snapshot or a sandbox is made from: the Dockerfile (``Image.from_dockerfile``) when
+    it is built, else the task's ``docker_image`` as an image reference (a snapshot's
+    ``imageName``; a sandbox made without a snapshot gets ``FROM ref``)."""
     from daytona import Image
 
-    if spec.dockerfile is not None:
+    if builds_on_daytona(spec):
+        assert spec.dockerfile is not None
         return Image.from_dockerfile(spec.dockerfile)
     if spec.image:
         return spec.image
     raise ConfigError(f"{spec.name}: a Daytona sandbox needs a Dockerfile or an image")
 
 
+def image_record(spec: SandboxSpec) -> dict[str, str]:
+    """What a trial's record says of its Daytona image (``Sandbox.image``): ref and source."""
+    if builds_on_daytona(spec):
+        return {"ref": str(spec.dockerfile), "source": "build"}
+    return {"ref": spec.image or "", "source": "docker_image"}
+
+
 def environment_hash_of(spec: SandboxSpec) -> str:
     """The content hash of a task's environment (reads its Dockerfile and build context)."""
+    if not builds_on_daytona(spec):  # the named image: its Dockerfile and context play no part
+        return environment_hash(None, [], spec.image, daytona_resources(spec.resources))
     entries: list[ContextEntry] = []
     context = spec.context_dir
     if spec.dockerfile is not None and context is not None and context.is_dir():

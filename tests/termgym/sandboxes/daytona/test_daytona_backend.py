@@ -286,3 +286,42 @@ async def test_task_with_a_prebuilt_image_only(tmp_path, daytona):
     assert record.error is None and record.resolved
     (snapshot,) = daytona.snapshots.values()
     assert snapshot["imageName"] == "debian:bookworm-slim"
+
+
+def _task_with_image_and_dockerfile(tmp_path):
+    """A task naming ``debian:bookworm-slim`` whose Dockerfile fails to build: only a sandbox made
+    from the image reference can run it."""
+    return load_task(
+        write_task(
+            tmp_path,
+            dockerfile="FROM debian:bookworm-slim\nRUN exit 9\n",
+            environment_toml='docker_image = "debian:bookworm-slim"\n',
+        )
+    )
+
+
+async def test_a_named_image_wins_over_the_dockerfile_as_an_image_reference(tmp_path, daytona):
+    task = _task_with_image_and_dockerfile(tmp_path)
+    record = await run_trial(task, ScriptedAgent(("mkdir -p /app && echo done > /app/result.txt",)), options())
+    assert record.error is None and record.resolved, record
+    (build,) = [r for r in daytona.requests if r.method == "POST" and r.path == "/api/snapshots"]
+    (snapshot,) = daytona.snapshots.values()
+    assert snapshot["imageName"] == "debian:bookworm-slim" and snapshot["dockerfile"] is None
+    assert record.image == {"ref": "debian:bookworm-slim", "source": "docker_image"}
+
+
+async def test_build_makes_the_snapshot_from_the_dockerfile(tmp_path, daytona):
+    record = await run_trial(_task_with_image_and_dockerfile(tmp_path), NullAgent(), options(build=True))
+    assert record.error is not None and record.error["kind"] == "build_failed", record
+    (snapshot,) = daytona.snapshots.values()
+    assert snapshot["imageName"] is None and "RUN exit 9" in snapshot["dockerfile"]
+
+
+async def test_without_snapshot_rights_a_named_image_is_the_sandboxes_base(tmp_path, daytona):
+    daytona.faults.storms.append(("POST", r"^/api/snapshots$", 403, 100))
+    task = _task_with_image_and_dockerfile(tmp_path)
+    record = await run_trial(task, ScriptedAgent(("mkdir -p /app && echo done > /app/result.txt",)), options())
+    assert record.error is None and record.resolved, record
+    (body,) = daytona.create_bodies
+    assert body["buildInfo"]["dockerfileContent"].strip() == "FROM debian:bookworm-slim"
+    assert any("creating from image debian:bookworm-slim instead" in w for w in record.warnings)
