@@ -13,6 +13,17 @@ Outcomes the agent cannot erase: once the agent has run a command, a sandbox tha
 from inside (``SandboxBroken``: its processes all killed, its shell off the protocol, a tool the
 harness needs broken) ends the episode with reward 0 and error kind ``broken_by_agent``, which no
 scheduler retries; ``sandbox_error`` is left for faults of the infrastructure.
+
+Harbor's task features (docs/guides/tasks.md, "Healthchecks, users, network phases, artifacts and
+steps"): the sandbox starts in the agent phase's network and is switched to the verifier phase's
+before verification (``Sandbox.set_network``; less than asked is a warning); the healthcheck
+(``termgym.healthcheck``) passes before the agent's shell opens, else ``reset`` raises
+``SandboxError``; the shell runs as ``[agent].user`` and the test script as ``[verifier].user``
+where the backend ``supports_users`` (else a warning); after verification the artifacts go to
+``trial_dir/artifacts`` (``termgym.artifact_export``; ``trial_dir`` is set by ``run_trial``). A
+multi-step task (``[[steps]]``) is one episode: ``SUBMIT`` before the last step verifies that step
+and returns the next step's instruction (reward 0, not terminated, ``info["step"]``); the final
+reward is the steps' grade (``termgym.steps.combine``).
 """
 
 from __future__ import annotations
@@ -25,15 +36,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from termgym.artifact_export import export_artifacts
 from termgym.artifacts import MAX_ARTIFACT_BYTES, artifact_paths, safe_artifacts
 from termgym.errors import ConfigError, EpisodeError, SandboxBroken, SandboxError
+from termgym.healthcheck import wait_healthy
 from termgym.images.build import load_aliases
 from termgym.output import DEFAULT_OUTPUT_LIMIT
-from termgym.overrides import PULL_POLICIES, RunOverrides, apply_overrides
+from termgym.overrides import PULL_POLICIES, RunOverrides, apply_overrides, network_asked
 from termgym.records import TrialError
 from termgym.sandboxes import create_sandbox
 from termgym.sandboxes.base import Sandbox, SandboxSpec
 from termgym.shell import CommandResult, PersistentShell
+from termgym.steps import Grade, StepResult, combine, step_task
 from termgym.tamper import TAMPER_POLICIES, tamper_warning
 from termgym.tasks import Task, load_task
 from termgym.transcript import StopReason, Transcript
@@ -82,6 +96,8 @@ def format_observation(result: CommandResult) -> str:
     notes = []
     if result.timed_out:
         notes.append("[command timed out]")
+    elif result.interrupted:
+        notes.append("[interrupted]")
     elif result.exit_code not in (0, None):
         notes.append(f"[exit code {result.exit_code}]")
     return (
@@ -100,6 +116,7 @@ class AsyncTerminalEnv:
         options: EnvOptions | None = None,
         *,
         sandbox_factory: Callable[[Task, EnvOptions], Sandbox] | None = None,
+        attached: Sandbox | None = None,
     ) -> None:
         self.options = options or EnvOptions()
         self.original_task = task
@@ -107,6 +124,9 @@ class AsyncTerminalEnv:
         self.task, self.overrides, self._override_warnings = apply_overrides(task, self.options.overrides)
         self.run_id = self.options.run_id or uuid.uuid4().hex[:12]
         self._factory = sandbox_factory or default_sandbox_factory
+        # a sandbox already started (termgym.sandboxes.attach_sandbox): the first reset() enters it
+        # instead of starting one; close() then ends (or with keep, keeps) it like any other
+        self._attached = attached
         self.sandbox: Sandbox | None = None
         self._shell: PersistentShell | None = None
         self.turns = 0
@@ -119,11 +139,36 @@ class AsyncTerminalEnv:
         self.system_changes: list[str] | None = None
         self.image: dict[str, str] = {}  # the image the episode's sandbox ran (Sandbox.image)
         self.kept: dict[str, str] | None = None  # --keep: the sandbox left running (Sandbox.keep)
+        # Harbor's task features (the episode runtime section of the module docstring)
+        self.trial_dir: Path | None = None  # set by run_trial before reset(): where artifacts are copied to
+        self.artifacts: list[str] = []  # the files copied out, relative to trial_dir
+        self.network: dict[str, bool] = {}  # per phase: what the task asked and what the sandbox got
+        self.step_index = 0  # the multi-step task's current step
+        self.step_results: list[StepResult] = []  # the multi-step task's verified steps, in order
+        self.grade: Grade | None = None  # the multi-step task's grade (multi_step_reward_strategy)
+        self._network_now: bool | None = None  # the sandbox's network now (None: as created)
+        self._agent_user: str | None = None  # who the agent's shell runs as (the backend permitting)
         self.transcript = Transcript(task=task.name, instruction=task.instruction)
+        self._interrupt = asyncio.Event()
+
+    def interrupt(self) -> None:
+        """Stop the command the current step runs, as a timeout would (the shell and its state
+        stay); the step returns its output so far, noted ``[interrupted]``, and counts as a turn.
+        No effect between steps. For ``termgym shell``'s Ctrl-C; call it on the env's loop."""
+        self._interrupt.set()
 
     @property
     def agent_timeout(self) -> float:
-        return self.options.agent_timeout or self.task.agent_timeout_sec
+        """The agent timeout of this episode, or of the current step of a multi-step task."""
+        return self.options.agent_timeout or self.current_task.agent_timeout_sec
+
+    @property
+    def current_task(self) -> Task:
+        """The task as the current step sees it (``termgym.steps.step_task``); the task itself
+        when it has no ``[[steps]]``."""
+        if not self.task.steps:
+            return self.task
+        return step_task(self.task, self.task.steps[min(self.step_index, len(self.task.steps) - 1)])
 
     @property
     def remaining_time(self) -> float:
@@ -136,20 +181,25 @@ class AsyncTerminalEnv:
         await self.close()
         self.turns, self.done, self.verification, self.error = 0, False, None, None
         self.timings, self.warnings, self.system_changes = {}, [], None
-        self.transcript = Transcript(task=self.task.name, instruction=self.task.instruction)
+        self.step_index, self.step_results, self.grade, self.artifacts, self.network = 0, [], None, [], {}
+        instruction = self.current_task.instruction
+        self.transcript = Transcript(task=self.task.name, instruction=instruction)
         started = time.monotonic()
-        self.sandbox = self._factory(self.task, self.options)
+        attached, self._attached = self._attached, None
+        self.sandbox = attached or self._factory(self.task, self.options)
+        runtime_warnings: list[str] = []
         try:
-            await self.sandbox.start()
-            self._shell = PersistentShell(
-                self.sandbox, env=self._agent_env(), cwd=self.sandbox.workdir, output_limit=self.options.output_limit
-            )
+            if attached is None:
+                await self.sandbox.start()
+            runtime_warnings = await self._prepare_agent_phase(self.sandbox)
+            self._shell = self._new_shell()
             await self._shell.start()
         except BaseException:
             await asyncio.shield(self.close())
             raise
         self.timings["setup"] = time.monotonic() - started
         self.warnings = [*self._override_warnings, *self.task.warnings, *self.sandbox.warnings]
+        self.warnings += [w for w in runtime_warnings if w not in self.warnings]
         self.image = dict(self.sandbox.image)
         self._deadline = time.monotonic() + self.agent_timeout
         info = {
@@ -160,7 +210,9 @@ class AsyncTerminalEnv:
             "agent_timeout": self.agent_timeout,
             "warnings": list(self.warnings),
         }
-        return self.task.instruction, info
+        if self.task.steps:
+            info.update(step=0, steps=len(self.task.steps))
+        return instruction, info
 
     async def step(self, action: str, *, timeout: float | None = None) -> tuple[str, float, bool, bool, dict]:
         """Run one command (``timeout``: this command's limit, default the env's command timeout;
@@ -169,14 +221,18 @@ class AsyncTerminalEnv:
             raise EpisodeError("step() called without an active episode: call reset() first")
         if action == SUBMIT:
             self.transcript.submit()
+            if self.step_index + 1 < len(self.task.steps):
+                return await self._next_step()
             self.transcript.stop("submitted")
             return await self._finish("", terminated=True, truncated=False, info={"submitted": True})
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
             return await self._time_out("", {})
         started = time.monotonic()
+        self._interrupt.clear()
         try:
-            result = await self._shell.run(action, timeout=min(timeout or self.options.command_timeout, remaining))
+            limit = min(timeout or self.options.command_timeout, remaining)
+            result = await self._shell.run(action, timeout=limit, interrupt=self._interrupt)
         except SandboxError as exc:
             self.error = fault(exc, agent_acted=True)  # the command was issued: what broke is the agent's doing
             self.transcript.stop("sandbox_error")
@@ -261,17 +317,15 @@ class AsyncTerminalEnv:
         await self._end_without_verification()
         started = time.monotonic()
         try:
-            if self.task.verifier_mode == "separate":
-                self.verification = await self._verify_separately(self.sandbox)
-            else:
-                self.verification = await verify(
-                    self.task, self.sandbox, reward_scale=self.options.reward_scale, tamper=self.options.tamper
-                )
+            self.verification = await self._verify_current()
         except SandboxError as exc:
             self.error = fault(exc, agent_acted=self.turns > 0)
         finally:
-            self.timings["verify"] = time.monotonic() - started
+            self.timings["verify"] = self.timings.get("verify", 0.0) + time.monotonic() - started
+        if self.task.steps and self.verification is not None:
+            self._add_step_result(self.verification)
         await self._collect_warnings()
+        await self._export_artifacts()
         verification = self.verification
         if verification is None:
             info = {
@@ -282,18 +336,10 @@ class AsyncTerminalEnv:
             }
             return obs, 0.0, terminated, truncated, info
         report = verification.report
-        if verification.tampered:
-            self.error = {"kind": "tampered", "message": tamper_warning(list(verification.system_changes or ()))}
-        elif verification.timed_out and self.error is None:
-            self.error = {
-                "kind": "verifier_timeout",
-                "message": f"verifier exceeded {self.task.verifier_timeout_sec:g}s",
-            }
-        elif report.error and self.error is None:
-            self.error = {"kind": "verifier_error", "message": report.error}
-        elif verification.exit_code is not None and verification.exit_code >= 126 and self.error is None:
-            self.error = {"kind": "verifier_error", "message": f"test script exited {verification.exit_code}"}
-        if not report.binary and report.error is None and self.task.expected_assertions is None:
+        error = verification_error(verification, self.current_task)
+        if verification.tampered or (error is not None and self.error is None):
+            self.error = error
+        if not report.binary and report.error is None and self.current_task.expected_assertions is None:
             self.warnings.append(
                 "the report's assertion count is unchecked: the task declares no [verifier].assertions"
             )
@@ -309,9 +355,165 @@ class AsyncTerminalEnv:
             "error": self.error,
             "warnings": list(self.warnings),
         }
+        if self.grade is not None:  # a multi-step task: graded by its strategy over the steps
+            grade = self.grade
+            info.update(resolved=grade.resolved, passed=grade.passed, total=grade.total)
+            info.update(assertions=list(grade.assertions), step=self.step_index)
+            info["steps"] = [result.as_dict() for result in self.step_results]
+            return obs, grade.reward, terminated, truncated, info
         return obs, verification.reward, terminated, truncated, info
 
-    async def _verify_separately(self, agent_sandbox: Sandbox) -> Verification:
+    # -- Harbor's task features: phases, users, healthcheck, steps, artifacts -------------------
+
+    async def _prepare_agent_phase(self, sandbox: Sandbox) -> list[str]:
+        """Before the agent gets the sandbox: its network as the agent phase asks, the agent's
+        user, then the healthcheck (``SandboxError`` when it does not pass). The warnings."""
+        warnings: list[str] = []
+        asked = network_asked(self.task)
+        self._network_now = None
+        line = await self._switch_network(sandbox, "agent")
+        warnings += [line] if line else []
+        self.network = {
+            "agent": bool(self._network_now),
+            "verifier": False,
+            "agent_asked": asked["agent"],
+            "verifier_asked": asked["verifier"],
+        }
+        self._agent_user, line = self._phase_user(sandbox, "agent")
+        warnings += [line] if line else []
+        for phase in ("agent", "verifier"):
+            user, _ = self._phase_user(sandbox, phase)
+            if user is not None:
+                await _check_user(sandbox, user, phase)
+        if self.task.healthcheck is not None:
+            started = time.monotonic()
+            await wait_healthy(sandbox, self.task.healthcheck)
+            self.timings["healthcheck"] = time.monotonic() - started
+        return warnings
+
+    async def _switch_network(self, sandbox: Sandbox, phase: str) -> str | None:
+        """Give ``sandbox`` the network ``phase`` asks for (``Sandbox.set_network``) unless it has
+        it already; a warning line when the backend cannot. ``_network_now`` None: just created."""
+        asked = network_asked(self.task)[phase]
+        now = self._network_now
+        if now == asked or (now is None and not asked):
+            self._network_now = asked
+            return None
+        reason = await sandbox.set_network(asked)
+        if reason is None:
+            self._network_now = asked
+            return None
+        self._network_now = bool(now)
+        if reason in sandbox.warnings:  # said already at start (the embedded backend has no network)
+            return reason
+        return f"the {phase} phase asks for {'network' if asked else 'no network'}: {reason}"
+
+    def _phase_user(self, sandbox: Sandbox, phase: str) -> tuple[str | None, str | None]:
+        """Who ``phase`` runs as where the backend can switch users, and a warning where it cannot."""
+        user = self.task.agent_user if phase == "agent" else self.task.verifier_user
+        if user is None or sandbox.supports_users:
+            return user, None
+        if user in ROOT_USERS:
+            return None, None
+        return None, f"the {sandbox.backend} backend runs every command as root: [{phase}].user = {user} is not applied"
+
+    def _warn(self, line: str | None) -> None:
+        if line and line not in self.warnings:
+            self.warnings.append(line)
+
+    def _new_shell(self) -> PersistentShell:
+        assert self.sandbox is not None
+        return PersistentShell(
+            self.sandbox,
+            env=self._agent_env(),
+            cwd=self.sandbox.workdir,
+            output_limit=self.options.output_limit,
+            user=self._agent_user,
+        )
+
+    async def _verify_current(self) -> Verification:
+        """The current step's verification (the task's own without ``[[steps]]``), in the
+        verifier phase's network, as the verifier's user."""
+        assert self.sandbox is not None
+        task = self.current_task
+        self._warn(await self._switch_network(self.sandbox, "verifier"))
+        self.network["verifier"] = bool(self._network_now)
+        user, line = self._phase_user(self.sandbox, "verifier")
+        self._warn(line)
+        if task.verifier_mode == "separate":
+            return await self._verify_separately(self.sandbox, task, user)
+        return await verify(
+            task, self.sandbox, reward_scale=self.options.reward_scale, tamper=self.options.tamper, user=user
+        )
+
+    def _add_step_result(self, verification: Verification) -> None:
+        step, report = self.task.steps[self.step_index], verification.report
+        error = verification_error(verification, self.current_task)
+        assertions = tuple({"name": a.name, "passed": a.passed} for a in report.assertions if a.status != "skipped")
+        result = StepResult(
+            name=step.name,
+            reward=verification.reward,
+            resolved=report.resolved,
+            passed=report.passed,
+            total=report.total,
+            assertions=assertions,
+            error=error["message"] if error else None,
+        )
+        self.step_results.append(result)
+        self.grade = combine(self.step_results, self.task.multi_step_reward_strategy)
+
+    async def _next_step(self) -> tuple[str, float, bool, bool, dict]:
+        """SUBMIT before a multi-step task's last step: verify this step, then hand the agent the
+        next one (a fresh shell, the agent phase's network, the step's own agent timeout)."""
+        assert self.sandbox is not None and self._shell is not None
+        shell, self._shell = self._shell, None
+        await asyncio.shield(shell.close())
+        started = time.monotonic()
+        try:
+            try:
+                verification = await self._verify_current()
+            finally:
+                self.timings["verify"] = self.timings.get("verify", 0.0) + time.monotonic() - started
+            self._add_step_result(verification)
+            self.step_index += 1
+            self._warn(await self._switch_network(self.sandbox, "agent"))
+            self._shell = self._new_shell()
+            await self._shell.start()
+        except SandboxError as exc:
+            self.error = fault(exc, agent_acted=self.turns > 0)
+            self.transcript.stop("sandbox_error")
+            await self._end_without_verification()
+            await self._collect_warnings()
+            info = {"error": self.error, "warnings": list(self.warnings)}
+            return f"[sandbox error: {exc}]", 0.0, False, True, info
+        self._deadline = time.monotonic() + self.agent_timeout
+        instruction = self.current_task.instruction
+        self.transcript.observed(instruction)
+        info = {
+            "submitted": True,
+            "step": self.step_index,
+            "steps": len(self.task.steps),
+            "step_result": self.step_results[-1].as_dict(),
+            "agent_timeout": self.agent_timeout,
+            "warnings": list(self.warnings),
+        }
+        return instruction, 0.0, False, False, info
+
+    async def _export_artifacts(self) -> None:
+        """The task's artifacts (and ``/logs/artifacts``) copied into ``trial_dir/artifacts``;
+        without a trial directory nothing is kept (a warning when the task declares artifacts)."""
+        assert self.sandbox is not None
+        if self.error is not None and self.error["kind"] in ("sandbox_error", "broken_by_agent"):
+            return  # the sandbox no longer answers: nothing can be copied out of it
+        if self.trial_dir is None:
+            if self.task.artifacts:
+                self._warn("the task's artifacts were not kept: this run keeps no trial directory")
+            return
+        self.artifacts, warnings = await export_artifacts(self.sandbox, self.task.artifacts, self.trial_dir)
+        for line in warnings:
+            self._warn(line)
+
+    async def _verify_separately(self, agent_sandbox: Sandbox, task: Task, user: str | None = None) -> Verification:
         """Harbor's separate mode: the declared artifacts (and ``/logs/artifacts``) copied from the
         agent's sandbox into a fresh one of the task's environment, where the verifier runs."""
         await agent_sandbox.check_alive()
@@ -330,9 +532,12 @@ class AsyncTerminalEnv:
         try:
             await fresh.start()
             self.warnings += [w for w in fresh.warnings if w not in self.warnings]
+            if network_asked(self.task)["verifier"] != fresh.spec.network:
+                reason = await fresh.set_network(network_asked(self.task)["verifier"])
+                self._warn(f"the separate verifier's network: {reason}" if reason else None)
             if archive:
                 await fresh.upload_tar(archive, "/")
-            verification = await verify(self.task, fresh, reward_scale=self.options.reward_scale)
+            verification = await verify(task, fresh, reward_scale=self.options.reward_scale, user=user)
             return replace(verification, system_changes=tuple(changes) if changes is not None else None)
         finally:
             self.warnings += [w for w in await fresh.limit_warnings() if w not in self.warnings]
@@ -363,6 +568,34 @@ class AsyncTerminalEnv:
         return {"HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", **self.sandbox.env}
 
 
+ROOT_USERS = ("root", "0", "0:0")  # the users every backend runs as without switching
+
+
+async def _check_user(sandbox: Sandbox, user: str, phase: str) -> None:
+    """``ConfigError`` in one line (the trial's ``invalid_task``, never retried: the task names a
+    user its image lacks) when the sandbox cannot run a command as ``user``."""
+    result = await sandbox.exec_as(user, ["/bin/sh", "-c", "id -u"], timeout=30, cwd="/")
+    if result.exit_code != 0:
+        lines = [line for line in result.text.strip().splitlines() if line.strip()]
+        why = lines[-1][:200] if lines else f"exit {result.exit_code}"
+        raise ConfigError(f"[{phase}].user = {user}: cannot run a command as that user ({why})")
+
+
+def verification_error(verification: Verification, task: Task) -> TrialError | None:
+    """The trial's error a verification gives, first match wins: ``tampered``, the verifier's
+    timeout, its report's error, a test script that could not run (exit 126 and above)."""
+    report = verification.report
+    if verification.tampered:
+        return {"kind": "tampered", "message": tamper_warning(list(verification.system_changes or ()))}
+    if verification.timed_out:
+        return {"kind": "verifier_timeout", "message": f"verifier exceeded {task.verifier_timeout_sec:g}s"}
+    if report.error:
+        return {"kind": "verifier_error", "message": report.error}
+    if verification.exit_code is not None and verification.exit_code >= 126:
+        return {"kind": "verifier_error", "message": f"test script exited {verification.exit_code}"}
+    return None
+
+
 def fault(exc: SandboxError, *, agent_acted: bool) -> TrialError:
     """The trial's error for a sandbox fault: ``broken_by_agent`` when the sandbox stopped working
     from inside after the agent had run a command, else ``sandbox_error`` (the infrastructure's)."""
@@ -387,7 +620,7 @@ def sandbox_spec(
         dockerfile=task.dockerfile,
         image=task.docker_image,
         resources=task.resources,
-        network=task.network,
+        network=network_asked(task)["agent"],  # the sandbox starts in the agent phase's network
         env=dict(task.environment_env),
         labels={"termgym": "1", "termgym.run": run_id or "adhoc"},
         build_timeout_sec=task.build_timeout_sec,

@@ -105,3 +105,54 @@ def plain_text(value: object):
     from rich.text import Text
 
     return Text(terminal_safe(str(value)))
+
+
+# What display_safe lets through to a terminal: SGR (colours, bold...) and movement within the line
+# (cursor forward/back/to a column, erase in line), with plain numeric parameters only.
+_DISPLAY_KEPT = re.compile(r"\x1b\[[0-9;:]*+[mKCDG]")
+_SGR_RESET = "\x1b[0m"
+# display_safe keeps tab, newline, carriage return and backspace (they stay within the line).
+_DISPLAY_CONTROLS = {key: None for key in _CONTROLS if key not in (0x08, 0x0D)}
+
+
+def display_safe(text: str) -> str:
+    """``text`` as a command printed it, minus whatever would change the user's terminal beyond
+    the lines it prints: for showing a command's output on an interactive terminal
+    (``termgym shell``). Not for logs or pipes: there, use ``terminal_safe``.
+
+    Guarantees:
+
+    - kept verbatim: every printable character, tab, newline, carriage return and backspace, and
+      the CSI sequences ``ESC [ <digits ; :> F`` whose final byte ``F`` is ``m`` (SGR: colours and
+      attributes), ``K`` (erase in line), ``C``/``D`` (cursor forward/back) or ``G`` (to a column);
+    - removed whole (the same sequences ``terminal_safe`` recognises): every other CSI (clear
+      screen, scroll regions, cursor positioning across lines, device status and cursor position
+      requests such as ``ESC [ 6 n`` and ``ESC [ c``, window reports, and every private-mode change
+      ``ESC [ ? ... h/l``: alternate screen, bracketed paste, mouse reporting, a hidden cursor),
+      every OSC (window title, clipboard ``OSC 52``, hyperlinks ``OSC 8``: their text stays),
+      DCS, SOS, PM and APC strings, and the ESC-letter and character-set sequences (``ESC c``
+      reset, ``ESC 7``/``ESC 8``, ``ESC ( 0``);
+    - removed alone: any other ESC, the other C0 controls (BEL, shift-out/in among them), DEL and
+      the C1 controls (so an 8-bit CSI ``U+009B`` never reaches the terminal);
+    - when the last SGR sequence kept is not a reset, the result ends with ``ESC [ 0 m``, so
+      colours do not run into what is printed next.
+
+    Linear in ``len(text)``, like ``terminal_safe``.
+    """
+    if text.isprintable():
+        return text
+    out: list[str] = []
+    position = 0
+    styled = False
+    for match in _ESCAPE_SEQUENCE.finditer(text):
+        out.append(text[position : match.start()].translate(_DISPLAY_CONTROLS))
+        sequence = match.group()
+        if _DISPLAY_KEPT.fullmatch(sequence):
+            out.append(sequence)
+            if sequence.endswith("m"):
+                styled = sequence not in ("\x1b[m", "\x1b[0m")
+        position = match.end()
+    out.append(text[position:].translate(_DISPLAY_CONTROLS))
+    if styled:
+        out.append(_SGR_RESET)
+    return "".join(out)

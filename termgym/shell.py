@@ -18,6 +18,9 @@ Guarantees:
   signal the shell traps; the result says ``timed_out`` and the shell survives with its state;
 - if the shell cannot be brought back (the command trapped the signal, ran ``exit``, or killed the
   shell), a new shell starts in the last known directory and the result says ``shell_restarted``;
+- ``run(..., interrupt=event)``: setting the event while the command runs stops it the same way
+  (its foreground killed, the shell and its state kept) and the result says ``interrupted``, with
+  the output printed until then;
 - a shell that answers anything but a well-formed frame raises ``ShellProtocolError``, and one that
   cannot be started again raises ``SandboxBroken``: never ``ValueError``.
 Not guaranteed: commands that read standard input get end-of-file (there is no terminal). A command
@@ -32,7 +35,7 @@ import contextlib
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from termgym.aio import cancel_and_wait, wait_for
 from termgym.errors import SandboxBroken, SandboxError, ShellProtocolError
@@ -97,6 +100,7 @@ class CommandResult:
     output: str
     exit_code: int | None  # None when the command timed out or the shell died
     timed_out: bool = False
+    interrupted: bool = False  # stopped by run()'s interrupt event (exit_code None)
     dropped_bytes: int = 0
     duration: float = 0.0
     cwd: str | None = None
@@ -168,8 +172,10 @@ class PersistentShell:
         env: Mapping[str, str],
         cwd: str,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        user: str | None = None,  # who the shell runs as (Sandbox.open_process_as); None: the sandbox's root
     ) -> None:
         self._sandbox = sandbox
+        self._user = user
         self._env = dict(env)
         self.cwd = cwd
         self._output_limit = output_limit
@@ -194,7 +200,11 @@ class PersistentShell:
                 raise SandboxBroken("the shell exited as soon as it started") from exc
 
     async def _spawn(self, cwd: str) -> None:
-        self._channel = await self._sandbox.open_process(["/bin/bash", "--noprofile", "--norc"], env=self._env, cwd=cwd)
+        argv = ["/bin/bash", "--noprofile", "--norc"]
+        if self._user is None:
+            self._channel = await self._sandbox.open_process(argv, env=self._env, cwd=cwd)
+        else:
+            self._channel = await self._sandbox.open_process_as(self._user, argv, env=self._env, cwd=cwd)
         # The bootstrap answers like a command whose "status" is the shell's pid.
         self._frame = _Frame("READY", OutputCapture(4096))
         self._reader = asyncio.create_task(self._pump(self._channel))
@@ -207,8 +217,9 @@ class PersistentShell:
         self.pid, _, _ = self._frame.parse_trailer()
         self._frame = None
 
-    async def run(self, command: str, timeout: float) -> CommandResult:
-        """Run one command; never raises for the command's own failure, timeout or output."""
+    async def run(self, command: str, timeout: float, *, interrupt: asyncio.Event | None = None) -> CommandResult:
+        """Run one command; never raises for the command's own failure, timeout or output.
+        ``interrupt`` set while it runs stops it like a timeout does (``interrupted`` in the result)."""
         if self._channel is None:
             await self.start()
         assert self._channel is not None
@@ -216,14 +227,15 @@ class PersistentShell:
         capture, self._stray = self._stray, OutputCapture(self._output_limit)
         frame = self._frame = _Frame(secrets.token_hex(8), capture)
         lines = f"__tg_run {bash_quote(command)}\n{frame.nonce}\n"
-        timed_out = False
+        timed_out = interrupted = False
         try:
             await self._channel.write(lines.encode())
-            await wait_for(self._wait_frame(frame), max(timeout, 0.001))
-        except TimeoutError:
-            timed_out = True
+            await wait_for(self._wait_command(frame, interrupt), max(timeout, 0.001))
+        except (TimeoutError, _Interrupted) as exc:
+            timed_out, interrupted = not isinstance(exc, _Interrupted), isinstance(exc, _Interrupted)
             if not await self._interrupt(frame):
-                return await self._restarted(frame, started, timed_out=True)
+                result = await self._restarted(frame, started, timed_out=timed_out)
+                return replace(result, interrupted=interrupted)
         except ShellProtocolError:
             raise
         except (SandboxError, _ShellExited):
@@ -235,8 +247,9 @@ class PersistentShell:
         self.cwd = cwd or self.cwd
         return CommandResult(
             output=capture.text(),
-            exit_code=None if timed_out else status,
+            exit_code=None if timed_out or interrupted else status,
             timed_out=timed_out,
+            interrupted=interrupted,
             dropped_bytes=capture.dropped_bytes,
             duration=time.monotonic() - started,
             cwd=self.cwd,
@@ -247,6 +260,22 @@ class PersistentShell:
         if self._channel is not None:
             await self._channel.close()
         self._channel = self._reader = self._exited = None
+
+    async def _wait_command(self, frame: _Frame, interrupt: asyncio.Event | None) -> None:
+        """``_wait_frame``, or ``_Interrupted`` as soon as ``interrupt`` is set (checked first: a
+        command that ended by then is not interrupted)."""
+        if interrupt is None:
+            return await self._wait_frame(frame)
+        waiting = asyncio.ensure_future(self._wait_frame(frame))
+        asked = asyncio.ensure_future(interrupt.wait())
+        try:
+            await asyncio.wait({waiting, asked}, return_when=asyncio.FIRST_COMPLETED)
+            ended = waiting.done()
+        finally:
+            await cancel_and_wait(asked, None if waiting.done() else waiting)
+        if not ended:
+            raise _Interrupted()
+        waiting.result()
 
     async def _wait_frame(self, frame: _Frame) -> None:
         assert self._exited is not None
@@ -312,6 +341,10 @@ class PersistentShell:
                 self._frame.feed(data)
             else:
                 self._stray.feed(data)
+
+
+class _Interrupted(Exception):
+    """The caller asked to stop the running command."""
 
 
 class _ShellExited(Exception):

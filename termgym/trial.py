@@ -4,7 +4,10 @@
 failed, the model could not be reached) become the record's ``error``, never an exception; only
 cancellation propagates, after the sandbox has been stopped. A sandbox the agent broke is
 ``broken_by_agent`` (``termgym.env.fault``). With ``EnvOptions.trials_dir`` every trial, failed
-and cancelled ones too, writes its transcript to ``trials_dir/<trial_id>/trajectory.json``.
+and cancelled ones too, writes its transcript to ``trials_dir/<trial_id>/trajectory.json``, and
+the task's artifacts go to ``trials_dir/<trial_id>/artifacts/`` (``record.artifacts``). The record
+also holds the network each phase asked for and got (``record.network``) and, for a multi-step
+task, each step's result (``record.steps``) with the reward by the task's strategy.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ async def run_trial(
     options: EnvOptions,
     *,
     sandbox_factory: Callable[[Task, EnvOptions], Sandbox] | None = None,
+    attached: Sandbox | None = None,
 ) -> TrialRecord:
     started = time.monotonic()
     record = TrialRecord(
@@ -55,8 +59,10 @@ async def run_trial(
         family=task.family,
         reward_scale=options.reward_scale,
     )
-    env = AsyncTerminalEnv(task, options, sandbox_factory=sandbox_factory)
+    env = AsyncTerminalEnv(task, options, sandbox_factory=sandbox_factory, attached=attached)
     record.overrides = dict(env.overrides)
+    if options.trials_dir is not None:
+        env.trial_dir = Path(options.trials_dir) / record.trial_id  # the task's artifacts are copied there
     try:
         async with env:
             instruction, info = await env.reset()
@@ -83,6 +89,9 @@ async def run_trial(
     record.system_changes = env.system_changes
     record.image = dict(env.image)
     record.kept = env.kept
+    record.network = dict(env.network)
+    record.artifacts = list(env.artifacts)
+    record.steps = [result.as_dict() for result in env.step_results]
     record.warnings += [w for w in env.warnings if w not in record.warnings]  # --keep's, after the sandbox closed
     _keep_transcript(record, env, options)
     return record
@@ -145,4 +154,13 @@ def _fill(record: TrialRecord, env: AsyncTerminalEnv, step: Step | None) -> Tria
     record.assertions = [{"name": a.name, "passed": a.passed} for a in report.assertions if a.status != "skipped"]
     record.report_format = report.format
     record.logs["verifier"] = verification.output[-20000:]
+    grade = env.grade
+    if grade is not None:  # a multi-step task: the strategy's grade over its steps, assertions named by step
+        record.resolved, record.reward, record.passed, record.total = (
+            grade.resolved,
+            grade.reward,
+            grade.passed,
+            grade.total,
+        )
+        record.assertions = list(grade.assertions)
     return record

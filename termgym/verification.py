@@ -140,11 +140,15 @@ def verifier_env(task: Task, sandbox: Sandbox) -> dict[str, str]:
     return env
 
 
-async def verify(task: Task, sandbox: Sandbox, *, reward_scale: int, tamper: str = "warn") -> Verification:
+async def verify(
+    task: Task, sandbox: Sandbox, *, reward_scale: int, tamper: str = "warn", user: str | None = None
+) -> Verification:
     """Run the task's verifier in ``sandbox``. Raises ``SandboxBroken`` when a harness step fails
     inside the sandbox and ``SandboxError`` for infrastructure faults; everything the verifier
     itself does is data in the result. With ``tamper="fail"``, a sandbox whose system paths the
-    agent changed is not verified: reward 0, ``tampered``."""
+    agent changed is not verified: reward 0, ``tampered``. With ``user`` (``[verifier].user``,
+    where the backend ``supports_users``) the test script runs as that user, ``/logs/verifier``
+    and its home made writable for it (mode 0777, as Harbor does); the harness steps stay root's."""
     started = time.monotonic()
     await sandbox.check_alive()  # a sandbox the agent killed is not revived to be graded
     await sandbox.kill_agent_processes()
@@ -153,6 +157,9 @@ async def verify(task: Task, sandbox: Sandbox, *, reward_scale: int, tamper: str
     listing = asyncio.ensure_future(sandbox.changed_system_paths())
     try:
         await _harness_step(sandbox, ["/bin/sh", "-c", _RESET], "could not reset /tests and /logs/verifier")
+        if user is not None:
+            opened = ["chmod", "0777", "/logs/verifier", "/tmp/.termgym-verifier", VERIFIER_HOME]
+            await _harness_step(sandbox, opened, "could not open /logs/verifier to the verifier's user")
         files = dict((relative, host) for host, relative in task.test_files())
         script = (task.test_script, files.pop(task.test_script).read_bytes(), 0o755)  # executable, whatever its mode
         kit = (".termgym/assert.sh", assertion_kit(), 0o755)
@@ -168,7 +175,8 @@ async def verify(task: Task, sandbox: Sandbox, *, reward_scale: int, tamper: str
         error = f"not verified: the agent changed {len(changes)} system path(s)"
         report = AssertionReport(format="exit-code", assertions=(), binary=True, source="tamper check", error=error)
         return Verification(report, 0.0, None, False, "", time.monotonic() - started, changes, tampered=True)
-    result = await sandbox.exec(
+    result = await sandbox.exec_as(
+        user,
         [f"/tests/{task.test_script}"],
         env=verifier_env(task, sandbox),
         cwd=sandbox.workdir,

@@ -199,7 +199,12 @@ class _Episode:
             return await self._reject(completion, action.message)
         self.failures_in_a_row = 0
         if isinstance(action, Submit):
-            return await self.env.step(SUBMIT)
+            step = await self.env.step(SUBMIT)
+            if step[2] or step[3]:  # terminated or truncated
+                return step
+            # a multi-step task's next step: its instruction is the observation (the env noted it)
+            self.messages += self._observation_messages(completion, step[0])
+            return None
         assert isinstance(action, Command)
         step = await self.env.step(action.command, timeout=action.timeout)
         _, _, terminated, truncated, info = step

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from termgym.agents import NullAgent, OracleAgent
+from termgym.agents.basic import submit_every_step
 from termgym.aio import gather_limited
 from termgym.audit.cache import AuditCache
 from termgym.audit.judge import Judge, JudgeError
@@ -39,7 +40,7 @@ from termgym.audit.rubric import (
     scan_roots,
     solution_prefixes,
 )
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.errors import ConfigError, TermgymError
 from termgym.images.dockerfile import CopyStep, DockerfileError, WorkdirStep, parse_dockerfile
 from termgym.output import plain_text as plain
@@ -66,7 +67,7 @@ class PrefixAgent:
             prefix.write_text(self.script)
             await env.upload([*env.task.solution_files(), (prefix, ".termgym-prefix.sh")], "/solution")
         step = await env.step("bash /solution/.termgym-prefix.sh", timeout=env.agent_timeout)
-        return step if env.done else await env.step(SUBMIT)
+        return step if env.done else await submit_every_step(env)
 
 
 def _result(record: TrialRecord) -> RunResult:

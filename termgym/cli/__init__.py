@@ -143,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc = commands.add_parser("gc", help="remove sandboxes left behind by killed runs")
     backend_option(gc)
     gc.add_argument("--images", action="store_true", help="also remove cached task images (docker)")
+    gc.add_argument("ids", nargs="*", metavar="ID", help="remove only these sandboxes kept by --keep")
     images = commands.add_parser("images", help="manage the Docker backend's images")
     images.add_argument("action", choices=["bootstrap"], help="bootstrap: build termgym/base:bookworm with debootstrap")
     images.add_argument("--force", action="store_true", help="rebuild even if the image exists")

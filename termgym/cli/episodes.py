@@ -110,9 +110,27 @@ def print_record(record: TrialRecord) -> None:
             ),
         )
     )
+    print_notes(record)
+
+
+def print_notes(record: TrialRecord) -> None:
+    """What follows a trial's verdict: its warnings, its error and, when kept, how to enter its sandbox."""
     for warning in record.warnings:
         common.out.print(Text.assemble(("warning", "yellow"), plain(f" {warning}")))
     if record.error:
         common.out.print(
             Text.assemble(("error", "yellow"), plain(f" {record.error['kind']}: {record.error['message']}"))
         )
+    if record.kept:
+        print_kept(record.kept)
+
+
+def print_kept(kept: dict[str, str]) -> None:
+    """How to enter and remove a sandbox ``--keep`` left running (``Sandbox.keep``)."""
+    common.out.print(
+        Text.assemble(
+            ("sandbox kept", "bold"),
+            plain(f": enter it with `{kept['attach']}`; remove it with `{kept['remove']}`"),
+        ),
+        soft_wrap=True,  # the commands stay whole, to copy
+    )

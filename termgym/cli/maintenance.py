@@ -11,7 +11,7 @@ from termgym.cli import common
 from termgym.cli.runs import collect_tasks
 from termgym.output import plain_text as plain
 from termgym.output import terminal_safe
-from termgym.sandboxes import remove_leftovers
+from termgym.sandboxes import attach_sandbox, remove_leftovers
 from termgym.tasks import discover_tasks
 
 # -- audit -------------------------------------------------------------------------------------------
@@ -42,7 +42,15 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 
 async def cmd_gc(args: argparse.Namespace) -> int:
-    common.out.print(await remove_leftovers(args.backend, images=args.images))
+    """Without ids: every leftover of ``args.backend``, kept sandboxes included (named). With ids:
+    only those kept sandboxes, each entered and stopped (``ConfigError`` for one that is not kept)."""
+    if not args.ids:
+        common.out.print(await remove_leftovers(args.backend, images=args.images))
+        return 0
+    for sandbox_id in args.ids:
+        sandbox = await attach_sandbox(args.backend, sandbox_id)
+        await sandbox.stop()
+        common.out.print(plain(f"removed kept {args.backend} sandbox {sandbox_id}"))
     return 0
 
 

@@ -7,7 +7,10 @@ byte streams, used for the persistent shell) and ``kill_agent_processes`` (every
 since ``start`` is gone when it returns; the sandbox itself stays usable). Files travel as tar
 archives through ``exec`` (``upload_tar``, ``download_tar``); a backend with a native path
 overrides them. Two reports have defaults a backend refines: ``changed_system_paths`` (None: this
-backend cannot tell) and ``limit_warnings`` (the resource limits the sandbox reached).
+backend cannot tell) and ``limit_warnings`` (the resource limits the sandbox reached). Harbor's
+phases add ``exec_as`` / ``open_process_as`` (a command as another user, where ``supports_users``)
+and ``set_network`` (the network between phases); their defaults refuse a user and keep the
+network chosen at creation.
 
 Guarantees callers rely on: every command runs inside the sandbox, never on the host; ``exec``
 never raises for the command's own failure or timeout (that is data in ``ExecResult``) and raises
@@ -182,6 +185,44 @@ class Sandbox(abc.ABC):
         ``{"backend", "id", "attach", "remove"}`` (the commands that enter and remove it). After
         it, ``stop`` leaves the sandbox alone. ``SandboxError`` where the backend cannot keep one."""
         raise SandboxError(f"the {self.backend} backend cannot keep a sandbox after the trial")
+
+    # -- users and network phases (Harbor's [agent]/[verifier] user and network_mode) -----------
+
+    # True when exec_as / open_process_as can run a command as another user than the sandbox's root.
+    supports_users: bool = False
+
+    async def exec_as(
+        self,
+        user: str | None,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
+        """``exec`` as ``user`` (a name or a numeric uid, ``uid:gid`` too; None: as ``exec``).
+        ``SandboxError`` where the backend cannot (``supports_users`` False) or the user is unknown."""
+        if user is None:
+            return await self.exec(argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit)
+        raise SandboxError(f"the {self.backend} backend cannot run a command as user {user}")
+
+    async def open_process_as(
+        self, user: str | None, argv: Sequence[str], *, env: Mapping[str, str], cwd: str
+    ) -> ProcessChannel:
+        """``open_process`` as ``user`` (None: as ``open_process``); errors as ``exec_as``."""
+        if user is None:
+            return await self.open_process(argv, env=env, cwd=cwd)
+        raise SandboxError(f"the {self.backend} backend cannot run a process as user {user}")
+
+    async def set_network(self, enabled: bool) -> str | None:
+        """Give the running sandbox network (``enabled``) or take it away, between phases. Returns
+        None when the sandbox now has what was asked, else one line saying why not (the sandbox
+        is left as it was). The default changes nothing: the network chosen at creation
+        (``spec.network``) stays."""
+        if enabled == self.spec.network:
+            return None
+        return f"the {self.backend} backend cannot change a running sandbox's network"
 
     async def upload_files(self, files: Sequence[tuple[Path, str]], dest: str) -> None:
         """Copy host files into ``dest``, each at its relative path, executable bits kept."""

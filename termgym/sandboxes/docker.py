@@ -11,7 +11,9 @@ stream; files move as tar archives through the API. Killing the agent's processe
 container (its init is killed, so the kernel ends every process in it, the keeper included, which
 a root process could otherwise rewrite through ``/proc/<pid>/mem``), then waits until the engine
 lists only the new init and keeper. ``changed_system_paths`` asks the engine what the container
-changed against its image (``termgym.tamper``). ``stop`` removes the container on every path.
+changed against its image (``termgym.tamper``). ``stop`` removes the container on every path,
+but after ``keep`` (``--keep``), which renames it ``termgym-kept-<id>`` and leaves it running for
+``attach`` to enter again.
 
 What it does not cover: a disk quota (overlay2 on ext4 has none; the per-file limit and the agent
 timeout bound what one trial can write), the other services of a Terminal-Bench 1 compose file
@@ -35,10 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from termgym.aio import uninterrupted, wait_for
-from termgym.errors import BackendUnavailable, SandboxBroken, SandboxError, SandboxGone
+from termgym.errors import BackendUnavailable, ConfigError, SandboxBroken, SandboxError, SandboxGone
 from termgym.images.build import ensure_task_image
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
-from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
 from termgym.sandboxes.changes import system_changes
 from termgym.sandboxes.limits import PIDS_LIMIT
 
@@ -99,7 +101,10 @@ class DockerSandbox(Sandbox):
             timeout=self.spec.build_timeout_sec,
             run=_run,
             network=self.spec.network,
+            pull=self.spec.pull,
+            prefer_build=self.spec.prefer_build,
         )
+        self.image = image.record()
         self.env = {**image.env, **dict(self.spec.env)}
         self.workdir = image.workdir
         network = "none"
@@ -172,6 +177,8 @@ class DockerSandbox(Sandbox):
         for channel in self._channels:
             await channel.close()
         self._channels.clear()
+        if self._kept:  # keep(): the container stays for `termgym shell --attach`
+            return
         if self._container is not None:
             container, self._container = self._container, None
             with contextlib.suppress(Exception):
@@ -180,8 +187,9 @@ class DockerSandbox(Sandbox):
     async def kill_agent_processes(self) -> None:
         """Restart the container: killing its init makes the kernel end every process in it, so
         nothing is spared, whatever it did to itself; the files stay. Returns once the engine lists
-        exactly the new init and its keeper. A container that does not come back (its keeper was
-        broken from inside) is ``SandboxBroken``."""
+        the new keeper (the image's entrypoint starts its services again beside it, as at the
+        first start). A container that does not come back (its keeper was broken from inside) is
+        ``SandboxBroken``."""
         for channel in self._channels:
             await channel.close()
         self._channels.clear()
@@ -197,12 +205,13 @@ class DockerSandbox(Sandbox):
                         f"the container stopped as soon as it restarted (exit {state.get('ExitCode')}): its keeper was broken from inside"
                     )
                 top = await _run(client.api.top, container)
-                if len(top.get("Processes") or []) == 2:
-                    self._keeper = _keeper_of(top)
+                keeper = _keeper_of(top)
+                if keeper is not None:  # the restart ended every process; what runs now is the image's own
+                    self._keeper = keeper
                     return
                 if time.monotonic() > deadline:
                     raise SandboxError(
-                        f"the container still runs {len(top.get('Processes') or [])} processes after a restart"
+                        f"the container's keeper ({KEEPER}) is not running {RESTART_TIMEOUT:g}s after a restart"
                     )
                 await asyncio.sleep(0.02)
         except TimeoutError as exc:
@@ -280,6 +289,20 @@ class DockerSandbox(Sandbox):
     ) -> ExecResult:
         if stdin is not None:
             raise ValueError("the Docker backend's exec takes no stdin; use upload_tar for files")
+        return await self.exec_as(None, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit)
+
+    supports_users = True  # the engine's exec runs as any user: a name from the image's passwd, or a uid
+
+    async def exec_as(
+        self,
+        user: str | None,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
         container = self._require()
         limit = max(timeout, 0.001)
         pairs = [f"{k}={v}" for k, v in (self.env if env is None else env).items()]
@@ -288,7 +311,8 @@ class DockerSandbox(Sandbox):
         started = time.monotonic()
         try:
             code = await wait_for(
-                _run(_exec_blocking, docker_client(), container, command, cwd or self.workdir, capture), limit + 10
+                _run(_exec_blocking, docker_client(), container, command, cwd or self.workdir, capture, user or ""),
+                limit + 10,
             )
         except TimeoutError:
             code = None
@@ -303,12 +327,24 @@ class DockerSandbox(Sandbox):
         )
 
     async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
+        return await self.open_process_as(None, argv, env=env, cwd=cwd)
+
+    async def open_process_as(
+        self, user: str | None, argv: Sequence[str], *, env: Mapping[str, str], cwd: str
+    ) -> ProcessChannel:
         container = self._require()
         pairs = [f"{k}={v}" for k, v in env.items()]
         client = docker_client()
         try:
             exec_id = (
-                await _run(client.api.exec_create, container, ["env", "-i", *pairs, *argv], stdin=True, workdir=cwd)
+                await _run(
+                    client.api.exec_create,
+                    container,
+                    ["env", "-i", *pairs, *argv],
+                    stdin=True,
+                    workdir=cwd,
+                    user=user or "",
+                )
             )["Id"]
             raw = await _run(client.api.exec_start, exec_id, socket=True)
         except Exception as exc:
@@ -320,6 +356,15 @@ class DockerSandbox(Sandbox):
         self._channels = [c for c in self._channels if not c.closed] + [channel]
         return channel
 
+    async def set_network(self, enabled: bool) -> str | None:
+        """Connect the container to the engine's bridge network, or disconnect it from every
+        network but ``none``; a line saying why not when the engine has no bridge."""
+        container = self._require()
+        try:
+            return await _run(_switch_network, docker_client(), container, enabled)
+        except Exception as exc:
+            raise await self._fault(exc, "could not change the sandbox's network") from exc
+
     async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
         made = await self.exec(["mkdir", "-p", dest], timeout=timeout, cwd="/")
         if made.exit_code != 0:
@@ -328,6 +373,95 @@ class DockerSandbox(Sandbox):
             await wait_for(_run(docker_client().api.put_archive, self._require(), dest, archive), timeout)
         except Exception as exc:
             raise await self._fault(exc, f"upload to {dest} failed") from exc
+
+    # -- keep and attach (--keep, termgym shell --attach) -------------------------------------------
+
+    _kept = False  # keep() ran: stop() leaves the container running
+
+    async def keep(self) -> dict[str, str]:
+        """Leave the container running: it is renamed ``termgym-kept-<id>`` (the name attach and gc
+        know it by) and ``stop`` no longer removes it."""
+        container = self._require()
+        for channel in self._channels:
+            await channel.close()
+        self._channels.clear()
+        name = f"{KEPT_PREFIX}{container[:12]}"
+        client = docker_client()
+        try:
+            if (await _run(client.api.inspect_container, container)).get("Name", "").lstrip("/") != name:
+                await _run(client.api.rename, container, name)  # kept before (attached, then kept again): as is
+        except Exception as exc:
+            raise await self._fault(exc, "could not keep the container") from exc
+        self._kept = True
+        return {
+            "backend": "docker",
+            "id": name,
+            "attach": f"termgym shell --attach {name} --backend docker",
+            "remove": f"termgym gc --backend docker {name}",  # or docker rm -f NAME
+        }
+
+
+KEPT_PREFIX = "termgym-kept-"  # the name keep() gives a container
+
+
+async def attach(sandbox_id: str) -> DockerSandbox:
+    """The kept container ``sandbox_id`` (its name or id), started: running, labelled ``termgym=1``
+    and named by ``keep``; its environment and working directory are the container's own, and
+    ``stop`` removes it. ``ConfigError`` in one line when there is no such kept container."""
+    import docker.errors
+
+    missing = ConfigError(f"no kept sandbox {sandbox_id} (termgym gc removed it, or it was never kept)")
+    client = await _run(docker_client)
+    try:
+        info = await _run(client.api.inspect_container, sandbox_id)
+        top = await _run(client.api.top, info["Id"]) if (info.get("State") or {}).get("Running") else None
+    except docker.errors.NotFound:
+        raise missing from None
+    except docker.errors.APIError as exc:
+        if exc.status_code in (400, 404, 409):
+            raise missing from None
+        raise _mapped(exc, f"could not inspect {sandbox_id}") from exc
+    config, host = info.get("Config") or {}, info.get("HostConfig") or {}
+    labels = config.get("Labels") or {}
+    if top is None or labels.get("termgym") != "1" or not str(info.get("Name", "")).lstrip("/").startswith(KEPT_PREFIX):
+        raise missing
+    sandbox = DockerSandbox(
+        SandboxSpec(
+            name=labels.get("termgym.task", sandbox_id),
+            context_dir=None,
+            dockerfile=None,
+            image=config.get("Image"),
+            resources=_resources_of(host),
+            labels={k: v for k, v in labels.items() if k not in ("termgym", "termgym.task")},
+        )
+    )
+    sandbox._container = info["Id"]
+    sandbox._started_at = time.time()
+    sandbox._keeper = _keeper_among(top)
+    sandbox.env = dict(pair.split("=", 1) for pair in config.get("Env") or [] if "=" in pair)
+    sandbox.workdir = config.get("WorkingDir") or "/"
+    sandbox.image = {"ref": str(config.get("Image") or ""), "digest": str(info.get("Image") or "")}
+    return sandbox
+
+
+def _resources_of(host_config: dict) -> Resources:
+    """The CPU, memory and per-file size limits a container was created with (``start``)."""
+    fsize = [u for u in host_config.get("Ulimits") or [] if u.get("Name") == "fsize"]
+    defaults = Resources()
+    return Resources(
+        cpus=(host_config.get("NanoCpus") or 0) / 1e9 or defaults.cpus,
+        memory_mb=(host_config.get("Memory") or 0) >> 20 or defaults.memory_mb,
+        storage_mb=(fsize[0].get("Hard") or 0) >> 20 if fsize else defaults.storage_mb,
+    )
+
+
+def _keeper_among(top: dict) -> str | None:
+    """The keeper's pid in a running container's process list, orphans the agent left included:
+    the oldest ``sleep infinity`` whose parent is the container's init."""
+    pids, parents, commands = _column(top, "PID"), _column(top, "PPID"), _column(top, "CMD")
+    inits = {pid for pid, parent in zip(pids, parents) if parent not in pids}
+    keepers = [pid for pid, parent, cmd in zip(pids, parents, commands) if parent in inits and cmd == KEEPER]
+    return min(keepers, key=int) if keepers else None
 
 
 class _DockerChannel(ProcessChannel):
@@ -400,17 +534,39 @@ class FrameDemux:
         return bytes(out)
 
 
-def _exec_blocking(client: Any, container: str, command: list[str], cwd: str, capture: OutputCapture) -> int | None:
-    exec_id = client.api.exec_create(container, command, workdir=cwd)["Id"]
+def _exec_blocking(
+    client: Any, container: str, command: list[str], cwd: str, capture: OutputCapture, user: str = ""
+) -> int | None:
+    exec_id = client.api.exec_create(container, command, workdir=cwd, user=user)["Id"]
     for chunk in client.api.exec_start(exec_id, stream=True):
         capture.feed(chunk)
     return client.api.exec_inspect(exec_id).get("ExitCode")
 
 
+def _switch_network(client: Any, container: str, enabled: bool) -> str | None:
+    attached = set(client.api.inspect_container(container)["NetworkSettings"].get("Networks") or {})
+    connected = attached - {"none"}
+    if enabled == bool(connected):
+        return None
+    if not enabled:
+        for name in sorted(connected):
+            client.api.disconnect_container_from_network(container, name)
+        return None
+    if not client.api.networks(names=["bridge"]):
+        return "the Docker engine has no bridge network (dockerd --bridge=none); the sandbox stays without network"
+    if "none" in attached:
+        client.api.disconnect_container_from_network(container, "none")
+    client.api.connect_container_to_network(container, "bridge")
+    return None
+
+
 def _network_for_task(client: Any) -> str:
     if client.api.networks(names=["bridge"]):
         return "bridge"
-    raise SandboxError("the task needs network, but the Docker engine has no bridge network (dockerd --bridge=none)")
+    raise SandboxError(
+        "the task needs network, but the Docker engine has no bridge network (dockerd --bridge=none); "
+        "run it without network with --network none, or give the engine a bridge"
+    )
 
 
 def _column(top: dict, title: str) -> list[str]:
@@ -421,11 +577,11 @@ def _column(top: dict, title: str) -> list[str]:
 
 
 def _keeper_of(top: dict) -> str | None:
-    """The keeper's pid in a fresh container's process list: the child of its init (the only other
-    process then). Recorded before the agent runs anything, since orphans become the init's children too."""
-    pids, parents = _column(top, "PID"), _column(top, "PPID")
-    children = [pid for pid, parent in zip(pids, parents) if parent in pids]
-    return children[0] if len(children) == 1 else None
+    """The keeper's pid in a fresh container's process list: the one process running ``KEEPER``
+    (the image's entrypoint may run services beside it, and execs or runs the keeper as the
+    command). Recorded before the agent runs anything, so no process of the agent's is among them."""
+    keepers = [pid for pid, command in zip(_column(top, "PID"), _column(top, "CMD")) if command == KEEPER]
+    return keepers[0] if len(keepers) == 1 else None
 
 
 def _stop_requests(client: Any, container: str, since: float) -> list[str]:
@@ -495,9 +651,19 @@ def preflight() -> None:
 
 
 async def remove_leftovers(images: bool = False) -> str:
-    """``termgym gc``: remove labelled containers (and cached task images with ``images``); one line."""
+    """``termgym gc``: remove labelled containers, kept ones (``--keep``) included and named (and
+    cached task images with ``images``); one line."""
+    kept = await asyncio.to_thread(_kept_names)
     containers, removed = await asyncio.to_thread(collect_garbage, images)
-    return f"removed {containers} leftover docker container(s) and {removed} cached task image(s)"
+    named = f" ({len(kept)} kept: {', '.join(kept)})" if kept else ""
+    return f"removed {containers} leftover docker container(s){named} and {removed} cached task image(s)"
+
+
+def _kept_names() -> list[str]:
+    """The names of the containers ``keep`` left running."""
+    containers = docker_client().api.containers(all=True, filters={"label": "termgym=1", "name": KEPT_PREFIX})
+    names = [str(name).lstrip("/") for c in containers for name in c.get("Names") or []]
+    return sorted(name for name in names if name.startswith(KEPT_PREFIX))
 
 
 async def close_shared() -> None:

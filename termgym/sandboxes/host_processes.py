@@ -1,9 +1,11 @@
 """The embedded backend's host processes: spawning them with only ``HOST_ENV`` (never interrupted
 half-way by a cancellation), feeding and draining their pipes into a bounded capture, the channel
-a persistent shell runs over, and ending process trees (a new session's, a bwrap keeper's).
+a persistent shell runs over, and ending process trees (a new session's, a bwrap keeper's); and a
+keeper detached from this process (``--keep``), which outlives it and is ended by pid.
 
 Guaranteed: ``spawn`` either returns the started process or, when cancelled, leaves none behind;
-``end_entered`` and ``end_keeper`` return once every process they end is gone and reaped.
+``end_entered`` and ``end_keeper`` return once every process they end is gone and reaped;
+``end_detached`` signals a pid only while its start time still matches (never a reused pid).
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import select
 import signal
+import subprocess
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -21,6 +25,7 @@ from termgym.aio import cancel_and_wait, uninterrupted, wait_for
 from termgym.errors import SandboxError
 from termgym.output import OutputCapture
 from termgym.sandboxes.base import ProcessChannel
+from termgym.sandboxes.tools import host_tool
 
 HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 POLL_SEC = 0.001  # how often a wait for a process or a pipe looks again
@@ -162,3 +167,88 @@ async def read_stderr(process: asyncio.subprocess.Process) -> str:
         assert process.stderr is not None
         return (await wait_for(process.stderr.read(), 1.0)).decode(errors="replace")
     return ""
+
+
+# -- detached keepers (--keep): not this process's children, ended by pid and start time ------------
+
+# Starts "$@" in the background in a session of its own (setsid execs in place: a background job of
+# a non-interactive shell leads no process group), its stderr to the log, and prints its pid.
+_DETACH = 'log=$1; shift; "$SETSID" "$@" </dev/null 2>>"$log" & echo "pid $!"'
+
+
+def start_detached(argv: Sequence[str], *, log: Path, timeout: float) -> int:
+    """Start ``argv`` (whose every wrapper execs in place) so that it outlives this process: its
+    parent, a shell, exits at once, it is in a session of its own and no death signal is tied to
+    this process. Returns its pid once it printed ``ready``; ``SandboxError`` with the last line of
+    its stderr (appended to ``log``) when it did not within ``timeout``. Blocking."""
+    env = {**HOST_ENV, "SETSID": host_tool("setsid")}
+    shell = subprocess.Popen(
+        [host_tool("sh"), "-c", _DETACH, "sh", str(log), *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    assert shell.stdout is not None
+    pid: int | None = None
+    ready = False
+    buffer = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while not (ready and pid is not None):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([shell.stdout], [], [], left)[0]:
+                break
+            chunk = os.read(shell.stdout.fileno(), 4096)
+            if not chunk:
+                break  # every writer is gone: the program exited
+            buffer += chunk
+            *lines, rest = buffer.split(b"\n")
+            buffer = rest
+            for line in lines:
+                if line.startswith(b"pid "):
+                    pid = int(line[4:])
+                ready = ready or line == b"ready"
+    finally:
+        shell.stdout.close()
+        shell.wait()
+    if pid is not None and ready:
+        return pid
+    if pid is not None:
+        end_detached(pid, start_time(pid))
+    why = (log.read_text(errors="replace").strip().splitlines() or ["it did not say ready"])[-1] if log.exists() else ""
+    raise SandboxError(f"bubblewrap failed to start a kept sandbox: {why or 'it did not say ready'}")
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, /proc/PID/stat field 22); None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:
+        return int(stat[stat.rfind(")") + 2 :].split()[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def same_process(pid: int, started: int | None) -> bool:
+    """True while ``pid`` runs and is the process that started at ``started``."""
+    return started is not None and alive(pid) and start_time(pid) == started
+
+
+def end_detached(pid: int, started: int | None, timeout: float = 5.0) -> bool:
+    """End a detached keeper: SIGKILL its children (the namespace's init, so the kernel ends every
+    process in it) and itself, if ``pid`` is still the process that started at ``started``; waits
+    until it is gone. False when it was not running (or is another process now). Blocking."""
+    if not same_process(pid, started):
+        return False
+    for child in children(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(POLL_SEC)
+    return True

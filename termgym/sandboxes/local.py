@@ -21,6 +21,12 @@ What it covers:
   ``--die-with-parent``: when the termgym process dies, for whatever reason, the kernel kills every
   process in the sandbox. Every command enters the keeper's namespaces with ``nsenter``.
 
+**Keeping a sandbox** (``--keep``, ``keep``) restarts its keeper without ``--die-with-parent``, in
+a session of its own and no child of this process, so the sandbox outlives termgym; the agent's
+processes end then (the files stay). ``kept.json`` in its host directory says how to enter it again
+(``attach``: the keeper's pid and start time, against pid reuse, its cgroups, storage, environment);
+``termgym gc`` removes kept sandboxes too, as it does those killed runs left.
+
 Killing the agent's processes restarts the keeper: the kernel kills every process of a PID
 namespace when its first process dies, so nothing survives, whatever it forked or however it
 detached (with cgroups, their process list confirms it). The files stay, since they live outside.
@@ -49,10 +55,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from termgym.aio import uninterrupted, wait_for
-from termgym.errors import BackendUnavailable, EnvironmentBuildError, SandboxBroken, SandboxError
+from termgym.errors import BackendUnavailable, ConfigError, EnvironmentBuildError, SandboxBroken, SandboxError
 from termgym.images.dockerfile import CopyStep, DockerfileError, EnvironmentPlan, WorkdirStep, parse_dockerfile
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
-from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
 from termgym.sandboxes.host_processes import (
     HOST_ENV,
     POLL_SEC,
@@ -60,10 +66,14 @@ from termgym.sandboxes.host_processes import (
     alive,
     children,
     communicate,
+    end_detached,
     end_entered,
     end_keeper,
     read_stderr,
+    same_process,
     spawn,
+    start_detached,
+    start_time,
 )
 from termgym.sandboxes.limits import SandboxCgroup, remove_stale
 from termgym.sandboxes.prepare import prepare_environment
@@ -73,6 +83,7 @@ from termgym.sandboxes.tools import host_tool
 BASE_WRITABLE = ("app", "tmp", "root", "home", "opt", "srv", "mnt", "var", "run", "logs", "tests", "solution")
 HOST_READONLY = ("usr", "etc", "bin", "lib", "lib64", "sbin", "proc", "dev", "sys")
 KEEPER_START_TIMEOUT = 10.0
+KEPT_STATE = "kept.json"  # in a kept sandbox's host directory: what attach() needs to enter it
 # The whole environment of bwrap and nsenter: nothing of this process's environment follows them into
 # the sandbox (an LD_PRELOAD of a host library, as vLLM's import sets, breaks the loader in there).
 SANDBOX_UID_BASE = 2_000_000_000
@@ -182,11 +193,14 @@ class LocalSandbox(Sandbox):
         self._cgroup: SandboxCgroup | None = None
         self._storage: SizedFilesystem | None = None
         self._file_size_limit: int | None = None  # bytes a file, where no sized file system is mounted
+        self._detached: tuple[int, int | None] | None = None  # a kept keeper's bwrap: (pid, start time)
+        self._kept = False  # keep() ran: stop() leaves the sandbox alone
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
         require_tools()
+        self.image = {"source": "host"}  # the embedded backend runs the host's system, no image
         plan = self._plan()
         self._roots = writable_roots(plan)
         root = sandbox_root_dir()
@@ -240,6 +254,8 @@ class LocalSandbox(Sandbox):
         for channel in self._channels:
             await channel.close()
         self._channels.clear()
+        if self._kept:
+            return
         await self._stop_keeper()
         if self._cgroup is not None:
             await self._wait_cgroup_empty()
@@ -288,6 +304,10 @@ class LocalSandbox(Sandbox):
             warnings.append(f"the sandbox reached its storage limit ({self._storage.size_mb} MB)")
         return warnings
 
+    async def set_network(self, enabled: bool) -> str | None:
+        """Never any network here: asking for it is the same warning as at start."""
+        return "the task asks for network; the embedded backend has none (use --backend docker)" if enabled else None
+
     def _plan(self) -> EnvironmentPlan | None:
         if self.spec.dockerfile is None:
             if self.spec.image:
@@ -300,13 +320,14 @@ class LocalSandbox(Sandbox):
 
     # -- the keeper: the process whose namespaces every command enters --------------------------
 
-    def _bwrap_argv(self) -> list[str]:
+    def _bwrap_argv(self, *, detached: bool = False) -> list[str]:
+        """The keeper's command line; ``detached`` (a kept sandbox): without ``--die-with-parent``."""
         assert self._dir is not None
         userns = ("--disable-userns",) if _bwrap_supports("--disable-userns") else ()
         options = [
             ("--unshare-all", "--unshare-user", *userns),
             ("--uid", "0", "--gid", "0", "--hostname", "termgym"),
-            ("--die-with-parent", "--new-session"),
+            ("--new-session",) if detached else ("--die-with-parent", "--new-session"),
             ("--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"),
             ("--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib"),
             ("--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin"),
@@ -339,6 +360,7 @@ class LocalSandbox(Sandbox):
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # out of the terminal's process group: Ctrl-C is termgym's to handle
         )
         assert self._keeper.stdout is not None and self._keeper.stderr is not None
         try:
@@ -358,11 +380,100 @@ class LocalSandbox(Sandbox):
             (self._dir / "keeper.pid").write_text(str(self._keeper.pid))
 
     async def _stop_keeper(self) -> None:
-        if self._keeper is None:
-            return
-        await end_keeper(self._keeper)
+        if self._keeper is not None:
+            await end_keeper(self._keeper)
+        elif self._detached is not None:
+            await asyncio.to_thread(end_detached, *self._detached)
+            if self._dir is not None:
+                (self._dir / KEPT_STATE).unlink(missing_ok=True)  # no longer kept: owned by this process
         self._keeper_pid = None
         self._keeper = None
+        self._detached = None
+
+    # -- keeping it past this process, and entering it again -------------------------------------
+
+    async def keep(self) -> dict[str, str]:
+        """Restart the keeper detached from this process (the agent's processes end; the files
+        stay) and write ``kept.json``; after it ``stop`` leaves the sandbox alone."""
+        if self._dir is None:
+            raise SandboxError("the sandbox is not running")
+        for channel in self._channels:
+            await channel.close()
+        self._channels.clear()
+        await self._stop_keeper()
+        if self._cgroup is not None and not await self._wait_cgroup_empty():
+            raise SandboxError("the sandbox's processes did not all end before its keeper was detached")
+        argv, log = self._bwrap_argv(detached=True), self._dir / "keeper.log"
+        pid = await asyncio.to_thread(start_detached, argv, log=log, timeout=KEEPER_START_TIMEOUT)
+        self._detached = (pid, start_time(pid))
+        try:
+            (init,) = children(pid)
+            (keeper,) = children(init)
+        except ValueError as exc:
+            await self._stop_keeper()
+            raise SandboxError("the kept sandbox's keeper did not start its namespace") from exc
+        self._keeper_pid = keeper
+        (self._dir / "keeper.pid").write_text(str(pid))
+        _write_json(self._dir / KEPT_STATE, self._kept_state())
+        self._kept = True
+        name = self._dir.name
+        return {
+            "backend": "local",
+            "id": name,
+            "attach": f"termgym shell --attach {name} --backend local",
+            "remove": f"termgym gc --backend local {name}",
+        }
+
+    def _kept_state(self) -> dict:
+        """What ``attach`` needs to enter this sandbox from another process (JSON)."""
+        assert self._detached is not None
+        storage = self._storage
+        return {
+            "bwrap": list(self._detached),
+            "keeper": self._keeper_pid,
+            "keeper_start": start_time(self._keeper_pid) if self._keeper_pid else None,
+            "uid": self._uid,
+            "roots": self._roots,
+            "cgroup": {c: [v, str(d)] for c, (v, d) in self._cgroup.dirs.items()} if self._cgroup else None,
+            "storage": None
+            if storage is None
+            else {"image": storage.image and str(storage.image), "size_mb": storage.size_mb},
+            "file_size_limit": self._file_size_limit,
+            "env": self.env,
+            "workdir": self.workdir,
+            "image": self.image,
+            "name": self.spec.name,
+            "resources": vars(self.spec.resources),
+            "labels": dict(self.spec.labels),
+        }
+
+    @classmethod
+    def from_kept(cls, directory: Path, state: dict) -> LocalSandbox:
+        """A started sandbox entering the kept one in ``directory`` (``state``: its ``kept.json``)."""
+        spec = SandboxSpec(
+            name=state["name"],
+            context_dir=None,
+            dockerfile=None,
+            resources=Resources(**state["resources"]),
+            labels=state.get("labels") or {},
+        )
+        sandbox = cls(spec)
+        sandbox._dir = directory
+        sandbox._roots = list(state["roots"])
+        sandbox._uid = state["uid"]
+        sandbox._detached = (int(state["bwrap"][0]), state["bwrap"][1])
+        sandbox._keeper_pid = int(state["keeper"])
+        if state.get("cgroup"):
+            dirs = {c: (int(v), Path(d)) for c, (v, d) in state["cgroup"].items()}
+            sandbox._cgroup = SandboxCgroup(dirs, spec.resources)
+        if state.get("storage"):
+            image = state["storage"]["image"]
+            sandbox._storage = SizedFilesystem(image and Path(image), directory / "fs", state["storage"]["size_mb"])
+        sandbox._file_size_limit = state.get("file_size_limit")
+        sandbox.env = dict(state["env"])
+        sandbox.workdir = state["workdir"]
+        sandbox.image = dict(state.get("image") or {})
+        return sandbox
 
     def _enter_argv(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> list[str]:
         """``argv`` run in the sandbox as its root, with ``COMMAND_CAPABILITIES`` only, exactly ``env``."""
@@ -444,14 +555,64 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name)[-40:].strip("-") or uuid.uuid4().hex[:8]
 
 
+def _write_json(path: Path, data: dict) -> None:
+    """Write ``path`` whole or not at all (a reader never sees half of it)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(data))
+    partial.replace(path)
+
+
+def read_kept(directory: Path) -> dict | None:
+    """The state of the kept sandbox in ``directory`` while its keeper runs (the same processes
+    that were kept, not reused pids); None when there is none, or it is no longer running."""
+    try:
+        state = json.loads((directory / KEPT_STATE).read_text())
+        pid, started = int(state["bwrap"][0]), state["bwrap"][1]
+        keeper, keeper_started = int(state["keeper"]), state.get("keeper_start")
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    if not (same_process(pid, started) and same_process(keeper, keeper_started)):
+        return None
+    return state
+
+
+def _end_kept(path: Path) -> bool:
+    """End the keeper of the kept sandbox in ``path`` (if it still runs) and wait until its cgroups
+    are empty, then remove them; True when it was a kept sandbox. Blocking."""
+    try:
+        state = json.loads((path / KEPT_STATE).read_text())
+        pid, started = int(state["bwrap"][0]), state["bwrap"][1]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
+    end_detached(pid, started)
+    if state.get("cgroup"):
+        cgroup = SandboxCgroup({c: (int(v), Path(d)) for c, (v, d) in state["cgroup"].items()}, Resources())
+        deadline = time.monotonic() + 5.0
+        while cgroup.pids() and time.monotonic() < deadline:
+            time.sleep(POLL_SEC)
+        cgroup.remove()
+    return True
+
+
 def collect_garbage(root: Path | None = None) -> int:
-    """Remove sandbox directories whose keeper is gone (left by a run that was killed), with their
-    file systems and cgroups; a sandbox whose keeper still runs belongs to a live run and is kept.
-    Returns how many were removed."""
-    removed = 0
+    """Remove sandbox directories whose keeper is gone (left by a run that was killed) and kept
+    sandboxes (``--keep``: their keeper is ended), with their file systems and cgroups; a sandbox
+    whose keeper still runs and that is not kept belongs to a live run and stays. Returns how many
+    were removed."""
+    return len(collect_sandboxes(root))
+
+
+def collect_sandboxes(root: Path | None = None) -> list[tuple[str, bool]]:
+    """``collect_garbage``, saying what went: (directory name, whether it was a kept sandbox)."""
+    removed: list[tuple[str, bool]] = []
     live: set[str] = set()
     for path in sorted((root or sandbox_root_dir()).glob("tg-*")):
         if not (path / "labels.json").exists():
+            continue
+        if _end_kept(path):
+            unmount_sync(path / "fs")
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append((path.name, True))
             continue
         try:
             pid = int((path / "keeper.pid").read_text())
@@ -463,7 +624,7 @@ def collect_garbage(root: Path | None = None) -> int:
             continue
         unmount_sync(path / "fs")
         shutil.rmtree(path, ignore_errors=True)
-        removed += 1
+        removed.append((path.name, False))
     remove_stale("termgym-tg-", keep=live)
     return removed
 
@@ -477,9 +638,29 @@ def preflight() -> None:
 
 
 async def remove_leftovers(images: bool = False) -> str:
-    """``termgym gc``: remove what killed runs left (``collect_garbage``); one line saying how much.
-    This backend caches no images."""
-    return f"removed {await asyncio.to_thread(collect_garbage)} leftover local sandbox(es)"
+    """``termgym gc``: remove what killed runs left and every kept sandbox (``collect_sandboxes``);
+    one line saying how much, naming the kept ones. This backend caches no images."""
+    removed = await asyncio.to_thread(collect_sandboxes)
+    kept = [name for name, was_kept in removed if was_kept]
+    named = f" ({len(kept)} kept: {', '.join(kept)})" if kept else ""
+    return f"removed {len(removed)} leftover local sandbox(es){named}"
+
+
+async def attach(sandbox_id: str) -> LocalSandbox:
+    """The kept sandbox ``sandbox_id`` (a directory under ``sandbox_root_dir()``), started: its
+    commands enter the kept keeper's namespaces; ``stop`` removes it. ``ConfigError`` in one line
+    when there is no such kept sandbox running."""
+    missing = ConfigError(f"no kept sandbox {sandbox_id} (termgym gc removed it, or it was never kept)")
+    if not sandbox_id.startswith("tg-") or "/" in sandbox_id or sandbox_id in (".", ".."):
+        raise missing
+    directory = sandbox_root_dir() / sandbox_id
+    state = await asyncio.to_thread(read_kept, directory)
+    if state is None:
+        raise missing
+    try:
+        return LocalSandbox.from_kept(directory, state)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"kept sandbox {sandbox_id}: its {KEPT_STATE} is unreadable ({exc})") from exc
 
 
 async def close_shared() -> None:

@@ -240,6 +240,7 @@ class PacedSandbox(Sandbox):
     def __init__(self, inner: Sandbox, pacer: Pacer, progress: TrialProgress) -> None:
         super().__init__(inner.spec)
         self.inner, self.backend = inner, inner.backend
+        self.supports_users = inner.supports_users
         self._pacer, self._progress = pacer, progress
 
     async def start(self) -> None:
@@ -249,6 +250,7 @@ class PacedSandbox(Sandbox):
             self._progress.created_at = await self._pacer.acquire()
         await self.inner.start()
         self.env, self.workdir, self.warnings = self.inner.env, self.inner.workdir, self.inner.warnings
+        self.image = self.inner.image
 
     async def stop(self) -> None:
         await self.inner.stop()
@@ -271,6 +273,26 @@ class PacedSandbox(Sandbox):
     async def kill_agent_processes(self) -> None:
         await self.inner.kill_agent_processes()
 
+    async def exec_as(
+        self,
+        user: str | None,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
+        return await self.inner.exec_as(user, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit)
+
+    async def open_process_as(
+        self, user: str | None, argv: Sequence[str], *, env: Mapping[str, str], cwd: str
+    ) -> ProcessChannel:
+        return await self.inner.open_process_as(user, argv, env=env, cwd=cwd)
+
+    async def set_network(self, enabled: bool) -> str | None:
+        return await self.inner.set_network(enabled)
+
     async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
         await self.inner.upload_tar(archive, dest, timeout=timeout)
 
@@ -285,6 +307,9 @@ class PacedSandbox(Sandbox):
 
     async def limit_warnings(self) -> list[str]:
         return await self.inner.limit_warnings()
+
+    async def keep(self) -> dict[str, str]:
+        return await self.inner.keep()
 
 
 # -- the scheduler -------------------------------------------------------------------------------

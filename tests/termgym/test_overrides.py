@@ -96,7 +96,7 @@ def test_check_records_the_overrides_and_the_reward_scale(task_dir, no_leaks):
 
 def test_check_shows_the_verifier_output_tail_and_v_shows_all(tmp_path, no_leaks):
     lines = "\n".join(f"echo line-{n:03d}" for n in range(60))
-    test_sh = f"#!/bin/sh\n{KIT_SOURCE}\n{lines}\ntg_check \"result exists\" test -f /app/result.txt\ntg_finish\n"
+    test_sh = f'#!/bin/sh\n{KIT_SOURCE}\n{lines}\ntg_check "result exists" test -f /app/result.txt\ntg_finish\n'
     task_dir = write_task(tmp_path, test_sh=textwrap.dedent(test_sh))
     tail = termgym("check", str(task_dir), "--agent", "null")
     assert tail.returncode == 0, tail.stderr

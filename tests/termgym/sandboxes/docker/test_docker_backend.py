@@ -68,7 +68,7 @@ def test_missing_base_image_without_alias_is_one_line_exit_1(tmp_path, backend, 
     assert record["error"]["kind"] == "build_failed"
     assert (
         "\n" not in record["error"]["message"]
-        and "registry.invalid/nothing:1 is not present" in record["error"]["message"]
+        and "could not pull image registry.invalid/nothing:1" in record["error"]["message"]
     )
 
 
@@ -247,7 +247,8 @@ async def test_task_needing_network_fails_clearly_without_a_bridge(tmp_path, bac
     )
     record = await run_trial(load_task(task), OracleAgent(), EnvOptions(backend="docker"))
     assert record.error is not None, record
-    assert record.error["kind"] == "sandbox_error" and "network" in record.error["message"]
+    assert record.error["kind"] == "sandbox_error" and "no bridge network" in record.error["message"]
+    assert "--network none" in record.error["message"]
 
 
 async def test_verifier_files_arrive_only_at_verification(tmp_path, backend, no_leaks):
