@@ -1,8 +1,9 @@
 """The Docker backend: the task's own image, one container per trial, through the engine's API.
 
-What it covers: the task's Dockerfile built once per content hash (``termgym.images.build``), with
-network only when the task allows it (never the host's network namespace), FROM aliases for
-air-gapped builds, or the task's ``docker_image`` as is; one container per trial with network
+What it covers: the task's ``docker_image`` (pulled per ``SandboxSpec.pull``), else its Dockerfile
+built once per content hash (``termgym.images.build``), with network only when the task allows it
+(never the host's network namespace), FROM aliases for air-gapped builds; the image's own
+entrypoint runs with the keeper as its command (its services are up); one container per trial with network
 ``none`` (unless the task asks for network, which fails clearly when the engine has none), the
 task's CPU (at most the engine's, with a warning) and memory limits, a pids limit, a per-file size
 limit of the task's storage, the labels DESIGN.md gives, and the engine's tiny init as PID 1 (it
@@ -10,14 +11,14 @@ reaps zombies), running a ``sleep`` keeper. The persistent shell runs over one a
 stream; files move as tar archives through the API. Killing the agent's processes restarts the
 container (its init is killed, so the kernel ends every process in it, the keeper included, which
 a root process could otherwise rewrite through ``/proc/<pid>/mem``), then waits until the engine
-lists only the new init and keeper. ``changed_system_paths`` asks the engine what the container
+lists the new keeper. ``changed_system_paths`` asks the engine what the container
 changed against its image (``termgym.tamper``). ``stop`` removes the container on every path,
 but after ``keep`` (``--keep``), which renames it ``termgym-kept-<id>`` and leaves it running for
 ``attach`` to enter again.
 
 What it does not cover: a disk quota (overlay2 on ext4 has none; the per-file limit and the agent
 timeout bound what one trial can write), the other services of a Terminal-Bench 1 compose file
-(reported as unsupported), registries (nothing is pulled). The agent is root in the file system the
+(reported as unsupported), registry credentials (``docker login`` is the engine's). The agent is root in the file system the
 verifier then runs in: what it changed there is detected, not prevented (see ``termgym.tamper``).
 
 All docker-py calls are blocking; they run in a dedicated thread pool, never on the event loop.
