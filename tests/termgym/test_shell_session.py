@@ -201,6 +201,24 @@ def test_the_closing_line_the_transcript_and_the_history(tmp_path, session_env):
     assert "left without verifying · 1 turns" in again.screen
 
 
+def test_a_multi_step_task_hands_over_each_step_then_verifies_the_last(tmp_path, session_env):
+    task = str(REPO_ROOT / "tests/termgym/fixtures/tasks/harbor-multi-step")
+    terminal = Terminal("shell", task, cwd=tmp_path, env=session_env)
+    try:
+        terminal.expect(r"Create the directory /app/notes", timeout=90)
+        terminal.expect(r"\$ ")
+        terminal.type("mkdir -p /app/notes\n:submit\n")
+        terminal.expect(r"step 1: Write hello into /app/notes/hello.txt")
+        terminal.type("echo hello > /app/notes/hello.txt\n")
+        terminal.expect(r"\$ ")
+        terminal.type(":submit\n")
+        assert terminal.wait() == 0
+    finally:
+        terminal.kill()
+    assert re.search(r"resolved(\x1b\[0m)? · reward 1\.000 · 1/1 assertions", terminal.screen), terminal.screen[-800:]
+    assert transcript_commands(tmp_path) == ["mkdir -p /app/notes", "echo hello > /app/notes/hello.txt"]
+
+
 def test_output_keeps_colours_but_not_what_changes_the_terminal(tmp_path, session_env):
     terminal = start(tmp_path, session_env)
     try:
