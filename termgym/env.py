@@ -41,8 +41,9 @@ from termgym.artifacts import MAX_ARTIFACT_BYTES, artifact_paths, safe_artifacts
 from termgym.errors import ConfigError, EpisodeError, SandboxBroken, SandboxError
 from termgym.healthcheck import wait_healthy
 from termgym.images.build import load_aliases
+from termgym.images.pull import PULL_POLICIES
 from termgym.output import DEFAULT_OUTPUT_LIMIT
-from termgym.overrides import PULL_POLICIES, RunOverrides, apply_overrides, network_asked
+from termgym.overrides import RunOverrides, apply_overrides, network_asked
 from termgym.records import TrialError
 from termgym.sandboxes import create_sandbox
 from termgym.sandboxes.base import Sandbox, SandboxSpec

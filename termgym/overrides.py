@@ -17,8 +17,6 @@ from termgym.tasks import RESOURCE_BOUNDS, Task
 
 NetworkChoice = Literal["task", "none"]
 NETWORK_CHOICES: tuple[str, ...] = get_args(NetworkChoice)
-PullPolicy = Literal["missing", "never", "always"]
-PULL_POLICIES: tuple[str, ...] = get_args(PullPolicy)
 
 
 @dataclass(frozen=True)

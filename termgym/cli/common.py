@@ -19,7 +19,8 @@ from termgym.agents.settings import CLIENTS, build_model_agent
 from termgym.env import EnvOptions
 from termgym.errors import ConfigError
 from termgym.images.build import CONFIG_FILES, load_aliases, read_config_file
-from termgym.overrides import NETWORK_CHOICES, PULL_POLICIES, override_fields
+from termgym.images.pull import PULL_POLICIES
+from termgym.overrides import NETWORK_CHOICES, override_fields
 from termgym.sandboxes import BACKENDS
 from termgym.summary import INFRASTRUCTURE
 from termgym.tamper import TAMPER_POLICIES
