@@ -1,12 +1,14 @@
 """Harbor's ``[environment].healthcheck``: the environment is not handed to the agent until its
 command passes, with Docker ``HEALTHCHECK`` semantics.
 
-The first try runs as soon as the sandbox has started, then one every ``interval_sec`` (measured
-from the start of the previous try), each bounded by ``timeout_sec`` (a try that runs out is a
+The first try runs as soon as the sandbox has started, then one every ``start_interval_sec``
+during the start period and every ``interval_sec`` after it (measured from the start of the
+previous try), each bounded by ``timeout_sec`` (a try that runs out is a
 failure). A failure during the first ``start_period_sec`` does not count; after it, ``retries``
 consecutive failures (at least one) make the sandbox unhealthy. The first passing try ends the
-wait. So an unhealthy verdict comes at the latest after about ``start_period_sec + retries *
-max(interval_sec, timeout_sec)`` seconds (``worst_case_sec``).
+wait. So an unhealthy verdict comes at the latest after about ``start_period_sec +
+max(start_interval_sec, timeout_sec) + retries * max(interval_sec, timeout_sec)`` seconds
+(``worst_case_sec``).
 
 ``judge`` is the pure schedule; ``wait_healthy`` is its I/O loop, raising ``SandboxError`` (one
 line naming the healthcheck's command and its last output line) when the verdict is unhealthy.
@@ -49,10 +51,17 @@ def judge(check: Healthcheck, tries: Sequence[Try]) -> Verdict:
     return "unhealthy" if counted >= max(check.retries, 1) else "again"
 
 
+def next_try_after(check: Healthcheck, started: float) -> float:
+    """Seconds from the start of a failed try (``started`` seconds after the first) to the next:
+    ``start_interval_sec`` while that try was inside the start period, else ``interval_sec``."""
+    return check.start_interval_sec if started < check.start_period_sec else check.interval_sec
+
+
 def worst_case_sec(check: Healthcheck) -> float:
     """An upper bound on how long ``wait_healthy`` takes to give up (besides the engine's own delays)."""
-    step = max(check.interval_sec, check.timeout_sec)
-    return check.start_period_sec + step * (max(check.retries, 1) + 1)
+    in_start = max(check.start_interval_sec, check.timeout_sec)  # the last try inside the start period
+    after = max(check.interval_sec, check.timeout_sec)
+    return check.start_period_sec + in_start + after * max(check.retries, 1)
 
 
 async def wait_healthy(sandbox: Sandbox, check: Healthcheck) -> int:
@@ -76,7 +85,7 @@ async def wait_healthy(sandbox: Sandbox, check: Healthcheck) -> int:
                 f"the healthcheck `{check.command}` did not pass after {len(tries)} tries "
                 f"({time.monotonic() - first:.0f}s): {last_line}"
             )
-        await asyncio.sleep(max(0.0, started + check.interval_sec - time.monotonic()))
+        await asyncio.sleep(max(0.0, started + next_try_after(check, started - first) - time.monotonic()))
 
 
 def _last_line(text: str) -> str:

@@ -13,7 +13,7 @@ import pytest
 from termgym.agents import NullAgent, OracleAgent, ScriptedAgent
 from termgym.artifact_export import export_artifacts
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
-from termgym.healthcheck import Try, judge, worst_case_sec
+from termgym.healthcheck import Try, judge, next_try_after, worst_case_sec
 from termgym.overrides import RunOverrides
 from termgym.steps import StepResult, combine
 from termgym.tasks import Healthcheck, Task, TaskStep, load_task
@@ -39,7 +39,12 @@ def test_judge_follows_docker_healthcheck_semantics():
     assert judge(check, [Try(3, False), Try(4, True)]) == "healthy"
     assert judge(check, [Try(3, False), Try(4, True), Try(5, False)]) == "again"  # the run of failures restarts
     assert judge(replace(check, retries=0, start_period_sec=0), [Try(0, False)]) == "unhealthy"  # at least one
-    assert worst_case_sec(check) == pytest.approx(2.5 + 1 * 3)
+    assert worst_case_sec(check) == pytest.approx(2.5 + 5 + 1 * 2)  # start_interval_sec is 5 (Harbor's default)
+
+
+def test_tries_are_start_interval_apart_in_the_start_period_then_interval_apart():
+    check = Healthcheck("true", interval_sec=2, start_period_sec=3, start_interval_sec=0.5)
+    assert [next_try_after(check, t) for t in (0, 2.9, 3, 10)] == [0.5, 0.5, 2, 2]
 
 
 # -- multi-step grading (pure) ----------------------------------------------------------------
