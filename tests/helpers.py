@@ -5,11 +5,32 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KIT_SOURCE = '. "${TERMGYM_ASSERT:-/tests/.termgym/assert.sh}"'
+
+
+def termgym(
+    *args: str,
+    stdin: str | None = None,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m termgym ARGS`` in a process of its own, as a user runs it: text output captured,
+    ``env`` added to this process's environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "termgym", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def write_task(

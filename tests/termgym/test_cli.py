@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -16,20 +14,7 @@ from termgym.audit import runner as audit_runner
 from termgym.audit.rubric import Reject, Verdict
 from termgym.cli import common, episodes, runs
 from termgym.records import TrialRecord, read_records
-from tests.helpers import KIT_SOURCE, REPO_ROOT, write_task
-
-
-def termgym(
-    *args: str, stdin: str | None = None, cwd: Path | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "termgym", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-    )
+from tests.helpers import KIT_SOURCE, REPO_ROOT, termgym, write_task
 
 
 def one_line_error(result: subprocess.CompletedProcess) -> str:

@@ -13,8 +13,8 @@ from termgym.errors import ConfigError
 from termgym.overrides import RunOverrides, apply_overrides, network_asked
 from termgym.sandboxes.base import Resources
 from termgym.tasks import load_task
-from tests.helpers import KIT_SOURCE, write_task
-from tests.termgym.test_cli import one_line_error, termgym
+from tests.helpers import KIT_SOURCE, termgym, write_task
+from tests.termgym.test_cli import one_line_error
 
 
 def test_no_override_leaves_the_task_as_it_is(task_dir):

@@ -18,7 +18,8 @@ from termgym.tasks import (
     fill_compose,
     load_task,
 )
-from tests.termgym.test_cli import one_line_error, termgym
+from tests.helpers import termgym
+from tests.termgym.test_cli import one_line_error
 from tests.termgym.test_tasks import assert_task_error, harbor_task, tb1_task, write
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tasks"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import textwrap
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -18,7 +16,7 @@ from termgym.audit.judge import OpenAIJudge
 from termgym.audit.runner import audit_task, leakage
 from termgym.env import EnvOptions
 from termgym.tasks import load_task
-from tests.helpers import KIT_SOURCE, REPO_ROOT, write_task
+from tests.helpers import KIT_SOURCE, REPO_ROOT, termgym, write_task
 
 OPTIONS = EnvOptions(run_id="audit-test")
 THREE_STEPS = "#!/bin/bash\nset -e\necho a > /app/a\necho b > /app/b\necho c > /app/c\n"
@@ -188,10 +186,6 @@ def test_judge_failure_is_reported_and_the_mechanical_verdict_stands(tmp_path, j
     verdict = audit(task, k=1, judge=OpenAIJudge(judge_url + "/v1", "broken"))
     assert verdict.judge.startswith("failed:") and "500" in verdict.judge
     assert verdict.accepted and set(verdict.scores) == {"verifier_correctness", "granularity", "solution_reliability"}
-
-
-def termgym(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "termgym", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_cli_strict_exits_1_on_a_reject_and_table_names_the_reason(tmp_path, no_leaks):

@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import helpers
 from tests.helpers import REPO_ROOT, write_task
 
 BULK_RENAME = "termgym/file-ops/bulk-rename"
@@ -90,14 +90,8 @@ def _wait_group_gone(pgid: int, within: float = 10) -> None:
     raise AssertionError(f"chromium's process group {pgid} is still running after SIGKILL")
 
 
-def termgym(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "termgym", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+def termgym(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return helpers.termgym(*args, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from termgym.sandboxes import attach_sandbox, remove_leftovers
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.host_processes import alive, start_time
 from termgym.sandboxes.local import KEPT_STATE, LocalSandbox, collect_garbage
+from tests import helpers
 from tests.helpers import require_docker, sandbox_processes, termgym_containers
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -48,8 +49,7 @@ KEEPER_SCRIPT = textwrap.dedent(
 
 def termgym(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """The CLI in a process of its own (it exits before the test goes on), in ``cwd`` (its runs/ there)."""
-    command = [sys.executable, "-m", "termgym", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=os.environ)
+    return helpers.termgym(*args, cwd=cwd, timeout=timeout)
 
 
 def keep_in_subprocess() -> dict[str, str]:

@@ -21,7 +21,7 @@ from termgym.images import build as images
 from termgym.sandboxes.docker import docker_client
 from termgym.tasks import load_task
 from termgym.trial import run_trial
-from tests.helpers import KIT_SOURCE, pids_matching, require_docker, termgym_containers, write_task
+from tests.helpers import KIT_SOURCE, pids_matching, require_docker, termgym, termgym_containers, write_task
 
 pytestmark = pytest.mark.docker
 
@@ -41,14 +41,8 @@ def unique_dockerfile(extra: str = "") -> str:
     return f"FROM debian:bookworm-slim\nWORKDIR /app\nRUN echo {uuid.uuid4().hex} > /etc/build-id\n{extra}"
 
 
-def termgym_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "termgym", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+def termgym_cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return termgym(*args, env=env, timeout=timeout)
 
 
 async def test_failed_build_is_recorded_with_its_log(tmp_path, backend, no_leaks):
