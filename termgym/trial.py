@@ -85,14 +85,14 @@ async def run_trial(
         raise
     record.turns = record.turns or env.turns
     record.timings = {**env.timings, "total": time.monotonic() - started}
-    record.warnings = record.warnings or list(env.warnings)
     record.system_changes = env.system_changes
     record.image = dict(env.image)
     record.kept = env.kept
     record.network = dict(env.network)
     record.artifacts = list(env.artifacts)
     record.steps = [result.as_dict() for result in env.step_results]
-    record.warnings += [w for w in env.warnings if w not in record.warnings]  # --keep's, after the sandbox closed
+    # every warning of the episode, --keep's too (added after the sandbox closed, so after _fill)
+    record.warnings += [w for w in env.warnings if w not in record.warnings]
     _keep_transcript(record, env, options)
     return record
 
