@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 
 from termgym.aio import cancel_and_wait
 from termgym.errors import SandboxBroken, TermgymError
 from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, tar_of_files
+from termgym.sandboxes.host_files import HostFiles
 from termgym.tasks import Task
 from termgym.verifiers import (
     MAX_REPORT_BYTES,
@@ -43,6 +46,7 @@ from termgym.verifiers import (
 )
 
 KIT_PATH = "/tests/.termgym/assert.sh"
+FRESH_DIRS = ("/logs/verifier", "/tests", "/tmp/.termgym-verifier/home")  # what _RESET makes fresh
 VERIFIER_HOME = "/tmp/.termgym-verifier/home"
 MAX_REPORT_FILES = 32
 VERIFIER_OUTPUT_LIMIT = 1 << 20
@@ -156,16 +160,22 @@ async def verify(
     # which is a system path): the list is the agent's alone.
     listing = asyncio.ensure_future(sandbox.changed_system_paths())
     try:
-        await _harness_step(sandbox, ["/bin/sh", "-c", _RESET], "could not reset /tests and /logs/verifier")
-        if user is not None:
-            opened = ["chmod", "0777", "/logs/verifier", "/tmp/.termgym-verifier", VERIFIER_HOME]
-            await _harness_step(sandbox, opened, "could not open /logs/verifier to the verifier's user")
         files = dict((relative, host) for host, relative in task.test_files())
         script = (task.test_script, files.pop(task.test_script).read_bytes(), 0o755)  # executable, whatever its mode
         kit = (".termgym/assert.sh", assertion_kit(), 0o755)
-        await sandbox.upload_tar(
-            tar_of_files([(host, relative) for relative, host in files.items()], [kit, script]), "/tests"
-        )
+        host = sandbox.host_files() if user is None else None
+        if host is not None:  # no process runs in the sandbox: its files are reached from here
+            blobs = [(relative, path.read_bytes(), path.stat().st_mode) for relative, path in files.items()]
+            await _on_host(host.fresh_dirs, FRESH_DIRS, "could not reset /tests and /logs/verifier")
+            await _on_host(host.write_files, "/tests", [*blobs, kit, script], "could not write /tests")
+        else:
+            await _harness_step(sandbox, ["/bin/sh", "-c", _RESET], "could not reset /tests and /logs/verifier")
+            if user is not None:
+                opened = ["chmod", "0777", "/logs/verifier", "/tmp/.termgym-verifier", VERIFIER_HOME]
+                await _harness_step(sandbox, opened, "could not open /logs/verifier to the verifier's user")
+            await sandbox.upload_tar(
+                tar_of_files([(host, relative) for relative, host in files.items()], [kit, script]), "/tests"
+            )
         found = await listing
     except BaseException:
         await cancel_and_wait(listing)
@@ -203,6 +213,16 @@ async def verify(
     )
 
 
+async def _on_host(operation: Callable[..., None], *args: object) -> None:
+    """A harness step on the sandbox's files from the host; ``SandboxBroken`` saying ``what``
+    (the last argument) when it fails."""
+    *arguments, what = args
+    try:
+        await asyncio.to_thread(operation, *arguments)
+    except OSError as exc:
+        raise SandboxBroken(f"{what}: {exc.strerror or exc}") from exc
+
+
 async def _harness_step(sandbox: Sandbox, argv: list[str], what: str) -> None:
     result = await sandbox.exec(argv, timeout=60, cwd="/", env={"PATH": DEFAULT_PATH})
     if result.exit_code != 0:
@@ -216,6 +236,9 @@ async def read_report_files(sandbox: Sandbox) -> dict[str, bytes]:
     read whole. Raises ``TooManyReports`` beyond ``MAX_REPORT_FILES``, ``SandboxBroken`` when they
     cannot be read."""
     cap = MAX_REPORT_BYTES + 1
+    host = sandbox.host_files()
+    if host is not None:  # no process runs in the sandbox: nothing can change them while read
+        return await asyncio.to_thread(_read_reports_on_host, host, cap)
     limit = MAX_REPORT_FILES * (cap + 512)
     result = await sandbox.exec(
         ["/bin/sh", "-c", _READ_REPORTS, "sh", str(cap), str(MAX_REPORT_FILES)],
@@ -231,6 +254,18 @@ async def read_report_files(sandbox: Sandbox) -> dict[str, bytes]:
         raise SandboxBroken(f"could not read the verifier's reports (exit {result.exit_code})")
     files = parse_report_stream(result.output)
     return {name: data for name, data in files.items() if report_format_of(name) is not None}
+
+
+def _read_reports_on_host(host: HostFiles, cap: int) -> dict[str, bytes]:
+    names = host.list_files("/logs/verifier", lambda name: report_format_of(name) is not None)
+    if not names:
+        return {}
+    if len(names) > MAX_REPORT_FILES:
+        raise TooManyReports(dict(Counter(str(report_format_of(name)) for name in names)))
+    try:
+        return host.read_files("/logs/verifier", names, cap)
+    except OSError as exc:
+        raise SandboxBroken(f"could not read the verifier's reports ({exc.strerror or exc})") from exc
 
 
 def parse_report_stream(data: bytes) -> dict[str, bytes]:

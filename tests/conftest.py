@@ -17,13 +17,27 @@ def task_dir(tmp_path: Path) -> Path:
     return write_task(tmp_path)
 
 
+@pytest.fixture(scope="session")
+def shared_cache_dir():
+    """One cache of prepared environments and storage images for the whole session (as a user's
+    runs share theirs), removed at its end."""
+    root = Path(tempfile.mkdtemp(prefix="termgym-test-cache-"))
+    yield root
+    from termgym.sandboxes.env_cache import EnvCache
+
+    EnvCache(root / "envs", max_bytes=0, max_entries=0).clear()
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture
-def sandbox_dir(monkeypatch: pytest.MonkeyPatch):
+def sandbox_dir(monkeypatch: pytest.MonkeyPatch, shared_cache_dir: Path):
     """A directory of this test's own for sandboxes (``TERMGYM_SANDBOX_DIR``), under /tmp: a
-    sandbox's unprivileged user must be able to reach it, which pytest's private tmp dirs forbid."""
+    sandbox's unprivileged user must be able to reach it, which pytest's private tmp dirs forbid.
+    The cache they start from is the session's (``TERMGYM_ENV_CACHE_DIR``)."""
     root = Path(tempfile.mkdtemp(prefix="termgym-test-sandboxes-"))
     root.chmod(0o755)
     monkeypatch.setenv("TERMGYM_SANDBOX_DIR", str(root))
+    monkeypatch.setenv("TERMGYM_ENV_CACHE_DIR", str(shared_cache_dir))
     yield root
     shutil.rmtree(root, ignore_errors=True)
 

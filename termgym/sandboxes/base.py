@@ -32,6 +32,7 @@ from pathlib import Path
 
 from termgym.errors import SandboxBroken, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT
+from termgym.sandboxes.host_files import HostFiles
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -138,6 +139,11 @@ class Sandbox(abc.ABC):
     @abc.abstractmethod
     async def kill_agent_processes(self) -> None:
         """Kill every process started in the sandbox since ``start``; files stay as they are."""
+
+    def host_files(self) -> HostFiles | None:
+        """The sandbox's files reached from the host, where the backend can (embedded) and none
+        of its processes runs (after ``kill_agent_processes``); None otherwise: use commands."""
+        return None
 
     async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
         """Unpack a tar archive into directory ``dest`` (created if missing)."""

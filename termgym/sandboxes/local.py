@@ -42,6 +42,7 @@ owned by ``nobody`` as the sandbox sees them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -51,7 +52,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from termgym.aio import uninterrupted, wait_for
@@ -59,6 +60,8 @@ from termgym.errors import BackendUnavailable, ConfigError, EnvironmentBuildErro
 from termgym.images.dockerfile import CopyStep, DockerfileError, EnvironmentPlan, WorkdirStep, parse_dockerfile
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
+from termgym.sandboxes.env_cache import Entry, EnvCache, cache_enabled, copy_tree, environment_key
+from termgym.sandboxes.host_files import HostFiles
 from termgym.sandboxes.host_processes import (
     HOST_ENV,
     POLL_SEC,
@@ -76,6 +79,7 @@ from termgym.sandboxes.host_processes import (
     start_time,
 )
 from termgym.sandboxes.limits import SandboxCgroup, remove_stale
+from termgym.sandboxes.mounts import mount_overlay, unmount
 from termgym.sandboxes.prepare import prepare_environment
 from termgym.sandboxes.storage import SizedFilesystem, is_mounted, unmount_sync
 from termgym.sandboxes.tools import host_tool
@@ -195,6 +199,10 @@ class LocalSandbox(Sandbox):
         self._file_size_limit: int | None = None  # bytes a file, where no sized file system is mounted
         self._detached: tuple[int, int | None] | None = None  # a kept keeper's bwrap: (pid, start time)
         self._kept = False  # keep() ran: stop() leaves the sandbox alone
+        self._view: Path | None = None  # the overlay over a prepared environment, when started from one
+        self._idle = False  # kill_agent_processes ended every process; the next command restarts the keeper
+        self._quiet = False  # kill_agent_processes ended every command, and none started since
+        self._spare: asyncio.Future[tuple[asyncio.subprocess.Process, int]] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -203,30 +211,99 @@ class LocalSandbox(Sandbox):
         self.image = {"source": "host"}  # the embedded backend runs the host's system, no image
         plan = self._plan()
         self._roots = writable_roots(plan)
+        if plan is not None and plan.user not in (None, "root", "0"):
+            self.warnings.append(f"USER {plan.user} ignored: the embedded backend runs as root")
+        key = self._environment_key(plan)
+        if plan is None or key is None:
+            await self._start_fresh(plan)
+            return
+        cache = EnvCache.from_environment()
+        timeout = self.spec.build_timeout_sec
+        for _ in range(2):
+            async with cache.holding(key, timeout) as entry:
+                if entry is not None and self._can_start_from(entry):
+                    await self._start_from(entry)
+                    return
+            async with cache.building(key, timeout) as entry:
+                if entry is not None and self._can_start_from(entry):
+                    continue  # another trial prepared it meanwhile: start from it, sharing it
+                await self._start_fresh(plan)
+                assert self._dir is not None
+                await cache.publish(
+                    key, self._dir / "fs", owner=self.owner, roots=self._roots, env=self.env, workdir=self.workdir
+                )
+                return
+        await self._start_fresh(plan)  # an entry this sandbox cannot use (another user's)
+
+    def _environment_key(self, plan: EnvironmentPlan | None) -> str | None:
+        """The prepared-environment cache's key for this sandbox, None when it does not use it."""
+        if plan is None or not plan.steps or not cache_enabled() or self.spec.dockerfile is None:
+            return None
+        env = {**self.env, **dict(self.spec.env)}
+        return environment_key(self.spec.dockerfile.read_bytes(), self.spec.context_dir, env, self._roots)
+
+    def _can_start_from(self, entry: Entry) -> bool:
+        """Only as the entry's owner: as root, any entry; otherwise one this user prepared."""
+        return list(entry.roots) == self._roots and (os.geteuid() == 0 or entry.owner == os.getuid())
+
+    async def _start_fresh(self, plan: EnvironmentPlan | None) -> None:
+        """Start an empty sandbox, then run the Dockerfile subset in it."""
+        self._uid = sandbox_uid()
+        await self._make_sandbox_dir()
+        await self._make_file_system([*self._roots, "var/tmp"])
+        await self._start_processes()
+        if plan is not None:
+            await prepare_environment(self, plan, self.spec)
+
+    async def _start_from(self, entry: Entry) -> None:
+        """Start a sandbox whose writable roots begin as the prepared ``entry``: an overlay over
+        it (what the trial writes lands on its own storage; the entry never changes), or a copy
+        where no overlay can be mounted (not root)."""
+        self._uid = entry.owner if os.geteuid() == 0 else None
+        await self._make_sandbox_dir()
+        assert self._dir is not None
+        if os.geteuid() == 0:
+            await self._make_file_system(["upper", "work"])
+            view = self._dir / "root"
+            view.mkdir()
+            try:
+                mount_overlay(entry.tree, self._dir / "fs" / "upper", self._dir / "fs" / "work", view)
+            except OSError as exc:
+                raise SandboxError(f"could not start from the prepared environment: {exc}") from exc
+            self._view = view
+        else:
+            await self._make_file_system([])
+            if not await copy_tree(entry.tree, self._dir / "fs"):
+                raise SandboxError(f"could not copy the prepared environment {entry.path}")
+        self.env = {**self.env, **entry.env}
+        self.workdir = entry.workdir
+        self.image = {**self.image, "prepared": entry.key[:16]}
+        await self._start_processes()
+
+    async def _make_sandbox_dir(self) -> None:
         root = sandbox_root_dir()
         root.mkdir(parents=True, exist_ok=True)
-        self._uid = sandbox_uid()
         if self._uid is not None:
             _require_searchable(root.resolve())
         self._dir = Path(tempfile.mkdtemp(prefix=f"tg-{_slug(self.spec.name)}-", dir=root))
         self._dir.chmod(0o711)  # the sandbox's user must reach its directories; nobody may list them
         labels = {"termgym": "1", **dict(self.spec.labels), "termgym.task": self.spec.name}
         (self._dir / "labels.json").write_text(json.dumps(labels))
-        await self._make_file_system()
+
+    async def _start_processes(self) -> None:
+        """The sandbox's cgroups and its keeper; the environment the task asks for."""
+        assert self._dir is not None
         self._cgroup, warnings = SandboxCgroup.create(f"termgym-{self._dir.name}", self.spec.resources)
         self.warnings += warnings
         if self.spec.network:
             self.warnings.append("the task asks for network; the embedded backend has none (use --backend docker)")
         await self._start_keeper()
+        self._start_spare()
         self.env = {**self.env, **dict(self.spec.env)}
-        if plan is not None:
-            if plan.user not in (None, "root", "0"):
-                self.warnings.append(f"USER {plan.user} ignored: the embedded backend runs as root")
-            await prepare_environment(self, plan, self.spec)
 
-    async def _make_file_system(self) -> None:
-        """The sandbox's writable directories, on a file system of the task's storage size where
-        this host allows it, owned by the sandbox's user."""
+    async def _make_file_system(self, directories: list[str]) -> None:
+        """The sandbox's storage, on a file system of the task's storage size where this host
+        allows it, owned by the sandbox's user, holding ``directories``."""
         assert self._dir is not None
         fs = self._dir / "fs"
         fs.mkdir()
@@ -241,7 +318,7 @@ class LocalSandbox(Sandbox):
         except OSError as exc:
             self._file_size_limit = size_mb << 20
             self.warnings.append(f"storage limit enforced per file only ({size_mb} MB a file): {exc}")
-        for path in [*(fs / name for name in self._roots), fs / "var" / "tmp"]:
+        for path in (fs / name for name in directories):
             path.mkdir(parents=True, exist_ok=True)
             os.chown(path, self.owner, self.owner)
 
@@ -256,11 +333,16 @@ class LocalSandbox(Sandbox):
         self._channels.clear()
         if self._kept:
             return
+        await self._discard_spare()
         await self._stop_keeper()
         if self._cgroup is not None:
             await self._wait_cgroup_empty()
             await asyncio.to_thread(self._cgroup.remove)
             self._cgroup = None
+        if self._view is not None:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(unmount, self._view)
+            self._view = None
         if self._storage is not None:
             await self._storage.remove()
             self._storage = None
@@ -271,25 +353,57 @@ class LocalSandbox(Sandbox):
             self._dir = None
 
     async def kill_agent_processes(self) -> None:
+        """End every process: the keeper, so the kernel ends its whole PID namespace. The spare
+        keeper (started with the sandbox) takes over at once, else the next command starts a new
+        one. Until the next command ``host_files`` reaches the files from the host."""
         for channel in self._channels:
             await channel.close()
         self._channels.clear()
+        spare = await self._take_spare() if not self._idle else None
         await self._stop_keeper()
-        if self._cgroup is not None and not await self._wait_cgroup_empty():
-            raise SandboxError("the sandbox's processes did not all end after its keeper was killed")
-        await self._start_keeper()
+        cgroup = self._cgroup
+        if cgroup is not None:
+            spared = set() if spare is None else {spare[0].pid, *_descendants(spare[0].pid)}
+            if not await self._wait_until(lambda: cgroup.pids() <= spared):
+                if spare is not None:
+                    await end_keeper(spare[0])
+                raise SandboxError("the sandbox's processes did not all end after its keeper was killed")
+        if spare is not None:
+            self._keeper, self._keeper_pid = spare
+            if self._dir is not None:
+                (self._dir / "keeper.pid").write_text(str(spare[0].pid))
+        else:
+            self._idle = True
+        self._quiet = True
+
+    async def _ensure_running(self) -> None:
+        """Start the keeper again after ``kill_agent_processes``."""
+        if self._idle:
+            await self._start_keeper()
+
+    def host_files(self) -> HostFiles | None:
+        """The sandbox's writable roots from the host while none of the agent's processes runs
+        (a keeper the agent never reached, ``sleep`` from the read-only ``/usr``, touches no file)."""
+        return HostFiles(self.files_dir, self.owner) if self._quiet and self._dir is not None else None
 
     async def _wait_cgroup_empty(self, timeout: float = 5.0) -> bool:
         """True once the cgroup holds no process (the kernel reaps a dead namespace's asynchronously)."""
-        assert self._cgroup is not None
+        cgroup = self._cgroup
+        assert cgroup is not None
+        return await self._wait_until(lambda: not cgroup.pids(), timeout)
+
+    @staticmethod
+    async def _wait_until(done: Callable[[], bool], timeout: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout
-        while self._cgroup.pids():
+        while not done():
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(POLL_SEC)
         return True
 
     async def check_alive(self) -> None:
+        if self._idle:
+            return  # its processes were ended by kill_agent_processes, not by the agent
         if self._keeper_pid is None or not alive(self._keeper_pid):
             raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
 
@@ -337,7 +451,7 @@ class LocalSandbox(Sandbox):
         if _bwrap_supports("--size"):
             argv += ["--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
         for name in self._roots:
-            argv += ["--bind", str(self._dir / "fs" / name), f"/{name}"]
+            argv += ["--bind", str(self.files_dir / name), f"/{name}"]
         # The keeper says "ready" once the sandbox is fully set up; commands enter its namespaces.
         argv += ["--remount-ro", "/", "--chdir", "/", "--clearenv"]
         argv += ["--", "/bin/sh", "-c", "echo ready; exec /bin/sleep infinity"]
@@ -354,7 +468,14 @@ class LocalSandbox(Sandbox):
         return argv
 
     async def _start_keeper(self) -> None:
-        self._keeper = await spawn(
+        self._keeper, self._keeper_pid = await self._spawn_keeper()
+        self._idle = False
+        if self._dir is not None:
+            (self._dir / "keeper.pid").write_text(str(self._keeper.pid))
+
+    async def _spawn_keeper(self) -> tuple[asyncio.subprocess.Process, int]:
+        """A new keeper, its namespaces set up: (its bwrap on the host, the keeper's host pid)."""
+        process = await spawn(
             self._bwrap_argv(),
             end_keeper,
             stdin=asyncio.subprocess.DEVNULL,
@@ -362,22 +483,56 @@ class LocalSandbox(Sandbox):
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # out of the terminal's process group: Ctrl-C is termgym's to handle
         )
-        assert self._keeper.stdout is not None and self._keeper.stderr is not None
+        assert process.stdout is not None and process.stderr is not None
         try:
-            line = await wait_for(self._keeper.stdout.readline(), KEEPER_START_TIMEOUT)
+            line = await wait_for(process.stdout.readline(), KEEPER_START_TIMEOUT)
             if line != b"ready\n":
                 raise ValueError("the keeper did not start")
             # bwrap (host) -> the namespace's init -> the keeper command: enter the keeper's.
-            (init,) = children(self._keeper.pid)
+            (init,) = children(process.pid)
             (keeper,) = children(init)
-            self._keeper_pid = keeper
         except (TimeoutError, ValueError) as exc:
-            keeper = self._keeper
-            await self._stop_keeper()
-            stderr = (await read_stderr(keeper)).strip() or str(exc)
+            await end_keeper(process)
+            stderr = (await read_stderr(process)).strip() or str(exc)
             raise SandboxError(f"bubblewrap failed to start a sandbox: {stderr}") from exc
-        if self._dir is not None:
-            (self._dir / "keeper.pid").write_text(str(self._keeper.pid))
+        except BaseException:
+            await end_keeper(process)
+            raise
+        return process, keeper
+
+    # -- the spare keeper: a clean namespace ready for the verifier --------------------------------
+
+    def _start_spare(self) -> None:
+        """Start a second keeper in the background, which no command ever enters until it takes
+        over: ``kill_agent_processes`` then ends the first one's whole namespace and goes on at
+        once in a namespace the agent never reached (no keeper to start on the verifier's path)."""
+        self._spare = asyncio.ensure_future(self._spawn_keeper())
+
+    async def _take_spare(self) -> tuple[asyncio.subprocess.Process, int] | None:
+        """The spare keeper (waited for if it is still starting), alive; None if there is none."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return None
+        try:
+            process, keeper = await spare
+        except (SandboxError, OSError):
+            return None
+        if not alive(keeper):
+            await end_keeper(process)
+            return None
+        return process, keeper
+
+    async def _discard_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return
+        if not spare.done():
+            spare.cancel()
+        try:
+            process, _ = await spare
+        except (asyncio.CancelledError, SandboxError, OSError):
+            return
+        await end_keeper(process)
 
     async def _stop_keeper(self) -> None:
         if self._keeper is not None:
@@ -400,6 +555,7 @@ class LocalSandbox(Sandbox):
         for channel in self._channels:
             await channel.close()
         self._channels.clear()
+        await self._discard_spare()
         await self._stop_keeper()
         if self._cgroup is not None and not await self._wait_cgroup_empty():
             raise SandboxError("the sandbox's processes did not all end before its keeper was detached")
@@ -413,6 +569,7 @@ class LocalSandbox(Sandbox):
             await self._stop_keeper()
             raise SandboxError("the kept sandbox's keeper did not start its namespace") from exc
         self._keeper_pid = keeper
+        self._idle = False
         (self._dir / "keeper.pid").write_text(str(pid))
         _write_json(self._dir / KEPT_STATE, self._kept_state())
         self._kept = True
@@ -439,6 +596,7 @@ class LocalSandbox(Sandbox):
             if storage is None
             else {"image": storage.image and str(storage.image), "size_mb": storage.size_mb},
             "file_size_limit": self._file_size_limit,
+            "view": self._view and str(self._view),
             "env": self.env,
             "workdir": self.workdir,
             "image": self.image,
@@ -470,6 +628,7 @@ class LocalSandbox(Sandbox):
             image = state["storage"]["image"]
             sandbox._storage = SizedFilesystem(image and Path(image), directory / "fs", state["storage"]["size_mb"])
         sandbox._file_size_limit = state.get("file_size_limit")
+        sandbox._view = Path(state["view"]) if state.get("view") else None
         sandbox.env = dict(state["env"])
         sandbox.workdir = state["workdir"]
         sandbox.image = dict(state.get("image") or {})
@@ -502,6 +661,8 @@ class LocalSandbox(Sandbox):
     ) -> ExecResult:
         # `timeout` inside the sandbox kills the command's whole process group (TERM, then KILL
         # one second later); the host-side deadline is only a backstop if that fails.
+        await self._ensure_running()
+        self._quiet = False
         limit = max(timeout, 0.001)
         inner = ["/usr/bin/timeout", "-k", "1", f"{limit:.3f}", *argv]
         command = self._enter_argv(inner, self.env if env is None else env, cwd or self.workdir)
@@ -533,6 +694,8 @@ class LocalSandbox(Sandbox):
         )
 
     async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
+        await self._ensure_running()
+        self._quiet = False
         process = await spawn(
             self._enter_argv(argv, env, cwd),
             end_entered,
@@ -549,6 +712,22 @@ class LocalSandbox(Sandbox):
     def host_dir(self) -> Path | None:
         """The host directory holding the sandbox's writable file systems (for tests and gc)."""
         return self._dir
+
+    @property
+    def files_dir(self) -> Path:
+        """The host directory whose subdirectories are the sandbox's writable roots (``app``...)."""
+        if self._dir is None:
+            raise SandboxError("the sandbox is not running")
+        return self._view or self._dir / "fs"
+
+
+def _descendants(pid: int) -> list[int]:
+    found, queue = [], [pid]
+    while queue:
+        for child in children(queue.pop()):
+            found.append(child)
+            queue.append(child)
+    return found
 
 
 def _slug(name: str) -> str:
@@ -610,6 +789,7 @@ def collect_sandboxes(root: Path | None = None) -> list[tuple[str, bool]]:
         if not (path / "labels.json").exists():
             continue
         if _end_kept(path):
+            unmount_sync(path / "root")
             unmount_sync(path / "fs")
             shutil.rmtree(path, ignore_errors=True)
             removed.append((path.name, True))
@@ -622,6 +802,7 @@ def collect_sandboxes(root: Path | None = None) -> list[tuple[str, bool]]:
         if running:
             live.add(f"termgym-{path.name}")
             continue
+        unmount_sync(path / "root")  # an overlay over a prepared environment, on the storage below
         unmount_sync(path / "fs")
         shutil.rmtree(path, ignore_errors=True)
         removed.append((path.name, False))
@@ -639,11 +820,14 @@ def preflight() -> None:
 
 async def remove_leftovers(images: bool = False) -> str:
     """``termgym gc``: remove what killed runs left and every kept sandbox (``collect_sandboxes``);
-    one line saying how much, naming the kept ones. This backend caches no images."""
+    one line saying how much, naming the kept ones; then the prepared environments no sandbox
+    uses (``EnvCache.clear``)."""
     removed = await asyncio.to_thread(collect_sandboxes)
     kept = [name for name, was_kept in removed if was_kept]
     named = f" ({len(kept)} kept: {', '.join(kept)})" if kept else ""
-    return f"removed {len(removed)} leftover local sandbox(es){named}"
+    cleared, in_use = await asyncio.to_thread(EnvCache.from_environment().clear)
+    busy = f", {in_use} in use kept" if in_use else ""
+    return f"removed {len(removed)} leftover local sandbox(es){named} and {cleared} prepared environment(s){busy}"
 
 
 async def attach(sandbox_id: str) -> LocalSandbox:

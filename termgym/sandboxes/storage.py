@@ -7,7 +7,8 @@ writing past it fails with "No space left on device" inside the sandbox; ``full`
 sandbox reached it; ``remove`` unmounts it and frees what it held. A storage of at most a quarter of
 the task's memory is a ``tmpfs`` (in memory, so what the agent stores also counts against its memory
 limit: a mount costs about a millisecond); a larger one is an ext4 file system in a sparse image file
-(no journal, no blocks reserved for root) on a loop device (about 20 ms to make and remove). It
+(no journal, no blocks reserved for root) on a loop device: a copy of an empty image made once per
+size (its few MB of metadata copied in the kernel, no ``mkfs`` per sandbox). It
 needs root (and a loop device for ext4); where that is missing, ``create`` raises ``OSError`` and
 the caller falls back to a per-file size limit, with a warning in the record.
 
@@ -18,9 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
+import secrets
 from pathlib import Path
 
+from termgym.sandboxes.env_cache import cache_root
+from termgym.sandboxes.mounts import mount_loop, mount_tmpfs, unmount
 from termgym.sandboxes.tools import host_tool
 
 FULL_BELOW_BYTES = 1 << 20  # less room left than this: the sandbox reached its storage limit
@@ -42,27 +47,14 @@ class SizedFilesystem:
         if os.geteuid() != 0:
             raise OSError("mounting a file system needs root")
         if size_mb * 4 <= memory_mb:
-            options = f"size={size_mb}m,mode=0755,uid={owner},gid={owner},nosuid,nodev"
-            await _run(host_tool("mount"), "-t", "tmpfs", "-o", options, "termgym", str(mountpoint))
+            mount_tmpfs(mountpoint, f"size={size_mb}m,mode=0755,uid={owner},gid={owner}")
             return cls(None, mountpoint, size_mb)
         if not Path("/dev/loop-control").exists():
             raise OSError("the host has no loop devices (/dev/loop-control)")
-        with open(image, "wb") as handle:
-            handle.truncate(size_mb << 20)
         try:
-            await _run(
-                host_tool("mkfs.ext4"),
-                "-q",
-                "-F",
-                "-m",
-                "0",
-                "-O",
-                "^has_journal",
-                "-E",
-                f"lazy_itable_init=1,root_owner={owner}:{owner}",
-                str(image),
-            )
-            await _run(host_tool("mount"), "-o", "loop,nosuid,nodev", str(image), str(mountpoint))
+            await asyncio.to_thread(_copy_sparse, await _template(cache_root() / "storage", size_mb), image)
+            await asyncio.to_thread(mount_loop, image, mountpoint)
+            os.chown(mountpoint, owner, owner)  # the file system's root, now mounted there
         except OSError:
             with contextlib.suppress(OSError):
                 image.unlink()
@@ -79,14 +71,56 @@ class SizedFilesystem:
     async def remove(self) -> None:
         """Unmount (lazily, if something still holds it) and delete the image; idempotent."""
         if is_mounted(self.mountpoint):
-            try:
-                await _run(host_tool("umount"), str(self.mountpoint))
-            except OSError:
-                with contextlib.suppress(OSError):
-                    await _run(host_tool("umount"), "-l", str(self.mountpoint))
+            with contextlib.suppress(OSError):
+                unmount(self.mountpoint)  # lazily when busy; a loop device is detached with it
         if self.image is not None:
             with contextlib.suppress(OSError):
                 self.image.unlink()
+
+
+MKFS_OPTIONS = ("-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "lazy_itable_init=1")
+
+
+async def _template(root: Path, size_mb: int) -> Path:
+    """An empty ext4 image of ``size_mb`` (no journal, no blocks reserved for root) under
+    ``root``, made once per size and options: a sandbox's image is a sparse copy of it
+    (a few MB of metadata to copy instead of a ``mkfs`` to run)."""
+    name = hashlib.blake2b(" ".join(MKFS_OPTIONS).encode(), digest_size=6).hexdigest()
+    template = root / f"ext4-{size_mb}m-{name}.img"
+    if template.exists():
+        return template
+    template.parent.mkdir(parents=True, exist_ok=True)
+    partial = template.with_name(f".{template.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    try:
+        with open(partial, "wb") as handle:
+            handle.truncate(size_mb << 20)
+        await _run(host_tool("mkfs.ext4"), *MKFS_OPTIONS, str(partial))
+        partial.replace(template)  # whole or not at all; two makers at once both make a good one
+    finally:
+        with contextlib.suppress(OSError):
+            partial.unlink()
+    return template
+
+
+def _copy_sparse(source: Path, target: Path) -> None:
+    """Copy ``source`` to a new ``target`` of the same size, its holes kept holes (in the kernel)."""
+    with open(source, "rb") as src, open(target, "xb") as dst:
+        size = os.fstat(src.fileno()).st_size
+        dst.truncate(size)
+        offset = 0
+        while offset < size:
+            try:
+                start = os.lseek(src.fileno(), offset, os.SEEK_DATA)
+            except OSError:
+                break  # no data after offset
+            end = os.lseek(src.fileno(), start, os.SEEK_HOLE)
+            position = start
+            while position < end:
+                copied = os.copy_file_range(src.fileno(), dst.fileno(), end - position, position, position)
+                if copied == 0:
+                    break
+                position += copied
+            offset = end
 
 
 def is_mounted(path: Path) -> bool:

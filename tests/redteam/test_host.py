@@ -100,9 +100,7 @@ async def test_files_the_sandbox_writes_belong_to_an_unprivileged_host_uid(task_
     sandbox = LocalSandbox(sandbox_spec(load_task(task_dir), run_id="redteam"))
     async with sandbox:
         await sandbox.exec(["/bin/sh", "-c", "echo x > /app/mine"], timeout=10)
-        host_dir = sandbox.host_dir
-        assert host_dir is not None  # a started sandbox has its host directory
-        owner = (host_dir / "fs" / "app" / "mine").stat().st_uid
+        owner = (sandbox.files_dir / "app" / "mine").stat().st_uid
         assert owner == sandbox.owner and owner >= 1 << 20, owner
 
 

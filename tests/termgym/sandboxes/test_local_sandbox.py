@@ -119,3 +119,23 @@ async def test_killing_agent_processes_keeps_files(tmp_path, no_leaks):
         await sandbox.exec(["/bin/sh", "-c", "echo kept > /app/state; (setsid sleep 100007 &)"], timeout=10)
         await sandbox.kill_agent_processes()
         assert await run(sandbox, "cat /app/state; ps -e -o args | grep -c 'sleep 10000[7]' || true") == "kept\n0\n"
+
+
+async def test_the_kill_goes_on_in_a_namespace_the_agent_never_reached(no_leaks) -> None:
+    """The spare keeper, started with the sandbox, is invisible to the agent's processes; after
+    the kill it serves the next command, and nothing the agent started is there."""
+    from termgym.sandboxes.base import SandboxSpec
+    from termgym.sandboxes.local import LocalSandbox
+
+    sandbox = LocalSandbox(SandboxSpec("spare", None, None))
+    async with sandbox:
+        seen = await sandbox.exec(["/bin/sh", "-c", "sleep 1000 & ps -eo args"], timeout=10)
+        assert seen.text.splitlines().count("/bin/sleep infinity") == 1  # its own keeper only
+        first = sandbox._keeper_pid
+        await sandbox.kill_agent_processes()
+        assert sandbox.host_files() is not None  # no agent process: the files are reachable from the host
+        after = await sandbox.exec(["ps", "-eo", "args"], timeout=10)
+        assert "sleep 1000" not in after.text and sandbox._keeper_pid != first
+        assert sandbox.host_files() is None  # a command ran since
+        await sandbox.kill_agent_processes()  # no spare left: the keeper is restarted on demand
+        assert (await sandbox.exec(["echo", "ok"], timeout=10)).text == "ok\n"

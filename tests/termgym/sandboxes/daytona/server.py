@@ -708,8 +708,7 @@ def _make_host_dir(local: LocalSandbox, inner: str) -> Path:
     """Make directory ``inner`` of the sandbox from the host, as the daemon (root in the sandbox)
     would: each level owned by the sandbox's root, and never through a symlink the sandbox made
     (which the host would follow out of the sandbox)."""
-    assert local.host_dir is not None
-    path = local.host_dir / "fs"
+    path = local.files_dir
     for part in inner.strip("/").split("/"):
         path = path / part
         try:

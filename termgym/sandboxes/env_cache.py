@@ -1,0 +1,383 @@
+"""The embedded backend's prepared environments: a task's Dockerfile subset run once per content
+hash, every later trial started from the result copy-on-write.
+
+Layout, under ``cache_root() / "envs"`` (``TERMGYM_ENV_CACHE_DIR``, else ``cache`` next to the
+sandboxes)::
+
+    <key>/tree/<root>/...   the prepared writable directories (what WORKDIR, COPY and RUN left)
+    <key>/meta.json         owner, roots, environment, working directory, bytes; written last
+    <key>.lock              flock: exclusive while one trial prepares or one eviction removes it,
+                            shared while a trial mounts or copies it
+    .staging-<pid>-<hex>/   an entry being written; renamed into place whole
+
+Guarantees:
+- **Invalidation.** ``environment_key`` hashes every byte a preparation reads: the Dockerfile, each
+  file of the build context (its path, mode, symlink target and contents), the environment the
+  ``RUN`` steps see, and this host's installed packages (``/var/lib/dpkg/status``, whose ``RUN``
+  steps use the host's tools). Any change is another key; an old entry is never served for it.
+- **Whole entries.** An entry is visible only once complete (a staging directory renamed into
+  place, ``meta.json`` inside it); one left half-written by a killed process is a staging directory
+  that ``clear`` and the next ``publish`` remove once its process is gone.
+- **One preparation at a time.** ``building`` holds the key's exclusive lock across processes, so
+  concurrent trials of one task prepare it once: the others wait, then start from the entry.
+- **Bounds.** At most ``max_entries`` entries and ``max_bytes`` bytes, least recently used
+  removed first (``TERMGYM_ENV_CACHE_ENTRIES``, ``TERMGYM_ENV_CACHE_MB``); an entry larger than
+  the whole budget is not kept. ``TERMGYM_ENV_CACHE=0`` turns the cache off.
+- **Never pulled from under a trial.** An entry is removed (by eviction or ``clear``) only while
+  no trial holds it (shared lock) and no mount in this mount namespace has it as a lower layer:
+  a sandbox started from it, even one a killed process left, keeps it until ``termgym gc``
+  unmounts the sandbox.
+
+Trials started from one entry run as its owner (the host uid that prepared it): its files are that
+uid's, and a sandbox's root must own them. They share nothing else (``termgym.sandboxes.local``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from termgym.sandboxes.tools import host_tool
+
+FORMAT = 1  # bump when what an entry holds or how a preparation runs changes
+DEFAULT_MAX_MB = 4096
+DEFAULT_MAX_ENTRIES = 256
+LOCK_POLL_SEC = 0.02
+_PACKAGES = Path("/var/lib/dpkg/status")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A prepared environment: its ``tree`` holds one directory per writable root."""
+
+    key: str
+    path: Path
+    owner: int
+    roots: tuple[str, ...]
+    env: dict[str, str]
+    workdir: str
+    bytes: int
+
+    @property
+    def tree(self) -> Path:
+        return self.path / "tree"
+
+
+def cache_root() -> Path:
+    """What the embedded backend keeps between trials (prepared environments in ``envs``, empty
+    storage images in ``storage``): ``TERMGYM_ENV_CACHE_DIR``, else ``<sandbox dir>/cache``."""
+    configured = os.environ.get("TERMGYM_ENV_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("TERMGYM_SANDBOX_DIR") or Path(tempfile.gettempdir()) / "termgym") / "cache"
+
+
+def cache_enabled() -> bool:
+    return os.environ.get("TERMGYM_ENV_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def environment_key(dockerfile: bytes, context_dir: Path | None, env: Mapping[str, str], roots: Sequence[str]) -> str:
+    """The content hash of a preparation: everything it reads (see the module's guarantees)."""
+    digest = hashlib.blake2b(digest_size=20)
+
+    def put(*parts: bytes | str) -> None:
+        for part in parts:
+            data = part.encode() if isinstance(part, str) else part
+            digest.update(len(data).to_bytes(8, "little") + data)
+
+    put(f"termgym-env-{FORMAT}", dockerfile, json.dumps(sorted(env.items())), json.dumps(list(roots)))
+    with contextlib.suppress(OSError):
+        stat = _PACKAGES.stat()
+        put(f"packages {stat.st_size} {stat.st_mtime_ns}")
+    if context_dir is not None:
+        for path in sorted(_walk(context_dir)):
+            relative = path.relative_to(context_dir).as_posix()
+            stat = path.lstat()
+            if path.is_symlink():
+                put("link", relative, os.readlink(path))
+            elif path.is_file():
+                put("file", relative, oct(stat.st_mode & 0o7777), path.read_bytes())
+            else:
+                put("dir", relative, oct(stat.st_mode & 0o7777))
+    return digest.hexdigest()
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            yield Path(directory) / name
+
+
+class EnvCache:
+    """The prepared environments under ``root`` (see the module's guarantees)."""
+
+    def __init__(self, root: Path, *, max_bytes: int, max_entries: int) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries
+
+    @classmethod
+    def from_environment(cls) -> EnvCache:
+        return cls(
+            cache_root() / "envs",
+            max_bytes=int(os.environ.get("TERMGYM_ENV_CACHE_MB") or DEFAULT_MAX_MB) << 20,
+            max_entries=int(os.environ.get("TERMGYM_ENV_CACHE_ENTRIES") or DEFAULT_MAX_ENTRIES),
+        )
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def lookup(self, key: str) -> Entry | None:
+        """The complete entry for ``key``, marked used now; None when there is none."""
+        entry = self._read(key)
+        if entry is not None:
+            with contextlib.suppress(OSError):
+                os.utime(entry.path / "meta.json")  # least recently used goes first
+        return entry
+
+    def _read(self, key: str) -> Entry | None:
+        path = self.root / key
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+            return Entry(
+                key=key,
+                path=path,
+                owner=int(meta["owner"]),
+                roots=tuple(meta["roots"]),
+                env=dict(meta["env"]),
+                workdir=str(meta["workdir"]),
+                bytes=int(meta["bytes"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    @contextlib.asynccontextmanager
+    async def holding(self, key: str, timeout: float) -> AsyncIterator[Entry | None]:
+        """The entry for ``key`` (None when there is none), held (shared lock) until the block
+        ends, so no eviction removes it before it is mounted or copied."""
+        async with self._locked(key, fcntl.LOCK_SH, timeout):
+            yield self.lookup(key)
+
+    @contextlib.asynccontextmanager
+    async def building(self, key: str, timeout: float) -> AsyncIterator[Entry | None]:
+        """The key's exclusive lock for one preparation: yields the entry when another trial made
+        it meanwhile (then nothing is to be built), else None (build, then ``publish``).
+        ``TimeoutError`` when the lock stays taken for ``timeout`` seconds."""
+        async with self._locked(key, fcntl.LOCK_EX, timeout):
+            yield self.lookup(key)
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, key: str, mode: int, timeout: float) -> AsyncIterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"the prepared environment {key[:12]} stayed locked for {timeout:g}s"
+                        ) from None
+                    await asyncio.sleep(LOCK_POLL_SEC)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    async def publish(
+        self, key: str, source: Path, *, owner: int, roots: Sequence[str], env: Mapping[str, str], workdir: str
+    ) -> Entry | None:
+        """Copy the prepared roots under ``source`` (``source/<root>``) into the entry ``key``
+        (call inside ``building``), then evict down to the bounds; None when it is larger than
+        the whole budget, or copying failed (the trial goes on from its own preparation)."""
+        self._remove_stale_staging()
+        staging = self.root / f".staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tree = staging / "tree"
+        tree.mkdir(parents=True)
+        try:
+            copied = await _copy_trees(source, tree, roots)
+            size = _disk_bytes(tree) if copied else 0
+            if not copied or size > self.max_bytes:
+                shutil.rmtree(staging, ignore_errors=True)
+                return None
+            meta = {
+                "owner": owner,
+                "roots": list(roots),
+                "env": dict(env),
+                "workdir": workdir,
+                "bytes": size,
+                "created": time.time(),
+            }
+            (staging / "meta.json").write_text(json.dumps(meta))
+            target = self.root / key
+            if target.exists():  # an entry without meta.json: left by a crash before the rename's time
+                shutil.rmtree(target, ignore_errors=True)
+            staging.rename(target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self.evict(keep=key)
+        return self.lookup(key)
+
+    def entries(self) -> list[Entry]:
+        """Every complete entry, least recently used first."""
+        found = []
+        with contextlib.suppress(OSError):
+            for path in self.root.iterdir():
+                if not path.name.startswith(".") and path.is_dir():
+                    entry = self._read(path.name)
+                    if entry is not None:
+                        found.append(entry)
+        return sorted(found, key=lambda entry: _mtime(entry.path / "meta.json"))
+
+    def evict(self, *, keep: str | None = None) -> list[str]:
+        """Remove least recently used entries (never ``keep``, never one in use) until within the
+        bounds; the keys removed."""
+        entries = self.entries()
+        total = sum(entry.bytes for entry in entries)
+        count = len(entries)
+        removed = []
+        in_use = mounted_lower_dirs()
+        for entry in entries:
+            if total <= self.max_bytes and count <= self.max_entries:
+                break
+            if entry.key == keep or self._remove(entry, in_use):
+                continue
+            total -= entry.bytes
+            count -= 1
+            removed.append(entry.key)
+        return removed
+
+    def clear(self) -> tuple[int, int]:
+        """``termgym gc``: remove every entry not in use and every staging directory left by a
+        process that is gone; (entries removed, entries kept because in use)."""
+        self._remove_stale_staging()
+        in_use = mounted_lower_dirs()
+        removed = kept = 0
+        with contextlib.suppress(OSError):
+            for path in list(self.root.iterdir()):
+                if path.name.startswith(".") or not path.is_dir():
+                    continue
+                entry = Entry(path.name, path, 0, (), {}, "/", 0)
+                if self._remove(entry, in_use):
+                    kept += 1
+                else:
+                    removed += 1
+        with contextlib.suppress(OSError):
+            for lock in self.root.glob("*.lock"):
+                if not (self.root / lock.stem).exists():
+                    lock.unlink(missing_ok=True)
+        return removed, kept
+
+    def _remove(self, entry: Entry, in_use: set[str]) -> bool:
+        """Remove ``entry`` unless it is in use; True when it stays."""
+        if any(lower == str(entry.tree) or lower.startswith(f"{entry.tree}/") for lower in in_use):
+            return True
+        fd = os.open(self.root / f"{entry.key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True  # being built, mounted or copied right now
+            doomed = self.root / f".doomed-{entry.key}-{uuid.uuid4().hex[:6]}"
+            with contextlib.suppress(OSError):
+                entry.path.rename(doomed)  # gone at once for every reader, removed at leisure
+                shutil.rmtree(doomed, ignore_errors=True)
+            return False
+        finally:
+            os.close(fd)
+
+    def _remove_stale_staging(self) -> None:
+        with contextlib.suppress(OSError):
+            for path in self.root.iterdir():
+                if path.name.startswith(".doomed-"):
+                    shutil.rmtree(path, ignore_errors=True)
+                elif path.name.startswith(".staging-"):
+                    pid = path.name.split("-")[1]
+                    if not pid.isdigit() or not _pid_alive(int(pid)):
+                        shutil.rmtree(path, ignore_errors=True)
+
+
+def mounted_lower_dirs(mountinfo: str | None = None) -> set[str]:
+    """Every lower directory of an overlay mounted in this mount namespace."""
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return set()
+    lowers: set[str] = set()
+    for line in mountinfo.splitlines():
+        _, sep, tail = line.partition(" - ")
+        fields = tail.split()
+        if not sep or len(fields) < 3 or fields[0] != "overlay":
+            continue
+        for option in fields[2].split(","):
+            if option.startswith("lowerdir="):
+                lowers.update(part.replace("\\040", " ") for part in option[len("lowerdir=") :].split(":"))
+    return lowers
+
+
+async def _copy_trees(source: Path, tree: Path, roots: Sequence[str]) -> bool:
+    """``cp -a`` each root (owners, modes, links, times); False when one could not be copied."""
+    sources = [str(source / root) for root in roots if (source / root).exists()]
+    return await _cp(*sources, str(tree)) if sources else True
+
+
+async def _cp(*paths: str) -> bool:
+    process = await asyncio.create_subprocess_exec(
+        host_tool("cp"),
+        "-a",
+        "--reflink=auto",
+        "--",
+        *paths,
+        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return await process.wait() == 0
+
+
+async def copy_tree(source: Path, dest: Path) -> bool:
+    """``cp -a`` the contents of ``source`` into the existing directory ``dest``; False on failure."""
+    return await _cp(f"{source}/.", str(dest))
+
+
+def _disk_bytes(tree: Path) -> int:
+    total = 0
+    for path in _walk(tree):
+        with contextlib.suppress(OSError):
+            total += path.lstat().st_blocks * 512
+    return total
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

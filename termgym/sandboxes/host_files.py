@@ -1,0 +1,153 @@
+"""The verifier's files, reached from the host when no process runs in the sandbox (embedded).
+
+The embedded backend's writable roots are host directories: while the sandbox holds no process
+(after ``kill_agent_processes``, before the next command), the harness may reset ``/tests`` and
+``/logs/verifier``, write the tests and read the reports there directly, instead of running a
+command in the sandbox for each. The tree is the agent's: every path is walked one component at a
+time from a directory descriptor, never following a symlink (``O_NOFOLLOW``), never opening what
+is not a regular file or a directory (a FIFO, a device), so nothing outside ``root`` is read,
+written or removed, whatever the agent made of those paths. Whatever is created belongs to
+``owner`` (the sandbox's root), as if the sandbox had made it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import stat
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path, PurePosixPath
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class HostFiles:
+    """Safe file operations on the sandbox's tree at ``root`` (see the module's guarantees)."""
+
+    def __init__(self, root: Path, owner: int) -> None:
+        self.root = root
+        self.owner = owner
+
+    def fresh_dirs(self, paths: Sequence[str]) -> None:
+        """Make each absolute ``path`` a fresh empty directory, whatever is there now (a file, a
+        symlink, a full tree); its missing parents are made, a parent that is not a directory is
+        replaced. A top-level directory (a sandbox's mount point) is emptied in place. ``OSError``
+        when that is impossible."""
+        for path in paths:
+            *parents, name = PurePosixPath(path).relative_to("/").parts
+            with self._directory(parents, make=True) as parent:
+                if not parents and _is_dir(parent, name):
+                    # A top-level directory is a running sandbox's mount point: emptied, never replaced.
+                    with self._directory([name], make=False) as top:
+                        for entry in os.listdir(top):
+                            _remove(top, entry)
+                    continue
+                _remove(parent, name)
+                os.mkdir(name, 0o755, dir_fd=parent)
+                os.chown(name, self.owner, self.owner, dir_fd=parent, follow_symlinks=False)
+
+    def write_files(self, dest: str, files: Sequence[tuple[str, bytes, int]]) -> None:
+        """Write ``(relative path, content, mode)`` under the directory ``dest`` (made fresh by
+        ``fresh_dirs`` first: nothing is overwritten), making parent directories."""
+        base = PurePosixPath(dest).relative_to("/").parts
+        for relative, content, mode in files:
+            *parents, name = PurePosixPath(relative).parts
+            if ".." in parents or name in ("", ".", ".."):
+                raise OSError(errno.EINVAL, f"not a relative path: {relative}")
+            with self._directory([*base, *parents], make=True) as parent:
+                fd = os.open(
+                    name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent
+                )
+                try:
+                    view = memoryview(content)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fchown(fd, self.owner, self.owner)
+                    os.fchmod(fd, mode & 0o777)
+                finally:
+                    os.close(fd)
+
+    def list_files(self, directory: str, wanted: Callable[[str], bool]) -> list[str] | None:
+        """The names ``wanted`` accepts of the regular files (not symlinks) at the top of
+        ``directory``, sorted; None when ``directory`` is not a directory (or is a symlink)."""
+        try:
+            with self._directory(PurePosixPath(directory).relative_to("/").parts, make=False) as parent:
+                names = []
+                for name in sorted(os.listdir(parent)):
+                    with contextlib.suppress(OSError):
+                        if wanted(name) and stat.S_ISREG(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                            names.append(name)
+                return names
+        except OSError:
+            return None
+
+    def read_files(self, directory: str, names: Sequence[str], cap: int) -> dict[str, bytes]:
+        """The regular files ``names`` at the top of ``directory``, each cut at ``cap`` bytes;
+        a name that is no longer a regular file is left out."""
+        found: dict[str, bytes] = {}
+        with self._directory(PurePosixPath(directory).relative_to("/").parts, make=False) as parent:
+            for name in names:
+                try:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+                except OSError:
+                    continue  # a symlink, or gone
+                try:
+                    if stat.S_ISREG(os.fstat(fd).st_mode):
+                        found[name] = _read_up_to(fd, cap)
+                finally:
+                    os.close(fd)
+        return found
+
+    @contextlib.contextmanager
+    def _directory(self, parts: Sequence[str], *, make: bool) -> Iterator[int]:
+        """A descriptor of ``root/parts`` reached without following a symlink; with ``make``,
+        missing directories are made and what is not a directory in the way is replaced."""
+        fd = os.open(self.root, _DIR)
+        try:
+            for part in parts:
+                try:
+                    child = os.open(part, _DIR, dir_fd=fd)
+                except OSError as exc:
+                    if not make or exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                        raise
+                    _remove(fd, part)
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    os.chown(part, self.owner, self.owner, dir_fd=fd, follow_symlinks=False)
+                    child = os.open(part, _DIR, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            yield fd
+        finally:
+            os.close(fd)
+
+
+def _is_dir(parent: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _remove(parent: int, name: str) -> None:
+    """Remove ``name`` in the directory ``parent``, whatever it is (a tree without following links)."""
+    try:
+        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(name, dir_fd=parent)
+    else:
+        os.unlink(name, dir_fd=parent)
+
+
+def _read_up_to(fd: int, cap: int) -> bytes:
+    chunks, left = [], cap
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 16))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,220 @@
+"""The embedded backend's prepared-environment cache on real sandboxes: a task's RUN steps run once
+per content hash, every later sandbox starts from the result copy-on-write and privately; the
+cache is invalidated by any byte, safe under concurrent sandboxes and processes, bounded, and
+cleaned by ``termgym gc``, also after a process holding one of its entries was SIGKILLed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from termgym.env import sandbox_spec
+from termgym.sandboxes import remove_leftovers
+from termgym.sandboxes.base import Sandbox
+from termgym.sandboxes.env_cache import EnvCache, environment_key, mounted_lower_dirs
+from termgym.sandboxes.local import LocalSandbox
+from termgym.tasks import load_task
+from tests.helpers import sandbox_processes, write_task
+
+ROOT = Path(__file__).resolve().parents[3]
+# RUN leaves a stamp no two preparations share: the same stamp in two sandboxes means one preparation.
+DOCKERFILE = (
+    "FROM debian:bookworm-slim\nWORKDIR /app\nCOPY data.txt /app/\nRUN cat /proc/sys/kernel/random/uuid > /app/stamp\n"
+)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="copy-on-write starts need root (overlay mounts)")
+
+
+@pytest.fixture
+def cache_dir(no_leaks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A cache of this test's own, emptied at its end (nothing may use it then)."""
+    root = Path(f"/tmp/termgym-test-envcache-{os.getpid()}-{tmp_path.name}")
+    monkeypatch.setenv("TERMGYM_ENV_CACHE_DIR", str(root))
+    yield root
+    assert EnvCache(root / "envs", max_bytes=0, max_entries=0).clear()[1] == 0, "an entry still in use"
+    subprocess.run(["rm", "-rf", str(root)], check=True)
+
+
+def make_task(root: Path, name: str = "cached", data: str = "one\n", dockerfile: str = DOCKERFILE) -> Path:
+    return write_task(root, name, dockerfile=dockerfile, extra_files={"environment/data.txt": data})
+
+
+def sandbox_for(task_dir: Path) -> LocalSandbox:
+    return LocalSandbox(sandbox_spec(load_task(task_dir), run_id="cache-test"))
+
+
+async def sh(sandbox: Sandbox, script: str) -> str:
+    result = await sandbox.exec(["/bin/sh", "-c", script], timeout=30)
+    assert result.exit_code == 0, result.text
+    return result.text
+
+
+def cache(root: Path) -> EnvCache:
+    return EnvCache(root / "envs", max_bytes=1 << 40, max_entries=1000)
+
+
+async def test_later_sandboxes_start_from_the_prepared_environment_each_privately(tmp_path: Path, cache_dir: Path):
+    task = make_task(tmp_path)
+    async with sandbox_for(task) as first:
+        assert "prepared" not in first.image  # prepared here, then kept
+        stamp = await sh(first, "cat /app/stamp")
+        await sh(first, "echo mine > /app/written; rm /app/data.txt; echo changed > /app/stamp")
+    (entry,) = cache(cache_dir).entries()
+    async with sandbox_for(task) as second, sandbox_for(task) as third:
+        assert second.image["prepared"] == third.image["prepared"] == entry.key[:16]
+        # The RUN step did not run again: its stamp is the first preparation's, as it was before
+        # the first sandbox changed it; nothing the first one did is here.
+        assert await sh(second, "cat /app/stamp") == stamp
+        assert await sh(second, "cat /app/data.txt; test ! -e /app/written && echo clean") == "one\nclean\n"
+        await sh(second, "echo second > /app/written; rm /app/data.txt; mkdir -p /opt/new")
+        # A sandbox started beside it sees none of that: its writes are its own.
+        assert await sh(third, "cat /app/data.txt; ls /app; ls /opt") == "one\ndata.txt\nstamp\n"
+        assert second.env == third.env and second.workdir == third.workdir == "/app"
+    # The entry itself never changed.
+    assert sorted(p.name for p in (entry.tree / "app").iterdir()) == ["data.txt", "stamp"]
+    assert (entry.tree / "app" / "stamp").read_text() == stamp
+
+
+async def test_any_byte_of_the_environment_makes_a_new_preparation(tmp_path: Path, cache_dir: Path):
+    task = make_task(tmp_path)
+    async with sandbox_for(task) as sandbox:
+        before = await sh(sandbox, "cat /app/stamp /app/data.txt")
+    (task / "environment" / "data.txt").write_text("onf\n")  # one byte, same size
+    async with sandbox_for(task) as sandbox:
+        assert "prepared" not in sandbox.image  # prepared again
+        after = await sh(sandbox, "cat /app/stamp /app/data.txt")
+    assert after.endswith("onf\n") and after.split()[0] != before.split()[0]
+    (task / "environment" / "Dockerfile").write_text(DOCKERFILE + "ENV EXTRA=1\n")
+    async with sandbox_for(task) as sandbox:
+        assert "prepared" not in sandbox.image and sandbox.env["EXTRA"] == "1"
+    assert len(cache(cache_dir).entries()) == 3
+
+
+def test_the_key_covers_contents_modes_links_and_the_build_environment(tmp_path: Path):
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "a.sh").write_text("echo a\n")
+    keys = {environment_key(b"FROM x\n", context, {}, ["app"])}
+    keys.add(environment_key(b"FROM y\n", context, {}, ["app"]))
+    keys.add(environment_key(b"FROM x\n", context, {"A": "1"}, ["app"]))
+    keys.add(environment_key(b"FROM x\n", context, {}, ["app", "srv"]))
+    (context / "a.sh").chmod(0o755)
+    keys.add(environment_key(b"FROM x\n", context, {}, ["app"]))
+    (context / "link").symlink_to("a.sh")
+    keys.add(environment_key(b"FROM x\n", context, {}, ["app"]))
+    assert len(keys) == 6
+    assert environment_key(b"FROM x\n", context, {}, ["app"]) in keys  # and it is stable
+
+
+async def test_concurrent_sandboxes_prepare_once(tmp_path: Path, cache_dir: Path):
+    task = make_task(tmp_path)
+    sandboxes = [sandbox_for(task) for _ in range(5)]
+    try:
+        await asyncio.gather(*(sandbox.start() for sandbox in sandboxes))
+        stamps = {await sh(sandbox, "cat /app/stamp") for sandbox in sandboxes}
+        assert len(stamps) == 1
+        assert sum("prepared" not in sandbox.image for sandbox in sandboxes) == 1
+    finally:
+        await asyncio.gather(*(sandbox.stop() for sandbox in sandboxes))
+    assert len(cache(cache_dir).entries()) == 1
+
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from termgym.env import sandbox_spec
+    from termgym.sandboxes.local import LocalSandbox
+    from termgym.tasks import load_task
+
+    async def main():
+        sandbox = LocalSandbox(sandbox_spec(load_task(sys.argv[1]), run_id="cache-test"))
+        async with sandbox:
+            result = await sandbox.exec(["cat", "/app/stamp"], timeout=30)
+            print(result.text.strip(), sandbox.host_dir, flush=True)
+            if sys.argv[2] == "hold":
+                await asyncio.sleep(600)
+
+    asyncio.run(main())
+    """
+)
+
+
+def child(task: Path, mode: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(task), mode], stdout=subprocess.PIPE, text=True, cwd=ROOT, env=os.environ
+    )
+
+
+async def test_processes_at_once_prepare_once(tmp_path: Path, cache_dir: Path):
+    task = make_task(tmp_path)
+    children = [child(task, "once") for _ in range(3)]
+    outputs = [process.communicate(timeout=120)[0].split() for process in children]
+    assert all(process.returncode == 0 for process in children)
+    assert len({stamp for stamp, _ in outputs}) == 1
+    assert len(cache(cache_dir).entries()) == 1
+
+
+def cached_data(root: Path) -> set[str]:
+    return {(entry.tree / "app" / "data.txt").read_text().strip() for entry in cache(root).entries()}
+
+
+async def start_stop(task: Path) -> bool:
+    """Start and stop a sandbox of ``task``; True when it started from a prepared environment."""
+    async with sandbox_for(task) as sandbox:
+        return "prepared" in sandbox.image
+
+
+async def test_least_recently_used_go_first_and_entries_in_use_stay(tmp_path: Path, cache_dir: Path, monkeypatch):
+    monkeypatch.setenv("TERMGYM_ENV_CACHE_ENTRIES", "2")
+    tasks = [make_task(tmp_path, f"t{i}", data=f"{i}\n") for i in range(5)]
+    assert not await start_stop(tasks[1]) and not await start_stop(tasks[2])
+    assert await start_stop(tasks[1])  # used again: t2 is now the least recently used
+    assert not await start_stop(tasks[3])
+    assert cached_data(cache_dir) == {"1", "3"}
+    async with sandbox_for(tasks[1]) as held:  # started from t1's entry, which it keeps in use
+        assert "prepared" in held.image
+        assert await start_stop(tasks[3])  # t1 is now the least recently used, but in use
+        assert not await start_stop(tasks[4])
+        assert cached_data(cache_dir) == {"1", "4"}
+        assert await sh(held, "cat /app/data.txt") == "1\n"
+    # Over the byte budget nothing is kept.
+    monkeypatch.setenv("TERMGYM_ENV_CACHE_MB", "0")
+    assert not await start_stop(make_task(tmp_path, "big", data="big\n"))
+    assert "big" not in cached_data(cache_dir)
+
+
+async def test_gc_removes_unused_entries_and_what_a_killed_process_left(tmp_path: Path, cache_dir: Path):
+    task = make_task(tmp_path)
+    async with sandbox_for(task):
+        pass
+    holder = child(task, "hold")
+    assert holder.stdout is not None
+    stamp, host_dir = holder.stdout.readline().split()
+    (entry,) = cache(cache_dir).entries()
+    assert str(entry.tree) in mounted_lower_dirs()
+    staging = cache_dir / "envs" / f".staging-{holder.pid}-deadbeef"
+    staging.mkdir()
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+    # The killed process's sandbox still has the entry mounted: gc removes the sandbox, then the entry.
+    line = await remove_leftovers("local")
+    assert line == "removed 1 leftover local sandbox(es) and 1 prepared environment(s)", line
+    assert not Path(host_dir).exists() and not entry.path.exists() and not staging.exists()
+    assert str(entry.tree) not in mounted_lower_dirs()
+    assert not [p for p in sandbox_processes() if host_dir in p]
+
+
+async def test_cache_off_prepares_every_time(tmp_path: Path, cache_dir: Path, monkeypatch):
+    monkeypatch.setenv("TERMGYM_ENV_CACHE", "0")
+    task = make_task(tmp_path)
+    async with sandbox_for(task) as first, sandbox_for(task) as second:
+        assert await sh(first, "cat /app/stamp") != await sh(second, "cat /app/stamp")
+    assert not (cache_dir / "envs").exists() or not cache(cache_dir).entries()
