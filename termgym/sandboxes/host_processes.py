@@ -153,13 +153,25 @@ def children(pid: int) -> list[int]:
     return children
 
 
+SIGKILL_BIT = 1 << (9 - 1)  # SIGKILL in /proc/<pid>/status's pending-signal masks
+PF_EXITING = 0x4  # the kernel's "process is exiting" flag, field 9 of /proc/<pid>/stat
+
+
 def alive(pid: int) -> bool:
-    """True while ``pid`` runs (a zombie, killed but not yet reaped, is not alive)."""
+    """True while ``pid`` runs and is not already dying: a process sent SIGKILL (pending, even if
+    it has not run since), exiting, a zombie or reaped is not alive. The pending mask is read
+    before the state, so a kill that another process's ``kill`` call has returned from is always
+    seen, however loaded the machine (the signal is pending, or dequeued and the process exiting)."""
     try:
+        status = Path(f"/proc/{pid}/status").read_text()
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] not in ("Z", "X")
+    for line in status.splitlines():
+        if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & SIGKILL_BIT:
+            return False
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[0] not in ("Z", "X") and not int(fields[6]) & PF_EXITING
 
 
 async def read_stderr(process: asyncio.subprocess.Process) -> str:
