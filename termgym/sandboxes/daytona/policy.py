@@ -15,7 +15,10 @@ Guarantees:
   bytes and executable bits, base image, resources), never on paths on this machine or times;
 - ``encode_command`` turns any script into a command line made of ``sh -c '...'`` around ASCII
   letters, digits and octal escapes, which survives both a shell and the naive quote splitter of
-  older Daytona daemons.
+  older Daytona daemons;
+- ``environment_routes_requests`` is False only when the environment names no proxy for HTTP or
+  websockets and has no netrc file: then an HTTP client's environment lookups (aiohttp's
+  ``trust_env``) cannot change any request.
 """
 
 from __future__ import annotations
@@ -220,6 +223,10 @@ def sh_quote(word: str) -> str:
     return "'" + word.replace("'", "'\\''") + "'"
 
 
+# What ``encode_command`` writes for each byte: ASCII letters and digits as they are, the rest octal.
+_ESCAPES = tuple(chr(b) if chr(b).isascii() and chr(b).isalnum() else f"\\{b:03o}" for b in range(256))
+
+
 def encode_command(script: str) -> str:
     """A command line that runs ``script`` with ``sh``: every byte but ASCII letters and digits is
     an octal escape that ``printf`` decodes, so nothing in it needs quoting. ``script`` must not
@@ -227,8 +234,18 @@ def encode_command(script: str) -> str:
     data = script.encode("utf-8", errors="surrogateescape")
     if b"\0" in data:
         raise ValueError("a shell script cannot contain NUL bytes")
-    body = "".join(chr(b) if chr(b).isascii() and chr(b).isalnum() else f"\\{b:03o}" for b in data)
+    body = "".join([_ESCAPES[b] for b in data])
     return f'sh -c \'eval "$(printf "{body}")"\''
+
+
+PROXY_SCHEMES = ("http", "https", "ws", "wss")  # the schemes aiohttp reads a proxy for (trust_env)
+
+
+def environment_routes_requests(proxies: Mapping[str, str], netrc_file: bool) -> bool:
+    """Whether ``trust_env`` can change a request: ``proxies`` (``urllib.request.getproxies()``)
+    names a proxy for one of ``PROXY_SCHEMES``, or a netrc file (credentials for hosts and
+    proxies) exists."""
+    return netrc_file or any(proxies.get(scheme) for scheme in PROXY_SCHEMES)
 
 
 def command_line(argv: Sequence[str], env: Mapping[str, str], cwd: str, *, timeout: float | None = None) -> str:

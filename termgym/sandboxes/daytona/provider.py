@@ -2,6 +2,13 @@
 ``Pacer`` and cap on live sandboxes, and the snapshots known to be ready or broken; the settings
 (``TERMGYM_DAYTONA_*``); how an SDK error is classified and reported. The sandbox itself is in
 ``backend.py``, the pure policy (retries, names, scripts) in ``policy.py``.
+
+The SDK's shared HTTP session trusts the environment (aiohttp's ``trust_env``): before every
+request it looks up a proxy and netrc credentials in the environment, two thread-pool round trips
+that were about a third of the driver's CPU per trial (docs/results/benchmarks.md, "Driver cost per
+trial"). When the environment has no proxy and no netrc file as a provider starts (then the
+lookups find nothing: ``environment_routes_requests``), its session skips them; otherwise it keeps
+the SDK's behaviour. ``DaytonaProvider.env_lookups`` says which.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import random
+import urllib.request
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -26,6 +34,7 @@ from termgym.sandboxes.daytona.policy import (
     classify_failure,
     daytona_resources,
     environment_hash,
+    environment_routes_requests,
     paced_windows,
     retry_after_seconds,
     retry_delay,
@@ -101,6 +110,7 @@ class DaytonaProvider:
         self.gate = asyncio.Semaphore(settings.max_sandboxes)
         self.create_attempts = 0
         self.holding = 0  # sandboxes holding a slot of the gate
+        self.env_lookups = True  # the SDK's session looks up proxies and netrc before every request
         self._snapshot_locks: dict[str, asyncio.Lock] = {}
         self._snapshots_ready: set[str] = set()
         self._snapshots_failed: dict[str, EnvironmentBuildError] = {}
@@ -310,8 +320,38 @@ def get_provider(settings: DaytonaSettings | None = None) -> DaytonaProvider:
             raise BackendUnavailable(CREDENTIALS_HINT) from exc
         except DaytonaError as exc:
             raise BackendUnavailable(f"the Daytona client could not start: {_message(exc)}") from exc
-        per_loop[url] = DaytonaProvider(settings or DaytonaSettings.from_env(), client)
+        provider = DaytonaProvider(settings or DaytonaSettings.from_env(), client)
+        provider.env_lookups = not skip_environment_lookups(client)
+        per_loop[url] = provider
     return per_loop[url]
+
+
+def netrc_file_exists() -> bool:
+    """Whether the netrc file aiohttp would read exists (``$NETRC``, else ``~/.netrc``)."""
+    return os.path.exists(os.environ.get("NETRC") or os.path.expanduser("~/.netrc"))
+
+
+def skip_environment_lookups(client: Any) -> bool:
+    """Turn off the per-request proxy and netrc lookups of ``client``'s shared HTTP session (made
+    now, in the running loop, as its first request would make it) when the environment has neither
+    (``environment_routes_requests``); True when they are off. The pinned SDK keeps that session
+    in ``_shared_session`` for both of its API clients; with another layout nothing changes (the
+    lookups stay, which costs CPU only)."""
+    import aiohttp
+
+    if environment_routes_requests(urllib.request.getproxies(), netrc_file_exists()):
+        return False
+    shared = getattr(client, "_shared_session", None)
+    rest_client = getattr(getattr(client, "_api_client", None), "rest_client", None)
+    ensure = getattr(shared, "_ensure_session", None)
+    if ensure is None or rest_client is None:
+        return False
+    ensure(rest_client)
+    session = getattr(shared, "_session", None)
+    if not isinstance(session, aiohttp.ClientSession) or "_trust_env" not in session.ATTRS:
+        return False
+    session._trust_env = False
+    return True
 
 
 async def close_providers() -> None:
