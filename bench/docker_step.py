@@ -5,8 +5,15 @@
    floor, a bare round trip through an already-attached shell in the container. Target: the step at
    most 0.05 of the CLI exec.
 2. Trial overhead (medians): create, start, one step, remove through termgym, against
-   ``docker run --rm IMAGE true``. Target: at most 1.25 of it.
+   ``docker run --rm IMAGE true``. Target: at most 1.1 of it. ``stop`` hands the removal to the
+   engine in the background; the removal is waited for before the ``docker run`` is timed, and
+   the trial with its removal waited for is printed too.
 3. Concurrency: 32 trials of a bundled task at 8 at a time: trials per minute, errors, leaks.
+4. Warm pool: a step of 32 trials of a trivial task at 8 at a time, without a pool and with one
+   (``TERMGYM_DOCKER_POOL``, prewarmed before the step as a trainer does between steps), side by
+   side, alternating; bare trials (start, one command, stop) and whole ones (the oracle, then the
+   verifier, whose two container restarts and change listing no pool shortens). Target: the step
+   with the pool at most 0.5 of the step without.
 
     .venv/bin/python bench/docker_step.py   (needs the engine: scripts/docker-engine.sh)
 """
@@ -14,6 +21,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import statistics
 import subprocess
@@ -26,11 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from termgym.agents import OracleAgent  # noqa: E402
 from termgym.bundled import bundled_task_path  # noqa: E402
-from termgym.env import AsyncTerminalEnv, EnvOptions  # noqa: E402
+from termgym.env import AsyncTerminalEnv, EnvOptions, default_sandbox_factory  # noqa: E402
+from termgym.sandboxes import docker  # noqa: E402
 from termgym.sandboxes.docker import DockerSandbox, FrameDemux, docker_client  # noqa: E402
 from termgym.tasks import load_task  # noqa: E402
 from termgym.trial import run_trial  # noqa: E402
 from tests.helpers import write_task  # noqa: E402
+
+POOL_SIZE = 32  # the warm pool's size per image in the pool comparison: one step's trials
 
 
 def median_ms(samples: list[float]) -> float:
@@ -88,7 +99,7 @@ def bare_round_trip(client, container: str) -> float:
 
 async def trial_overhead(task_dir: Path, count: int) -> dict[str, float]:
     task = load_task(task_dir)
-    ours, plain = [], []
+    ours, removed, plain = [], [], []
     image = None
     for _ in range(count):
         started = time.perf_counter()
@@ -98,10 +109,12 @@ async def trial_overhead(task_dir: Path, count: int) -> dict[str, float]:
             await env.step("true")
             image = image or docker_client().api.inspect_container(container_of(env))["Image"]
         ours.append(time.perf_counter() - started)
+        docker.wait_for_removals()  # the engine is idle again before docker run is timed
+        removed.append(time.perf_counter() - started)
         started = time.perf_counter()
         subprocess.run(["docker", "run", "--rm", "--network", "none", image, "true"], check=True)
         plain.append(time.perf_counter() - started)
-    return {"ours": median_ms(ours), "plain": median_ms(plain)}
+    return {"ours": median_ms(ours), "removed": median_ms(removed), "plain": median_ms(plain)}
 
 
 async def concurrency(trials: int, limit: int) -> dict[str, float]:
@@ -118,6 +131,7 @@ async def concurrency(trials: int, limit: int) -> dict[str, float]:
     started = time.perf_counter()
     records = await asyncio.gather(*(one() for _ in range(trials)))
     elapsed = time.perf_counter() - started
+    await docker.close_shared()  # the removals stop() started
     leaked = docker_client().api.containers(all=True, filters={"label": "termgym.run=bench-concurrency"})
     return {
         "per_minute": trials / elapsed * 60,
@@ -128,11 +142,63 @@ async def concurrency(trials: int, limit: int) -> dict[str, float]:
     }
 
 
+async def pool_step(task_dir: Path, trials: int, limit: int, pool: int, *, verified: bool) -> dict[str, float]:
+    """One step of ``trials`` trials of a trivial task at ``limit`` at a time: whole trials (the
+    oracle, then the verifier) when ``verified``, else bare ones (start, one command, stop). With
+    ``pool`` > 0, a warm pool of that many per image, prewarmed before the step is timed.
+    Everything is removed (the pool closed) before it returns."""
+    os.environ["TERMGYM_DOCKER_POOL"] = str(pool)
+    os.environ["TERMGYM_DOCKER_POOL_TOTAL"] = str(max(pool, 1))
+    task = load_task(task_dir)
+    options = EnvOptions(backend="docker", run_id="bench-pool")
+    prewarm = time.perf_counter()
+    ready = await docker.prewarm([default_sandbox_factory(task, options).spec])
+    prewarm = time.perf_counter() - prewarm
+    gate = asyncio.Semaphore(limit)
+
+    async def one() -> bool:
+        async with gate:
+            if verified:
+                record = await run_trial(task, OracleAgent(), options)
+                return record.error is None and record.resolved
+            env = AsyncTerminalEnv(task, options)
+            async with env:
+                await env.reset()
+                _, _, _, _, info = await env.step("true")
+                return info.get("exit_code") == 0
+
+    started = time.perf_counter()
+    results = await asyncio.gather(*(one() for _ in range(trials)))
+    elapsed = time.perf_counter() - started
+    await docker.close_shared()
+    leaked = docker_client().api.containers(all=True, filters={"label": "termgym.run=bench-pool"})
+    return {"elapsed": elapsed, "prewarm": prewarm, "ready": ready, "ok": sum(results), "leaked": len(leaked)}
+
+
+def pool_comparison(task_dir: Path, rounds: int, pool: int, *, verified: bool) -> dict[str, dict[str, float]]:
+    """``pool_step`` without and with the pool, alternating for ``rounds``; the run with the
+    median step time of each (``cold``, ``warm``)."""
+    cold, warm = [], []
+    for _ in range(rounds):
+        cold.append(asyncio.run(pool_step(task_dir, 32, 8, 0, verified=verified)))
+        warm.append(asyncio.run(pool_step(task_dir, 32, 8, pool, verified=verified)))
+    os.environ.pop("TERMGYM_DOCKER_POOL")
+    os.environ.pop("TERMGYM_DOCKER_POOL_TOTAL")
+
+    def median_run(runs: list[dict[str, float]]) -> dict[str, float]:
+        return sorted(runs, key=lambda r: r["elapsed"])[len(runs) // 2]
+
+    return {"cold": median_run(cold), "warm": median_run(warm)}
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as root:
         task_dir = write_task(Path(root))
         latency = asyncio.run(step_latencies(task_dir, 300))
         overhead = asyncio.run(trial_overhead(task_dir, 15))
+        asyncio.run(run_trial(load_task(task_dir), OracleAgent(), EnvOptions(backend="docker")))  # the build
+        bare = pool_comparison(task_dir, 3, POOL_SIZE, verified=False)
+        whole = pool_comparison(task_dir, 3, POOL_SIZE, verified=True)
     load = asyncio.run(concurrency(32, 8))
     print("| step latency (median) | ms |")
     print("|---|---|")
@@ -149,9 +215,25 @@ def main() -> None:
     print("| trial overhead (median) | ms |")
     print("|---|---|")
     print(f"| termgym: create, start, one step, remove | {overhead['ours']:.1f} |")
+    print(f"| the same, its removal waited for | {overhead['removed']:.1f} |")
     print(f"| `docker run --rm IMAGE true` | {overhead['plain']:.1f} |")
     print()
-    print(f"termgym / docker run = {overhead['ours'] / overhead['plain']:.2f} (target <= 1.25)")
+    print(f"termgym / docker run = {overhead['ours'] / overhead['plain']:.2f} (target <= 1.1)")
+    print(f"termgym with its removal waited for / docker run = {overhead['removed'] / overhead['plain']:.2f}")
+    print()
+    print("| step of 32 trials at -n 8 (median of 3 each) | s | ok | containers leaked | prewarm before the step |")
+    print("|---|---|---|---|---|")
+    for label, runs in (
+        ("trivial trials (start, one command, stop)", bare),
+        ("whole trials (oracle + verifier)", whole),
+    ):
+        for name, run in (("without a pool", runs["cold"]), (f"warm pool of {POOL_SIZE}", runs["warm"])):
+            prewarmed = f"{run['prewarm']:.2f}s, {run['ready']} ready" if run["ready"] else "-"
+            print(f"| {label}, {name} | {run['elapsed']:.2f} | {run['ok']}/32 | {run['leaked']} | {prewarmed} |")
+    print()
+    for label, runs in (("trivial trials", bare), ("whole trials", whole)):
+        ratio = runs["warm"]["elapsed"] / runs["cold"]["elapsed"]
+        print(f"step with pool / without, {label} = {ratio:.2f} (target <= 0.5)")
     print()
     print(
         f"concurrency: 32 trials at -n 8 in {load['elapsed']:.1f}s = {load['per_minute']:.0f} trials/min; "

@@ -56,6 +56,9 @@ def no_leaks(sandbox_dir: Path, request: pytest.FixtureRequest):
     assert not leaked_dirs, f"sandbox directories left behind: {leaked_dirs}"
     assert not leaked_procs, f"sandbox processes left running: {leaked_procs}"
     if on_docker:
+        from termgym.sandboxes.docker import wait_for_removals
+
+        wait_for_removals(timeout=60)  # stop() removes in the background
         leaked = set(termgym_containers()) - containers_before
         assert not leaked, f"containers left behind: {leaked}"
 

@@ -164,7 +164,8 @@ class ImageConfig:
     """The image a container is created from (``tag``) with the environment and working directory
     it defines; ``source`` says where it came from (``docker_image``: the task's named image, or an
     alias of it; ``build``: its Dockerfile, built), ``ref`` the name the task gave or the built tag,
-    ``digest`` the image's registry digest (``repo@sha256:...``) when it has one, else its Id."""
+    ``digest`` the image's registry digest (``repo@sha256:...``) when it has one, else its Id;
+    ``id`` the engine's image id (``sha256:...``) as inspected, which a re-tag or rebuild changes."""
 
     tag: str
     env: dict[str, str]
@@ -172,6 +173,7 @@ class ImageConfig:
     source: str = "build"
     ref: str = ""
     digest: str = ""
+    id: str = ""
 
     def record(self) -> dict[str, str]:
         """What a trial's record says of its image (``Sandbox.image``)."""
@@ -298,6 +300,7 @@ def _image_config(client, tag: str, source: str = "build", ref: str = "") -> Ima
         source=source,
         ref=ref or tag,
         digest=image_digest(info, ref or tag),
+        id=str(info.get("Id") or ""),
     )
 
 

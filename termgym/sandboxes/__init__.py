@@ -5,7 +5,8 @@ package extra its SDK comes from. Modules are imported only when their backend i
 is needed only then. Besides its class, a backend's module offers ``preflight()`` (raise
 ``BackendUnavailable`` in one line when this machine cannot run it), ``remove_leftovers(images)``
 (``termgym gc``: one line saying what was removed) and ``close_shared()`` (close what its sandboxes
-share, such as HTTP clients).
+share, such as HTTP clients or a warm pool); a backend that keeps sandboxes ready ahead of demand
+also offers ``prewarm(specs, count)`` (Docker's warm pool).
 
 Adding a backend is one ``Backend`` line here and a module with those names (CONTRIBUTING.md).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -82,8 +84,17 @@ async def remove_leftovers(backend: str, *, images: bool = False) -> str:
     return await backend_module(backend).remove_leftovers(images)
 
 
+async def prewarm(backend: str, specs: Sequence[SandboxSpec], count: int | None = None) -> int:
+    """Make sandboxes for ``specs`` ready ahead of their trials (up to ``count`` each) where
+    ``backend`` keeps a warm pool (Docker: ``TERMGYM_DOCKER_POOL``), waiting until they are; how
+    many are ready. 0 for a backend without one, or with its pool off."""
+    hook = getattr(backend_module(backend), "prewarm", None)
+    return await hook(specs, count) if hook is not None else 0
+
+
 async def close_backends() -> None:
-    """Close the clients that loaded backends share across sandboxes (Daytona's HTTP sessions)."""
+    """Close what loaded backends share across sandboxes (Daytona's HTTP sessions, Docker's warm
+    pool and its pending removals)."""
     for backend in REGISTRY.values():
         module = sys.modules.get(backend.module)
         if module is not None:
@@ -104,5 +115,6 @@ __all__ = [
     "close_backends",
     "create_sandbox",
     "preflight",
+    "prewarm",
     "remove_leftovers",
 ]

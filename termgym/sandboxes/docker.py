@@ -14,7 +14,11 @@ a root process could otherwise rewrite through ``/proc/<pid>/mem``), then waits 
 lists the new keeper. ``changed_system_paths`` asks the engine what the container
 changed against its image (``termgym.tamper``). ``stop`` removes the container on every path,
 but after ``keep`` (``--keep``), which renames it ``termgym-kept-<id>`` and leaves it running for
-``attach`` to enter again.
+``attach`` to enter again; the removal runs in the background (``remove_later``), and
+``close_shared`` and the interpreter's exit wait for it. Every container is created from one
+``Recipe`` (``termgym.sandboxes.docker_pool``), in one blocking call (create, start, find the
+keeper); with ``TERMGYM_DOCKER_POOL`` set, ``start`` takes an identical, started container from
+the warm pool when one is ready, and ``close_shared`` closes the pool.
 
 What it does not cover: a disk quota (overlay2 on ext4 has none; the per-file limit and the agent
 timeout bound what one trial can write), the other services of a Terminal-Bench 1 compose file
@@ -27,11 +31,14 @@ All docker-py calls are blocking; they run in a dedicated thread pool, never on 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import concurrent.futures
 import contextlib
 import functools
 import os
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,10 +46,20 @@ from typing import Any
 
 from termgym.aio import uninterrupted, wait_for
 from termgym.errors import BackendUnavailable, ConfigError, SandboxBroken, SandboxError, SandboxGone
-from termgym.images.build import ensure_task_image
+from termgym.images.build import ImageConfig, ensure_task_image
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
 from termgym.sandboxes.changes import system_changes
+from termgym.sandboxes.docker_pool import (
+    POOL_LABEL,
+    Ready,
+    Recipe,
+    WarmPool,
+    make_recipe,
+    owner_gone,
+    settings_from_env,
+)
+from termgym.sandboxes.host_processes import start_time
 from termgym.sandboxes.limits import PIDS_LIMIT
 
 START_HINT = "start it with scripts/docker-engine.sh, or as root: dockerd --iptables=false --bridge=none &"
@@ -91,6 +108,25 @@ class DockerSandbox(Sandbox):
 
     async def start(self) -> None:
         client = await _run(docker_client)
+        await _sweep_orphans_once(client)
+        image, recipe = await self._recipe(client)
+        self.image = image.record()
+        pool = warm_pool()
+        try:
+            taken = await pool.take(recipe) if pool is not None else None
+            if taken is None:
+                self._started_at = time.time()
+                labels = pool.labels if pool is not None else {}
+                taken = await uninterrupted(_run(_create_started, client, recipe, labels), _discard)
+            else:
+                self._started_at = time.time()  # stop requests count from the hand-over (``_fault``)
+        except Exception as exc:
+            raise _mapped(exc, "could not start the container") from exc
+        self._container, self._keeper = taken.container, taken.keeper
+
+    async def _recipe(self, client: Any) -> tuple[ImageConfig, Recipe]:
+        """The task's image (built or pulled as needed) and the recipe of its container; sets
+        ``env``, ``workdir`` and the CPU warning."""
         self._reject_compose_services()
         image = await ensure_task_image(
             client,
@@ -105,13 +141,11 @@ class DockerSandbox(Sandbox):
             pull=self.spec.pull,
             prefer_build=self.spec.prefer_build,
         )
-        self.image = image.record()
         self.env = {**image.env, **dict(self.spec.env)}
         self.workdir = image.workdir
         network = "none"
         if self.spec.network:
             network = await _run(_network_for_task, client)
-        labels = {"termgym": "1", **dict(self.spec.labels), "termgym.task": self.spec.name[:200]}
         resources = self.spec.resources
         cpus = resources.cpus
         engine_cpus = await _run(_engine_cpus, client)
@@ -120,43 +154,19 @@ class DockerSandbox(Sandbox):
                 f"the task asks for {cpus:g} CPUs; the Docker engine has {engine_cpus}: limited to {engine_cpus}"
             )
             cpus = float(engine_cpus)
-        import docker.types
-
-        host_config = client.api.create_host_config(
+        recipe = make_recipe(
+            image_id=image.id,
+            command=KEEPER.split(),
+            labels={"termgym": "1", **dict(self.spec.labels), "termgym.task": self.spec.name[:200]},
+            working_dir=self.workdir,
+            environment=dict(self.spec.env),
             network_mode=network,
-            nano_cpus=int(cpus * 1e9),
-            mem_limit=f"{resources.memory_mb}m",
-            memswap_limit=f"{resources.memory_mb}m",
+            cpus=cpus,
+            memory_mb=resources.memory_mb,
+            storage_mb=resources.storage_mb,
             pids_limit=PIDS_LIMIT,
-            ulimits=[
-                docker.types.Ulimit(name="fsize", soft=resources.storage_mb << 20, hard=resources.storage_mb << 20)
-            ],
-            init=True,
         )
-
-        async def discard(created: dict) -> None:  # cancelled while the engine was creating it
-            with contextlib.suppress(Exception):
-                await _run(client.api.remove_container, created["Id"], force=True)
-
-        try:
-            created = await uninterrupted(
-                _run(
-                    client.api.create_container,
-                    image.tag,
-                    command=KEEPER.split(),
-                    labels=labels,
-                    host_config=host_config,
-                    working_dir=self.workdir,
-                    environment=dict(self.spec.env),
-                ),
-                discard,
-            )
-            self._container = created["Id"]
-            self._started_at = time.time()
-            await _run(client.api.start, self._container)
-            self._keeper = _keeper_of(await _run(client.api.top, self._container))
-        except Exception as exc:
-            raise _mapped(exc, "could not start the container") from exc
+        return image, recipe
 
     def _reject_compose_services(self) -> None:
         compose = self.spec.compose_file
@@ -182,8 +192,7 @@ class DockerSandbox(Sandbox):
             return
         if self._container is not None:
             container, self._container = self._container, None
-            with contextlib.suppress(Exception):
-                await _run(docker_client().api.remove_container, container, force=True)
+            remove_later(container)
 
     async def kill_agent_processes(self) -> None:
         """Restart the container: killing its init makes the kernel end every process in it, so
@@ -585,6 +594,173 @@ def _keeper_of(top: dict) -> str | None:
     return keepers[0] if len(keepers) == 1 else None
 
 
+# -- creating and removing containers, the warm pool -------------------------------------------------
+
+
+def _create_started(client: Any, recipe: Recipe, labels: Mapping[str, str]) -> Ready:
+    """Create a container from ``recipe`` (``labels`` added to its own), start it and find its
+    keeper, in one blocking call (no loop hop between the engine's answers); the container is
+    removed again when starting it fails."""
+    import docker.types
+
+    fsize = recipe.storage_mb << 20
+    host_config = client.api.create_host_config(
+        network_mode=recipe.network_mode,
+        nano_cpus=recipe.nano_cpus,
+        mem_limit=f"{recipe.memory_mb}m",
+        memswap_limit=f"{recipe.memory_mb}m",
+        pids_limit=recipe.pids_limit,
+        ulimits=[docker.types.Ulimit(name="fsize", soft=fsize, hard=fsize)],
+        init=recipe.init,
+    )
+    created = client.api.create_container(
+        recipe.image,
+        command=list(recipe.command),
+        labels={**dict(recipe.labels), **labels},
+        host_config=host_config,
+        working_dir=recipe.working_dir,
+        environment=dict(recipe.environment),
+    )
+    try:
+        client.api.start(created["Id"])
+        return Ready(created["Id"], _keeper_of(client.api.top(created["Id"])))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            client.api.remove_container(created["Id"], force=True)
+        raise
+
+
+async def _discard(ready: Ready) -> None:  # made while its caller was cancelled
+    remove_later(ready.container)
+
+
+_removals: set[concurrent.futures.Future[None]] = set()
+_removals_lock = threading.Lock()
+
+
+def remove_later(container: str) -> None:
+    """Start removing ``container`` by force in the backend's thread pool and return at once (a
+    trial need not wait for the engine to tear its container down); ``wait_for_removals`` waits
+    for it, and so do ``close_shared`` and the interpreter's exit. Never raises."""
+
+    def remove() -> None:
+        with contextlib.suppress(Exception):
+            docker_client().api.remove_container(container, force=True)
+
+    try:
+        future = _pool.submit(remove)
+    except RuntimeError:  # the interpreter is shutting down: no new threads, remove it here
+        remove()
+        return
+    with _removals_lock:
+        _removals.add(future)
+    future.add_done_callback(_removed)
+
+
+def _removed(future: concurrent.futures.Future[None]) -> None:
+    with _removals_lock:
+        _removals.discard(future)
+
+
+def wait_for_removals(timeout: float | None = None) -> None:
+    """Block until every removal ``remove_later`` started has ended (or ``timeout`` seconds)."""
+    with _removals_lock:
+        pending = list(_removals)
+    concurrent.futures.wait(pending, timeout=timeout)
+
+
+class _PoolEngine:
+    """``termgym.sandboxes.docker_pool.PoolEngine`` on this backend."""
+
+    async def create_started(self, recipe: Recipe, labels: Mapping[str, str]) -> Ready:
+        client = await _run(docker_client)
+        return await uninterrupted(_run(_create_started, client, recipe, labels), _discard)
+
+    async def is_running(self, container: str) -> bool:
+        import docker.errors
+
+        try:
+            state = (await _run(docker_client().api.inspect_container, container)).get("State") or {}
+        except docker.errors.NotFound:
+            return False
+        return state.get("Status") == "running" and bool(state.get("Running"))
+
+    def discard(self, container: str) -> None:
+        remove_later(container)
+
+    async def drain(self) -> None:
+        await asyncio.to_thread(wait_for_removals)
+
+
+_warm: tuple[asyncio.AbstractEventLoop, WarmPool] | None = None
+
+
+def warm_pool() -> WarmPool | None:
+    """The process's warm pool (``termgym.sandboxes.docker_pool``), sized by
+    ``TERMGYM_DOCKER_POOL`` and ``TERMGYM_DOCKER_POOL_TOTAL``, or None while they turn it off.
+    One per event loop: a pool an earlier loop left open has its idle containers removed."""
+    global _warm
+    loop = asyncio.get_running_loop()
+    if _warm is not None and _warm[0] is not loop:
+        _warm[1].abandon()
+        _warm = None
+    if _warm is None:
+        settings = settings_from_env(os.environ)
+        if not settings.enabled:
+            return None
+        _warm = (loop, WarmPool(_PoolEngine(), settings))
+    return _warm[1]
+
+
+async def prewarm(specs: Sequence[SandboxSpec], count: int | None = None) -> int:
+    """Fill the warm pool for ``specs`` (their images built or pulled now), up to ``count`` each
+    (default the per-image bound), and wait until those containers are started; how many are
+    ready for them. 0 when the pool is off."""
+    pool = warm_pool()
+    if pool is None:
+        return 0
+    client = await _run(docker_client)
+    await _sweep_orphans_once(client)
+    recipes = [(await DockerSandbox(spec)._recipe(client))[1] for spec in specs]
+    return await pool.prewarm(recipes, count)
+
+
+def remove_orphans(client: Any) -> int:
+    """Remove the pooled containers (label ``termgym.pool``) whose owning process no longer runs
+    on this host (a killed run's), kept ones (``--keep``) aside; how many were removed."""
+    import docker.errors
+
+    host, removed = socket.gethostname(), 0
+    for container in client.api.containers(all=True, filters={"label": POOL_LABEL}):
+        owner = (container.get("Labels") or {}).get(POOL_LABEL, "")
+        kept = any(str(name).lstrip("/").startswith(KEPT_PREFIX) for name in container.get("Names") or [])
+        if not kept and owner_gone(owner, host, start_time):
+            with contextlib.suppress(docker.errors.NotFound):
+                client.api.remove_container(container["Id"], force=True)
+                removed += 1
+    return removed
+
+
+_swept = False
+
+
+async def _sweep_orphans_once(client: Any) -> None:
+    """``remove_orphans``, once per process, before its first container."""
+    global _swept
+    if not _swept:
+        _swept = True
+        with contextlib.suppress(Exception):
+            await _run(remove_orphans, client)
+
+
+@atexit.register
+def _remove_pool_at_exit() -> None:  # a process that never called close_shared leaves nothing idle
+    if _warm is not None and _client is not None:
+        for container in _warm[1].abandon(discard=False):
+            with contextlib.suppress(Exception):
+                _client.api.remove_container(container, force=True)
+
+
 def _stop_requests(client: Any, container: str, since: float) -> list[str]:
     """The engine's kill and stop events for ``container`` since ``since`` (requests made through its API)."""
     until = time.time() + 1
@@ -668,4 +844,13 @@ def _kept_names() -> list[str]:
 
 
 async def close_shared() -> None:
-    """Nothing is shared between this backend's sandboxes."""
+    """Close the warm pool (its idle containers removed, ``WarmPool.close``) and wait for the
+    removals ``stop`` started: once it returns, nothing this process created is left."""
+    global _warm
+    if _warm is not None:
+        (loop, pool), _warm = _warm, None
+        if loop is asyncio.get_running_loop():
+            await pool.close()
+        else:
+            pool.abandon()
+    await asyncio.to_thread(wait_for_removals)
