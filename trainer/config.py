@@ -139,17 +139,17 @@ PRESETS: dict[str, dict] = {
     # by a KL penalty (without it, 30 steps cost 10 points on the validation set); held-out
     # evaluation before and after.
     "tiny": dict(
-        pool=2000,
+        pool=1200,
         heldout=192,
         audit_k=1,
         audit_cache="bundled",
-        sft_steps=750,
+        sft_steps=450,
         sft_batch_size=32,
         sft_lr=3e-3,
         hidden=128,
         layers=3,
         experts=8,
-        steps=16,
+        steps=10,
         batch_size=32,
         concurrency=8,
         mode="reweight",
