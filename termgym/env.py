@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,7 +46,7 @@ from termgym.images.pull import PULL_POLICIES
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 from termgym.overrides import RunOverrides, apply_overrides, network_asked
 from termgym.records import TrialError
-from termgym.sandboxes import create_sandbox
+from termgym.sandboxes import create_sandbox, keeps_warm_pool, prewarm
 from termgym.sandboxes.base import Sandbox, SandboxSpec
 from termgym.shell import CommandResult, PersistentShell
 from termgym.steps import Grade, StepResult, combine, step_task
@@ -632,18 +633,35 @@ def sandbox_spec(
     )
 
 
+def options_sandbox_spec(task: Task, options: EnvOptions) -> SandboxSpec:
+    """``sandbox_spec`` of ``task`` as a trial run with ``options`` asks for it."""
+    return sandbox_spec(
+        task, run_id=options.run_id, image_aliases=options.image_aliases, pull=options.pull, prefer_build=options.build
+    )
+
+
 def default_sandbox_factory(task: Task, options: EnvOptions) -> Sandbox:
     """The sandbox ``options.backend`` makes for ``task``, labelled with the run id, with image aliases."""
-    return create_sandbox(
-        options.backend,
-        sandbox_spec(
-            task,
-            run_id=options.run_id,
-            image_aliases=options.image_aliases,
-            pull=options.pull,
-            prefer_build=options.build,
-        ),
-    )
+    return create_sandbox(options.backend, options_sandbox_spec(task, options))
+
+
+async def prewarm_sandboxes(tasks: Sequence[Task], options: EnvOptions) -> int:
+    """Make the sandboxes of trials of ``tasks`` (one each; the run's overrides applied) under
+    ``options`` ready ahead of them where the backend keeps a warm pool
+    (``termgym.sandboxes.prewarm``: Docker with ``TERMGYM_DOCKER_POOL``); how many are ready. 0 for
+    a backend without one. A sandbox made ready for a spec no trial asks for again is only removed
+    when the pool closes: a pooled sandbox serves only a trial whose own spec is identical."""
+    if not keeps_warm_pool(options.backend):
+        return 0
+    specs: dict[str, SandboxSpec] = {}
+    counts: Counter[str] = Counter()
+    for task in tasks:
+        counts[task.name] += 1
+        specs[task.name] = options_sandbox_spec(apply_overrides(task, options.overrides)[0], options)
+    by_count: dict[int, list[SandboxSpec]] = {}
+    for name, spec in specs.items():
+        by_count.setdefault(counts[name], []).append(spec)
+    return sum([await prewarm(options.backend, group, count) for count, group in by_count.items()])
 
 
 def make(task: Task | str, backend: str = "local", **options: Any) -> AsyncTerminalEnv:

@@ -41,7 +41,7 @@ import torch
 
 from termgym.agents.model import AgentEnv, LoopSettings, ModelAgent
 from termgym.agents.renderers import Renderer
-from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.env import AsyncTerminalEnv, EnvOptions, prewarm_sandboxes
 from termgym.env import default_sandbox_factory as backend_sandbox_factory
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
@@ -331,6 +331,10 @@ class PolicyRunner:
     def record_of(self, result: Trajectory) -> TrialRecord:
         assert result.record is not None
         return result.record
+
+    async def prewarm(self, tasks: Sequence[Task]) -> int:
+        """Sandboxes for episodes of ``tasks`` made ready ahead of them (``prewarm_sandboxes``)."""
+        return await prewarm_sandboxes(tasks, self.options)
 
 
 def append_trajectories(path: Path, trajectories: Sequence[Trajectory], step: int) -> None:

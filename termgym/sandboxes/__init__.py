@@ -84,6 +84,11 @@ async def remove_leftovers(backend: str, *, images: bool = False) -> str:
     return await backend_module(backend).remove_leftovers(images)
 
 
+def keeps_warm_pool(backend: str) -> bool:
+    """Whether ``backend`` has a warm pool ``prewarm`` can fill (whether or not it is on)."""
+    return hasattr(backend_module(backend), "prewarm")
+
+
 async def prewarm(backend: str, specs: Sequence[SandboxSpec], count: int | None = None) -> int:
     """Make sandboxes for ``specs`` ready ahead of their trials (up to ``count`` each) where
     ``backend`` keeps a warm pool (Docker: ``TERMGYM_DOCKER_POOL``), waiting until they are; how
@@ -114,6 +119,7 @@ __all__ = [
     "backend_module",
     "close_backends",
     "create_sandbox",
+    "keeps_warm_pool",
     "preflight",
     "prewarm",
     "remove_leftovers",

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar, cast, get_args
 
-from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.env import AsyncTerminalEnv, EnvOptions, prewarm_sandboxes
 from termgym.env import default_sandbox_factory as backend_sandbox_factory
 from termgym.errors import ConfigError, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT
@@ -152,6 +152,16 @@ class TaskPool:
         self._next = 0
         self.epochs = 0
 
+    def peek(self, n: int) -> list[Task]:
+        """What ``draw(n)`` would return now, without drawing it (a subclass's ``draw`` and its
+        counters included: every attribute is as it was)."""
+        attributes, rng = dict(self.__dict__), self._rng.getstate()
+        try:
+            return self.draw(n)
+        finally:
+            self.__dict__.update(attributes)
+            self._rng.setstate(rng)
+
     def draw(self, n: int) -> list[Task]:
         drawn = []
         for _ in range(n):
@@ -184,7 +194,8 @@ class Runner(Protocol[T]):
     """What the scheduler launches. ``run_one`` returns a result (a ``TrialRecord`` here; the
     trainer's trajectory there) and raises only ``CancelledError`` (or ``SandboxError``, taken as a
     failed trial); it must acquire the shared pacer before creating a sandbox and fill
-    ``progress`` as it goes."""
+    ``progress`` as it goes. A runner may also have ``async prewarm(tasks)``: the scheduler calls
+    it after each step with the tasks the next step will draw (``TaskPool.peek``)."""
 
     backend: str
     agent_name: str
@@ -215,6 +226,10 @@ class TrialRunner:
 
     def record_of(self, result: TrialRecord) -> TrialRecord:
         return result
+
+    async def prewarm(self, tasks: Sequence[Task]) -> int:
+        """Sandboxes for trials of ``tasks`` made ready ahead of them (``prewarm_sandboxes``)."""
+        return await prewarm_sandboxes(tasks, self.options)
 
 
 @dataclass(frozen=True)
@@ -387,6 +402,11 @@ class _Trial:
     ended_at: float | None = None
 
 
+def _ignore_failure(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved, so it is never reported as unhandled
+
+
 class RolloutScheduler(Generic[T]):
     """Runs steps of B kept trials (see the module docstring). One step at a time; in carry-over
     mode the tail of one step keeps running into the next, and ``close()`` ends it."""
@@ -408,6 +428,7 @@ class RolloutScheduler(Generic[T]):
         self._done: asyncio.Queue[_Trial] = asyncio.Queue()  # trials in the order they ended
         self._run_families: dict[str, bias.Tally] = {}
         self._run_tasks: dict[str, bias.Tally] = {}
+        self._prewarming: asyncio.Future[int] | None = None
 
     async def step(self, policy_version: int | None = None) -> StepResult[T]:
         """Run one step; ``policy_version`` (default: the step's index) tags the trials it launches."""
@@ -443,13 +464,32 @@ class RolloutScheduler(Generic[T]):
         except BaseException:
             await self._cancel(in_flight)
             raise
+        self._prewarm_next()
         return self._result(index, version, started, batch_full, launched, decided)
+
+    def _prewarm_next(self) -> None:
+        """Start making the next step's sandboxes ready (the runner's optional ``prewarm``, given
+        the tasks the next step will draw) while the trainer updates: the next step's trials then
+        start on ready ones. Creations made this way are not paced: only backends that keep a warm
+        pool (Docker, a local engine) make any. A failed prewarm only means the trials create their
+        own sandboxes."""
+        prewarm = getattr(self.runner, "prewarm", None)
+        if prewarm is None or (self._prewarming is not None and not self._prewarming.done()):
+            return
+        upcoming = self.pool.peek(max(self.config.launched_per_step - len(self._carried), 0))
+        prewarming = asyncio.ensure_future(prewarm(upcoming))
+        prewarming.add_done_callback(_ignore_failure)
+        self._prewarming = prewarming
 
     async def close(self) -> list[TrialRecord]:
         """End the trials still carried (carry-over mode): cancelled (error kind ``cancelled``), or
         surplus if they had already finished. Their records go to ``on_record`` and into the run's
         accounting, and are returned."""
         carried, self._carried = self._carried, []
+        prewarming, self._prewarming = self._prewarming, None
+        if prewarming is not None:
+            prewarming.cancel()
+            await asyncio.gather(prewarming, return_exceptions=True)
         await self._cancel(carried)
         settled = [(trial, *self._settle(trial, room=False)) for trial in carried]
         self._account([self._outcome(t, fate, record, launched=False) for t, fate, record, _ in settled])

@@ -555,3 +555,26 @@ async def test_prewarm_is_nothing_where_no_pool_is_kept(monkeypatch):
     spec = SandboxSpec("t", None, None)
     assert await prewarm("local", [spec]) == 0  # a backend without a pool
     assert await prewarm("docker", [spec]) == 0  # the pool off: the engine is not even asked
+
+
+@pytest.mark.docker
+async def test_the_scheduler_prewarms_the_next_step_and_its_trials_take_those_containers(tmp_path, pooled):
+    from termgym.agents import ScriptedAgent
+    from termgym.sandboxes.pacing import Pacer
+    from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes
+
+    tasks = [load_task(write_task(tmp_path, name=f"prewarmed-{i}")) for i in range(2)]
+    pacer = Pacer()
+    runner = TrialRunner(ScriptedAgent(("echo done > /app/result.txt",)), EnvOptions(backend="docker"), pacer)
+    config = SchedulerConfig(batch_size=2, mode="wait", nodes=make_nodes([2]))
+    scheduler = RolloutScheduler(runner, TaskPool(tasks, shuffle=False), config, pacer=pacer)
+    first = await scheduler.step()
+    assert scheduler._prewarming is not None and await scheduler._prewarming >= 2  # step 2 has two trials
+    ready = set(pooled.warm_pool().idle())  # also what step 1's trials refilled (3 at most in all)
+    assert 2 <= len(ready) <= 3
+    second = await scheduler.step()
+    await scheduler.close()
+    pooled.wait_for_removals()
+    assert all(k.record.error is None for k in [*first.kept, *second.kept])
+    left = {c["Id"] for c in pooled.docker_client().api.containers(all=True, filters={"label": POOL_LABEL})}
+    assert len(ready - left) == 2, "step 2's two trials did not both start on a ready container"

@@ -425,3 +425,103 @@ def test_the_paced_sandbox_forwards_every_coroutine_of_the_contract():
     }
     forwarded = {name for name in contract if name in vars(PacedSandbox)}
     assert contract - {"upload_files"} <= forwarded, sorted(contract - forwarded)
+
+
+# -- prewarming the next step's sandboxes ---------------------------------------------------------------
+
+
+def test_task_pool_peek_is_the_next_draw_and_draws_nothing():
+    tasks = [fake_task(f"t{i}") for i in range(5)]
+    pool, twin = TaskPool(tasks, seed=1), TaskPool(tasks, seed=1)
+    for n in (3, 4, 0, 6, 5):  # across epoch boundaries, where the order is reshuffled
+        peeked = [t.name for t in pool.peek(n)]
+        assert [t.name for t in pool.peek(n)] == peeked
+        assert [t.name for t in pool.draw(n)] == peeked == [t.name for t in twin.draw(n)]
+    assert pool.epochs == twin.epochs
+
+
+class PrewarmingRunner(SleepRunner):
+    """A SleepRunner with the optional ``prewarm``: records what it was asked for; ``fail`` raises."""
+
+    def __init__(self, pacer: Pacer, durations: dict[str, float], *, fail: bool = False, hold: float = 0.0) -> None:
+        super().__init__(pacer, durations)
+        self.asked: list[list[str]] = []
+        self.fail, self.hold, self.cancelled = fail, hold, 0
+        self.launched: list[str] = []
+
+    async def run_one(self, task, node, version, progress) -> TrialRecord:
+        self.launched.append(task.name)
+        return await super().run_one(task, node, version, progress)
+
+    async def prewarm(self, tasks) -> int:
+        self.asked.append([t.name for t in tasks])
+        try:
+            await asyncio.sleep(self.hold)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        if self.fail:
+            raise SandboxError("the engine is gone")
+        return len(tasks)
+
+
+@pytest.mark.parametrize("mode", ["cancel", "carry-over"])
+def test_each_step_prewarms_exactly_what_the_next_step_launches(mode):
+    tasks = [fake_task(f"t{i}") for i in range(5)]
+    durations = {"t0": 10.0, "t1": 10.0, "t2": 10.0, "t3": 15.0, "t4": 30.0}
+
+    async def main():
+        pacer = Pacer(FAST)
+        runner = PrewarmingRunner(pacer, durations)
+        config = SchedulerConfig(batch_size=3, launch=4, mode=mode, nodes=make_nodes([64]))
+        sched = RolloutScheduler(runner, TaskPool(tasks, seed=2), config, pacer=pacer)
+        launched_before = []
+        for _ in range(3):
+            launched_before.append(len(runner.launched))
+            await sched.step()
+        await asyncio.sleep(1)  # the last prewarm starts before close (which would cancel it unstarted)
+        await sched.close()
+        return runner, launched_before
+
+    runner, launched_before = simclock.run(main())
+    assert len(runner.asked) == 3  # after every step, for the step after it
+    for step in (1, 2):  # what the prewarm after step N-1 named is what step N launched, in order
+        start, end = launched_before[step], launched_before[step + 1] if step + 1 < 3 else len(runner.launched)
+        assert runner.asked[step - 1] == runner.launched[start:end]
+    if mode == "carry-over":  # a carried trial takes a slot: the next step launches fewer
+        assert any(len(asked) < 4 for asked in runner.asked)
+
+
+def test_a_failing_prewarm_fails_no_step_and_close_cancels_one_under_way():
+    tasks = [fake_task(f"t{i}") for i in range(4)]
+    durations: dict[str, float] = dict.fromkeys(("t0", "t1", "t2", "t3"), 1.0)
+
+    async def run(fail: bool, hold: float):
+        pacer = Pacer(FAST)
+        runner = PrewarmingRunner(pacer, durations, fail=fail, hold=hold)
+        config = SchedulerConfig(batch_size=2, mode="wait", nodes=make_nodes([64]))
+        sched = RolloutScheduler(runner, TaskPool(tasks, shuffle=False), config, pacer=pacer)
+        results = [await sched.step(), await sched.step()]
+        await asyncio.sleep(1)
+        await sched.close()
+        return runner, results
+
+    runner, results = simclock.run(run(fail=True, hold=0.0))
+    assert [len(r.kept) for r in results] == [2, 2] and len(runner.asked) == 2
+    runner, results = simclock.run(run(fail=False, hold=1000.0))  # never done before close
+    assert len(runner.asked) == 1  # one under way at a time: the second step did not start another
+    assert runner.cancelled == 1
+
+
+def test_peek_leaves_a_subclass_counting_its_draws_as_it_was():
+    class Counting(TaskPool):
+        drawn = 0
+
+        def draw(self, n):
+            self.drawn += n
+            return super().draw(n)
+
+    pool = Counting([fake_task(f"t{i}") for i in range(3)], seed=0)
+    pool.draw(2)
+    pool.peek(5)
+    assert pool.drawn == 2
