@@ -50,6 +50,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from daytona_pacing import start_server  # noqa: E402  (bench/, this script's directory, is on sys.path)
+
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions  # noqa: E402
 from termgym.sandboxes import BACKENDS, close_backends  # noqa: E402
 from termgym.tasks import Task, load_task  # noqa: E402
@@ -79,27 +81,10 @@ def children_cpu() -> float:
 
 @contextlib.asynccontextmanager
 async def daytona_server(workdir: Path) -> AsyncIterator[None]:
-    """The local Daytona API server in a process of its own, with the SDK's environment pointed at it."""
-    port_file = workdir / "port"
-    log = open(workdir / "server.log", "wb")  # noqa: SIM115 - the server's own chatter, kept out of the table
-    server = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.termgym.sandboxes.daytona.server",
-        str(port_file),
-        cwd=ROOT,
-        env={**os.environ, "TERMGYM_SANDBOX_DIR": str(workdir / "sandboxes")},
-        stdout=log,
-        stderr=log,
-    )
+    """The local Daytona API server in a process of its own (started as bench/daytona_pacing.py
+    starts it, without added latency or 429s), with the SDK's environment pointed at it."""
+    server, base = await start_server(workdir, latency=0.0, rate_429=0.0)
     try:
-        for _ in range(300):
-            if port_file.exists() and port_file.read_text():
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise SystemExit(f"the local Daytona server did not start (see {workdir / 'server.log'})")
-        base = f"http://127.0.0.1:{port_file.read_text()}"
         for name in ("DAYTONA_TARGET", "DAYTONA_JWT_TOKEN", "DAYTONA_ORGANIZATION_ID", "DAYTONA_SERVER_URL"):
             os.environ.pop(name, None)
         os.environ.update(DAYTONA_API_KEY="test-key", DAYTONA_API_URL=f"{base}/api")
@@ -107,7 +92,6 @@ async def daytona_server(workdir: Path) -> AsyncIterator[None]:
     finally:
         server.send_signal(signal.SIGTERM)
         await server.wait()
-        log.close()
 
 
 async def open_trial(task: Task, backend: str) -> AsyncTerminalEnv:
