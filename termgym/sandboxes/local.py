@@ -365,11 +365,11 @@ class LocalSandbox(Sandbox):
         if cgroup is not None:
             spared = set() if spare is None else {spare[0].pid, *_descendants(spare[0].pid)}
             if not await self._wait_until(lambda: cgroup.pids() <= spared):
-                if spare is not None:
-                    await end_keeper(spare[0])
+                await self._discard_spare()
                 raise SandboxError("the sandbox's processes did not all end after its keeper was killed")
         if spare is not None:
             self._keeper, self._keeper_pid = spare
+            self._spare = None  # handed over: from here on the keeper
             if self._dir is not None:
                 (self._dir / "keeper.pid").write_text(str(spare[0].pid))
         else:
@@ -509,16 +509,19 @@ class LocalSandbox(Sandbox):
         self._spare = asyncio.ensure_future(self._spawn_keeper())
 
     async def _take_spare(self) -> tuple[asyncio.subprocess.Process, int] | None:
-        """The spare keeper (waited for if it is still starting), alive; None if there is none."""
-        spare, self._spare = self._spare, None
+        """The spare keeper (waited for if it is still starting), alive; None if there is none.
+        It stays ``self._spare`` until the caller hands it over, so that a cancellation before
+        then leaves it to ``stop`` (``_discard_spare``) rather than running unowned."""
+        spare = self._spare
         if spare is None:
             return None
         try:
-            process, keeper = await spare
+            process, keeper = await asyncio.shield(spare)
         except (SandboxError, OSError):
+            self._spare = None
             return None
         if not alive(keeper):
-            await end_keeper(process)
+            await self._discard_spare()
             return None
         return process, keeper
 

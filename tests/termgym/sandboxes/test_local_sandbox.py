@@ -139,3 +139,36 @@ async def test_the_kill_goes_on_in_a_namespace_the_agent_never_reached(no_leaks)
         assert sandbox.host_files() is None  # a command ran since
         await sandbox.kill_agent_processes()  # no spare left: the keeper is restarted on demand
         assert (await sandbox.exec(["echo", "ok"], timeout=10)).text == "ok\n"
+
+
+async def test_a_kill_cancelled_after_it_took_the_spare_leaves_the_spare_to_stop(no_leaks) -> None:
+    """A cancellation between taking the spare keeper and handing it over (a trial cancelled while
+    its verification began) must not leave the spare running unowned: ``stop`` still ends it. CI
+    found a trial whose stop then waited for ever on a cgroup that the lost keeper kept busy."""
+    import asyncio
+
+    from termgym.sandboxes.host_processes import alive
+
+    sandbox = LocalSandbox(SandboxSpec("spare-cancelled", None, None))
+    await sandbox.start()
+    try:
+        assert sandbox._spare is not None
+        _, spare_keeper = await sandbox._spare
+        stopping_the_first = asyncio.Event()
+        stop_keeper = sandbox._stop_keeper
+
+        async def stopping_slowly() -> None:
+            stopping_the_first.set()
+            await asyncio.sleep(60)
+
+        sandbox._stop_keeper = stopping_slowly  # the moment after the spare was taken
+        kill = asyncio.create_task(sandbox.kill_agent_processes())
+        await stopping_the_first.wait()
+        kill.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await kill
+        sandbox._stop_keeper = stop_keeper
+        assert alive(spare_keeper)
+    finally:
+        await asyncio.wait_for(sandbox.stop(), 10)
+    assert not alive(spare_keeper)
