@@ -20,9 +20,11 @@ Guarantees:
 * trained (the default), the model replies greedily to a conversation ending in a user turn with
   ``BASH_LS_CALL`` and to one ending in a tool response with ``SUBMIT_CALL`` (each then
   ``<|im_end|>``); ``build_chat_model`` checks both on conversations it did not train on and raises
-  ``RuntimeError`` otherwise. Training is deterministic in ``seed`` on CPU (it runs on one thread)
-  and takes 300 AdamW steps of 8 conversations: about 50 s on 2 idle cores (0.16 s a step; more
-  on a loaded machine).
+  ``RuntimeError`` otherwise. Training runs on ``TRAIN_THREADS`` threads, deterministic in ``seed``
+  on one kind of CPU (not across vector units: an AVX2 machine trains another model than an
+  AVX-512 one): 300 AdamW steps of 8 conversations, then 50 more at a time while the two replies
+  are not yet right, up to 600. Prompts of up to 1,274 tokens (the agent's real system prompt):
+  1.2 s a step on 2 idle AVX2 cores (2.0 s on one thread), so 6 to 12 minutes.
 
 Not guaranteed: anything beyond those two replies (the model knows nothing else); the replies on
 every conversation (on held-out ones, a few percent of those ending in a user turn after earlier
@@ -38,7 +40,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +59,7 @@ from termgym.trainer.models import (
 IM_END = "<|im_end|>"
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 HEAD_DIM = 64  # vLLM's CPU attention backend needs at least 64
+TRAIN_THREADS = 2  # fixed, so a CPU kind trains one model; two threads: 1.6x one on 2 cores
 DECISION_WEIGHT = 10.0  # the loss weight of the ids that tell a bash call from a submit
 
 # The model is trained with the tools and system prompt the model agent sends (termgym.agents), so
@@ -220,16 +223,41 @@ def examples(
 
 
 def train_replies(
-    model: torch.nn.Module, data: Sequence[Example], *, steps: int, batch: int, lr: float, seed: int
+    model: torch.nn.Module,
+    data: Sequence[Example],
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    until: Callable[[], bool] | None = None,
+    max_steps: int = 0,
+    check_every: int = 50,
 ) -> list[float]:
     """Teacher-forced cross-entropy on the reply ids only (AdamW), the deciding id weighted
-    ``DECISION_WEIGHT`` times (the rest of a reply follows from it). Returns each step's loss."""
+    ``DECISION_WEIGHT`` times (the rest of a reply follows from it). Returns each step's loss.
+    With ``until``: after ``steps``, every ``check_every`` steps, it goes on while ``until()`` is
+    False, up to ``max_steps`` (CPUs with other vector units sum in another order, and the same
+    300 steps can fall short of the replies)."""
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 20))
     model.train()
     losses = []
-    for _ in range(steps):
+
+    def more() -> bool:
+        done = len(losses)
+        if done < steps:
+            return True
+        if until is None or done >= max_steps:
+            return False
+        if (done - steps) % check_every:
+            return True
+        finished = until()
+        model.train()
+        return not finished
+
+    while more():
         picked = [data[i] for i in torch.randint(len(data), (batch,), generator=generator).tolist()]
         width = max(len(e.prompt) + len(e.reply) for e in picked)
         ids = torch.zeros(batch, width, dtype=torch.long)
@@ -319,21 +347,33 @@ def build_chat_model(
     if train:
         start, cpu_start = time.monotonic(), time.process_time()
         data = examples(tokenizer, _snippets(corpus_texts(envs_root)), 512, seed, bundled_instructions(envs_root))
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # one thread: the same sums on every machine, so the same model
-        try:
-            losses = train_replies(model, data, steps=steps, batch=batch, lr=lr, seed=seed)
-        finally:
-            torch.set_num_threads(threads)
-        LAST_TRAINING = TrainingReport(time.monotonic() - start, time.process_time() - cpu_start, steps, losses[-1])
         eos = tokenizer.convert_tokens_to_ids(IM_END)
         assert isinstance(eos, int)  # one token, one id
-        for probe, expected in ((PROBE_USER, BASH_LS_CALL), (PROBE_TOOL, SUBMIT_CALL)):
+        probes = ((PROBE_USER, BASH_LS_CALL), (PROBE_TOOL, SUBMIT_CALL))
+
+        def answers() -> bool:
+            return all(
+                greedy_reply(model, render_ids(tokenizer, p, generation_prompt=True), eos) == reply_ids(tokenizer, e)
+                for p, e in probes
+            )
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(TRAIN_THREADS)  # a fixed count: the same sums on every run of one CPU kind
+        try:
+            losses = train_replies(
+                model, data, steps=steps, batch=batch, lr=lr, seed=seed, until=answers, max_steps=2 * steps
+            )
+        finally:
+            torch.set_num_threads(threads)
+        LAST_TRAINING = TrainingReport(
+            time.monotonic() - start, time.process_time() - cpu_start, len(losses), losses[-1]
+        )
+        for probe, expected in probes:
             got = greedy_reply(model, render_ids(tokenizer, probe, generation_prompt=True), eos)
             if got != reply_ids(tokenizer, expected):
                 raise RuntimeError(
                     f"the trained chat model replies {tokenizer.decode(got)!r}, not {expected!r} "
-                    f"(seed {seed}, {steps} steps, last loss {losses[-1]:.4f})"
+                    f"(seed {seed}, {len(losses)} steps, last loss {losses[-1]:.4f})"
                 )
     out = Path(out_dir)
     model.eval().save_pretrained(out)

@@ -10,7 +10,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def trained_chat_model(tmp_path_factory) -> Path:
-    """``build_chat_model`` with training (a minute or more on two cores); ``TERMGYM_TEST_CHAT_MODEL=DIR``
+    """``build_chat_model`` with training (6 to 12 minutes on two cores); ``TERMGYM_TEST_CHAT_MODEL=DIR``
     reuses a directory it wrote, for a developer rerunning the tests."""
     prebuilt = os.environ.get("TERMGYM_TEST_CHAT_MODEL")
     if prebuilt:
