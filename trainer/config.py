@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from termgym.envs.families.split import FAMILY_SETS
 from termgym.errors import ConfigError
 from termgym.scheduling.scheduler import MODES
 
@@ -111,6 +112,8 @@ class Config:
     """the dense reward's assertion scale S (termgym's --reward-scale): each passed assertion is worth 1/S, up to S of them"""
     pool: int = 0
     """generate a training pool of this many tasks (envs/families) and a held-out set, audit the pool and train on the accepted tasks: supervised warm start, held-out evaluation, critic warm-up and PPO, evaluation again, plots and a final table. 0: PPO alone on --tasks"""
+    families: str = "short"
+    """with --pool: the family set the pool and the held-out set are drawn from (envs/families): short (1 to 3 turns, 3 to 6 assertions a task) or long (4 to 8 turns, 8 to 20 assertions; for the recipe's comparisons, bench/recipe.py)"""
     heldout: int = 48
     """held-out evaluation tasks generated with the pool (names never used in training, and one family never trained on)"""
     eval_samples: int = 0
@@ -157,6 +160,37 @@ PRESETS: dict[str, dict] = {
         command_timeout=5.0,
         max_new_tokens=48,
         max_context=512,
+        observation_tokens=64,
+        action_format="text",
+        actor_lr=2e-4,
+        critic_lr=1e-3,
+        kl_coef=0.5,
+        update_epochs=2,
+        minibatch_size=8,
+        critic_warmup_steps=2,
+    ),
+    # The recipe's comparisons (bench/recipe.py): the tiny policy on the long family set, where a
+    # supervised start resolves few tasks in full but passes many of their assertions.
+    "tiny-long": dict(
+        families="long",
+        pool=600,
+        heldout=100,
+        audit_k=1,
+        audit_cache="bundled",
+        sft_steps=450,
+        sft_batch_size=32,
+        sft_lr=3e-3,
+        hidden=128,
+        layers=3,
+        experts=8,
+        steps=10,
+        batch_size=32,
+        concurrency=8,
+        mode="reweight",
+        max_turns=9,
+        command_timeout=5.0,
+        max_new_tokens=64,
+        max_context=768,
         observation_tokens=64,
         action_format="text",
         actor_lr=2e-4,
@@ -293,6 +327,8 @@ def check_config(cfg: Config) -> None:
     ):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.pool and cfg.families not in FAMILY_SETS:
+        raise ConfigError(f"--families must be one of {', '.join(FAMILY_SETS)}, got {cfg.families!r}")
     if cfg.pool and (
         cfg.heldout < 1 or cfg.sft_batch_size < 1 or cfg.sft_steps < 0 or cfg.audit_k < 1 or cfg.eval_samples < 0
     ):

@@ -41,6 +41,7 @@ class EvalSummary:
     families: dict[str, dict[str, float]] = field(default_factory=dict)  # family -> tasks, resolved, passed
     task_rates: dict[str, float] = field(default_factory=dict)  # task -> share of its episodes resolved
     samples: int = 0  # episodes per task sampled at temperature 1; 0: one greedy episode
+    passed_share: float = 0.0  # mean share of its task's assertions an episode passed
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,6 +104,7 @@ def summarise_records(records: Sequence[TrialRecord], samples: int = 0) -> EvalS
         },
         task_rates={task: sum(r.resolved for r in rs) / len(rs) for task, rs in sorted(by_task.items())},
         samples=samples,
+        passed_share=sum(r.passed / r.total for r in records if r.total) / n,
     )
 
 

@@ -125,8 +125,12 @@ class Pool:
 async def prepare_pool(run: Path, cfg: Config, console: Console) -> Pool:
     """Phases 1 and 2: write ``run/tasks/{train,heldout}``, audit the training pool, write
     ``audit.json`` and ``selection.txt``."""
-    train_tasks = [load_task(p) for p in generate_split(run / "tasks" / "train", "train", cfg.pool, cfg.seed)]
-    heldout = [load_task(p) for p in generate_split(run / "tasks" / "heldout", "heldout", cfg.heldout, cfg.seed)]
+
+    def split(name: str, count: int) -> list[Task]:
+        paths = generate_split(run / "tasks" / name, name, count, cfg.seed, family_set=cfg.families)
+        return [load_task(p) for p in paths]
+
+    train_tasks, heldout = split("train", cfg.pool), split("heldout", cfg.heldout)
     console.print(f"[bold]1/7 tasks[/]: {len(train_tasks)} training, {len(heldout)} held-out ({run / 'tasks'})")
     with progress_bar(console) as progress:
         bar = progress.add_task("2/7 audit of the training pool", total=1)

@@ -2,7 +2,9 @@
 
 Each family is a module with a pure generator ``make(rng, names) -> TaskSpec``: one instruction
 template, a reference solution whose every command is copied from the instruction by a fixed
-pattern, and 3 to 6 shell assertions that give partial credit step by step. Names and words are
+pattern, and shell assertions that give partial credit step by step. Two family sets
+(``FAMILY_SETS``): ``short`` (the main job's: 1 to 3 turns, 3 to 6 assertions) and ``long``
+(``termgym.envs.families.long``: 4 to 8 turns, 8 to 20 assertions). Names and words are
 drawn fresh for every task from a name space partitioned by hash between the splits
 (``names.split_of``), so held-out parameters never occur in training, whatever the seeds.
 
@@ -17,15 +19,25 @@ from pathlib import Path
 from termgym.envs.families import copy_file, dir_and_file, dir_file_copy, make_dir, two_files, write_file
 from termgym.envs.families.names import NamePool, split_of
 from termgym.envs.families.spec import TaskSpec
-from termgym.envs.families.split import FAMILIES, HELDOUT_ONLY, TRAIN_FAMILIES, generate_split, make_task
+from termgym.envs.families.split import (
+    FAMILIES,
+    FAMILY_SETS,
+    HELDOUT_ONLY,
+    TRAIN_FAMILIES,
+    FamilySet,
+    family_set_named,
+    generate_split,
+    make_task,
+)
 from termgym.envs.families.writer import reference_commands, write_task
 
 
 def bundled_audit_cache() -> Path:
-    """Verdicts of ``termgym audit --k 1`` on the main job's default pool (``--preset tiny``),
-    keyed by task content. Regenerate it after changing a family (a test fails until then)::
+    """Verdicts of ``termgym audit --k 1`` on the pools of the presets that draw one (``--preset
+    tiny``, the short set; ``--preset tiny-long``, the long set), keyed by task content.
+    Regenerate it after changing a family (a test fails until then)::
 
-        python -m termgym.envs.families /tmp/pool --split train --count POOL --seed 0
+        python -m termgym.envs.families /tmp/pool --split train --count POOL --seed 0 [--families long]
         termgym audit /tmp/pool --k 1 -n 6 --cache envs/families/audit-cache.json
     """
     return Path(__file__).resolve().parent / "audit-cache.json"
@@ -34,6 +46,8 @@ def bundled_audit_cache() -> Path:
 __all__ = [
     "bundled_audit_cache",
     "FAMILIES",
+    "FAMILY_SETS",
+    "FamilySet",
     "HELDOUT_ONLY",
     "TRAIN_FAMILIES",
     "NamePool",
@@ -41,6 +55,7 @@ __all__ = [
     "copy_file",
     "dir_and_file",
     "dir_file_copy",
+    "family_set_named",
     "generate_split",
     "make_dir",
     "make_task",

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from termgym.envs.families.names import SPLITS
-from termgym.envs.families.split import generate_split
+from termgym.envs.families.split import FAMILY_SETS, generate_split
 
 
 class _Parser(argparse.ArgumentParser):
@@ -20,13 +20,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", choices=SPLITS, default="train")
     parser.add_argument("--count", type=int, default=300, help="number of tasks (default 300)")
     parser.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
+    parser.add_argument("--families", choices=FAMILY_SETS, default="short", help="family set (default short)")
     args = parser.parse_args(argv)
     try:
-        paths = generate_split(args.out, args.split, args.count, args.seed)
+        paths = generate_split(args.out, args.split, args.count, args.seed, family_set=args.families)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {len(paths)} {args.split} tasks (seed {args.seed}) to {args.out}")
+    print(f"wrote {len(paths)} {args.split} tasks of the {args.families} set (seed {args.seed}) to {args.out}")
     return 0
 
 

@@ -6,9 +6,9 @@ turns one into a task directory). Its guarantees, which every generator keeps:
 - ``commands`` is the reference solution, one shell command per agent turn, and each command is
   built from words that appear literally in ``instruction`` by a fixed pattern of its family;
 - ``files`` are the environment's initial files, ``(absolute path, content)``, all under ``/app``;
-- ``assertions`` are ``(description, POSIX sh snippet)``, 3 to 6 of them; each snippet exits 0
-  when its requirement holds. Doing nothing passes none of them, and a command with a misspelt
-  name never scores below stopping before it (``tests/termgym/test_families.py``): trying is never
+- ``assertions`` are ``(description, POSIX sh snippet)``, 3 to 20 of them (each family set
+  narrows it: 3 to 6 in ``short``, 8 to 20 in ``long``); each snippet exits 0 when its requirement holds. Doing nothing passes none of them, and a command with a misspelt
+  name never scores below stopping before it (``tests/envs/test_families.py``): trying is never
   worse than not trying.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MIN_ASSERTIONS, MAX_ASSERTIONS = 3, 6
+MIN_ASSERTIONS, MAX_ASSERTIONS = 3, 20
 
 
 @dataclass(frozen=True)

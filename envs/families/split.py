@@ -1,17 +1,20 @@
 """Write a split (the training pool or the held-out set) as task directories.
 
-Guarantees of ``generate_split(out_dir, split, count, seed, first=0)``:
+Guarantees of ``generate_split(out_dir, split, count, seed, first=0, family_set="short")``:
 
 - deterministic in ``(split, seed)``: task ``i`` is drawn from its own ``random.Random`` seeded by
   ``(split, seed, i)``, so the first ``n`` tasks of a larger split are the tasks of a split of
   ``n``, and ``first=n`` continues a split of ``n`` with tasks it does not hold (a validation set
   in the training name space, disjoint from a pool of ``n``);
 - families are balanced (round-robin over the split's families, in a fixed order);
-- ``train`` uses ``TRAIN_FAMILIES``; ``heldout`` uses every family, including ``HELDOUT_ONLY``,
-  which never appears in training;
+- ``family_set`` picks the families (``FAMILY_SETS``: ``short``, one to three turns and 3 to 6
+  assertions a task, the main job's; ``long``, four to eight turns and 8 to 20 assertions);
+  ``train`` uses the set's training families; ``heldout`` uses every family of the set, including
+  its held-out-only one, which never appears in training;
 - every name and word comes from the split's own part of the name space, so no held-out
   parameter occurs in any training task, whatever the two seeds;
-- ``out_dir/split.json`` lists the tasks with their families, the split, the seed and the families.
+- ``out_dir/split.json`` lists the tasks with their families, the split, the seed, the family set
+  and its families.
 """
 
 from __future__ import annotations
@@ -19,44 +22,87 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
 from termgym.envs.families import copy_file, dir_and_file, dir_file_copy, make_dir, two_files, write_file
+from termgym.envs.families.long import copy_chain, dir_files, file_set, nested_tree, two_dirs
 from termgym.envs.families.names import SPLITS, NamePool
 from termgym.envs.families.spec import TaskSpec
 from termgym.envs.families.writer import write_task
 from termgym.errors import ConfigError
 
-# Shortest first: one-command tasks up to the three-command one, so that stragglers are visible.
-_MODULES: tuple[ModuleType, ...] = (write_file, make_dir, copy_file, dir_and_file, dir_file_copy, two_files)
-FAMILIES: dict[str, ModuleType] = {m.FAMILY: m for m in _MODULES}
-HELDOUT_ONLY: tuple[str, ...] = (two_files.FAMILY,)
-TRAIN_FAMILIES: tuple[str, ...] = tuple(f for f in FAMILIES if f not in HELDOUT_ONLY)
 MAX_COUNT = 100_000
 
 
-def split_families(split: str) -> tuple[str, ...]:
-    if split not in SPLITS:
-        raise ConfigError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}")
-    return TRAIN_FAMILIES if split == "train" else tuple(FAMILIES)
+@dataclass(frozen=True)
+class FamilySet:
+    """Families drawn together, round-robin in ``modules``' order; ``heldout_only`` never trains;
+    every task of the set has ``assertions[0]`` to ``assertions[1]`` assertions."""
+
+    name: str
+    modules: tuple[ModuleType, ...]
+    heldout_only: tuple[str, ...]
+    assertions: tuple[int, int]
+
+    @property
+    def families(self) -> dict[str, ModuleType]:
+        return {m.FAMILY: m for m in self.modules}
+
+    @property
+    def train_families(self) -> tuple[str, ...]:
+        return tuple(f for f in self.families if f not in self.heldout_only)
+
+    def split_families(self, split: str) -> tuple[str, ...]:
+        if split not in SPLITS:
+            raise ConfigError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}")
+        return self.train_families if split == "train" else tuple(self.families)
+
+    def seed_text(self, split: str, seed: int, index: int) -> str:
+        """What task ``index``'s generator is seeded with (the short set's predates the sets)."""
+        scope = "termgym.envs.families" if self.name == "short" else f"termgym.envs.families/{self.name}"
+        return f"{scope}/{split}/{seed}/{index}"
 
 
-def make_task(split: str, seed: int, index: int) -> TaskSpec:
-    """Task ``index`` of the split drawn with ``seed`` (pure: no I/O)."""
-    families = split_families(split)
+FAMILY_SETS: dict[str, FamilySet] = {
+    # Shortest first, so that stragglers are visible.
+    "short": FamilySet(
+        "short", (write_file, make_dir, copy_file, dir_and_file, dir_file_copy, two_files), (two_files.FAMILY,), (3, 6)
+    ),
+    "long": FamilySet("long", (file_set, dir_files, nested_tree, copy_chain, two_dirs), (two_dirs.FAMILY,), (8, 20)),
+}
+FAMILIES: dict[str, ModuleType] = FAMILY_SETS["short"].families
+HELDOUT_ONLY: tuple[str, ...] = FAMILY_SETS["short"].heldout_only
+TRAIN_FAMILIES: tuple[str, ...] = FAMILY_SETS["short"].train_families
+
+
+def family_set_named(name: str) -> FamilySet:
+    if name not in FAMILY_SETS:
+        raise ConfigError(f"unknown family set {name!r}; choose one of: {', '.join(FAMILY_SETS)}")
+    return FAMILY_SETS[name]
+
+
+def make_task(split: str, seed: int, index: int, family_set: str = "short") -> TaskSpec:
+    """Task ``index`` of the split drawn with ``seed`` from the family set (pure: no I/O)."""
+    chosen = family_set_named(family_set)
+    families = chosen.split_families(split)
     family = families[index % len(families)]
-    rng = random.Random(f"termgym.envs.families/{split}/{seed}/{index}")
-    spec = FAMILIES[family].make(rng, NamePool(split))
+    spec = chosen.families[family].make(random.Random(chosen.seed_text(split, seed, index)), NamePool(split))
+    low, high = chosen.assertions
+    if not low <= len(spec.assertions) <= high:
+        raise ValueError(f"{spec.name}: {len(spec.assertions)} assertions, the {chosen.name} set needs {low} to {high}")
     return replace(spec, name=f"{family}-{index:04d}")
 
 
-def generate_split(out_dir: str | os.PathLike[str], split: str, count: int, seed: int, first: int = 0) -> list[Path]:
+def generate_split(
+    out_dir: str | os.PathLike[str], split: str, count: int, seed: int, first: int = 0, family_set: str = "short"
+) -> list[Path]:
     """Write tasks ``first`` to ``first + count - 1`` as ``out_dir/<family>-<index>`` and
     ``out_dir/split.json``; returns the task directories in index order. ``out_dir`` may exist but
     must hold no task of the same name."""
-    families = split_families(split)
+    chosen = family_set_named(family_set)
+    families = chosen.split_families(split)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
         raise ConfigError(f"count must be an integer from 1 to {MAX_COUNT}, got {count!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -65,7 +111,7 @@ def generate_split(out_dir: str | os.PathLike[str], split: str, count: int, seed
         raise ConfigError(f"first must be an integer from 0 to {MAX_COUNT - count}, got {first!r}")
     root = Path(out_dir)
     indices = range(first, first + count)
-    specs = [make_task(split, seed, i) for i in indices]
+    specs = [make_task(split, seed, i, chosen.name) for i in indices]
     clashes = [s.name for s in specs if (root / s.name).exists()]
     if clashes:
         raise ConfigError(f"{root / clashes[0]} already exists ({len(clashes)} task directories would be overwritten)")
@@ -76,8 +122,9 @@ def generate_split(out_dir: str | os.PathLike[str], split: str, count: int, seed
         "seed": seed,
         "count": count,
         "first": first,
+        "family_set": chosen.name,
         "families": list(families),
-        "heldout_only": list(HELDOUT_ONLY),
+        "heldout_only": list(chosen.heldout_only),
         "tasks": [{"dir": s.name, "family": s.family, "turns": len(s.commands)} for s in specs],
     }
     (root / "split.json").write_text(json.dumps(listing, indent=2) + "\n")

@@ -19,6 +19,7 @@ from termgym.bundled import bundled_root, bundled_task_paths
 from termgym.env import EnvOptions
 from termgym.envs.families import (
     FAMILIES,
+    FAMILY_SETS,
     HELDOUT_ONLY,
     TRAIN_FAMILIES,
     NamePool,
@@ -38,9 +39,12 @@ OPTIONS = EnvOptions(run_id="families-test")
 ROOT = REPO_ROOT
 
 
-def one_of_each(split: str = "heldout", seed: int = 0) -> dict[str, TaskSpec]:
-    n = len(FAMILIES)
-    return {make_task(split, seed, i).family: make_task(split, seed, i) for i in range(n)}
+def one_of_each(split: str = "heldout", seed: int = 0, family_set: str = "short") -> dict[str, TaskSpec]:
+    n = len(FAMILY_SETS[family_set].families)
+    return {make_task(split, seed, i, family_set).family: make_task(split, seed, i, family_set) for i in range(n)}
+
+
+EVERY_FAMILY = [(name, family) for name, chosen in FAMILY_SETS.items() for family in chosen.families]
 
 
 def tree(root: Path) -> dict[str, bytes]:
@@ -84,11 +88,12 @@ def test_first_continues_a_split_with_tasks_it_does_not_hold(tmp_path):
         generate_split(tmp_path / "bad", "train", 5, seed=2, first=-1)
 
 
+@pytest.mark.parametrize("family_set", list(FAMILY_SETS))
 @pytest.mark.parametrize("seeds", [(0, 0), (0, 1), (7, 3), (123, 456)])
-def test_no_heldout_name_or_word_ever_occurs_in_training(seeds):
+def test_no_heldout_name_or_word_ever_occurs_in_training(seeds, family_set):
     train_seed, heldout_seed = seeds
-    train = [make_task("train", train_seed, i) for i in range(400)]
-    heldout = [make_task("heldout", heldout_seed, i) for i in range(120)]
+    train = [make_task("train", train_seed, i, family_set) for i in range(400)]
+    heldout = [make_task("heldout", heldout_seed, i, family_set) for i in range(120)]
     train_words = {w for t in train for w in t.params}
     heldout_words = {w for t in heldout for w in t.params}
     assert train_words and heldout_words and not train_words & heldout_words
@@ -128,10 +133,11 @@ def test_heldout_only_family_never_in_train_and_families_are_balanced(tmp_path):
         assert (meta["category"], meta["split"], meta["seed"]) == (entry["family"], "train", 0)
 
 
-def test_every_command_is_copied_from_the_instruction():
+@pytest.mark.parametrize("family_set", list(FAMILY_SETS))
+def test_every_command_is_copied_from_the_instruction(family_set):
     for split in ("train", "heldout"):
         for i in range(60):
-            spec = make_task(split, 5, i)
+            spec = make_task(split, 5, i, family_set)
             for command in spec.commands:
                 for token in command.split():
                     if token not in (">", "echo", "mkdir", "cp"):
@@ -144,6 +150,38 @@ def test_turns_and_assertion_counts(family):
     turns = {"write-file": 1, "make-dir": 1, "copy-file": 1, "dir-and-file": 2, "dir-file-copy": 3, "two-files": 2}
     assert len(spec.commands) == turns[family]
     assert 3 <= len(spec.assertions) <= 6
+
+
+def test_the_long_set_has_many_assertions_and_one_family_far_longer_than_the_rest():
+    turns: dict[str, set[int]] = {}
+    for i in range(200):
+        spec = make_task("heldout", 0, i, "long")
+        assert 8 <= len(spec.assertions) <= 20, spec.name
+        turns.setdefault(spec.family, set()).add(len(spec.commands))
+    assert turns == {
+        "file-set": {4, 5},
+        "dir-files": {4, 5},
+        "nested-tree": {5},
+        "copy-chain": {6, 7, 8},
+        "two-dirs": {5},
+    }
+    assert FAMILY_SETS["long"].heldout_only == ("two-dirs",)
+    assert not set(FAMILY_SETS["long"].families) & set(FAMILIES)  # no family shared with the short set
+
+
+def test_the_long_set_splits_like_the_short_one(tmp_path):
+    train = generate_split(tmp_path / "train", "train", 40, seed=0, family_set="long")
+    listing = json.loads((tmp_path / "train" / "split.json").read_text())
+    assert listing["family_set"] == "long" and "two-dirs" not in listing["families"]
+    assert {t["family"] for t in listing["tasks"]} == set(FAMILY_SETS["long"].train_families)
+    assert [p.name for p in train[:4]] == ["file-set-0000", "dir-files-0001", "nested-tree-0002", "copy-chain-0003"]
+    heldout = generate_split(tmp_path / "heldout", "heldout", 10, seed=0, family_set="long")
+    assert sorted(p.name.rsplit("-", 1)[0] for p in heldout) == sorted(list(FAMILY_SETS["long"].families) * 2)
+    # another set, the same indices: other tasks (its own seeds), and the short set is unchanged
+    assert make_task("train", 0, 0, "long").instruction != make_task("train", 0, 0).instruction
+    assert make_task("train", 0, 0) == make_task("train", 0, 0, "short")
+    with pytest.raises(ValueError, match="unknown family set"):
+        make_task("train", 0, 0, "medium")
 
 
 def test_reference_commands_round_trip(tmp_path):
@@ -199,9 +237,9 @@ def test_tokenizer_corpus_ignores_the_package():
 # -- on the embedded backend ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-async def test_oracle_resolves_null_fails_and_prefixes_earn_partial_credit(family, tmp_path, no_leaks):
-    spec = one_of_each()[family]
+@pytest.mark.parametrize(("family_set", "family"), EVERY_FAMILY)
+async def test_oracle_resolves_null_fails_and_prefixes_earn_partial_credit(family_set, family, tmp_path, no_leaks):
+    spec = one_of_each(family_set=family_set)[family]
     task = load_task(write_task(spec, tmp_path / spec.name, split="heldout", seed=0, index=0))
     oracle, null = await asyncio.gather(run_trial(task, OracleAgent(), OPTIONS), run_trial(task, NullAgent(), OPTIONS))
     assert oracle.error is None and oracle.resolved and oracle.passed == oracle.total == len(spec.assertions)
@@ -219,13 +257,13 @@ def misspell(command: str) -> str:
     return command + "x"
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
-async def test_trying_with_a_misspelt_name_never_scores_below_stopping(family, tmp_path, no_leaks):
+@pytest.mark.parametrize(("family_set", "family"), EVERY_FAMILY)
+async def test_trying_with_a_misspelt_name_never_scores_below_stopping(family_set, family, tmp_path, no_leaks):
     """After each prefix of the reference, a misspelt next command (a wrong file or directory
     created, or a command that fails) earns at least what stopping there earns: otherwise a policy
     learns to fail harmlessly instead of trying (PPO did, against the old "nothing else in /app"
     check, which an untouched /app passed)."""
-    spec = one_of_each()[family]
+    spec = one_of_each(family_set=family_set)[family]
     task = load_task(write_task(spec, tmp_path / spec.name, split="heldout", seed=0, index=0))
     for keep in range(len(spec.commands)):
         prefix, wrong = spec.commands[:keep], spec.commands[keep]
@@ -255,10 +293,11 @@ async def test_near_misses_are_graded_strictly(tmp_path, no_leaks):
     assert [a["passed"] for a in extra.assertions] == [True, True, True, False]
 
 
-async def test_the_audit_accepts_a_sample_of_every_family(tmp_path, no_leaks):
-    paths = generate_split(tmp_path / "h", "heldout", len(FAMILIES), seed=11)
+@pytest.mark.parametrize(("family_set", "multi_turn"), [("short", 3), ("long", 5)])
+async def test_the_audit_accepts_a_sample_of_every_family(family_set, multi_turn, tmp_path, no_leaks):
+    paths = generate_split(tmp_path / "h", "heldout", len(FAMILY_SETS[family_set].families), 11, family_set=family_set)
     verdicts = await audit_tasks([load_task(p) for p in paths], OPTIONS, k=2, concurrency=3)
     assert all(v.accepted for v in verdicts), [v.to_dict() for v in verdicts if not v.accepted]
     assert all(not v.flags for v in verdicts)
     multi = [v for v in verdicts if v.checks["partial"] != "n/a"]
-    assert len(multi) == 3 and all(v.scores["granularity"] > 0.5 for v in multi)
+    assert len(multi) == multi_turn and all(v.scores["granularity"] > 0.5 for v in multi)

@@ -38,6 +38,17 @@ def test_summary_counts_resolved_passed_and_faults_per_family():
     assert s.task_rates == {"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.0} and s.samples == 0
 
 
+def test_the_share_of_assertions_passed_weighs_every_episode_by_its_own_task():
+    """A long task's many assertions do not swamp a short one's: 5 of 5, 2 of 20, and an episode
+    whose verifier never reported (no assertion to share) counts as 0."""
+    records = [
+        TrialRecord("a", "local", "p", resolved=True, passed=5, total=5, family="x"),
+        TrialRecord("b", "local", "p", passed=2, total=20, family="x"),
+        TrialRecord("c", "local", "p", passed=0, total=0, family="y"),
+    ]
+    assert summarise_records(records).passed_share == pytest.approx((1.0 + 0.1 + 0.0) / 3)
+
+
 def test_sampled_summary_rates_each_task_over_its_episodes():
     records = [
         TrialRecord(t, "local", "p", resolved=ok, passed=int(ok), family=t[0])
@@ -268,22 +279,24 @@ def test_a_turn_budget_too_small_for_the_references_is_one_clear_line(tmp_path, 
     assert not (tmp_path / "run" / "sft" / "policy").exists()  # stopped before training
 
 
-def test_shipped_audit_cache_covers_the_demo_pool_and_agrees_with_a_fresh_audit(tmp_path, no_leaks):
+@pytest.mark.parametrize("name", ["tiny", "tiny-long"])
+def test_shipped_audit_cache_covers_the_presets_pools_and_agrees_with_a_fresh_audit(name, tmp_path, no_leaks):
     import asyncio
 
     from termgym.audit.cache import AuditCache
     from termgym.audit.runner import audit_tasks
-    from termgym.envs.families import bundled_audit_cache
+    from termgym.envs.families import FAMILY_SETS, bundled_audit_cache
     from termgym.trainer.config import PRESETS
 
-    preset = PRESETS["tiny"]
-    tasks = [load_task(p) for p in generate_split(tmp_path, "train", preset["pool"], seed=0)]
+    preset = PRESETS[name]
+    family_set = preset.get("families", "short")
+    tasks = [load_task(p) for p in generate_split(tmp_path, "train", preset["pool"], seed=0, family_set=family_set)]
     cache = AuditCache.load(bundled_audit_cache())
     missing = [t.name for t in tasks if AuditCache.key(t, preset["audit_k"]) not in cache.entries]
     assert not missing, (
         f"{len(missing)} pool tasks are not in the shipped cache: regenerate it (envs/families/__init__.py)"
     )
-    sample = tasks[:: len(tasks) // 5][:5]  # every family
+    sample = tasks[: len(FAMILY_SETS[family_set].train_families)]  # one of each family (drawn round-robin)
     fresh = asyncio.run(audit_tasks(sample, EnvOptions(run_id="cache-check"), k=preset["audit_k"], concurrency=5))
     cached = [cache.get(t, preset["audit_k"]) for t in sample]
     assert None not in cached  # every pool task is in the cache (checked above)

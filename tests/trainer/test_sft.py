@@ -108,17 +108,18 @@ def test_a_reference_beyond_the_budgets_is_reported(tiny_policy):
     assert exhausted.stop_reason == "context_exhausted"
 
 
-def test_the_tiny_preset_budgets_fit_every_reference_of_its_pool(tmp_path, tiny_policy):
-    """The main job's turn and context budgets can reproduce the reference of every task it trains
-    on (a command cut at max_new_tokens would make its task impossible), with observations as the
-    families' references return them (empty)."""
+@pytest.mark.parametrize("name", ["tiny", "tiny-long"])
+def test_the_pool_presets_budgets_fit_every_reference_of_their_pools(name, tmp_path, tiny_policy):
+    """The main job's (and the recipe's) turn and context budgets can reproduce the reference of
+    every task it trains on (a command cut at max_new_tokens would make its task impossible), with
+    observations as the families' references return them (empty)."""
     from termgym.trainer.config import PRESETS, Config
     from termgym.trainer.rollout import rollout_settings
 
-    preset = PRESETS["tiny"]
+    preset = PRESETS[name]
     settings = rollout_settings(Config(**preset))
     renderer = make_renderer("chatml", tiny_policy[1])
-    for path in generate_split(tmp_path, "train", preset["pool"], seed=0):
+    for path in generate_split(tmp_path, "train", preset["pool"], seed=0, family_set=preset.get("families", "short")):
         commands = list(reference_commands(path))
         transcript, client = demonstration_rows(renderer, settings, (path / "instruction.md").read_text(), commands)
         assert client.backend is not None and not client.backend.overlong, path.name
