@@ -102,6 +102,11 @@ async def roll_out(sampler, tokenizer, episodes: int) -> list[Trajectory]:
 
 
 def measure(policy, tokenizer, trajectories: list[Trajectory]) -> dict:
+    """The table's figures for ``trajectories`` against the trainer ``policy``, and for
+    ``bench/r3_sweep.py`` also: ``entropy``, the trainer's mean next-token entropy (nats) where
+    tokens were sampled; ``top1_layer``, the top-1 flip rate per (sampled token, MoE layer);
+    ``set_differs``, sampled tokens whose top-k expert set differs in at least one layer (only
+    those can replay change: a swapped top-1 and top-2 routes to the same experts)."""
     batch = make_batch(trajectories, [1.0] * len(trajectories), tokenizer.pad_token_id)
     mask, routing = batch["mask"], batch["routing"]
     row: dict[str, float | str | None] = {"tokens": int(mask.sum())}
@@ -110,16 +115,21 @@ def measure(policy, tokenizer, trajectories: list[Trajectory]) -> dict:
             row[name] = None
             continue
         with torch.no_grad(), replay_routing(policy, routing if replay else None):
-            logp, _ = forward_logp(policy, batch["ids"], batch["attention"])
+            logp, entropy = forward_logp(policy, batch["ids"], batch["attention"], entropy=not replay)
         row[name] = float(losses.masked_mean((logp - batch["rollout_logp"]).abs(), mask))
-    row["top1"] = None
+        if entropy is not None:
+            row["entropy"] = float(losses.masked_mean(entropy, mask))
+    row["top1"] = row["top1_layer"] = row["set_differs"] = None
     if routing is not None:
         with torch.no_grad(), record_routing(policy) as per_layer:
             policy(input_ids=batch["ids"], attention_mask=batch["attention"])
         own = stack_routing(per_layer, *batch["ids"].shape)
         recorded = (routing >= 0).flatten(2).all(-1)  # sampled tokens a sampler forward read
-        differs = (own[..., 0] != routing[..., 0]).any(-1)  # top-1 expert, any layer
-        row["top1"] = float(differs[recorded].float().mean())
+        flips = own[..., 0] != routing[..., 0]  # top-1 expert, per layer
+        row["top1"] = float(flips.any(-1)[recorded].float().mean())  # in any layer
+        row["top1_layer"] = float(flips[recorded].float().mean())
+        other_set = (own.sort(-1).values != routing.sort(-1).values).any(-1)
+        row["set_differs"] = float(other_set.any(-1)[recorded].float().mean())
     row["drift_tito"] = sum(token_drift(t) for t in trajectories)
     naive = [token_drift(retokenized(t, tokenizer)) for t in trajectories]
     row["drift_naive"] = f"{sum(naive)} ({sum(d > 0 for d in naive)}/{len(naive)} ep.)"
