@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from termgym.agents import ScriptedAgent
 from termgym.env import AsyncTerminalEnv, EnvOptions, default_sandbox_factory
 from termgym.errors import ConfigError
 from termgym.images.build import BASE_IMAGE
@@ -41,6 +42,7 @@ from termgym.sandboxes.docker_pool import (
 )
 from termgym.sandboxes.host_processes import start_time
 from termgym.tasks import load_task
+from termgym.trial import run_trial
 from tests.helpers import REPO_ROOT, require_docker, write_task
 
 IMAGE = "sha256:" + "a" * 64
@@ -354,6 +356,45 @@ async def test_a_pooled_container_carries_nothing_of_the_trial_before(tmp_path, 
     assert len(set(used)) == 3
 
 
+@dataclasses.dataclass(frozen=True)
+class Recording(ScriptedAgent):
+    """A scripted agent that notes the container its trial runs on before its commands."""
+
+    containers: list[str] = dataclasses.field(default_factory=list)
+
+    async def run(self, env, instruction, info):
+        assert isinstance(env.sandbox, DockerSandbox)
+        self.containers.append(env.sandbox._container)
+        return await super().run(env, instruction, info)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("ending", ["failed", "cancelled"])
+async def test_a_failed_or_cancelled_trial_never_returns_its_container(tmp_path, pooled, ending):
+    """A used container is removed whatever ends its trial: one the agent broke (``kill -9 -1``,
+    a failed trial), one cancelled in the middle of a command; neither goes back to the pool."""
+    task = load_task(write_task(tmp_path))
+    await pooled.prewarm([spec_of(tmp_path / "demo")], 1)
+    (ready,) = pooled.warm_pool().idle()
+    agent = Recording(("echo used > /app/used", "kill -9 -1" if ending == "failed" else "sleep 60"))
+    trial = asyncio.ensure_future(run_trial(task, agent, EnvOptions(backend="docker")))
+    if ending == "failed":
+        record = await trial
+        assert record.error is not None and record.error["kind"] == "broken_by_agent", record.error
+    else:
+        while not agent.containers:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)  # inside the sleep
+        trial.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await trial
+    assert agent.containers == [ready], "the trial did not take the pooled container"
+    pooled.wait_for_removals()
+    await pooled.warm_pool().settle()
+    assert ready not in pooled.warm_pool().idle()
+    assert not pooled.docker_client().api.containers(all=True, filters={"id": ready}), "the used container was kept"
+
+
 @pytest.mark.docker
 async def test_an_image_rebuilt_under_its_tag_never_gets_an_old_container(tmp_path, pooled):
     client = pooled.docker_client()
@@ -559,7 +600,6 @@ async def test_prewarm_is_nothing_where_no_pool_is_kept(monkeypatch):
 
 @pytest.mark.docker
 async def test_the_scheduler_prewarms_the_next_step_and_its_trials_take_those_containers(tmp_path, pooled):
-    from termgym.agents import ScriptedAgent
     from termgym.sandboxes.pacing import Pacer
     from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes
 

@@ -6,6 +6,7 @@ cleaned by ``termgym gc``, also after a process holding one of its entries was S
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -30,7 +31,7 @@ DOCKERFILE = (
     "FROM debian:bookworm-slim\nWORKDIR /app\nCOPY data.txt /app/\nRUN cat /proc/sys/kernel/random/uuid > /app/stamp\n"
 )
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="copy-on-write starts need root (overlay mounts)")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="copy-on-write starts need root (overlay mounts)")
 
 
 @pytest.fixture
@@ -61,6 +62,7 @@ def cache(root: Path) -> EnvCache:
     return EnvCache(root / "envs", max_bytes=1 << 40, max_entries=1000)
 
 
+@needs_root
 async def test_later_sandboxes_start_from_the_prepared_environment_each_privately(tmp_path: Path, cache_dir: Path):
     task = make_task(tmp_path)
     async with sandbox_for(task) as first:
@@ -83,6 +85,7 @@ async def test_later_sandboxes_start_from_the_prepared_environment_each_privatel
     assert (entry.tree / "app" / "stamp").read_text() == stamp
 
 
+@needs_root
 async def test_any_byte_of_the_environment_makes_a_new_preparation(tmp_path: Path, cache_dir: Path):
     task = make_task(tmp_path)
     async with sandbox_for(task) as sandbox:
@@ -114,6 +117,7 @@ def test_the_key_covers_contents_modes_links_and_the_build_environment(tmp_path:
     assert environment_key(b"FROM x\n", context, {}, ["app"]) in keys  # and it is stable
 
 
+@needs_root
 async def test_concurrent_sandboxes_prepare_once(tmp_path: Path, cache_dir: Path):
     task = make_task(tmp_path)
     sandboxes = [sandbox_for(task) for _ in range(5)]
@@ -153,6 +157,7 @@ def child(task: Path, mode: str) -> subprocess.Popen[str]:
     )
 
 
+@needs_root
 async def test_processes_at_once_prepare_once(tmp_path: Path, cache_dir: Path):
     task = make_task(tmp_path)
     children = [child(task, "once") for _ in range(3)]
@@ -160,6 +165,27 @@ async def test_processes_at_once_prepare_once(tmp_path: Path, cache_dir: Path):
     assert all(process.returncode == 0 for process in children)
     assert len({stamp for stamp, _ in outputs}) == 1
     assert len(cache(cache_dir).entries()) == 1
+
+
+def fake_entry(root: Path, key: str, size: int, used_at: int) -> None:
+    """A complete entry of ``size`` bytes (by its ``meta.json``), last used at ``used_at`` seconds."""
+    (root / key / "tree").mkdir(parents=True)
+    meta = root / key / "meta.json"
+    meta.write_text(json.dumps({"owner": 0, "roots": ["app"], "env": {}, "workdir": "/app", "bytes": size}))
+    os.utime(meta, ns=(used_at * 10**9, used_at * 10**9))
+
+
+def test_over_the_byte_budget_the_least_recently_used_go_until_it_fits(tmp_path: Path):
+    root = tmp_path / "envs"
+    for used_at, key in enumerate(["a", "b", "c", "d"], start=1):
+        fake_entry(root, key, 100, used_at)
+    envs = EnvCache(root, max_bytes=250, max_entries=100)
+    assert envs.lookup("a") is not None  # used now: the most recently used
+    assert envs.evict() == ["b", "c"]  # 400 bytes: the two least recently used, then 200 fit
+    assert [e.key for e in envs.entries()] == ["d", "a"] and not (root / "b").exists()
+    assert EnvCache(root, max_bytes=100, max_entries=100).evict(keep="d") == ["a"]  # never the one kept
+    assert EnvCache(root, max_bytes=1000, max_entries=0).evict(keep="d") == []  # it stays, over the count too
+    assert [e.key for e in envs.entries()] == ["d"]
 
 
 def cached_data(root: Path) -> set[str]:
@@ -172,6 +198,7 @@ async def start_stop(task: Path) -> bool:
         return "prepared" in sandbox.image
 
 
+@needs_root
 async def test_least_recently_used_go_first_and_entries_in_use_stay(tmp_path: Path, cache_dir: Path, monkeypatch):
     monkeypatch.setenv("TERMGYM_ENV_CACHE_ENTRIES", "2")
     tasks = [make_task(tmp_path, f"t{i}", data=f"{i}\n") for i in range(5)]
@@ -191,6 +218,7 @@ async def test_least_recently_used_go_first_and_entries_in_use_stay(tmp_path: Pa
     assert "big" not in cached_data(cache_dir)
 
 
+@needs_root
 async def test_gc_removes_unused_entries_and_what_a_killed_process_left(tmp_path: Path, cache_dir: Path):
     task = make_task(tmp_path)
     async with sandbox_for(task):
@@ -212,6 +240,7 @@ async def test_gc_removes_unused_entries_and_what_a_killed_process_left(tmp_path
     assert not [p for p in sandbox_processes() if host_dir in p]
 
 
+@needs_root
 async def test_cache_off_prepares_every_time(tmp_path: Path, cache_dir: Path, monkeypatch):
     monkeypatch.setenv("TERMGYM_ENV_CACHE", "0")
     task = make_task(tmp_path)
