@@ -4,7 +4,8 @@ one table (mean ± standard deviation over seeds), one PNG per comparison.
 
 Everything trains on the long family set (``--preset tiny-long``: 4 to 8 turns, 8 to 20 assertions
 a task; ``bench/long_start.py`` measures how little of it the supervised start resolves in full).
-Per seed: a tiny MoE policy and its supervised warm start, shared by every arm of that seed; one
+Per seed: a tiny MoE policy and its supervised warm start (the short family set's demonstrations
+first, then a few steps on the long pool's, as the preset says), shared by every arm of that seed; one
 critic warm-up over a share of the pool (``--warmup-epochs``, in rollouts of the start), shared by
 every arm that has a warm critic (its checkpoint is copied, and the arm continues from it); then
 PPO arms of ``--steps`` policy updates:
@@ -58,6 +59,7 @@ from termgym.trainer.models import TINY_FAMILY, load_policy, policy_renderer, ti
 from termgym.trainer.pipeline import (
     Pool,
     build_policy,
+    first_demonstrations,
     held_out,
     prepare_pool,
     record_demonstrations,
@@ -122,6 +124,8 @@ def bench_config(quick: bool, steps: int) -> Config:
             heldout=5,
             audit_cache="",
             sft_steps=4,
+            sft_first_pool=8,
+            sft_first_steps=4,
             steps=2,
             batch_size=4,
             minibatch_size=4,
@@ -175,7 +179,13 @@ def arms_for(only: list[int]) -> list[str]:
 
 
 async def one_seed(
-    root: Path, cfg: Config, pool: Pool, demos: list[Demonstration], arms: list[str], console: Console, resume: bool
+    root: Path,
+    cfg: Config,
+    pool: Pool,
+    demos: tuple[list[Demonstration], list[Demonstration]],
+    arms: list[str],
+    console: Console,
+    resume: bool,
 ) -> dict:
     """The warm start of one seed, its critic warm-ups and every arm in ``arms`` from it; returns
     the arms' figures. With ``resume``, whatever is already complete on disk is reused."""
@@ -188,7 +198,8 @@ async def one_seed(
         shutil.rmtree(run, ignore_errors=True)
         run.mkdir(parents=True)
         policy, tokenizer = build_policy(run, cfg, console)
-        warm_start(run, cfg, demos, policy, tokenizer, console)
+        first, pool_demos = demos
+        warm_start(run, cfg, pool_demos, policy, tokenizer, console, first)
     renderer = policy_renderer(start, tokenizer, cfg)
     sft = finished_eval(run, "sft", n) if resume else None
     out: dict = {
@@ -420,23 +431,27 @@ async def main_async(args) -> int:
     if root.exists() and any(root.iterdir()) and not args.resume:
         raise ValueError(f"{root} already holds a run; choose another --out, or --resume it")
     began = time.monotonic()
-    if args.resume and (root / "pool" / "sft" / "demonstrations.jsonl").exists():
+    recorded = [
+        root / "pool" / "first" / "sft" / "demonstrations.jsonl",
+        root / "pool" / "sft" / "demonstrations.jsonl",
+    ]
+    if args.resume and all(path.exists() for path in recorded):
         pool = await reuse_pool(root / "pool")
-        demos = [
-            reuse_demonstration(line)
-            for line in (root / "pool" / "sft" / "demonstrations.jsonl").read_text().splitlines()
-        ]
+        first, pool_demos = ([reuse_demonstration(line) for line in path.read_text().splitlines()] for path in recorded)
     else:
         shutil.rmtree(root / "pool", ignore_errors=True)
-        # one pool and held-out set for every seed
-        pool = await prepare_pool(root / "pool", replace(cfg, seed=0), console)
+        # one pool, held-out set and first family set's demonstrations for every seed
+        shared = replace(cfg, seed=0)
+        pool = await prepare_pool(root / "pool", shared, console)
         renderer = make_renderer(TINY_FAMILY, tiny_tokenizer())  # every seed's tokenizer is this one
-        demos = await record_demonstrations(root / "pool", cfg, pool.selection, renderer, console)
+        first = await first_demonstrations(root / "pool", shared, renderer, console)
+        pool_demos = await record_demonstrations(root / "pool", shared, pool.selection, renderer, console)
     warm = warmup_steps_for(len(pool.selection), cfg.batch_size, args.warmup_epochs)
     cfg = replace(cfg, critic_warmup_steps=warm)
     arms = arms_for(args.only)
     results = [
-        await one_seed(root, replace(cfg, seed=seed), pool, demos, arms, console, args.resume) for seed in args.seeds
+        await one_seed(root, replace(cfg, seed=seed), pool, (first, pool_demos), arms, console, args.resume)
+        for seed in args.seeds
     ]
     rows = figures(results, args.only)
     table = Table(

@@ -124,6 +124,12 @@ class Config:
     """earlier verdicts by task content (termgym audit --cache FILE): tasks whose files are unchanged are not audited again; the run writes the complete cache to OUT/audit-cache.json. "bundled": the cache shipped for the families (envs/families/audit-cache.json)"""
     sft_steps: int = 0
     """supervised warm-start steps on the reference trajectories of the audited pool (with --pool)"""
+    sft_first_families: str = ""
+    """with --pool: a family set the supervised start learns first (--sft-first-steps on the reference trajectories of its own audited pool of --sft-first-pool training tasks), before --sft-steps on the pool's; empty: none. The tiny-long preset learns the short set first: the copying is learnt there in a third of the time a long step takes"""
+    sft_first_pool: int = 0
+    """with --sft-first-families: its pool's size"""
+    sft_first_steps: int = 0
+    """with --sft-first-families: supervised steps on its reference trajectories"""
     sft_batch_size: int = 32
     """demonstrations per supervised step"""
     sft_lr: float = 3e-3
@@ -177,7 +183,10 @@ PRESETS: dict[str, dict] = {
         heldout=100,
         audit_k=1,
         audit_cache="bundled",
-        sft_steps=450,
+        sft_steps=100,
+        sft_first_families="short",
+        sft_first_pool=1200,
+        sft_first_steps=450,
         sft_batch_size=32,
         sft_lr=3e-3,
         hidden=128,
@@ -329,6 +338,15 @@ def check_config(cfg: Config) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     if cfg.pool and cfg.families not in FAMILY_SETS:
         raise ConfigError(f"--families must be one of {', '.join(FAMILY_SETS)}, got {cfg.families!r}")
+    if (
+        cfg.pool
+        and cfg.sft_first_families
+        and (cfg.sft_first_families not in FAMILY_SETS or cfg.sft_first_pool < 1 or cfg.sft_first_steps < 1)
+    ):
+        raise ConfigError(
+            f"--sft-first-families must be one of {', '.join(FAMILY_SETS)}, with --sft-first-pool and"
+            f" --sft-first-steps at least 1 (got {cfg.sft_first_families!r}, {cfg.sft_first_pool}, {cfg.sft_first_steps})"
+        )
     if cfg.pool and (
         cfg.heldout < 1 or cfg.sft_batch_size < 1 or cfg.sft_steps < 0 or cfg.audit_k < 1 or cfg.eval_samples < 0
     ):

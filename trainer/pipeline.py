@@ -130,7 +130,7 @@ async def prepare_pool(run: Path, cfg: Config, console: Console) -> Pool:
         paths = generate_split(run / "tasks" / name, name, count, cfg.seed, family_set=cfg.families)
         return [load_task(p) for p in paths]
 
-    train_tasks, heldout = split("train", cfg.pool), split("heldout", cfg.heldout)
+    train_tasks, heldout = split("train", cfg.pool), split("heldout", cfg.heldout) if cfg.heldout else []
     console.print(f"[bold]1/7 tasks[/]: {len(train_tasks)} training, {len(heldout)} held-out ({run / 'tasks'})")
     with progress_bar(console) as progress:
         bar = progress.add_task("2/7 audit of the training pool", total=1)
@@ -216,25 +216,49 @@ async def record_demonstrations(
     return found.demonstrations
 
 
-def warm_start(run: Path, cfg: Config, demos: list[Demonstration], policy, tokenizer, console: Console) -> list[float]:
-    """Phase 4b: train ``policy`` on ``demos`` for ``cfg.sft_steps`` steps and save it to
-    ``run/sft/policy``; returns the loss of every step."""
-    rows = [(demo.ids, demo.mask) for demo in demos]
+async def first_demonstrations(run: Path, cfg: Config, renderer, console: Console) -> list[Demonstration]:
+    """Phase 4a's first part, with ``cfg.sft_first_families``: the reference trajectories of a
+    pool of ``cfg.sft_first_pool`` training tasks of that family set (drawn with the run's seed
+    from the training split's name space, audited like the pool), in ``run/first``; else none."""
+    if not cfg.sft_first_families:
+        return []
+    first = replace(cfg, families=cfg.sft_first_families, pool=cfg.sft_first_pool, heldout=0)
+    pool = await prepare_pool(run / "first", first, console)
+    return await record_demonstrations(run / "first", first, pool.selection, renderer, console)
+
+
+def warm_start(
+    run: Path,
+    cfg: Config,
+    demos: list[Demonstration],
+    policy,
+    tokenizer,
+    console: Console,
+    first: list[Demonstration] | None = None,
+) -> list[float]:
+    """Phase 4b: train ``policy`` on ``first`` for ``cfg.sft_first_steps`` steps when there are
+    any, then on ``demos`` for ``cfg.sft_steps`` steps (each stage with its own learning-rate
+    warm-up), and save it to ``run/sft/policy``; returns the loss of every step, in order."""
+    stages = [(first, cfg.sft_first_steps)] if first else []
+    stages.append((demos, cfg.sft_steps))
     began = time.monotonic()
+    losses: list[float] = []
     with progress_bar(console) as progress:
-        bar = progress.add_task(f"4/7 supervised warm start on {len(demos)} trajectories", total=cfg.sft_steps)
-        losses = supervised_train(
-            policy,
-            rows,
-            steps=cfg.sft_steps,
-            batch_size=cfg.sft_batch_size,
-            lr=cfg.sft_lr,
-            seed=cfg.seed,
-            pad_id=tokenizer.pad_token_id,
-            on_step=lambda step, loss: progress.update(
-                bar, advance=1, description=(f"4/7 supervised warm start · loss {loss:.3f}")
-            ),
-        )
+        for number, (stage, steps) in enumerate(stages, start=1):
+            label = f"4/7 supervised warm start{f' ({number}/{len(stages)})' if len(stages) > 1 else ''}"
+            bar = progress.add_task(f"{label} on {len(stage)} trajectories", total=steps)
+            losses += supervised_train(
+                policy,
+                [(demo.ids, demo.mask) for demo in stage],
+                steps=steps,
+                batch_size=cfg.sft_batch_size,
+                lr=cfg.sft_lr,
+                seed=cfg.seed,
+                pad_id=tokenizer.pad_token_id,
+                on_step=lambda step, loss, bar=bar, label=label: progress.update(
+                    bar, advance=1, description=f"{label} · loss {loss:.3f}"
+                ),
+            )
     policy.save_pretrained(run / "sft" / "policy")
     tokenizer.save_pretrained(run / "sft" / "policy")
     (run / "sft" / "losses.json").write_text(json.dumps(losses) + "\n")
@@ -302,8 +326,9 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     policy, tokenizer = build_policy(run, cfg, console)
     renderer = policy_renderer(run / "init", tokenizer, cfg)
     began = time.monotonic()
+    first = await first_demonstrations(run, cfg, renderer, console)
     demos = await record_demonstrations(run, cfg, pool.selection, renderer, console)
-    losses = warm_start(run, cfg, demos, policy, tokenizer, console)
+    losses = warm_start(run, cfg, demos, policy, tokenizer, console, first)
     timings["supervised"] = time.monotonic() - began
     began = time.monotonic()
     before = await held_out(run, cfg, "sft", policy, renderer, pool.heldout, console)

@@ -301,3 +301,79 @@ def test_shipped_audit_cache_covers_the_presets_pools_and_agrees_with_a_fresh_au
     cached = [cache.get(t, preset["audit_k"]) for t in sample]
     assert None not in cached  # every pool task is in the cache (checked above)
     assert [v.to_dict() for v in fresh] == [c.to_dict() for c in cached if c is not None]
+
+
+async def test_the_first_family_sets_pool_is_drawn_audited_and_recorded_apart(tmp_path, no_leaks):
+    """``--sft-first-families``: its own training pool (no held-out set) under ``run/first``, its
+    reference trajectories recorded there; none without it."""
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from termgym.envs.families import FAMILY_SETS
+    from termgym.trainer.config import PRESETS, Config
+    from termgym.trainer.models import TINY_FAMILY, tiny_tokenizer
+    from termgym.trainer.pipeline import first_demonstrations
+
+    cfg = replace(Config(**PRESETS["tiny-long"]), sft_first_pool=4, audit_cache="", concurrency=4)
+    renderer, console = make_renderer(TINY_FAMILY, tiny_tokenizer()), Console(quiet=True)
+    demos = await first_demonstrations(tmp_path, cfg, renderer, console)
+    listing = json.loads((tmp_path / "first" / "tasks" / "train" / "split.json").read_text())
+    assert listing["family_set"] == "short" and len(listing["tasks"]) == 4
+    assert {t["family"] for t in listing["tasks"]} <= set(FAMILY_SETS["short"].train_families)
+    assert not (tmp_path / "first" / "tasks" / "heldout").exists()
+    assert sorted(d.task for d in demos) == sorted(f"families/train/{t['dir']}" for t in listing["tasks"])
+    assert len((tmp_path / "first" / "sft" / "demonstrations.jsonl").read_text().splitlines()) == 4
+    assert await first_demonstrations(tmp_path / "none", replace(cfg, sft_first_families=""), renderer, console) == []
+
+
+def test_the_warm_start_learns_the_first_set_then_the_pool(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from termgym.trainer import pipeline
+    from termgym.trainer.config import Config
+    from termgym.trainer.sft import Demonstration
+
+    calls = []
+
+    def recording(policy, rows, *, steps, **_settings):
+        calls.append((rows, steps))
+        return [float(len(calls))] * steps
+
+    class Saved:
+        def save_pretrained(self, path):
+            Path(path).mkdir(parents=True, exist_ok=True)
+
+    monkeypatch.setattr(pipeline, "supervised_train", recording)
+    first = [Demonstration("short", ("ls",), [1, 2], [0, 1])]
+    demos = [Demonstration("long", ("ls", "pwd"), [3, 4, 5], [0, 1, 1])]
+    cfg = replace(Config(), sft_steps=2, sft_first_families="short", sft_first_pool=1, sft_first_steps=3)
+    tokenizer = Saved()
+    tokenizer.pad_token_id = 0  # type: ignore[attr-defined]
+    losses = pipeline.warm_start(tmp_path, cfg, demos, Saved(), tokenizer, Console(quiet=True), first)
+    assert calls == [([([1, 2], [0, 1])], 3), ([([3, 4, 5], [0, 1, 1])], 2)]
+    assert losses == [1.0, 1.0, 1.0, 2.0, 2.0]  # every step's loss, the first set's first
+    calls.clear()
+    assert pipeline.warm_start(tmp_path, cfg, demos, Saved(), tokenizer, Console(quiet=True)) == [1.0, 1.0]
+    assert calls == [([([3, 4, 5], [0, 1, 1])], 2)]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"sft_first_families": "medium"},
+        {"sft_first_families": "short", "sft_first_pool": 0},
+        {"sft_first_families": "short", "sft_first_steps": 0},
+    ],
+)
+def test_a_first_family_set_that_cannot_be_learnt_is_one_line(changes):
+    from dataclasses import replace
+
+    from termgym.errors import ConfigError
+    from termgym.trainer.config import PRESETS, Config, check_config
+
+    with pytest.raises(ConfigError, match="--sft-first-families") as caught:
+        check_config(replace(Config(**PRESETS["tiny-long"]), **changes))
+    assert "\n" not in str(caught.value)
