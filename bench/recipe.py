@@ -64,6 +64,7 @@ from termgym.trainer.pipeline import (
     prepare_pool,
     record_demonstrations,
     reinforce,
+    validation_share_reached,
     warm_start,
 )
 from termgym.trainer.sft import Demonstration
@@ -103,8 +104,9 @@ async def reuse_pool(pool_dir: Path) -> Pool:
     """The pool, held-out set and selection an earlier run of this benchmark wrote (``--resume``)."""
     train = [load_task(p) for p in sorted((pool_dir / "tasks" / "train").iterdir()) if p.is_dir()]
     heldout = [load_task(p) for p in sorted((pool_dir / "tasks" / "heldout").iterdir()) if p.is_dir()]
+    validation = [load_task(p) for p in sorted((pool_dir / "tasks" / "validation").iterdir()) if p.is_dir()]
     selection = [load_task(Path(line)) for line in (pool_dir / "selection.txt").read_text().split()]
-    return Pool(train, heldout, selection, [])
+    return Pool(train, heldout, selection, [], validation)
 
 
 def reuse_demonstration(line: str) -> Demonstration:
@@ -126,6 +128,8 @@ def bench_config(quick: bool, steps: int) -> Config:
             sft_steps=4,
             sft_first_pool=8,
             sft_first_steps=4,
+            sft_validation=4,
+            sft_check_every=2,
             steps=2,
             batch_size=4,
             minibatch_size=4,
@@ -199,13 +203,17 @@ async def one_seed(
         run.mkdir(parents=True)
         policy, tokenizer = build_policy(run, cfg, console)
         first, pool_demos = demos
-        warm_start(run, cfg, pool_demos, policy, tokenizer, console, first)
+        renderer = policy_renderer(run / "init", tokenizer, cfg)
+        stop = validation_share_reached(run, cfg, policy, renderer, pool.validation, console)
+        await warm_start(run, cfg, pool_demos, policy, tokenizer, console, first, stop)
     renderer = policy_renderer(start, tokenizer, cfg)
     sft = finished_eval(run, "sft", n) if resume else None
+    steps_taken = len(json.loads((run / "sft" / "losses.json").read_text()))
     out: dict = {
         "sft": {
             "heldout": sft
-            or (await held_out(run, cfg, "sft", policy, renderer, pool.heldout, console)).greedy.to_dict()
+            or (await held_out(run, cfg, "sft", policy, renderer, pool.heldout, console)).greedy.to_dict(),
+            "long_steps": steps_taken - cfg.sft_first_steps,
         }
     }
     warm = cfg.critic_warmup_steps
@@ -289,7 +297,11 @@ def figures(results: list[dict], only: list[int]) -> list[tuple[str, str, str, s
         gained, lost = sum(c.gained for c in changes), sum(c.lost for c in changes)
         return f"{gained} / {lost} (p = {sign_test(gained, lost):.3f})"
 
-    rows = [("supervised start", "held-out resolved", mean_sd(held("sft", "resolved")), "", "")]
+    long_steps = [float(r["sft"]["long_steps"]) for r in results]
+    rows = [
+        ("supervised start", "steps on the long pool, to the validation share", mean_sd(long_steps, ".0f"), "", "")
+    ]
+    rows.append(("", "held-out resolved", mean_sd(held("sft", "resolved")), "", ""))
     rows.append(("", "held-out share of assertions", mean_sd(held("sft", "passed_share")), "", ""))
     for n in only:
         title, arms = COMPARISONS[n]

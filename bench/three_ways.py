@@ -49,7 +49,7 @@ async def supervised_checkpoint(out: Path, cfg: Config, console: Console) -> tup
     policy, tokenizer = build_policy(out, cfg, console)
     renderer = policy_renderer(out / "init", tokenizer, cfg)
     demos = await record_demonstrations(out, cfg, pool.selection, renderer, console)
-    warm_start(out, cfg, demos, policy, tokenizer, console)
+    await warm_start(out, cfg, demos, policy, tokenizer, console)
     return out / "sft" / "policy", out / "tasks" / "heldout"
 
 

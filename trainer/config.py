@@ -124,6 +124,12 @@ class Config:
     """earlier verdicts by task content (termgym audit --cache FILE): tasks whose files are unchanged are not audited again; the run writes the complete cache to OUT/audit-cache.json. "bundled": the cache shipped for the families (envs/families/audit-cache.json)"""
     sft_steps: int = 0
     """supervised warm-start steps on the reference trajectories of the audited pool (with --pool)"""
+    sft_stop_share: float = 0.0
+    """with --pool: stop the supervised steps on the pool's trajectories at the first check (every --sft-check-every steps, at most --sft-steps) at which the policy, greedy, passes at least this share of the assertions of a validation split (--sft-validation tasks of the training name space, none of them in the pool); 0: take every step. The tiny-long preset stops at 0.3, the recipe's condition for its start, where a fixed step count lands seeds from 12% to 60%"""
+    sft_check_every: int = 20
+    """with --sft-stop-share: supervised steps between two validation checks"""
+    sft_validation: int = 40
+    """with --sft-stop-share: tasks in the validation split"""
     sft_first_families: str = ""
     """with --pool: a family set the supervised start learns first (--sft-first-steps on the reference trajectories of its own audited pool of --sft-first-pool training tasks), before --sft-steps on the pool's; empty: none. The tiny-long preset learns the short set first: the copying is learnt there in a third of the time a long step takes"""
     sft_first_pool: int = 0
@@ -183,7 +189,10 @@ PRESETS: dict[str, dict] = {
         heldout=100,
         audit_k=1,
         audit_cache="bundled",
-        sft_steps=100,
+        sft_steps=300,
+        sft_stop_share=0.3,
+        sft_check_every=20,
+        sft_validation=40,
         sft_first_families="short",
         sft_first_pool=1200,
         sft_first_steps=450,
@@ -338,6 +347,15 @@ def check_config(cfg: Config) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     if cfg.pool and cfg.families not in FAMILY_SETS:
         raise ConfigError(f"--families must be one of {', '.join(FAMILY_SETS)}, got {cfg.families!r}")
+    if (
+        cfg.pool
+        and cfg.sft_stop_share
+        and not (0 < cfg.sft_stop_share <= 1 and cfg.sft_check_every >= 1 and cfg.sft_validation >= 1)
+    ):
+        raise ConfigError(
+            f"--sft-stop-share must be in (0, 1], with --sft-check-every and --sft-validation at least 1"
+            f" (got {cfg.sft_stop_share}, {cfg.sft_check_every}, {cfg.sft_validation})"
+        )
     if (
         cfg.pool
         and cfg.sft_first_families

@@ -27,10 +27,12 @@ nothing is tuned on it here: it is evaluated twice, with the same greedy decodin
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -50,7 +52,7 @@ from termgym.trainer.models import build_tiny_policy, load_policy, policy_render
 from termgym.trainer.plots import write_plots
 from termgym.trainer.ppo import train
 from termgym.trainer.rollout import rollout_options, rollout_settings
-from termgym.trainer.sft import Demonstration, collect_demonstrations, save_demonstrations, supervised_train
+from termgym.trainer.sft import Demonstration, collect_demonstrations, save_demonstrations, supervised_steps
 from termgym.trainer.vllm_sampler import policy_head_dim
 
 
@@ -120,6 +122,7 @@ class Pool:
     heldout: list[Task]
     selection: list[Task]  # accepted training tasks, best audit score first
     verdicts: list
+    validation: list[Task] = field(default_factory=list)  # with cfg.sft_stop_share; never trained on
 
 
 async def prepare_pool(run: Path, cfg: Config, console: Console) -> Pool:
@@ -131,6 +134,7 @@ async def prepare_pool(run: Path, cfg: Config, console: Console) -> Pool:
         return [load_task(p) for p in paths]
 
     train_tasks, heldout = split("train", cfg.pool), split("heldout", cfg.heldout) if cfg.heldout else []
+    validation = validation_split(run, cfg) if cfg.sft_stop_share else []
     console.print(f"[bold]1/7 tasks[/]: {len(train_tasks)} training, {len(heldout)} held-out ({run / 'tasks'})")
     with progress_bar(console) as progress:
         bar = progress.add_task("2/7 audit of the training pool", total=1)
@@ -164,7 +168,17 @@ async def prepare_pool(run: Path, cfg: Config, console: Console) -> Pool:
     )
     if not selection:
         raise TermgymError(f"the audit accepted no task of the pool (see {run / 'audit.json'})")
-    return Pool(train_tasks, heldout, selection, verdicts)
+    return Pool(train_tasks, heldout, selection, verdicts, validation)
+
+
+def validation_split(run: Path, cfg: Config) -> list[Task]:
+    """``cfg.sft_validation`` tasks of the training split's name space that follow the pool's
+    (``generate_split``'s ``first``: none of them is in the pool), in ``run/tasks/validation``; not
+    audited (every task of the families' shipped pools is accepted)."""
+    paths = generate_split(
+        run / "tasks" / "validation", "train", cfg.sft_validation, cfg.seed, first=cfg.pool, family_set=cfg.families
+    )
+    return [load_task(p) for p in paths]
 
 
 def build_policy(run: Path, cfg: Config, console: Console):
@@ -227,7 +241,7 @@ async def first_demonstrations(run: Path, cfg: Config, renderer, console: Consol
     return await record_demonstrations(run / "first", first, pool.selection, renderer, console)
 
 
-def warm_start(
+async def warm_start(
     run: Path,
     cfg: Config,
     demos: list[Demonstration],
@@ -235,30 +249,44 @@ def warm_start(
     tokenizer,
     console: Console,
     first: list[Demonstration] | None = None,
+    stop: Callable[[int], Awaitable[bool]] | None = None,
 ) -> list[float]:
     """Phase 4b: train ``policy`` on ``first`` for ``cfg.sft_first_steps`` steps when there are
     any, then on ``demos`` for ``cfg.sft_steps`` steps (each stage with its own learning-rate
-    warm-up), and save it to ``run/sft/policy``; returns the loss of every step, in order."""
-    stages = [(first, cfg.sft_first_steps)] if first else []
-    stages.append((demos, cfg.sft_steps))
+    warm-up), and save it to ``run/sft/policy``; returns the loss of every step, in order. With
+    ``stop``, the second stage is checked every ``cfg.sft_check_every`` of its steps (``stop`` is
+    given their count, the policy in evaluation mode) and ends at the first check that is true."""
+    stages: list[tuple[list[Demonstration], int, Callable[[int], Awaitable[bool]] | None]] = (
+        [(first, cfg.sft_first_steps, None)] if first else []
+    )
+    stages.append((demos, cfg.sft_steps, stop))
     began = time.monotonic()
     losses: list[float] = []
-    with progress_bar(console) as progress:
-        for number, (stage, steps) in enumerate(stages, start=1):
-            label = f"4/7 supervised warm start{f' ({number}/{len(stages)})' if len(stages) > 1 else ''}"
-            bar = progress.add_task(f"{label} on {len(stage)} trajectories", total=steps)
-            losses += supervised_train(
-                policy,
-                [(demo.ids, demo.mask) for demo in stage],
-                steps=steps,
-                batch_size=cfg.sft_batch_size,
-                lr=cfg.sft_lr,
-                seed=cfg.seed,
-                pad_id=tokenizer.pad_token_id,
-                on_step=lambda step, loss, bar=bar, label=label: progress.update(
-                    bar, advance=1, description=f"{label} · loss {loss:.3f}"
-                ),
-            )
+    for number, (stage, steps, stopping) in enumerate(stages, start=1):
+        label = f"4/7 supervised warm start{f' ({number}/{len(stages)})' if len(stages) > 1 else ''}"
+        training = supervised_steps(
+            policy,
+            [(demo.ids, demo.mask) for demo in stage],
+            steps=steps,
+            batch_size=cfg.sft_batch_size,
+            lr=cfg.sft_lr,
+            seed=cfg.seed,
+            pad_id=tokenizer.pad_token_id,
+        )
+        taken = 0
+        while taken < steps:
+            chunk = min(steps - taken, cfg.sft_check_every if stopping is not None else steps)
+            with progress_bar(console) as progress:  # closed during a check: one live display at a time
+                bar = progress.add_task(f"{label} on {len(stage)} trajectories", total=steps, completed=taken)
+                for loss in itertools.islice(training, chunk):
+                    losses.append(loss)
+                    taken += 1
+                    progress.update(bar, advance=1, description=f"{label} · loss {loss:.3f}")
+            if stopping is not None:
+                policy.eval()
+                if await stopping(taken):
+                    break
+    policy.eval()
     policy.save_pretrained(run / "sft" / "policy")
     tokenizer.save_pretrained(run / "sft" / "policy")
     (run / "sft" / "losses.json").write_text(json.dumps(losses) + "\n")
@@ -269,14 +297,39 @@ def warm_start(
     return losses
 
 
-async def held_out(run: Path, cfg: Config, label: str, model, renderer, tasks: list[Task], console: Console) -> HeldOut:
+def validation_share_reached(
+    run: Path, cfg: Config, policy, renderer, tasks: list[Task], console: Console
+) -> Callable[[int], Awaitable[bool]]:
+    """``warm_start``'s ``stop``: a greedy evaluation of ``policy`` on ``tasks`` (the validation
+    split; records in ``run/eval/validation-STEPS.jsonl``), true once it passes at least
+    ``cfg.sft_stop_share`` of their assertions on average."""
+
+    async def reached(steps: int) -> bool:
+        greedy = replace(cfg, eval_samples=0)
+        label, what = f"validation-{steps}", "the validation split"
+        summary = (await held_out(run, greedy, label, policy, renderer, tasks, console, what)).greedy
+        return summary.passed_share >= cfg.sft_stop_share
+
+    return reached
+
+
+async def held_out(
+    run: Path,
+    cfg: Config,
+    label: str,
+    model,
+    renderer,
+    tasks: list[Task],
+    console: Console,
+    what: str = "the held-out set",
+) -> HeldOut:
     """Greedy evaluation on the held-out set (one record per task in ``run/eval/LABEL.jsonl``),
     then ``cfg.eval_samples`` sampled episodes per task (``run/eval/LABEL-sampled.jsonl``), with
     the same draws whatever the label."""
     results = []
     for samples, name in [(0, label)] + ([(cfg.eval_samples, f"{label}-sampled")] if cfg.eval_samples else []):
         with progress_bar(console) as progress:
-            bar = progress.add_task(f"evaluation on the held-out set ({name})", total=len(tasks) * max(samples, 1))
+            bar = progress.add_task(f"evaluation on {what} ({name})", total=len(tasks) * max(samples, 1))
 
             def on_record(record, trajectory, name=name, bar=bar) -> None:
                 append_record(run / "eval" / f"{name}.jsonl", record)
@@ -293,7 +346,10 @@ async def held_out(run: Path, cfg: Config, label: str, model, renderer, tasks: l
                 seed=cfg.seed,
                 on_record=on_record,
             )
-        console.print(f"  {name}: resolved {summary.resolved:.1%}, mean assertions passed {summary.passed:.2f}")
+        console.print(
+            f"  {name}: resolved {summary.resolved:.1%}, mean assertions passed {summary.passed:.2f}"
+            f" (a share of {summary.passed_share:.1%})"
+        )
         results.append(summary)
     return HeldOut(*results)
 
@@ -328,7 +384,8 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     began = time.monotonic()
     first = await first_demonstrations(run, cfg, renderer, console)
     demos = await record_demonstrations(run, cfg, pool.selection, renderer, console)
-    losses = warm_start(run, cfg, demos, policy, tokenizer, console, first)
+    stop = validation_share_reached(run, cfg, policy, renderer, pool.validation, console) if pool.validation else None
+    losses = await warm_start(run, cfg, demos, policy, tokenizer, console, first, stop)
     timings["supervised"] = time.monotonic() - began
     began = time.monotonic()
     before = await held_out(run, cfg, "sft", policy, renderer, pool.heldout, console)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -162,6 +162,45 @@ def accumulate_supervised_loss(
     return total
 
 
+def supervised_steps(
+    policy,
+    rows: Sequence[tuple[list[int], list[int]]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    pad_id: int = 0,
+    max_grad_norm: float = 1.0,
+    rows_per_forward: int = 8,
+) -> Iterator[float]:
+    """``steps`` AdamW steps on minibatches drawn without replacement (reshuffled every pass) from
+    ``rows``, with a linear warm-up over the first tenth, yielding each step's loss as it is taken
+    (the policy in training mode meanwhile; a caller that stops early has the policy of the last
+    step yielded). Each minibatch runs as ``accumulate_supervised_loss`` forwards of
+    ``rows_per_forward`` rows."""
+    if not rows:
+        raise TrainingError("no demonstrations to train on (did every reference episode fail?)")
+    order_rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+    warmup = max(1, steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    order: list[int] = []
+    for _ in range(steps):
+        policy.train()
+        if len(order) < batch_size:
+            fresh = list(range(len(rows)))
+            order_rng.shuffle(fresh)
+            order += fresh
+        picked, order = order[:batch_size], order[batch_size:]
+        optimizer.zero_grad()
+        loss = accumulate_supervised_loss(policy, [rows[i] for i in picked], pad_id, max(1, rows_per_forward))
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
+        optimizer.step()
+        schedule.step()
+        yield loss
+
+
 def supervised_train(
     policy,
     rows: Sequence[tuple[list[int], list[int]]],
@@ -175,31 +214,23 @@ def supervised_train(
     rows_per_forward: int = 8,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
-    """``steps`` AdamW steps on minibatches drawn without replacement (reshuffled every pass) from
-    ``rows``, with a linear warm-up over the first tenth; returns the loss of every step. Each
-    minibatch runs as ``accumulate_supervised_loss`` forwards of ``rows_per_forward`` rows."""
-    if not rows:
-        raise TrainingError("no demonstrations to train on (did every reference episode fail?)")
-    order_rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
-    warmup = max(1, steps // 10)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
-    policy.train()
-    order: list[int] = []
+    """Every step of ``supervised_steps``, ``on_step(step, loss)`` after each; returns the loss of
+    every step, the policy left in evaluation mode."""
     losses = []
-    for step in range(steps):
-        if len(order) < batch_size:
-            fresh = list(range(len(rows)))
-            order_rng.shuffle(fresh)
-            order += fresh
-        picked, order = order[:batch_size], order[batch_size:]
-        optimizer.zero_grad()
-        loss = accumulate_supervised_loss(policy, [rows[i] for i in picked], pad_id, max(1, rows_per_forward))
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
-        optimizer.step()
-        schedule.step()
+    training = supervised_steps(
+        policy,
+        rows,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        seed=seed,
+        pad_id=pad_id,
+        max_grad_norm=max_grad_norm,
+        rows_per_forward=rows_per_forward,
+    )
+    for step, loss in enumerate(training):
         losses.append(loss)
         if on_step is not None:
-            on_step(step, losses[-1])
+            on_step(step, loss)
     policy.eval()
     return losses

@@ -327,7 +327,30 @@ async def test_the_first_family_sets_pool_is_drawn_audited_and_recorded_apart(tm
     assert await first_demonstrations(tmp_path / "none", replace(cfg, sft_first_families=""), renderer, console) == []
 
 
-def test_the_warm_start_learns_the_first_set_then_the_pool(tmp_path, monkeypatch):
+class Saved:
+    """Stands in for a policy or tokenizer: what ``warm_start`` calls of them."""
+
+    pad_token_id = 0
+
+    def save_pretrained(self, path):
+        Path(path).mkdir(parents=True, exist_ok=True)
+
+    def eval(self):
+        pass
+
+
+def recording_steps(calls: list):
+    """A ``supervised_steps`` that notes each stage's rows and step count; loss = stage number."""
+
+    def steps(policy, rows, *, steps, **_settings):
+        calls.append((rows, steps))
+        stage = len(calls)
+        return iter([float(stage)] * steps)
+
+    return steps
+
+
+async def test_the_warm_start_learns_the_first_set_then_the_pool(tmp_path, monkeypatch):
     from dataclasses import replace
 
     from rich.console import Console
@@ -336,44 +359,70 @@ def test_the_warm_start_learns_the_first_set_then_the_pool(tmp_path, monkeypatch
     from termgym.trainer.config import Config
     from termgym.trainer.sft import Demonstration
 
-    calls = []
-
-    def recording(policy, rows, *, steps, **_settings):
-        calls.append((rows, steps))
-        return [float(len(calls))] * steps
-
-    class Saved:
-        def save_pretrained(self, path):
-            Path(path).mkdir(parents=True, exist_ok=True)
-
-    monkeypatch.setattr(pipeline, "supervised_train", recording)
+    calls: list = []
+    monkeypatch.setattr(pipeline, "supervised_steps", recording_steps(calls))
     first = [Demonstration("short", ("ls",), [1, 2], [0, 1])]
     demos = [Demonstration("long", ("ls", "pwd"), [3, 4, 5], [0, 1, 1])]
     cfg = replace(Config(), sft_steps=2, sft_first_families="short", sft_first_pool=1, sft_first_steps=3)
-    tokenizer = Saved()
-    tokenizer.pad_token_id = 0  # type: ignore[attr-defined]
-    losses = pipeline.warm_start(tmp_path, cfg, demos, Saved(), tokenizer, Console(quiet=True), first)
+    quiet = Console(quiet=True)
+    losses = await pipeline.warm_start(tmp_path, cfg, demos, Saved(), Saved(), quiet, first)
     assert calls == [([([1, 2], [0, 1])], 3), ([([3, 4, 5], [0, 1, 1])], 2)]
     assert losses == [1.0, 1.0, 1.0, 2.0, 2.0]  # every step's loss, the first set's first
+    assert json.loads((tmp_path / "sft" / "losses.json").read_text()) == losses
     calls.clear()
-    assert pipeline.warm_start(tmp_path, cfg, demos, Saved(), tokenizer, Console(quiet=True)) == [1.0, 1.0]
+    assert await pipeline.warm_start(tmp_path, cfg, demos, Saved(), Saved(), quiet) == [1.0, 1.0]
     assert calls == [([([3, 4, 5], [0, 1, 1])], 2)]
 
 
+async def test_the_pool_stage_stops_at_the_first_check_that_holds(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from termgym.trainer import pipeline
+    from termgym.trainer.config import Config
+    from termgym.trainer.sft import Demonstration
+
+    monkeypatch.setattr(pipeline, "supervised_steps", recording_steps([]))
+    checked: list[int] = []
+
+    async def stop(steps: int) -> bool:
+        checked.append(steps)
+        return steps >= 40
+
+    demos = [Demonstration("long", ("ls",), [3, 4], [0, 1])]
+    cfg = replace(Config(), sft_steps=100, sft_check_every=20)
+    first = [Demonstration("short", ("ls",), [1, 2], [0, 1])]
+    cfg_first = replace(cfg, sft_first_families="short", sft_first_pool=1, sft_first_steps=30)
+    losses = await pipeline.warm_start(tmp_path, cfg_first, demos, Saved(), Saved(), Console(quiet=True), first, stop)
+    assert checked == [20, 40]  # the first stage is never checked; the second ends at the first true
+    assert len(losses) == 30 + 40
+    checked.clear()
+    never = await pipeline.warm_start(
+        tmp_path, replace(cfg, sft_steps=50), demos, Saved(), Saved(), Console(quiet=True), None, lambda s: stop(0)
+    )
+    assert len(never) == 50 and checked == [0, 0, 0]  # at 20, 40, and the last step, 50
+
+
 @pytest.mark.parametrize(
-    "changes",
+    ("changes", "flag"),
     [
-        {"sft_first_families": "medium"},
-        {"sft_first_families": "short", "sft_first_pool": 0},
-        {"sft_first_families": "short", "sft_first_steps": 0},
+        ({"sft_first_families": "medium"}, "--sft-first-families"),
+        ({"sft_first_families": "short", "sft_first_pool": 0}, "--sft-first-families"),
+        ({"sft_first_families": "short", "sft_first_steps": 0}, "--sft-first-families"),
+        ({"sft_stop_share": 1.5}, "--sft-stop-share"),
+        ({"sft_stop_share": -0.1}, "--sft-stop-share"),
+        ({"sft_check_every": 0}, "--sft-stop-share"),
+        ({"sft_validation": 0}, "--sft-stop-share"),
     ],
 )
-def test_a_first_family_set_that_cannot_be_learnt_is_one_line(changes):
+def test_a_supervised_start_that_cannot_run_is_one_line(changes, flag):
     from dataclasses import replace
 
     from termgym.errors import ConfigError
     from termgym.trainer.config import PRESETS, Config, check_config
 
-    with pytest.raises(ConfigError, match="--sft-first-families") as caught:
+    check_config(Config(**PRESETS["tiny-long"]))  # the preset itself is fine
+    with pytest.raises(ConfigError, match=flag) as caught:
         check_config(replace(Config(**PRESETS["tiny-long"]), **changes))
     assert "\n" not in str(caught.value)

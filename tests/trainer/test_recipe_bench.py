@@ -90,7 +90,7 @@ def heldout(resolved: float, share: float, rates: dict[str, float]) -> dict:
 def test_the_table_reads_the_policy_updates_only_and_sums_flips_over_seeds():
     def seed(dense_ev: float) -> dict:
         return {
-            "sft": {"heldout": heldout(0.0, 0.3, {"a": 0.0, "b": 1.0})},
+            "sft": {"heldout": heldout(0.0, 0.3, {"a": 0.0, "b": 1.0}), "long_steps": 100 if dense_ev < 0.5 else 140},
             "dense": {
                 "metrics": [metrics_step(0.1, -5.0, True), metrics_step(0.4, dense_ev, False)],
                 "heldout": heldout(0.5, 0.6, {"a": 1.0, "b": 1.0}),
@@ -102,6 +102,7 @@ def test_the_table_reads_the_policy_updates_only_and_sums_flips_over_seeds():
 
     rows = recipe.figures([seed(0.4), seed(0.6)], [2, 4])
     by_measure = {(r[1]): r[2:] for r in rows}
+    assert by_measure["steps on the long pool, to the validation share"][0] == "120 ± 28"
     assert by_measure["EV at the first policy update"][:2] == ("0.500 ± 0.141", "0.000 ± 0.000")  # -5 is warm-up
     assert by_measure["training reward over the policy updates"][:2] == ("0.400 ± 0.000", "0.200 ± 0.000")
     assert by_measure["copy-chain: launched share"] == ("0.250 ± 0.000",) * 3
