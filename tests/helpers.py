@@ -3,13 +3,27 @@ line, the repository's root, and probes for leftover sandboxes (fixtures live in
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import ModuleType
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_bench(name: str) -> ModuleType:
+    """The benchmark script ``bench/NAME.py`` as a module (``NAME_bench``), for its pure parts."""
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", REPO_ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
 KIT_SOURCE = '. "${TERMGYM_ASSERT:-/tests/.termgym/assert.sh}"'
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import importlib.util
 import subprocess
 import sys
 
@@ -14,19 +13,9 @@ import pytest
 import torch
 
 from termgym.trainer.routing import moe_routers
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, load_bench
 
-
-def load_sweep():
-    spec = importlib.util.spec_from_file_location("r3_sweep_bench", REPO_ROOT / "bench" / "r3_sweep.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
-sweep = load_sweep()
+sweep = load_bench("r3_sweep")
 
 
 def measured(top1: float, gap_off: float, gap_on: float):

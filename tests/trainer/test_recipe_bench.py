@@ -3,26 +3,15 @@ table's arithmetic on known results, and a shortened run end to end (the CI's re
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, load_bench
 
-
-def load_recipe():
-    spec = importlib.util.spec_from_file_location("recipe_bench", REPO_ROOT / "bench" / "recipe.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
-recipe = load_recipe()
+recipe = load_bench("recipe")
 
 
 def test_each_comparison_runs_only_the_arms_it_reads():
