@@ -46,8 +46,8 @@ from termgym.verifiers import (
 )
 
 KIT_PATH = "/tests/.termgym/assert.sh"
-FRESH_DIRS = ("/logs/verifier", "/tests", "/tmp/.termgym-verifier/home")  # what _RESET makes fresh
 VERIFIER_HOME = "/tmp/.termgym-verifier/home"
+FRESH_DIRS = ("/logs/verifier", "/tests", "/tmp/.termgym-verifier", VERIFIER_HOME)  # what _RESET makes fresh
 MAX_REPORT_FILES = 32
 VERIFIER_OUTPUT_LIMIT = 1 << 20
 

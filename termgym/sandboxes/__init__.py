@@ -85,8 +85,9 @@ async def remove_leftovers(backend: str, *, images: bool = False) -> str:
 
 
 def keeps_warm_pool(backend: str) -> bool:
-    """Whether ``backend`` has a warm pool ``prewarm`` can fill (whether or not it is on)."""
-    return hasattr(backend_module(backend), "prewarm")
+    """Whether ``backend`` keeps a warm pool that ``prewarm`` can fill, and it is on."""
+    pool_on = getattr(backend_module(backend), "warm_pool_on", None)
+    return pool_on is not None and pool_on()
 
 
 async def prewarm(backend: str, specs: Sequence[SandboxSpec], count: int | None = None) -> int:

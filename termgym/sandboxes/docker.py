@@ -695,6 +695,11 @@ class _PoolEngine:
 _warm: tuple[asyncio.AbstractEventLoop, WarmPool] | None = None
 
 
+def warm_pool_on() -> bool:
+    """Whether ``TERMGYM_DOCKER_POOL`` and ``TERMGYM_DOCKER_POOL_TOTAL`` turn the warm pool on."""
+    return settings_from_env(os.environ).enabled
+
+
 def warm_pool() -> WarmPool | None:
     """The process's warm pool (``termgym.sandboxes.docker_pool``), sized by
     ``TERMGYM_DOCKER_POOL`` and ``TERMGYM_DOCKER_POOL_TOTAL``, or None while they turn it off.

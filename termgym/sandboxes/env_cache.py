@@ -41,6 +41,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -49,6 +50,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from termgym.sandboxes.host_processes import release, spawn
 from termgym.sandboxes.tools import host_tool
 
 FORMAT = 1  # bump when what an entry holds or how a preparation runs changes
@@ -180,19 +182,22 @@ class EnvCache:
     @contextlib.asynccontextmanager
     async def _locked(self, key: str, mode: int, timeout: float) -> AsyncIterator[None]:
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        path = self.root / f"{key}.lock"
+        deadline = time.monotonic() + timeout
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the prepared environment {key[:12]} stayed locked for {timeout:g}s") from None
+                await asyncio.sleep(LOCK_POLL_SEC)
+                continue
+            if _same_file(fd, path):
+                break
+            os.close(fd)  # ``clear`` unlinked the file after this process opened it: lock the new one
         try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(
-                            f"the prepared environment {key[:12]} stayed locked for {timeout:g}s"
-                        ) from None
-                    await asyncio.sleep(LOCK_POLL_SEC)
             yield
         finally:
             os.close(fd)  # releases the lock
@@ -225,6 +230,9 @@ class EnvCache:
             }
             (staging / "meta.json").write_text(json.dumps(meta))
             target = self.root / key
+            if (target / "meta.json").exists():  # complete, but not for this trial (another user's)
+                shutil.rmtree(staging, ignore_errors=True)
+                return None
             if target.exists():  # an entry without meta.json: left by a crash before the rename's time
                 shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)
@@ -252,11 +260,10 @@ class EnvCache:
         total = sum(entry.bytes for entry in entries)
         count = len(entries)
         removed = []
-        in_use = mounted_lower_dirs()
         for entry in entries:
             if total <= self.max_bytes and count <= self.max_entries:
                 break
-            if entry.key == keep or self._remove(entry, in_use):
+            if entry.key == keep or self._remove(entry):
                 continue
             total -= entry.bytes
             count -= 1
@@ -267,33 +274,46 @@ class EnvCache:
         """``termgym gc``: remove every entry not in use and every staging directory left by a
         process that is gone; (entries removed, entries kept because in use)."""
         self._remove_stale_staging()
-        in_use = mounted_lower_dirs()
         removed = kept = 0
         with contextlib.suppress(OSError):
             for path in list(self.root.iterdir()):
                 if path.name.startswith(".") or not path.is_dir():
                     continue
                 entry = Entry(path.name, path, 0, (), {}, "/", 0)
-                if self._remove(entry, in_use):
+                if self._remove(entry):
                     kept += 1
                 else:
                     removed += 1
         with contextlib.suppress(OSError):
             for lock in self.root.glob("*.lock"):
                 if not (self.root / lock.stem).exists():
-                    lock.unlink(missing_ok=True)
+                    self._unlink_unheld(lock)
         return removed, kept
 
-    def _remove(self, entry: Entry, in_use: set[str]) -> bool:
-        """Remove ``entry`` unless it is in use; True when it stays."""
-        if any(lower == str(entry.tree) or lower.startswith(f"{entry.tree}/") for lower in in_use):
-            return True
+    @staticmethod
+    def _unlink_unheld(lock: Path) -> None:
+        """Remove a lock file that nobody holds (a preparation under way holds its key's)."""
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock.unlink(missing_ok=True)  # one that opened it meanwhile sees another inode: ``_locked``
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
+
+    def _remove(self, entry: Entry) -> bool:
+        """Remove ``entry`` unless it is in use; True when it stays. In use: locked (being built,
+        mounted or copied), or the lower directory of a mount, looked up once the lock is taken
+        (a trial that mounted it and let go of its lock before is seen)."""
         fd = os.open(self.root / f"{entry.key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return True  # being built, mounted or copied right now
+            if any(lower == str(entry.tree) or lower.startswith(f"{entry.tree}/") for lower in mounted_lower_dirs()):
+                return True
             doomed = self.root / f".doomed-{entry.key}-{uuid.uuid4().hex[:6]}"
             with contextlib.suppress(OSError):
                 entry.path.rename(doomed)  # gone at once for every reader, removed at leisure
@@ -339,18 +359,26 @@ async def _copy_trees(source: Path, tree: Path, roots: Sequence[str]) -> bool:
 
 
 async def _cp(*paths: str) -> bool:
-    process = await asyncio.create_subprocess_exec(
-        host_tool("cp"),
-        "-a",
-        "--reflink=auto",
-        "--",
-        *paths,
-        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+    """``cp -a``; True when it succeeded. Cancelled, the copy is killed before the cancellation
+    propagates (nothing writes into a staging directory its owner removes)."""
+    process = await spawn(
+        [host_tool("cp"), "-a", "--reflink=auto", "--", *paths],
+        _end_copy,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    return await process.wait() == 0
+    try:
+        return await process.wait() == 0  # no pipes: waiting cannot hang on a held one
+    finally:
+        await _end_copy(process)
+
+
+async def _end_copy(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signal.SIGKILL)
+    await release(process)
 
 
 async def copy_tree(source: Path, dest: Path) -> bool:
@@ -371,6 +399,14 @@ def _mtime(path: Path) -> int:
         return path.stat().st_mtime_ns
     except OSError:
         return 0
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether the open ``fd`` is still the file at ``path``."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
 
 
 def _pid_alive(pid: int) -> bool:

@@ -213,38 +213,53 @@ class LocalSandbox(Sandbox):
         self._roots = writable_roots(plan)
         if plan is not None and plan.user not in (None, "root", "0"):
             self.warnings.append(f"USER {plan.user} ignored: the embedded backend runs as root")
-        key = self._environment_key(plan)
-        if plan is None or key is None:
+        if plan is None or not plan.steps or not cache_enabled() or self.spec.dockerfile is None:
             await self._start_fresh(plan)
             return
-        cache = EnvCache.from_environment()
-        timeout = self.spec.build_timeout_sec
-        for _ in range(2):
-            async with cache.holding(key, timeout) as entry:
-                if entry is not None and self._can_start_from(entry):
-                    await self._start_from(entry)
-                    return
-            async with cache.building(key, timeout) as entry:
-                if entry is not None and self._can_start_from(entry):
-                    continue  # another trial prepared it meanwhile: start from it, sharing it
-                await self._start_fresh(plan)
-                assert self._dir is not None
-                await cache.publish(
-                    key, self._dir / "fs", owner=self.owner, roots=self._roots, env=self.env, workdir=self.workdir
-                )
+        try:
+            if await self._start_cached(plan, EnvCache.from_environment()):
                 return
-        await self._start_fresh(plan)  # an entry this sandbox cannot use (another user's)
+        except (OSError, TimeoutError) as exc:  # the cache's own files, or its lock held too long
+            if self._dir is not None:
+                raise SandboxError(f"starting from the prepared-environment cache failed: {exc}") from exc
+            self.warnings.append(f"the prepared-environment cache was not used: {exc}")
+        await self._start_fresh(plan)
 
-    def _environment_key(self, plan: EnvironmentPlan | None) -> str | None:
-        """The prepared-environment cache's key for this sandbox, None when it does not use it."""
-        if plan is None or not plan.steps or not cache_enabled() or self.spec.dockerfile is None:
-            return None
+    async def _start_cached(self, plan: EnvironmentPlan, cache: EnvCache) -> bool:
+        """Start from the prepared environment, preparing and keeping it when there is none; False
+        (nothing started) when the entry there is one this sandbox cannot use."""
+        assert self.spec.dockerfile is not None
         env = {**self.env, **dict(self.spec.env)}
-        return environment_key(self.spec.dockerfile.read_bytes(), self.spec.context_dir, env, self._roots)
+        key = environment_key(self.spec.dockerfile.read_bytes(), self.spec.context_dir, env, self._roots)
+        timeout = self.spec.build_timeout_sec
+        for _ in range(2):  # a second time when another trial prepared it while this one waited
+            async with cache.holding(key, timeout) as entry:
+                if entry is not None:
+                    if not self._can_start_from(entry):
+                        return False
+                    await self._start_from(entry)
+                    return True
+            async with cache.building(key, timeout) as entry:
+                if entry is None:
+                    await self._start_fresh(plan)
+                    await self._publish(cache, key)
+                    return True
+        return False
 
-    def _can_start_from(self, entry: Entry) -> bool:
+    async def _publish(self, cache: EnvCache, key: str) -> None:
+        """Keep this freshly prepared sandbox's roots as the entry ``key``; a warning if it cannot."""
+        assert self._dir is not None
+        try:
+            await cache.publish(
+                key, self._dir / "fs", owner=self.owner, roots=self._roots, env=self.env, workdir=self.workdir
+            )
+        except OSError as exc:
+            self.warnings.append(f"the prepared environment was not kept for later trials: {exc}")
+
+    @staticmethod
+    def _can_start_from(entry: Entry) -> bool:
         """Only as the entry's owner: as root, any entry; otherwise one this user prepared."""
-        return list(entry.roots) == self._roots and (os.geteuid() == 0 or entry.owner == os.getuid())
+        return os.geteuid() == 0 or entry.owner == os.getuid()
 
     async def _start_fresh(self, plan: EnvironmentPlan | None) -> None:
         """Start an empty sandbox, then run the Dockerfile subset in it."""
@@ -262,19 +277,23 @@ class LocalSandbox(Sandbox):
         self._uid = entry.owner if os.geteuid() == 0 else None
         await self._make_sandbox_dir()
         assert self._dir is not None
+        fs = self._dir / "fs"
+        overlaid = False
         if os.geteuid() == 0:
             await self._make_file_system(["upper", "work"])
             view = self._dir / "root"
             view.mkdir()
             try:
-                mount_overlay(entry.tree, self._dir / "fs" / "upper", self._dir / "fs" / "work", view)
-            except OSError as exc:
-                raise SandboxError(f"could not start from the prepared environment: {exc}") from exc
-            self._view = view
+                mount_overlay(entry.tree, fs / "upper", fs / "work", view)
+                self._view, overlaid = view, True
+            except OSError as exc:  # a path an overlay cannot name, a file system it cannot stack on
+                self.warnings.append(f"started from a copy of the prepared environment (no overlay: {exc})")
+                for made in (view, fs / "upper", fs / "work"):
+                    made.rmdir()
         else:
             await self._make_file_system([])
-            if not await copy_tree(entry.tree, self._dir / "fs"):
-                raise SandboxError(f"could not copy the prepared environment {entry.path}")
+        if not overlaid and not await copy_tree(entry.tree, fs):
+            raise SandboxError(f"could not copy the prepared environment {entry.path}")
         self.env = {**self.env, **entry.env}
         self.workdir = entry.workdir
         self.image = {**self.image, "prepared": entry.key[:16]}

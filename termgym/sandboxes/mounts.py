@@ -93,11 +93,7 @@ def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
     paths = [str(path) for path in (lower, upper, work)]
     if any(_UNSAFE & set(path) for path in paths):
         raise OSError(f"an overlay cannot name {paths} (a comma, colon, backslash or space)")
-    options = f"lowerdir={paths[0]},upperdir={paths[1]},workdir={paths[2]}"
-    flags = MS_NOSUID | MS_NODEV
-    if _libc().mount(b"termgym", os.fsencode(target), b"overlay", flags, options.encode()) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"mounting an overlay at {target}: {os.strerror(code)}")
+    _mount("termgym", target, "overlay", f"lowerdir={paths[0]},upperdir={paths[1]},workdir={paths[2]}")
 
 
 def unmount(target: Path) -> None:

@@ -54,9 +54,15 @@ class SizedFilesystem:
         try:
             await asyncio.to_thread(_copy_sparse, await _template(cache_root() / "storage", size_mb), image)
             await asyncio.to_thread(mount_loop, image, mountpoint)
+        except OSError:
+            with contextlib.suppress(OSError):
+                image.unlink()
+            raise
+        try:
             os.chown(mountpoint, owner, owner)  # the file system's root, now mounted there
         except OSError:
             with contextlib.suppress(OSError):
+                unmount(mountpoint)  # detaches the loop device too
                 image.unlink()
             raise
         return cls(image, mountpoint, size_mb)

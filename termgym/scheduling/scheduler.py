@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar, cast, get_args
 
+from termgym.aio import cancel_and_wait
 from termgym.env import AsyncTerminalEnv, EnvOptions, prewarm_sandboxes
 from termgym.env import default_sandbox_factory as backend_sandbox_factory
 from termgym.errors import ConfigError, SandboxError
@@ -487,9 +488,7 @@ class RolloutScheduler(Generic[T]):
         accounting, and are returned."""
         carried, self._carried = self._carried, []
         prewarming, self._prewarming = self._prewarming, None
-        if prewarming is not None:
-            prewarming.cancel()
-            await asyncio.gather(prewarming, return_exceptions=True)
+        await cancel_and_wait(prewarming)
         await self._cancel(carried)
         settled = [(trial, *self._settle(trial, room=False)) for trial in carried]
         self._account([self._outcome(t, fate, record, launched=False) for t, fate, record, _ in settled])

@@ -247,3 +247,31 @@ async def test_cache_off_prepares_every_time(tmp_path: Path, cache_dir: Path, mo
     async with sandbox_for(task) as first, sandbox_for(task) as second:
         assert await sh(first, "cat /app/stamp") != await sh(second, "cat /app/stamp")
     assert not (cache_dir / "envs").exists() or not cache(cache_dir).entries()
+
+
+@needs_root
+async def test_where_no_overlay_can_name_the_entry_a_copy_of_it_is_started(tmp_path: Path, no_leaks, monkeypatch):
+    root = Path(f"/tmp/termgym test envcache {os.getpid()}")  # a space: no overlay option can name it
+    monkeypatch.setenv("TERMGYM_ENV_CACHE_DIR", str(root))
+    try:
+        task = make_task(tmp_path)
+        async with sandbox_for(task) as first:
+            stamp = await sh(first, "cat /app/stamp")
+        async with sandbox_for(task) as second:
+            assert "prepared" in second.image and any("a copy of the prepared" in w for w in second.warnings)
+            assert await sh(second, "cat /app/stamp; echo mine > /app/written") == stamp
+        (entry,) = cache(root).entries()
+        assert sorted(p.name for p in (entry.tree / "app").iterdir()) == ["data.txt", "stamp"]
+    finally:
+        EnvCache(root / "envs", max_bytes=0, max_entries=0).clear()
+        subprocess.run(["rm", "-rf", str(root)], check=True)
+
+
+async def test_a_cache_that_cannot_be_used_is_a_warning_and_a_fresh_preparation(tmp_path: Path, no_leaks, monkeypatch):
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    monkeypatch.setenv("TERMGYM_ENV_CACHE_DIR", str(blocked))
+    async with sandbox_for(make_task(tmp_path)) as sandbox:
+        assert "prepared" not in sandbox.image
+        assert any("cache was not used" in w for w in sandbox.warnings), sandbox.warnings
+        assert await sh(sandbox, "cat /app/data.txt") == "one\n"
