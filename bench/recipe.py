@@ -217,14 +217,16 @@ async def one_seed(
         }
     }
     warm = cfg.critic_warmup_steps
+    warmed: set[str] = set()  # the warm-ups this seed has, run once and copied into each arm
 
     async def warmup(name: str, arm_cfg: Config) -> Path:
         """The critic warm-up alone (``warm`` critic-only steps), checkpointed in ``run/name``."""
         where = run / name
-        if not (resume and finished_metrics(where, warm)):
+        if name not in warmed and not (resume and finished_metrics(where, warm)):
             shutil.rmtree(where, ignore_errors=True)
             console.print(f"[bold]seed {cfg.seed} · {name}[/]: {warm} steps, {warm * cfg.batch_size} rollouts")
             await reinforce(replace(arm_cfg, steps=warm), start, pool.selection, where)
+        warmed.add(name)
         return where
 
     for name in arms:
@@ -298,9 +300,7 @@ def figures(results: list[dict], only: list[int]) -> list[tuple[str, str, str, s
         return f"{gained} / {lost} (p = {sign_test(gained, lost):.3f})"
 
     long_steps = [float(r["sft"]["long_steps"]) for r in results]
-    rows = [
-        ("supervised start", "steps on the long pool, to the validation share", mean_sd(long_steps, ".0f"), "", "")
-    ]
+    rows = [("supervised start", "steps on the long pool, to the validation share", mean_sd(long_steps, ".0f"), "", "")]
     rows.append(("", "held-out resolved", mean_sd(held("sft", "resolved")), "", ""))
     rows.append(("", "held-out share of assertions", mean_sd(held("sft", "passed_share")), "", ""))
     for n in only:

@@ -108,14 +108,16 @@ def test_the_table_reads_the_policy_updates_only_and_sums_flips_over_seeds():
 @pytest.mark.slow
 def test_a_shortened_recipe_run_writes_its_table_json_and_plots(tmp_path, no_leaks):
     out = tmp_path / "recipe"
-    command = [sys.executable, "bench/recipe.py", "--quick", "--seeds", "0", "--only", "1", "2", "--out", str(out)]
+    command = [sys.executable, "bench/recipe.py", "--quick", "--seeds", "0", "--only", "1", "2", "4", "--out", str(out)]
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
+    # each reward's warm-up ran once for the seed, and each arm with a warm critic continued from it
+    assert done.stderr.count("seed 0 · warmup-dense:") == 1 and done.stderr.count("seed 0 · warmup-binary:") == 1
     result = json.loads((out / "recipe.json").read_text())
     measures = [row[1] for row in result["rows"]]
     assert "EV at the first policy update" in measures and "held-out share of assertions" in measures
     assert result["warmup_steps"] == 1
-    assert (out / "comparison-1.png").stat().st_size > 1000 and (out / "comparison-2.png").stat().st_size > 1000
+    assert all((out / f"comparison-{n}.png").stat().st_size > 1000 for n in (1, 2, 4))
     dense = [json.loads(line) for line in (out / "seed0" / "dense" / "metrics.jsonl").read_text().splitlines()]
     assert [m["warmup"] for m in dense] == [True, False, False]  # the shared warm-up, then the arm's updates
     warm = (out / "seed0" / "warmup-dense" / "metrics.jsonl").read_text().splitlines()
