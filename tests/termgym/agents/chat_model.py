@@ -19,11 +19,11 @@ Guarantees:
   assistant message (``tests/termgym/agents/test_chat_model.py``);
 * trained (the default), the model replies greedily to a conversation ending in a user turn with
   ``BASH_LS_CALL`` and to one ending in a tool response with ``SUBMIT_CALL`` (each then
-  ``<|im_end|>``); ``build_chat_model`` checks both on conversations it did not train on and raises
-  ``RuntimeError`` otherwise. Training runs on ``TRAIN_THREADS`` threads, deterministic in ``seed``
-  on one kind of CPU (not across vector units: an AVX2 machine trains another model than an
-  AVX-512 one): 300 AdamW steps of 8 conversations, then 50 more at a time while the two replies
-  are not yet right, up to 600. Prompts of up to 1,274 tokens (the agent's real system prompt):
+  ``<|im_end|>``) on the ``CHECKS`` conversations, which it did not train on; ``build_chat_model``
+  raises ``RuntimeError`` otherwise. Training runs on ``TRAIN_THREADS`` threads, deterministic in
+  ``seed`` on one kind of CPU (not across vector units: an AVX2 machine trains another model than
+  an AVX-512 one): 300 AdamW steps of 8 conversations, then 50 more at a time while a reply to the
+  ``CHECKS`` is not yet right, up to 600. Prompts of up to 1,274 tokens (the agent's real system prompt):
   1.2 s a step on 2 idle AVX2 cores (2.0 s on one thread), so 6 to 12 minutes.
 
 Not guaranteed: anything beyond those two replies (the model knows nothing else); the replies on
@@ -309,6 +309,22 @@ PROBE_TOOL = [
     tool_call_message("bash", {"command": "ls"}),
     {"role": "tool", "content": "a.txt\nnotes.md\n"},
 ]
+# Conversations the model never trains on, each with the reply it must give: the two probes (the
+# agent's system prompt) and two without a system prompt. Training goes on until every one is right
+# (CPUs of another kind can need more steps for the last ones: CI's did).
+CHECKS = (
+    (PROBE_USER, BASH_LS_CALL),
+    (PROBE_TOOL, SUBMIT_CALL),
+    ([{"role": "user", "content": "Sort /app/names.txt and remove duplicate lines."}], BASH_LS_CALL),
+    (
+        [
+            {"role": "user", "content": "List the files in /app."},
+            tool_call_message("bash", {"command": "ls -la /app"}),
+            {"role": "tool", "tool_call_id": "call_0", "content": "total 0\n"},
+        ],
+        SUBMIT_CALL,
+    ),
+)
 
 
 @dataclass
@@ -349,12 +365,11 @@ def build_chat_model(
         data = examples(tokenizer, _snippets(corpus_texts(envs_root)), 512, seed, bundled_instructions(envs_root))
         eos = tokenizer.convert_tokens_to_ids(IM_END)
         assert isinstance(eos, int)  # one token, one id
-        probes = ((PROBE_USER, BASH_LS_CALL), (PROBE_TOOL, SUBMIT_CALL))
 
         def answers() -> bool:
             return all(
                 greedy_reply(model, render_ids(tokenizer, p, generation_prompt=True), eos) == reply_ids(tokenizer, e)
-                for p, e in probes
+                for p, e in CHECKS
             )
 
         threads = torch.get_num_threads()
@@ -368,7 +383,7 @@ def build_chat_model(
         LAST_TRAINING = TrainingReport(
             time.monotonic() - start, time.process_time() - cpu_start, len(losses), losses[-1]
         )
-        for probe, expected in probes:
+        for probe, expected in CHECKS:
             got = greedy_reply(model, render_ids(tokenizer, probe, generation_prompt=True), eos)
             if got != reply_ids(tokenizer, expected):
                 raise RuntimeError(

@@ -15,9 +15,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from tests.termgym.agents.chat_model import (  # noqa: E402
     BASH_LS_CALL,
+    CHECKS,
     HEAD_DIM,
     PROBE_TOOL,
-    PROBE_USER,
     SUBMIT_CALL,
     TOOL_TOKENS,
     TOOLS,
@@ -150,13 +150,7 @@ def test_trained_model_replies_with_the_expected_tool_calls(trained_chat_model):
     model_dir = trained_chat_model
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
-    cases = [
-        (PROBE_USER, BASH_LS_CALL),
-        (PROBE_TOOL, SUBMIT_CALL),
-        ([{"role": "user", "content": "Sort /app/names.txt and remove duplicate lines."}], BASH_LS_CALL),
-        ([USER, CALL, {"role": "tool", "tool_call_id": "call_0", "content": "total 0\n"}], SUBMIT_CALL),
-    ]
-    for messages, expected in cases:
+    for messages, expected in CHECKS:
         prompt = render_ids(tokenizer, messages, generation_prompt=True)
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)  # pyright: ignore[reportAttributeAccessIssue]  # a causal LM generates
