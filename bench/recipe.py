@@ -17,13 +17,16 @@ PPO arms of ``--steps`` policy updates:
    and over the first three, and the training reward over the policy updates;
 3. R3: not an arm here: ``bench/r3_sweep.py`` sweeps the conditions in which the sampler's experts
    differ from the trainer's (its table is in the docs next to this one);
-4. straggler bias: ``cancel`` against ``carry-over`` and ``reweight`` (over-sampling 560/512): the
-   longest family's launched share against its kept share (weighted, for reweight), and its
-   held-out resolved rate after training;
+4. straggler bias: ``cancel`` against ``carry-over`` and ``reweight`` (over-sampling 560/512), each
+   with every trial of a step running at once, as in the published run (at the preset's 8 at a
+   time, the trials still running when the batch fills are the last launched, whatever their
+   length): the longest family's launched share against its kept share (weighted, for reweight),
+   and its held-out resolved rate after training;
 5. PPO with the critic against a group-relative baseline without a critic (``--advantage group``,
    4 episodes per task, leave-one-out mean as the baseline): the same measures as in 1.
 
-The recipe arm (dense, warm critic, reweight) serves comparisons 1, 2, 4 and 5.
+The recipe arm (dense, warm critic, reweight) serves comparisons 1, 2 and 5; comparison 4 runs it
+again with every trial at once (``reweight``).
 
     .venv/bin/python bench/recipe.py [--seeds 0 1 2] [--only N ...] [--out runs/recipe-TIME] [--resume] [--quick]
 
@@ -52,6 +55,7 @@ from rich.table import Table
 from termgym.agents.renderers import make_renderer
 from termgym.cli import run_command
 from termgym.records import TrialRecord
+from termgym.scheduling.bias import launch_count
 from termgym.tasks import load_task
 from termgym.trainer.config import PRESETS, Config
 from termgym.trainer.evaluate import EvalSummary, paired_change, sign_test, summarise_records
@@ -81,21 +85,27 @@ class Arm:
     evaluate: bool
 
 
+def all_at_once(cfg: Config) -> Config:
+    """``cfg`` with every trial a step launches running at once (concurrency = trials launched)."""
+    return replace(cfg, concurrency=cfg.launch or launch_count(cfg.batch_size))
+
+
 ARMS = {
     arm.name: arm
     for arm in (
         Arm("dense", lambda c: c, "warmup-dense", True),
         Arm("binary", lambda c: replace(c, reward="binary"), "warmup-binary", True),
         Arm("cold-critic", lambda c: replace(c, critic_warmup_steps=0), None, False),
-        Arm("cancel", lambda c: replace(c, mode="cancel"), "warmup-dense", True),
-        Arm("carry-over", lambda c: replace(c, mode="carry-over"), "warmup-dense", True),
+        Arm("reweight", lambda c: all_at_once(replace(c, mode="reweight")), "warmup-dense", True),
+        Arm("cancel", lambda c: all_at_once(replace(c, mode="cancel")), "warmup-dense", True),
+        Arm("carry-over", lambda c: all_at_once(replace(c, mode="carry-over")), "warmup-dense", True),
         Arm("group", lambda c: replace(c, advantage="group", group_size=4, critic_warmup_steps=0), None, True),
     )
 }
 COMPARISONS: dict[int, tuple[str, tuple[str, ...]]] = {
     1: ("dense vs binary reward", ("dense", "binary")),
     2: ("warm vs cold critic", ("dense", "cold-critic")),
-    4: ("straggler bias: reweight, cancel, carry-over", ("dense", "cancel", "carry-over")),
+    4: ("straggler bias, every trial at once: reweight, cancel, carry-over", ("reweight", "cancel", "carry-over")),
     5: ("critic (GAE) vs group baseline", ("dense", "group")),
 }
 
@@ -356,7 +366,7 @@ def figures(results: list[dict], only: list[int]) -> list[tuple[str, str, str, s
                 (
                     "",
                     f"{longest}: kept share (reweight: weighted)",
-                    mean_sd([s[3] for s in shares["dense"]]),
+                    mean_sd([s[3] for s in shares["reweight"]]),
                     *(mean_sd([s[2] for s in shares[arm]]) for arm in arms[1:]),
                 ),
                 ("", f"{longest}: held-out resolved", *(mean_sd(family_rate(arm, longest)) for arm in arms)),
@@ -406,7 +416,7 @@ def write_comparison_plots(root: Path, results: list[dict], only: list[int]) -> 
                 continue
             longest = longest_family_shares(policy_updates(runs[0], "cancel"))[0]
             label = f"{longest}: kept share of the step (reweight: weighted)"
-            reads = {arm: kept_share_of(longest, weighted=arm == "dense") for arm in arms}
+            reads = {arm: kept_share_of(longest, weighted=arm == "reweight") for arm in arms}
         else:
             label = "training reward (mean per update)"
             reads = {arm: (lambda m: m.get("reward")) for arm in arms}

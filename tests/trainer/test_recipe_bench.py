@@ -17,7 +17,7 @@ recipe = load_bench("recipe")
 def test_each_comparison_runs_only_the_arms_it_reads():
     assert recipe.arms_for([1]) == ["dense", "binary"]
     assert recipe.arms_for([2]) == ["dense", "cold-critic"]
-    assert recipe.arms_for([4]) == ["dense", "cancel", "carry-over"]
+    assert recipe.arms_for([4]) == ["reweight", "cancel", "carry-over"]
     assert recipe.arms_for([5, 1]) == ["dense", "binary", "group"]
     assert recipe.arms_for(sorted(recipe.COMPARISONS)) == list(recipe.ARMS)
     # every arm with a warm critic continues from a warm-up on its own reward
@@ -25,6 +25,7 @@ def test_each_comparison_runs_only_the_arms_it_reads():
         "dense": "warmup-dense",
         "binary": "warmup-binary",
         "cold-critic": None,
+        "reweight": "warmup-dense",
         "cancel": "warmup-dense",
         "carry-over": "warmup-dense",
         "group": None,
@@ -85,6 +86,7 @@ def test_the_table_reads_the_policy_updates_only_and_sums_flips_over_seeds():
                 "heldout": heldout(0.5, 0.6, {"a": 1.0, "b": 1.0}),
             },
             "cold-critic": {"metrics": [metrics_step(0.2, 0.0, False)]},
+            "reweight": {"metrics": [metrics_step(0.4, 0.3, False)], "heldout": heldout(0.5, 0.6, {})},
             "cancel": {"metrics": [metrics_step(0.3, 0.1, False, kept=0.2)], "heldout": heldout(0.0, 0.3, {})},
             "carry-over": {"metrics": [metrics_step(0.3, 0.1, False, kept=0.24)], "heldout": heldout(0.5, 0.3, {})},
         }
