@@ -363,7 +363,7 @@ class Recording(ScriptedAgent):
     containers: list[str] = dataclasses.field(default_factory=list)
 
     async def run(self, env, instruction, info):
-        assert isinstance(env.sandbox, DockerSandbox)
+        assert isinstance(env.sandbox, DockerSandbox) and env.sandbox._container is not None
         self.containers.append(env.sandbox._container)
         return await super().run(env, instruction, info)
 
