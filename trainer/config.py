@@ -257,11 +257,12 @@ def build_parser(prog: str = "termgym train") -> argparse.ArgumentParser:
         "--preset",
         choices=sorted(PRESETS),
         default=None,
-        help="start from a preset (tiny: the whole main job on a CPU; tiny-ppo: PPO alone on four bundled tasks)",
+        help="start from a preset (tiny: the whole main job on a CPU; tiny-long: the tiny job started on the long families; tiny-ppo: PPO alone on four bundled tasks)",
     )
     docs = field_docs(Config)
     for f in dataclasses.fields(Config):
-        flag, help_text = "--" + f.name.replace("_", "-"), f"{docs[f.name]} (default: {f.default!r})"
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{docs[f.name]} (default: {f.default!r})".replace("%", "%%")  # argparse formats help with %
         kind = str(f.type)
         if kind == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
