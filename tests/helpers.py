@@ -94,7 +94,9 @@ def write_task(
 
 def sandbox_processes() -> list[str]:
     """Command lines of live bwrap keepers and processes inside termgym sandboxes."""
-    result = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
+    # -ww: without it ps cuts each line to 80 columns where it finds no terminal (as under pytest),
+    # which drops the keeper's "sleep infinity" from every line.
+    result = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True, check=True)
     return [line for line in result.stdout.splitlines() if "bwrap" in line and "sleep infinity" in line]
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,6 +172,22 @@ class SandboxCgroup:
             return None, warnings
         return cls(dirs, resources), warnings
 
+    @classmethod
+    def find(cls, name: str, *, root: Path = Path("/")) -> SandboxCgroup | None:
+        """The cgroup ``name`` as ``create`` made it (where ``_make_dir`` puts it), from its
+        directories that exist; None where none does."""
+        try:
+            hierarchies = _host_hierarchies(root)
+        except OSError:
+            return None
+        dirs: dict[str, tuple[int, Path]] = {}
+        for controller, hierarchy in hierarchies.items():
+            for parent in _parents(hierarchy):
+                if (parent / name).is_dir():
+                    dirs[controller] = (hierarchy.version, parent / name)
+                    break
+        return cls(dirs, Resources()) if dirs else None
+
     @property
     def procs_files(self) -> list[str]:
         """The ``cgroup.procs`` files a process writes its pid into to join (one per hierarchy)."""
@@ -202,14 +219,34 @@ class SandboxCgroup:
         for directory in {d for _, d in self.dirs.values()}:
             _remove_dir(directory)
 
+    def end_all(self, timeout: float = 5.0) -> None:
+        """Kill every process in the cgroup until none is left (``timeout`` at most), then remove
+        it. For a sandbox whose owner is gone: a keeper that outlived its killed run is in here
+        even where no file names it. Blocking."""
+        deadline = time.monotonic() + timeout
+        while (pids := self.pids()) and time.monotonic() < deadline:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.001)
+        self.remove()
+
+
+def _host_hierarchies(root: Path) -> dict[str, Hierarchy]:
+    return find_hierarchies((root / "proc/self/mountinfo").read_text(), (root / "proc/self/cgroup").read_text(), root)
+
+
+def _parents(hierarchy: Hierarchy) -> tuple[Path, Path]:
+    """Where ``_make_dir`` makes a sandbox's directory, in the order it tries."""
+    return hierarchy.mount / hierarchy.own.strip("/"), hierarchy.mount / "termgym"
+
 
 def _make_dir(hierarchy: Hierarchy, name: str) -> Path:
     """The sandbox's directory under this process's cgroup, else (v1, or v2 where the own cgroup
     holds processes and cannot enable controllers for children) under ``termgym`` at the top."""
-    own = hierarchy.mount / hierarchy.own.strip("/")
-    candidates = [own, hierarchy.mount / "termgym"]
+    own, fallback = _parents(hierarchy)
     last: OSError | None = None
-    for parent in candidates:
+    for parent in (own, fallback):
         try:
             if parent != own:
                 parent.mkdir(exist_ok=True)
@@ -254,16 +291,11 @@ def remove_stale(
     """Remove this host's empty sandbox cgroups named ``prefix...`` (left by killed runs) in the
     places ``_make_dir`` uses, except the names in ``keep``; returns how many were removed."""
     try:
-        hierarchies = find_hierarchies(
-            (root / "proc/self/mountinfo").read_text(), (root / "proc/self/cgroup").read_text(), root
-        )
+        hierarchies = _host_hierarchies(root)
     except OSError:
         return 0
     removed = 0
-    parents = {h.mount / h.own.strip("/") for h in hierarchies.values()} | {
-        h.mount / "termgym" for h in hierarchies.values()
-    }
-    for parent in parents:
+    for parent in {parent for h in hierarchies.values() for parent in _parents(h)}:
         for directory in parent.glob(f"{prefix}*") if parent.is_dir() else []:
             if directory.name in keep or not directory.is_dir():
                 continue

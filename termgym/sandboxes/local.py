@@ -787,11 +787,7 @@ def _end_kept(path: Path) -> bool:
         return False
     end_detached(pid, started)
     if state.get("cgroup"):
-        cgroup = SandboxCgroup({c: (int(v), Path(d)) for c, (v, d) in state["cgroup"].items()}, Resources())
-        deadline = time.monotonic() + 5.0
-        while cgroup.pids() and time.monotonic() < deadline:
-            time.sleep(POLL_SEC)
-        cgroup.remove()
+        SandboxCgroup({c: (int(v), Path(d)) for c, (v, d) in state["cgroup"].items()}, Resources()).end_all()
     return True
 
 
@@ -824,6 +820,8 @@ def collect_sandboxes(root: Path | None = None) -> list[tuple[str, bool]]:
         if running:
             live.add(f"termgym-{path.name}")
             continue
+        if cgroup := SandboxCgroup.find(f"termgym-{path.name}"):
+            cgroup.end_all()  # a keeper that outlived its killed run (seen: the spare) may hold the mounts below
         unmount_sync(path / "root")  # an overlay over a prepared environment, on the storage below
         unmount_sync(path / "fs")
         shutil.rmtree(path, ignore_errors=True)

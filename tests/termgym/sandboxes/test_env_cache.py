@@ -21,6 +21,7 @@ from termgym.env import sandbox_spec
 from termgym.sandboxes import remove_leftovers
 from termgym.sandboxes.base import Sandbox
 from termgym.sandboxes.env_cache import EnvCache, environment_key, mounted_lower_dirs
+from termgym.sandboxes.limits import SandboxCgroup
 from termgym.sandboxes.local import LocalSandbox
 from termgym.tasks import load_task
 from tests.helpers import sandbox_processes, write_task
@@ -230,6 +231,13 @@ async def test_gc_removes_unused_entries_and_what_a_killed_process_left(tmp_path
     assert str(entry.tree) in mounted_lower_dirs()
     staging = cache_dir / "envs" / f".staging-{holder.pid}-deadbeef"
     staging.mkdir()
+    # A process of the sandbox that outlives the run, as a keeper can: it is in the sandbox's
+    # cgroup, and no file names it.
+    cgroup = SandboxCgroup.find(f"termgym-{Path(host_dir).name}")
+    assert cgroup is not None
+    outlived = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    for procs in cgroup.procs_files:
+        Path(procs).write_text(str(outlived.pid))
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=30)
     # The killed process's sandbox still has the entry mounted: gc removes the sandbox, then the entry.
@@ -237,6 +245,8 @@ async def test_gc_removes_unused_entries_and_what_a_killed_process_left(tmp_path
     assert line == "removed 1 leftover local sandbox(es) and 1 prepared environment(s)", line
     assert not Path(host_dir).exists() and not entry.path.exists() and not staging.exists()
     assert str(entry.tree) not in mounted_lower_dirs()
+    assert outlived.wait(timeout=5) == -signal.SIGKILL
+    assert SandboxCgroup.find(f"termgym-{Path(host_dir).name}") is None
     assert not [p for p in sandbox_processes() if host_dir in p]
 
 

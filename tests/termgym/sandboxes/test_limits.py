@@ -114,6 +114,15 @@ def test_v2_nests_under_the_own_cgroup_and_writes_every_limit(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("own_has_processes", [False, True])
+def test_find_gives_the_cgroup_where_create_made_it(tmp_path, own_has_processes):
+    fake_v2(tmp_path, own_has_processes=own_has_processes)
+    made, _ = SandboxCgroup.create("termgym-tg-x", Resources(), root=tmp_path)
+    found = SandboxCgroup.find("termgym-tg-x", root=tmp_path)
+    assert made is not None and found is not None and found.dirs == made.dirs
+    assert SandboxCgroup.find("termgym-tg-y", root=tmp_path) is None
+
+
 def test_a_host_without_controllers_gives_one_warning_per_limit(tmp_path):
     (tmp_path / "proc/self").mkdir(parents=True)
     (tmp_path / "proc/self/mountinfo").write_text("")
