@@ -41,7 +41,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -50,7 +49,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from termgym.sandboxes.host_processes import release, spawn
+from termgym.sandboxes.host_processes import end_process, spawn
 from termgym.sandboxes.tools import host_tool
 
 FORMAT = 1  # bump when what an entry holds or how a preparation runs changes
@@ -363,7 +362,7 @@ async def _cp(*paths: str) -> bool:
     propagates (nothing writes into a staging directory its owner removes)."""
     process = await spawn(
         [host_tool("cp"), "-a", "--reflink=auto", "--", *paths],
-        _end_copy,
+        end_process,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -371,14 +370,7 @@ async def _cp(*paths: str) -> bool:
     try:
         return await process.wait() == 0  # no pipes: waiting cannot hang on a held one
     finally:
-        await _end_copy(process)
-
-
-async def _end_copy(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signal.SIGKILL)
-    await release(process)
+        await end_process(process)
 
 
 async def copy_tree(source: Path, dest: Path) -> bool:

@@ -107,12 +107,17 @@ async def end_keeper(keeper: asyncio.subprocess.Process) -> None:
     for pid in children(keeper.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    if keeper.returncode is None:
+    await end_process(keeper)
+
+
+async def end_process(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL ``process`` if it still runs (not what it forked), then ``release`` it."""
+    if process.returncode is None:
         # os.kill, not Process.kill: that polls first and may reap the exited process behind
         # the child watcher's back (which then warns "Unknown child process").
         with contextlib.suppress(ProcessLookupError):
-            os.kill(keeper.pid, signal.SIGKILL)
-    await release(keeper)
+            os.kill(process.pid, signal.SIGKILL)
+    await release(process)
 
 
 async def release(process: asyncio.subprocess.Process, timeout: float = 5.0) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from termgym.sandboxes.base import Resources
+from termgym.sandboxes.host_processes import POLL_SEC
 
 PIDS_LIMIT = 512
 CPU_PERIOD_US = 100_000
@@ -228,7 +229,7 @@ class SandboxCgroup:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.001)
+            time.sleep(POLL_SEC)
         self.remove()
 
 
