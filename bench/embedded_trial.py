@@ -78,7 +78,7 @@ async def verification_overhead(task: Task) -> tuple[float, float]:
         await sandbox.exec(["true"], timeout=60)  # a sandbox ready for commands, as verify() found it
         started = time.perf_counter()
         await sandbox.exec(
-            [f"/tests/{task.test_script}"], env=verifier_env(task, sandbox), cwd=sandbox.workdir, timeout=60
+            [f"/tests/{task.test_script}"], env=verifier_env(task, sandbox)[0], cwd=sandbox.workdir, timeout=60
         )
         alone = time.perf_counter() - started
     return whole, alone

@@ -3,7 +3,7 @@ directory after the episode, as Harbor keeps them.
 
 ``export_artifacts`` downloads the paths (one archive, at most ``MAX_ARTIFACT_BYTES``), keeps what
 ``termgym.artifacts.safe_artifacts`` lets through (regular files and directories under the
-declared paths, no links, no ``..``) and unpacks it under ``<trial dir>/artifacts/`` at the
+declared paths, no links, no ``..``, no sparse members, at most the limit in all) and unpacks it under ``<trial dir>/artifacts/`` at the
 paths they had in the sandbox (``/app/out.txt`` -> ``artifacts/app/out.txt``), with the data
 filter of ``tarfile`` as a second guard. It never raises for what the sandbox holds: an archive over
 the limit, unreadable or malformed, or entries dropped, are warnings. It returns the files kept,
@@ -12,6 +12,7 @@ relative to the trial directory, sorted.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import tarfile
 from collections.abc import Sequence
@@ -36,12 +37,20 @@ async def export_artifacts(
     if not archive:
         return [], []
     try:
-        cleaned, dropped = safe_artifacts(archive, paths)
+        cleaned, dropped = safe_artifacts(archive, paths, limit=limit)
     except ValueError as exc:
         return [], [f"the artifacts were not kept: {exc}"]
-    warnings = [f"{len(dropped)} artifact entries were not kept (links, devices or outside the declared paths)"]
-    files = unpack(cleaned, trial_dir / ARTIFACTS_DIR)
-    return [f"{ARTIFACTS_DIR}/{name}" for name in files], warnings if dropped else []
+    warnings = [f"{len(dropped)} artifact entries were not kept ({DROPPED})"] if dropped else []
+    try:
+        files = await asyncio.to_thread(unpack, cleaned, trial_dir / ARTIFACTS_DIR)
+    except (OSError, tarfile.TarError) as exc:
+        return [], [*warnings, f"the artifacts were not kept: {getattr(exc, 'strerror', None) or exc}"]
+    return [f"{ARTIFACTS_DIR}/{name}" for name in files], warnings
+
+
+DROPPED = (
+    "links, devices, sparse files, names too long or in conflict, outside the declared paths, or past the size limit"
+)
 
 
 def unpack(archive: bytes, dest: Path) -> list[str]:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from termgym.artifact_export import export_artifacts
+from termgym.artifact_export import DROPPED, export_artifacts
 from termgym.artifacts import MAX_ARTIFACT_BYTES, artifact_paths, safe_artifacts
 from termgym.errors import ConfigError, EpisodeError, SandboxBroken, SandboxError
 from termgym.healthcheck import wait_healthy
@@ -48,6 +48,7 @@ from termgym.overrides import RunOverrides, apply_overrides, network_asked
 from termgym.records import TrialError
 from termgym.sandboxes import create_sandbox, keeps_warm_pool, prewarm
 from termgym.sandboxes.base import Sandbox, SandboxSpec
+from termgym.sandboxes.changes import watched_paths
 from termgym.shell import CommandResult, PersistentShell
 from termgym.steps import Grade, StepResult, combine, step_task
 from termgym.tamper import TAMPER_POLICIES, tamper_warning
@@ -71,7 +72,7 @@ class EnvOptions:
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     run_id: str = ""
     image_aliases: Mapping[str, str] | None = None  # None: built-in and config-file aliases
-    tamper: str = "warn"  # changed system paths: "warn" records them, "fail" scores the trial 0
+    tamper: str = "fail"  # changed system paths: "fail" scores the trial 0, "warn" records them (termgym.tamper)
     trials_dir: str | None = None  # where each trial's directory (its transcript) goes; None: not kept
     overrides: RunOverrides = field(default_factory=RunOverrides)  # Harbor's run overrides (termgym.overrides)
     pull: str = "missing"  # registry images (docker): missing, never, always
@@ -443,10 +444,14 @@ class AsyncTerminalEnv:
         user, line = self._phase_user(self.sandbox, "verifier")
         self._warn(line)
         if task.verifier_mode == "separate":
-            return await self._verify_separately(self.sandbox, task, user)
-        return await verify(
-            task, self.sandbox, reward_scale=self.options.reward_scale, tamper=self.options.tamper, user=user
-        )
+            verification = await self._verify_separately(self.sandbox, task, user)
+        else:
+            verification = await verify(
+                task, self.sandbox, reward_scale=self.options.reward_scale, tamper=self.options.tamper, user=user
+            )
+        for line in verification.warnings:
+            self._warn(line)
+        return verification
 
     def _add_step_result(self, verification: Verification) -> None:
         step, report = self.task.steps[self.step_index], verification.report
@@ -507,6 +512,8 @@ class AsyncTerminalEnv:
         assert self.sandbox is not None
         if self.error is not None and self.error["kind"] in ("sandbox_error", "broken_by_agent"):
             return  # the sandbox no longer answers: nothing can be copied out of it
+        if self.verification is not None and self.verification.tampered:
+            return  # what the agent left is not worth keeping, and may be crafted against the export
         if self.trial_dir is None:
             if self.task.artifacts:
                 self._warn("the task's artifacts were not kept: this run keeps no trial directory")
@@ -527,9 +534,7 @@ class AsyncTerminalEnv:
         except ValueError as exc:
             raise SandboxBroken(f"the artifacts could not be carried over: {exc}") from exc
         if dropped:
-            self.warnings.append(
-                f"{len(dropped)} artifact entries were not carried over (links, devices or outside the declared paths)"
-            )
+            self.warnings.append(f"{len(dropped)} artifact entries were not carried over ({DROPPED})")
         fresh = self._factory(self.task, self.options)
         try:
             await fresh.start()
@@ -539,7 +544,8 @@ class AsyncTerminalEnv:
                 self._warn(f"the separate verifier's network: {reason}" if reason else None)
             if archive:
                 await fresh.upload_tar(archive, "/")
-            verification = await verify(task, fresh, reward_scale=self.options.reward_scale, user=user)
+            # the agent's system changes never reach this sandbox: what changed in it is the harness's upload
+            verification = await verify(task, fresh, reward_scale=self.options.reward_scale, tamper="warn", user=user)
             return replace(verification, system_changes=tuple(changes) if changes is not None else None)
         finally:
             self.warnings += [w for w in await fresh.limit_warnings() if w not in self.warnings]
@@ -552,8 +558,6 @@ class AsyncTerminalEnv:
         verification = self.verification
         if verification is not None and verification.system_changes is not None:
             self.system_changes = list(verification.system_changes)
-            if verification.system_changes:
-                self.warnings.append(tamper_warning(list(verification.system_changes)))
         try:
             self.warnings += [w for w in await self.sandbox.limit_warnings() if w not in self.warnings]
         except SandboxError:
@@ -588,7 +592,9 @@ def verification_error(verification: Verification, task: Task) -> TrialError | N
     timeout, its report's error, a test script that could not run (exit 126 and above)."""
     report = verification.report
     if verification.tampered:
-        return {"kind": "tampered", "message": tamper_warning(list(verification.system_changes or ()))}
+        changed = tamper_warning(list(verification.system_changes or ()))
+        hint = "not verified; a task whose work is to change them declares [verifier].allow_system_changes"
+        return {"kind": "tampered", "message": f"{changed} ({hint})"}
     if verification.timed_out:
         return {"kind": "verifier_timeout", "message": f"verifier exceeded {task.verifier_timeout_sec:g}s"}
     if report.error:
@@ -630,6 +636,7 @@ def sandbox_spec(
         image_aliases=dict(image_aliases) if image_aliases is not None else load_aliases(),
         pull=pull,
         prefer_build=prefer_build,
+        watched=watched_paths(task.verifier_env),
     )
 
 

@@ -65,8 +65,14 @@ _ESCAPE_SEQUENCE = re.compile(
     r"|[\x30-\x4f\x51-\x57\x59\x5a\x5c\x60-\x7e]"  # two characters: ESC 7, ESC M, ESC c, ESC \ ...
     r")"
 )
-# C0 controls except tab and newline, DEL, and the C1 controls (ESC and CR among them).
-_CONTROLS = dict.fromkeys([*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)])
+# C0 controls except tab and newline, DEL, and the C1 controls (ESC and CR among them), removed; lone
+# surrogates (what bytes that are not UTF-8 decode to with surrogateescape, as file names do)
+# replaced: printed raw they are those bytes (0x9b: an 8-bit CSI), and a strict UTF-8 stream refuses them.
+_SURROGATES = dict.fromkeys(range(0xD800, 0xE000), "\ufffd")
+_CONTROLS: dict[int, str | None] = {
+    **dict.fromkeys([*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)]),
+    **_SURROGATES,
+}
 
 
 def terminal_safe(text: str) -> str:
@@ -87,10 +93,12 @@ def terminal_safe(text: str) -> str:
     - every carriage return is removed: ``\\r\\n`` becomes ``\\n``, a lone ``\\r`` disappears;
     - the other C0 controls (U+0000..U+001F) except tab and newline are removed, and so is DEL
       (U+007F);
+    - every lone surrogate (U+D800..U+DFFF: a name that is not UTF-8, decoded with
+      ``surrogateescape``) becomes U+FFFD, so the result always encodes as strict UTF-8;
     - every other character, all printable Unicode included, is kept unchanged and in order.
 
-    So the result holds no character below U+0020 but tab and newline, and none from U+007F to
-    U+009F. It runs in time linear in ``len(text)`` whatever the input (no match attempt backtracks).
+    So the result holds no character below U+0020 but tab and newline, none from U+007F to
+    U+009F, and no surrogate. It runs in time linear in ``len(text)`` whatever the input (no match attempt backtracks).
     The result is plain text, not Rich markup: print it with ``markup=False`` or as a
     ``rich.text.Text``.
     """
@@ -112,7 +120,7 @@ def plain_text(value: object):
 _DISPLAY_KEPT = re.compile(r"\x1b\[[0-9;:]*+[mKCDG]")
 _SGR_RESET = "\x1b[0m"
 # display_safe keeps tab, newline, carriage return and backspace (they stay within the line).
-_DISPLAY_CONTROLS = {key: None for key in _CONTROLS if key not in (0x08, 0x0D)}
+_DISPLAY_CONTROLS = {key: value for key, value in _CONTROLS.items() if key not in (0x08, 0x0D)}
 
 
 def display_safe(text: str) -> str:
@@ -133,7 +141,8 @@ def display_safe(text: str) -> str:
       DCS, SOS, PM and APC strings, and the ESC-letter and character-set sequences (``ESC c``
       reset, ``ESC 7``/``ESC 8``, ``ESC ( 0``);
     - removed alone: any other ESC, the other C0 controls (BEL, shift-out/in among them), DEL and
-      the C1 controls (so an 8-bit CSI ``U+009B`` never reaches the terminal);
+      the C1 controls (so an 8-bit CSI ``U+009B`` never reaches the terminal); a lone surrogate
+      becomes U+FFFD;
     - when the last SGR sequence kept is not a reset, the result ends with ``ESC [ 0 m``, so
       colours do not run into what is printed next.
 

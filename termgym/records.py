@@ -17,6 +17,7 @@ from typing import Any, Literal, TypedDict, get_args
 # sandbox died, its shell stopped speaking the protocol or a tool broke after the agent's commands
 # (reward 0). tampered: the agent changed system paths and the run's tamper policy is "fail" (reward 0).
 # model_error: the agent's model could not be reached or answered unusably past its retries (no verification).
+# internal_error: termgym itself failed (a bug): reward 0, kept and never retried, the traceback in logs.
 ErrorKind = Literal[
     "agent_timeout",
     "verifier_timeout",
@@ -28,6 +29,7 @@ ErrorKind = Literal[
     "build_failed",
     "invalid_task",
     "cancelled",
+    "internal_error",
 ]
 ERROR_KINDS: tuple[ErrorKind, ...] = get_args(ErrorKind)
 

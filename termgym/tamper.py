@@ -2,13 +2,17 @@
 
 On a backend where the agent is root in the file system the verifier then executes (Docker,
 Daytona), the agent can replace what the verifier runs: ``/bin/sh``, a shim earlier on ``PATH``,
-``/etc/ld.so.preload``, a ``pytest.ini`` or ``conftest.py`` at ``/``. Nothing inside the sandbox can
-tell such a change from real work, but the engine can: it knows every path the container changed
-against its image. ``termgym.sandboxes.changes.system_changes`` picks from those the ones a verifier's tools depend on, and a
-run's policy (``EnvOptions.tamper``) decides what they mean: ``warn`` records them, ``fail`` scores
-the trial 0 with error kind ``tampered`` without running the verifier. A task whose agent must
-change system paths (install a package, configure a service) is graded honestly only in the
-separate verification mode (``[verifier].environment_mode = "separate"``).
+``/etc/ld.so.preload``, a ``pytest.ini`` or ``conftest.py`` at ``/``; on every backend, what a task's
+``[verifier].env`` puts on a search path from the writable directories. Nothing inside the sandbox
+can tell such a change from real work, but the engine can (it knows every path the container
+changed against its image), and so can the host for the embedded backend's watched paths (their
+change times). ``termgym.sandboxes.changes.system_changes`` picks the ones a verifier's tools depend
+on, and a run's policy (``EnvOptions.tamper``) decides what they mean: ``fail``, the default, scores
+the trial 0 with error kind ``tampered`` without running the verifier; ``warn`` records them and
+verifies. A task whose agent must change system paths (install a package, configure a service)
+declares ``[verifier].allow_system_changes``: its changes are recorded, neither warned about nor
+failed; it is graded against a determined agent only in the separate verification mode
+(``[verifier].environment_mode = "separate"``).
 
 Pure: no I/O.
 """

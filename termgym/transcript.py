@@ -34,6 +34,7 @@ FILENAME = "trajectory.json"
 # context_exhausted (the next turn cannot fit the model's context window), parse_errors (too many
 # replies in a row that did not parse): truncated, then verified. model_error: the model could not
 # be reached (no verification). sandbox_error: the sandbox failed. cancelled: the trial was stopped.
+# internal_error: termgym itself failed (a bug; the record carries the traceback).
 StopReason = Literal[
     "submitted",
     "max_turns",
@@ -43,6 +44,7 @@ StopReason = Literal[
     "model_error",
     "sandbox_error",
     "cancelled",
+    "internal_error",
 ]
 
 

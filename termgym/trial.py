@@ -1,8 +1,11 @@
 """One trial: a fresh environment, an agent driving it to the end, verification, and its record.
 
 ``run_trial`` always returns a ``TrialRecord``: infrastructure faults (the sandbox failed, the build
-failed, the model could not be reached) become the record's ``error``, never an exception; only
-cancellation propagates, after the sandbox has been stopped. A sandbox the agent broke is
+failed, the model could not be reached) become the record's ``error``, never an exception, and so
+does anything unexpected (a bug of termgym's, whatever the agent left triggering it): error kind
+``internal_error``, the traceback in ``record.logs["traceback"]``, counted like any verdict (reward
+0, never retried), so that neither the batch nor the trial's own record is lost; only cancellation
+propagates, after the sandbox has been stopped. A sandbox the agent broke is
 ``broken_by_agent`` (``termgym.env.fault``). With ``EnvOptions.trials_dir`` every trial, failed
 and cancelled ones too, writes its transcript to ``trials_dir/<trial_id>/trajectory.json``, and
 the task's artifacts go to ``trials_dir/<trial_id>/artifacts/`` (``record.artifacts``). The record
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -79,6 +83,11 @@ async def run_trial(
         env.transcript.stop("model_error")
     except ConfigError as exc:
         record.error = {"kind": "invalid_task", "message": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - a bug must not cost the batch its other trials, nor this one its record
+        first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+        record.error = {"kind": "internal_error", "message": f"{type(exc).__name__}: {first_line}".rstrip(": ")}
+        record.logs["traceback"] = traceback.format_exc()[-20000:]
+        env.transcript.stop("internal_error")  # unless it had ended already (the first reason wins)
     except asyncio.CancelledError:
         env.transcript.stop("cancelled")
         _keep_transcript(record, env, options)

@@ -33,7 +33,9 @@ from importlib import resources
 from termgym.aio import cancel_and_wait
 from termgym.errors import SandboxBroken, TermgymError
 from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, tar_of_files
+from termgym.sandboxes.changes import trusted_search_paths
 from termgym.sandboxes.host_files import HostFiles
+from termgym.tamper import tamper_warning
 from termgym.tasks import Task
 from termgym.verifiers import (
     MAX_REPORT_BYTES,
@@ -106,6 +108,7 @@ class Verification:
     duration: float
     system_changes: tuple[str, ...] | None = None  # what the agent changed under system paths; None: unknown
     tampered: bool = False  # system paths changed under the "fail" policy: the verifier did not run
+    warnings: tuple[str, ...] = ()  # search-path entries left out of the verifier's environment, changes let through
 
 
 class TooManyReports(TermgymError):
@@ -120,12 +123,17 @@ def assertion_kit() -> bytes:
     return resources.files("termgym.verifiers").joinpath("kit/assert.sh").read_bytes()
 
 
-def verifier_env(task: Task, sandbox: Sandbox) -> dict[str, str]:
-    """The test script's whole environment: the image's own (never the agent's), a fresh ``HOME``,
+def verifier_env(task: Task, sandbox: Sandbox) -> tuple[dict[str, str], list[str]]:
+    """The test script's whole environment, and a warning per search variable it leaves out
+    entries of: the image's own environment (never the agent's) without the search-path entries
+    the agent could have written (``termgym.sandboxes.changes.trusted_search_paths``: only those
+    under system directories stay; ``PATH`` falls back to ``DEFAULT_PATH``), a fresh ``HOME``,
     Python without user site-packages and without the working directory on ``sys.path``, git
     without the agent's global config and with its hooks and fsmonitor off, then the task's
-    ``[verifier].env``, which may override any of these."""
-    env = {"PATH": DEFAULT_PATH, **sandbox.env}
+    ``[verifier].env``, which may override any of these (and is trusted as its author wrote it;
+    the tamper check watches what it names, ``SandboxSpec.watched``)."""
+    image_env, dropped = trusted_search_paths({"PATH": DEFAULT_PATH, **sandbox.env})
+    env = {"PATH": DEFAULT_PATH, **image_env}
     env.update(
         HOME=VERIFIER_HOME,
         LANG="C.UTF-8",
@@ -141,54 +149,62 @@ def verifier_env(task: Task, sandbox: Sandbox) -> dict[str, str]:
         GIT_CONFIG_VALUE_1="/dev/null",
         **dict(task.verifier_env),
     )
-    return env
+    by_variable: dict[str, list[str]] = {}
+    for name, entry in dropped:
+        if name not in task.verifier_env:
+            by_variable.setdefault(name, []).append(entry or "(empty: the working directory)")
+    warnings = [
+        f"the verifier's {name} leaves out what the agent could write: {', '.join(entries)} "
+        "(a task that trusts it sets [verifier].env)"
+        for name, entries in by_variable.items()
+    ]
+    return env, warnings
 
 
 async def verify(
-    task: Task, sandbox: Sandbox, *, reward_scale: int, tamper: str = "warn", user: str | None = None
+    task: Task, sandbox: Sandbox, *, reward_scale: int, tamper: str = "fail", user: str | None = None
 ) -> Verification:
     """Run the task's verifier in ``sandbox``. Raises ``SandboxBroken`` when a harness step fails
     inside the sandbox and ``SandboxError`` for infrastructure faults; everything the verifier
-    itself does is data in the result. With ``tamper="fail"``, a sandbox whose system paths the
-    agent changed is not verified: reward 0, ``tampered``. With ``user`` (``[verifier].user``,
-    where the backend ``supports_users``) the test script runs as that user, ``/logs/verifier``
-    and its home made writable for it (mode 0777, as Harbor does); the harness steps stay root's."""
+    itself does is data in the result. A sandbox whose system paths the agent changed (what
+    ``Sandbox.changed_system_paths`` lists) is not verified under ``tamper="fail"`` (the default):
+    reward 0, ``tampered``; under ``"warn"`` it is, with a warning. A task that declares
+    ``[verifier].allow_system_changes`` has its changes recorded and neither. With ``user``
+    (``[verifier].user``, where the backend ``supports_users``) the test script runs as that user,
+    ``/logs/verifier`` and its home made writable for it (mode 0777, as Harbor does); the harness
+    steps stay root's."""
     started = time.monotonic()
     await sandbox.check_alive()  # a sandbox the agent killed is not revived to be graded
     await sandbox.kill_agent_processes()
     # The engine lists the agent's changes while the harness resets what the verifier uses (none of
     # which is a system path): the list is the agent's alone.
     listing = asyncio.ensure_future(sandbox.changed_system_paths())
+    broken: SandboxBroken | None = None  # a harness step the agent broke: tampering, if that is what broke it
     try:
-        files = dict((relative, host) for host, relative in task.test_files())
-        script = (task.test_script, files.pop(task.test_script).read_bytes(), 0o755)  # executable, whatever its mode
-        kit = (".termgym/assert.sh", assertion_kit(), 0o755)
-        host = sandbox.host_files() if user is None else None
-        if host is not None:  # no process runs in the sandbox: its files are reached from here
-            blobs = [(relative, path.read_bytes(), path.stat().st_mode) for relative, path in files.items()]
-            await _on_host(host.fresh_dirs, FRESH_DIRS, "could not reset /tests and /logs/verifier")
-            await _on_host(host.write_files, "/tests", [*blobs, kit, script], "could not write /tests")
-        else:
-            await _harness_step(sandbox, ["/bin/sh", "-c", _RESET], "could not reset /tests and /logs/verifier")
-            if user is not None:
-                opened = ["chmod", "0777", "/logs/verifier", "/tmp/.termgym-verifier", VERIFIER_HOME]
-                await _harness_step(sandbox, opened, "could not open /logs/verifier to the verifier's user")
-            await sandbox.upload_tar(
-                tar_of_files([(host, relative) for relative, host in files.items()], [kit, script]), "/tests"
-            )
+        try:
+            await _prepare_tests(task, sandbox, user)
+        except SandboxBroken as exc:
+            broken = exc
         found = await listing
     except BaseException:
         await cancel_and_wait(listing)
         raise
     changes = tuple(found) if found is not None else None
-    if changes and tamper == "fail":
-        error = f"not verified: the agent changed {len(changes)} system path(s)"
-        report = AssertionReport(format="exit-code", assertions=(), binary=True, source="tamper check", error=error)
-        return Verification(report, 0.0, None, False, "", time.monotonic() - started, changes, tampered=True)
+    env, warnings = verifier_env(task, sandbox)
+    if changes and not task.allow_system_changes:
+        if tamper == "fail":
+            error = f"not verified: the agent changed {len(changes)} system path(s)"
+            report = AssertionReport(format="exit-code", assertions=(), binary=True, source="tamper check", error=error)
+            return Verification(
+                report, 0.0, None, False, "", time.monotonic() - started, changes, tampered=True, warnings=()
+            )
+        warnings.append(tamper_warning(list(changes)))
+    if broken is not None:
+        raise broken
     result = await sandbox.exec_as(
         user,
         [f"/tests/{task.test_script}"],
-        env=verifier_env(task, sandbox),
+        env=env,
         cwd=sandbox.workdir,
         timeout=task.verifier_timeout_sec,
         output_limit=VERIFIER_OUTPUT_LIMIT,
@@ -210,7 +226,30 @@ async def verify(
         output=result.text,
         duration=time.monotonic() - started,
         system_changes=changes,
+        warnings=tuple(warnings),
     )
+
+
+async def _prepare_tests(task: Task, sandbox: Sandbox, user: str | None) -> None:
+    """``/logs/verifier``, ``/tests`` and the verifier's home made fresh, and the task's tests (with
+    the assertion kit) written to ``/tests``: from the host where the backend reaches the files
+    (``Sandbox.host_files``), else by commands of the image's system paths and the backend's upload.
+    ``SandboxBroken`` when the agent left that impossible."""
+    files = dict((relative, host) for host, relative in task.test_files())
+    script = (task.test_script, files.pop(task.test_script).read_bytes(), 0o755)  # executable, whatever its mode
+    kit = (".termgym/assert.sh", assertion_kit(), 0o755)
+    host = sandbox.host_files() if user is None else None
+    if host is not None:  # no process runs in the sandbox: its files are reached from here
+        blobs = [(relative, path.read_bytes(), path.stat().st_mode) for relative, path in files.items()]
+        await _on_host(host.fresh_dirs, FRESH_DIRS, "could not reset /tests and /logs/verifier")
+        await _on_host(host.write_files, "/tests", [*blobs, kit, script], "could not write /tests")
+        return
+    await _harness_step(sandbox, ["/bin/sh", "-c", _RESET], "could not reset /tests and /logs/verifier")
+    if user is not None:
+        opened = ["/bin/chmod", "0777", "/logs/verifier", "/tmp/.termgym-verifier", VERIFIER_HOME]
+        await _harness_step(sandbox, opened, "could not open /logs/verifier to the verifier's user")
+    archive = tar_of_files([(host, relative) for relative, host in files.items()], [kit, script])
+    await sandbox.upload_tar(archive, "/tests")
 
 
 async def _on_host(operation: Callable[..., None], *args: object) -> None:

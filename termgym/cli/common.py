@@ -108,7 +108,7 @@ def run_overrides_options(sub: argparse.ArgumentParser, *, build: bool = True) -
         type=int,
         default=DEFAULT_SCALE,
         metavar="S",
-        help=f"the reward's assertion scale S: reward = min(passed, S) / S (default {DEFAULT_SCALE})",
+        help=f"the reward's assertion scale S: reward = passed / S, not capped at 1 (default {DEFAULT_SCALE})",
     )
 
 
@@ -116,8 +116,10 @@ def tamper_option(sub: argparse.ArgumentParser) -> None:
     sub.add_argument(
         "--tamper",
         choices=TAMPER_POLICIES,
-        default="warn",
-        help="when the agent changed system paths the verifier may run (docker): warn records them, fail scores 0 (default: warn)",
+        default="fail",
+        help="when the agent changed system paths the verifier may run: fail scores the trial 0 without "
+        "running the verifier, warn records them and verifies (default: fail; a task whose work is to "
+        "change them declares [verifier].allow_system_changes)",
     )
 
 

@@ -174,6 +174,7 @@ class ImageConfig:
     ref: str = ""
     digest: str = ""
     id: str = ""
+    entrypoint: tuple[str, ...] = ()  # the image's ENTRYPOINT, which every (re)start of its container runs
 
     def record(self) -> dict[str, str]:
         """What a trial's record says of its image (``Sandbox.image``)."""
@@ -301,6 +302,7 @@ def _image_config(client, tag: str, source: str = "build", ref: str = "") -> Ima
         ref=ref or tag,
         digest=image_digest(info, ref or tag),
         id=str(info.get("Id") or ""),
+        entrypoint=tuple(str(word) for word in config.get("Entrypoint") or ()),
     )
 
 

@@ -63,6 +63,9 @@ class SandboxSpec:
     image_aliases: Mapping[str, str] = field(default_factory=dict)  # FROM rewrites for offline builds
     pull: str = "missing"  # images from a registry: "missing" (as docker run), "never", "always"
     prefer_build: bool = False  # build the Dockerfile even when the task names a docker_image (--build)
+    # Paths outside system directories the verifier looks things up in (a task's [verifier].env
+    # trusts them): the tamper check watches them as it watches system paths (changed_system_paths).
+    watched: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -154,23 +157,32 @@ class Sandbox(abc.ABC):
 
     async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
         """A tar archive of those of the absolute ``paths`` that exist, named relative to ``/``
-        (empty when none does); ``SandboxBroken`` when it is over ``limit`` bytes or unreadable."""
+        (empty when none does); ``SandboxBroken`` when it is over ``limit`` bytes or unreadable.
+        The archive is made by the sandbox's own ``tar`` (found on the system directories only)
+        and cut at ``limit + 1`` bytes as it streams, so a tree that claims more (a sparse file of
+        terabytes) stops the read there; what it holds is untrusted all the same
+        (``termgym.artifacts.safe_artifacts``)."""
         script = (
-            'for p; do shift; if [ -e "/$p" ] || [ -L "/$p" ]; then set -- "$@" "$p"; fi; done\n'
-            '[ "$#" -gt 0 ] || exit 0\ntar -C / -cf - -- "$@" 2>/dev/null | base64 -w 0'
+            f"PATH={DEFAULT_PATH}\n"
+            'cap=$1; shift\nfor p; do shift; if [ -e "/$p" ] || [ -L "/$p" ]; then set -- "$@" "$p"; fi; done\n'
+            '[ "$#" -gt 0 ] || exit 0\ntar -C / -cf - -- "$@" 2>/dev/null | head -c "$cap" | base64 -w 0'
         )
         relative = [path.strip("/") for path in paths]
         result = await self.exec(
-            ["/bin/sh", "-c", script, "sh", *relative], timeout=timeout, cwd="/", output_limit=limit * 4 // 3 + 8
+            ["/bin/sh", "-c", script, "sh", str(limit + 1), *relative],
+            timeout=timeout,
+            cwd="/",
+            env={"PATH": DEFAULT_PATH},
+            output_limit=(limit + 1) * 4 // 3 + 8,
         )
-        if result.exit_code != 0 or result.dropped_bytes:
-            raise SandboxBroken(
-                f"could not read {', '.join(paths)} (over {limit >> 20} MB, or tar failed: {_last_line(result.text)})"
-            )
         try:
-            return base64.b64decode(result.output, validate=True)
+            archive = base64.b64decode(result.output, validate=True) if result.exit_code == 0 else None
         except (binascii.Error, ValueError) as exc:
             raise SandboxBroken(f"could not read {', '.join(paths)}: the archive came back garbled") from exc
+        if archive is None or result.dropped_bytes or len(archive) > limit:
+            why = f"over {limit >> 20} MB" if archive is not None else f"tar failed: {_last_line(result.text)}"
+            raise SandboxBroken(f"could not read {', '.join(paths)} ({why})")
+        return archive
 
     async def check_alive(self) -> None:
         """``SandboxBroken`` if the sandbox's own processes all ended (killed from inside),

@@ -35,21 +35,26 @@ import atexit
 import concurrent.futures
 import contextlib
 import functools
+import io
 import os
+import posixpath
+import signal
 import socket
 import struct
+import tarfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from termgym.aio import uninterrupted, wait_for
 from termgym.errors import BackendUnavailable, ConfigError, SandboxBroken, SandboxError, SandboxGone
 from termgym.images.build import ImageConfig, ensure_task_image
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
-from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
-from termgym.sandboxes.changes import system_changes
+from termgym.sandboxes.base import DEFAULT_PATH, ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
+from termgym.sandboxes.changes import LINKED_DIRECTORIES, entrypoint_files, link_exits, system_changes
 from termgym.sandboxes.docker_pool import (
     POOL_LABEL,
     Ready,
@@ -59,14 +64,32 @@ from termgym.sandboxes.docker_pool import (
     owner_gone,
     settings_from_env,
 )
-from termgym.sandboxes.host_processes import start_time
+from termgym.sandboxes.host_processes import children, start_time
 from termgym.sandboxes.limits import PIDS_LIMIT
 
 START_HINT = "start it with scripts/docker-engine.sh, or as root: dockerd --iptables=false --bridge=none &"
 RESTART_TIMEOUT = 30.0
 SETTLE_TIMEOUT = 2.0  # how long a container the engine could not list may take to stop
-KEEPER = "sleep infinity"  # what the container runs under its init
+# What the container runs under its init: by absolute path, never looked up on the container's PATH
+# (an agent could plant a `sleep` there, which every restart would run again). /bin/sleep is the
+# image's own as long as the tamper check finds no change under /bin or /usr.
+KEEPER = ("/bin/sleep", "infinity")
+KEEPER_COMMAND = " ".join(KEEPER)  # as the engine lists it (docker top's CMD)
 _DIFF_KINDS = {0: "C", 1: "A", 2: "D"}
+
+# Every link in the directories given ("$@", those that are directories and not links themselves)
+# as: path NUL target NUL. GNU find lists them at once; elsewhere (busybox) the shell's loop does.
+_LIST_LINKS = r"""
+dirs=
+for d; do [ -d "$d" ] && [ ! -L "$d" ] && dirs="$dirs $d"; done
+[ -n "$dirs" ] || exit 0
+find $dirs -maxdepth 1 -type l -printf '%p\0%l\0' 2>/dev/null && exit 0
+for d in $dirs; do
+  for f in "$d"/* "$d"/.[!.]*; do [ -L "$f" ] && printf '%s\0%s\0' "$f" "$(readlink "$f")"; done
+done
+exit 0
+"""
+_LINK_EXITS: dict[str, tuple[str, ...]] = {}  # per image id: where its system links lead out
 
 _pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="termgym-docker")
 _client: Any = None
@@ -105,6 +128,9 @@ class DockerSandbox(Sandbox):
         self._channels: list[_DockerChannel] = []
         self._started_at = 0.0  # when this process last started or restarted the container
         self._keeper: str | None = None  # the keeper's host pid, as the engine lists it
+        # what the tamper check watches besides system paths: the spec's, and the image's entrypoint
+        # (which every restart runs again)
+        self._watched: tuple[str, ...] = tuple(spec.watched)
 
     async def start(self) -> None:
         client = await _run(docker_client)
@@ -120,9 +146,28 @@ class DockerSandbox(Sandbox):
                 taken = await uninterrupted(_run(_create_started, client, recipe, labels), _discard)
             else:
                 self._started_at = time.time()  # stop requests count from the hand-over (``_fault``)
-        except Exception as exc:
+        except engine_errors() as exc:
             raise _mapped(exc, "could not start the container") from exc
         self._container, self._keeper = taken.container, taken.keeper
+        self._watched = (*self._watched, *await self._link_exits(image.id))
+
+    async def _link_exits(self, image_id: str) -> tuple[str, ...]:
+        """Where the image's links in its system directories lead out of them
+        (``termgym.sandboxes.changes.link_exits``), listed once per image (before any agent ran
+        in this container: what it lists is the image's)."""
+        if image_id not in _LINK_EXITS:
+            listed = await self.exec(
+                ["/bin/sh", "-c", _LIST_LINKS, "sh", *LINKED_DIRECTORIES],
+                timeout=60,
+                cwd="/",
+                env={"PATH": DEFAULT_PATH},
+                output_limit=4 << 20,
+            )
+            if listed.exit_code != 0 or listed.dropped_bytes:
+                return ()  # an image without a shell or find: nothing found, nothing more watched
+            fields = listed.output.decode("utf-8", errors="surrogateescape").split("\0")
+            _LINK_EXITS[image_id] = link_exits(dict(zip(fields[0:-1:2], fields[1::2])))
+        return _LINK_EXITS[image_id]
 
     async def _recipe(self, client: Any) -> tuple[ImageConfig, Recipe]:
         """The task's image (built or pulled as needed) and the recipe of its container; sets
@@ -143,6 +188,7 @@ class DockerSandbox(Sandbox):
         )
         self.env = {**image.env, **dict(self.spec.env)}
         self.workdir = image.workdir
+        self._watched = (*self.spec.watched, *entrypoint_files(image.entrypoint, image.workdir))
         network = "none"
         if self.spec.network:
             network = await _run(_network_for_task, client)
@@ -156,7 +202,7 @@ class DockerSandbox(Sandbox):
             cpus = float(engine_cpus)
         recipe = make_recipe(
             image_id=image.id,
-            command=KEEPER.split(),
+            command=KEEPER,
             labels={"termgym": "1", **dict(self.spec.labels), "termgym.task": self.spec.name[:200]},
             working_dir=self.workdir,
             environment=dict(self.spec.env),
@@ -219,16 +265,14 @@ class DockerSandbox(Sandbox):
                 if keeper is not None:  # the restart ended every process; what runs now is the image's own
                     self._keeper = keeper
                     return
-                if time.monotonic() > deadline:
-                    raise SandboxError(
-                        f"the container's keeper ({KEEPER}) is not running {RESTART_TIMEOUT:g}s after a restart"
+                if time.monotonic() > deadline:  # what the restart runs (the entrypoint) is the agent's to change
+                    raise SandboxBroken(
+                        f"the container's keeper ({KEEPER_COMMAND}) is not running {RESTART_TIMEOUT:g}s after a restart"
                     )
                 await asyncio.sleep(0.02)
         except TimeoutError as exc:
-            raise SandboxError(f"the container did not restart within {RESTART_TIMEOUT:g}s") from exc
-        except SandboxError:
-            raise
-        except Exception as exc:
+            raise SandboxBroken(f"the container did not restart within {RESTART_TIMEOUT:g}s") from exc
+        except engine_errors() as exc:
             raise await self._fault(exc, "could not end the agent's processes") from exc
 
     async def check_alive(self) -> None:
@@ -240,7 +284,7 @@ class DockerSandbox(Sandbox):
         if state.get("Running"):  # and its keeper too: the engine notices the init's exit a moment later
             try:
                 top = await _run(docker_client().api.top, container)
-            except Exception as exc:
+            except engine_errors() as exc:
                 state = await self._settled_state(container)
                 if state.get("Running"):
                     raise await self._fault(exc, "could not list the container's processes") from exc
@@ -253,7 +297,7 @@ class DockerSandbox(Sandbox):
     async def _state(self, container: str) -> dict:
         try:
             return (await _run(docker_client().api.inspect_container, container)).get("State") or {}
-        except Exception as exc:
+        except engine_errors() as exc:
             raise await self._fault(exc, "could not inspect the container") from exc
 
     async def _settled_state(self, container: str) -> dict:
@@ -264,19 +308,23 @@ class DockerSandbox(Sandbox):
         return state
 
     async def changed_system_paths(self) -> list[str] | None:
+        """What the engine says the container changed under system paths, the spec's watched paths
+        and the image's entrypoint. An engine that cannot list them once the agent has acted
+        (a path longer than ``PATH_MAX`` makes it fail) is ``SandboxBroken``: the agent's doing."""
         try:
             changes = await _run(docker_client().api.diff, self._require())
-        except Exception as exc:
+        except engine_errors() as exc:
             raise await self._fault(exc, "could not list the container's changes") from exc
-        return system_changes((c["Path"], _DIFF_KINDS.get(c.get("Kind"), "C")) for c in changes or [])
+        listed = ((str(c.get("Path") or ""), _DIFF_KINDS.get(c.get("Kind"), "C")) for c in changes or [])
+        return system_changes(listed, self._watched)
 
-    async def _fault(self, exc: Exception, what: str) -> SandboxError:
+    async def _fault(self, exc: BaseException, what: str) -> SandboxError:
         """``_mapped``, told apart for a stopped container: stopped through the engine's API since
         this process last (re)started it (``docker kill``, ``docker stop``: from outside, so
         ``SandboxGone``), or by its own processes (``SandboxBroken``). The agent cannot reach the API."""
         error = _mapped(exc, what)
         if isinstance(error, SandboxBroken) and self._container is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(*engine_errors()):
                 events = await _run(_stop_requests, docker_client(), self._container, self._started_at)
                 if events:
                     return SandboxGone(f"{what}: the container was stopped from outside ({events[0]})")
@@ -313,28 +361,47 @@ class DockerSandbox(Sandbox):
         cwd: str | None = None,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
     ) -> ExecResult:
+        """Run ``argv`` through the engine's exec, with exactly ``env`` (the exec API's own
+        environment: the container's variables ``env`` lacks are unset) and a deadline kept here,
+        not by a ``timeout`` in the container: nothing is looked up on the container's ``PATH``
+        but ``argv[0]`` itself, on ``env``'s. At the deadline the command's processes are killed
+        where the engine runs on this host; elsewhere they are left to the next kill step."""
         container = self._require()
         limit = max(timeout, 0.001)
-        pairs = [f"{k}={v}" for k, v in (self.env if env is None else env).items()]
-        command = ["timeout", "-k", "1", f"{limit:.3f}", "env", "-i", *pairs, *argv]
         capture = OutputCapture(output_limit)
-        started = time.monotonic()
+        client = docker_client()
+        environment = self._exec_environment(self.env if env is None else env)
         try:
-            code = await wait_for(
-                _run(_exec_blocking, docker_client(), container, command, cwd or self.workdir, capture, user or ""),
-                limit + 10,
-            )
-        except TimeoutError:
-            code = None
-        except Exception as exc:
+            exec_id = (
+                await _run(
+                    client.api.exec_create,
+                    container,
+                    list(argv),
+                    workdir=cwd or self.workdir,
+                    user=user or "",
+                    environment=environment,
+                )
+            )["Id"]
+            try:
+                code = await wait_for(_run(_exec_blocking, client, exec_id, capture), limit)
+            except TimeoutError:
+                code = None
+                await _run(_end_exec, client, exec_id, container)
+        except engine_errors() as exc:
             raise await self._fault(exc, "exec failed") from exc
-        timed_out = code is None or (code in (124, 137) and time.monotonic() - started >= limit)
         return ExecResult(
-            exit_code=None if timed_out else code,
+            exit_code=code,
             output=capture.getvalue(),
-            timed_out=timed_out,
+            timed_out=code is None,
             dropped_bytes=capture.dropped_bytes,
         )
+
+    def _exec_environment(self, env: Mapping[str, str]) -> list[str]:
+        """The exec API's environment that makes a command's environment exactly ``env``: the
+        engine adds the container's own variables (and ``HOSTNAME``) to an exec's, and an entry
+        without ``=`` unsets one."""
+        unset = [name for name in dict.fromkeys([*self.env, "HOSTNAME"]) if name not in env]
+        return [*unset, *(f"{name}={value}" for name, value in env.items())]
 
     async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
         return await self.open_process_as(None, argv, env=env, cwd=cwd)
@@ -343,21 +410,21 @@ class DockerSandbox(Sandbox):
         self, user: str | None, argv: Sequence[str], *, env: Mapping[str, str], cwd: str
     ) -> ProcessChannel:
         container = self._require()
-        pairs = [f"{k}={v}" for k, v in env.items()]
         client = docker_client()
         try:
             exec_id = (
                 await _run(
                     client.api.exec_create,
                     container,
-                    ["env", "-i", *pairs, *argv],
+                    list(argv),
                     stdin=True,
                     workdir=cwd,
                     user=user or "",
+                    environment=self._exec_environment(env),
                 )
             )["Id"]
             raw = await _run(client.api.exec_start, exec_id, socket=True)
-        except Exception as exc:
+        except engine_errors() as exc:
             raise await self._fault(exc, "could not start the shell") from exc
         sock: socket.socket = raw._sock
         sock.setblocking(False)
@@ -372,17 +439,38 @@ class DockerSandbox(Sandbox):
         container = self._require()
         try:
             return await _run(_switch_network, docker_client(), container, enabled)
-        except Exception as exc:
+        except engine_errors() as exc:
             raise await self._fault(exc, "could not change the sandbox's network") from exc
 
     async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
-        made = await self.exec(["mkdir", "-p", dest], timeout=timeout, cwd="/")
-        if made.exit_code != 0:
-            raise SandboxError(f"upload to {dest} failed: {made.text.strip()[:200]}")
+        """Unpack ``archive`` under ``dest`` through the engine (its members re-rooted at ``/``, so
+        the engine makes ``dest`` and every missing parent; no program of the container runs)."""
         try:
-            await wait_for(_run(docker_client().api.put_archive, self._require(), dest, archive), timeout)
-        except Exception as exc:
+            rooted = rooted_archive(archive, dest)
+            await wait_for(_run(docker_client().api.put_archive, self._require(), "/", rooted), timeout)
+        except TimeoutError as exc:
+            raise SandboxBroken(f"upload to {dest} did not finish within {timeout:g}s") from exc
+        except engine_errors() as exc:
             raise await self._fault(exc, f"upload to {dest} failed") from exc
+
+    async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
+        """The engine's archive of each of ``paths`` that exists (``get_archive``: the container's
+        own ``tar`` never runs), one archive named relative to ``/``; read as it streams and
+        ``SandboxBroken`` past ``limit`` bytes (a sparse file counts at its full size) or
+        ``timeout`` seconds."""
+        container = self._require()
+        try:
+            return await wait_for(_run(_archive_of, docker_client(), container, paths, limit), timeout)
+        except TimeoutError as exc:
+            raise SandboxBroken(f"could not read {', '.join(paths)} within {timeout:g}s") from exc
+        except _OverLimit as exc:
+            raise SandboxBroken(f"could not read {', '.join(paths)}: over {limit >> 20} MB") from exc
+        except tarfile.TarError as exc:
+            raise SandboxBroken(
+                f"could not read {', '.join(paths)}: the engine's archive is malformed ({exc})"
+            ) from exc
+        except engine_errors() as exc:
+            raise await self._fault(exc, f"could not read {', '.join(paths)}") from exc
 
     # -- keep and attach (--keep, termgym shell --attach) -------------------------------------------
 
@@ -400,7 +488,7 @@ class DockerSandbox(Sandbox):
         try:
             if (await _run(client.api.inspect_container, container)).get("Name", "").lstrip("/") != name:
                 await _run(client.api.rename, container, name)  # kept before (attached, then kept again): as is
-        except Exception as exc:
+        except engine_errors() as exc:
             raise await self._fault(exc, "could not keep the container") from exc
         self._kept = True
         return {
@@ -467,10 +555,10 @@ def _resources_of(host_config: dict) -> Resources:
 
 def _keeper_among(top: dict) -> str | None:
     """The keeper's pid in a running container's process list, orphans the agent left included:
-    the oldest ``sleep infinity`` whose parent is the container's init."""
+    the oldest ``KEEPER_COMMAND`` whose parent is the container's init."""
     pids, parents, commands = _column(top, "PID"), _column(top, "PPID"), _column(top, "CMD")
     inits = {pid for pid, parent in zip(pids, parents) if parent not in pids}
-    keepers = [pid for pid, parent, cmd in zip(pids, parents, commands) if parent in inits and cmd == KEEPER]
+    keepers = [pid for pid, parent, cmd in zip(pids, parents, commands) if parent in inits and cmd == KEEPER_COMMAND]
     return min(keepers, key=int) if keepers else None
 
 
@@ -509,7 +597,7 @@ class _DockerChannel(ProcessChannel):
         while True:
             try:
                 state = await _run(client.api.exec_inspect, self._exec_id)
-            except Exception:
+            except engine_errors():
                 return None
             if not state.get("Running"):
                 return state.get("ExitCode")
@@ -519,9 +607,9 @@ class _DockerChannel(ProcessChannel):
         if self.closed:
             return
         self.closed = True
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(OSError):
             self._writer.close()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(OSError):
             self._raw.close()
 
 
@@ -544,13 +632,92 @@ class FrameDemux:
         return bytes(out)
 
 
-def _exec_blocking(
-    client: Any, container: str, command: list[str], cwd: str, capture: OutputCapture, user: str = ""
-) -> int | None:
-    exec_id = client.api.exec_create(container, command, workdir=cwd, user=user)["Id"]
+def _exec_blocking(client: Any, exec_id: str, capture: OutputCapture) -> int | None:
     for chunk in client.api.exec_start(exec_id, stream=True):
         capture.feed(chunk)
     return client.api.exec_inspect(exec_id).get("ExitCode")
+
+
+def _end_exec(client: Any, exec_id: str, container: str) -> None:
+    """Kill an exec's process and every process it started, where the engine runs on this host
+    (each checked, by its cgroup, to be the container's); nothing where it does not."""
+    import docker.errors
+
+    try:
+        pid = int(client.api.exec_inspect(exec_id).get("Pid") or 0)
+    except (docker.errors.DockerException, ValueError):
+        return
+    if pid <= 0 or not _in_container(pid, container):
+        return
+    tree, queue = [pid], [pid]
+    while queue:
+        found = children(queue.pop())
+        tree += found
+        queue += found
+    for member in tree:
+        if _in_container(member, container):
+            with contextlib.suppress(OSError):
+                os.kill(member, signal.SIGKILL)
+
+
+def _in_container(pid: int, container: str) -> bool:
+    """Whether the host process ``pid`` runs in ``container`` (its cgroup names the container)."""
+    try:
+        return container in Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
+
+
+class _OverLimit(Exception):
+    """An archive streamed past its byte limit."""
+
+
+def _archive_of(client: Any, container: str, paths: Sequence[str], limit: int) -> bytes:
+    """One tar archive of the engine's archives of ``paths`` (those that exist), members named
+    relative to ``/``; ``_OverLimit`` once more than ``limit`` bytes have streamed in all."""
+    import docker.errors
+
+    out = io.BytesIO()
+    received = 0
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as target:
+        for path in paths:
+            try:
+                stream, _ = client.api.get_archive(container, path)
+            except docker.errors.NotFound:
+                continue
+            data = bytearray()
+            try:
+                for chunk in stream:
+                    received += len(chunk)
+                    if received > limit:
+                        raise _OverLimit(path)
+                    data += chunk
+            finally:
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
+            parent = posixpath.dirname("/" + path.strip("/")).strip("/")
+            with tarfile.open(fileobj=io.BytesIO(bytes(data)), mode="r:") as source:
+                for member in source:
+                    file = source.extractfile(member) if member.isfile() else None
+                    member.name = posixpath.join(parent, member.name) if parent else member.name
+                    target.addfile(member, file)
+    return out.getvalue() if received else b""
+
+
+def rooted_archive(archive: bytes, dest: str) -> bytes:
+    """``archive`` with every member moved under ``dest`` (absolute), named relative to ``/``."""
+    prefix = dest.strip("/")
+    if not prefix:
+        return archive
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as source, tarfile.open(fileobj=out, mode="w") as target:
+        for member in source:
+            file = source.extractfile(member) if member.isfile() else None
+            name = member.name.lstrip("/").removeprefix("./")
+            member.name = f"{prefix}/{name}" if name not in ("", ".") else prefix
+            target.addfile(member, file)
+    return out.getvalue()
 
 
 def _switch_network(client: Any, container: str, enabled: bool) -> str | None:
@@ -590,7 +757,7 @@ def _keeper_of(top: dict) -> str | None:
     """The keeper's pid in a fresh container's process list: the one process running ``KEEPER``
     (the image's entrypoint may run services beside it, and execs or runs the keeper as the
     command). Recorded before the agent runs anything, so no process of the agent's is among them."""
-    keepers = [pid for pid, command in zip(_column(top, "PID"), _column(top, "CMD")) if command == KEEPER]
+    keepers = [pid for pid, command in zip(_column(top, "PID"), _column(top, "CMD")) if command == KEEPER_COMMAND]
     return keepers[0] if len(keepers) == 1 else None
 
 
@@ -788,20 +955,35 @@ class _Stopped(Exception):
     """The engine says the container is not running (as a 409 would)."""
 
 
-def _mapped(exc: Exception, what: str) -> SandboxError:
+def engine_errors() -> tuple[type[Exception], ...]:
+    """What a call to the engine raises for a fault of the engine or of the connection to it
+    (the SDK's errors, the HTTP library's, the OS's); anything else is a bug of termgym's and is
+    not dressed up as a sandbox fault."""
+    import docker.errors
+    import requests
+
+    return (docker.errors.DockerException, requests.RequestException, OSError)
+
+
+def _mapped(exc: BaseException, what: str) -> SandboxError:
     """SDK errors to the termgym tree: a removed container is SandboxGone; one that stopped (its
-    init ended: every process in it was killed from inside, or its memory ran out) SandboxBroken."""
+    init ended: every process in it was killed from inside, or its memory ran out) SandboxBroken;
+    so is an engine that fails on what the container holds (a server error: a path longer than
+    ``PATH_MAX`` breaks its diff, an archive whose entries conflict its upload), since what a
+    container holds once the agent has acted is the agent's doing."""
     import docker.errors
 
     if isinstance(exc, SandboxError):
         return exc
     if isinstance(exc, _Stopped):
         return SandboxBroken(what)
+    message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
     if isinstance(exc, docker.errors.NotFound):
         return SandboxGone(f"{what}: the container is gone")
     if isinstance(exc, docker.errors.APIError) and exc.status_code == 409:
         return SandboxBroken(f"{what}: the container has stopped (its processes were all killed from inside)")
-    message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    if isinstance(exc, docker.errors.APIError) and exc.is_server_error():
+        return SandboxBroken(f"{what}: the engine failed on what the container holds: {message}")
     return SandboxError(f"{what}: {message}")
 
 

@@ -14,13 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
-import shutil
 import stat
+import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+from termgym.sandboxes.host_trees import DIR_FLAGS, remove_tree, walk
+
+_DIR = DIR_FLAGS
+MAX_ARCHIVED = 100_000  # entries one archive of artifacts may hold
+MAX_ARCHIVE_DEPTH = 64  # levels below a declared artifact path
+MAX_WATCHED = 200_000  # entries a manifest of watched paths may hold
 
 
 class HostFiles:
@@ -100,6 +106,61 @@ class HostFiles:
                     os.close(fd)
         return found
 
+    def archive(self, paths: Sequence[str], limit: int) -> bytes:
+        """A tar archive of those of the absolute ``paths`` that exist and everything under them,
+        named relative to ``/`` as ``tar -C /`` names them: regular files with their content,
+        directories, symlinks as links (never followed), other files by type only. ``OSError``
+        when the regular files' sizes add up to more than ``limit`` bytes (a sparse file counts at
+        its size, and is never read), or past ``MAX_ARCHIVED`` entries or ``MAX_ARCHIVE_DEPTH``
+        levels: bounded in time and memory, whatever the tree."""
+        out = io.BytesIO()
+        budget = [limit]
+        archived = False
+        with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as target:
+            for path in paths:
+                *parents, name = PurePosixPath(path).relative_to("/").parts
+                try:
+                    with self._directory(parents, make=False) as parent:
+                        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                        relative = "/".join([*parents, name])
+                        _add_member(target, parent, name, relative, info, budget)
+                        archived = True
+                        if stat.S_ISDIR(info.st_mode):
+                            top = os.open(name, DIR_FLAGS, dir_fd=parent)
+                            try:
+                                for below, entry, fd, entry_name in walk(
+                                    top, max_entries=MAX_ARCHIVED, max_depth=MAX_ARCHIVE_DEPTH
+                                ):
+                                    _add_member(target, fd, entry_name, f"{relative}/{below}", entry, budget)
+                            finally:
+                                os.close(top)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # not there (a parent not a directory, or a symlink: not followed)
+        return out.getvalue() if archived else b""
+
+    def manifest(self, paths: Sequence[str], *, max_entries: int = MAX_WATCHED) -> dict[str, tuple[int, ...]]:
+        """Each of the absolute ``paths`` that exists and everything under it, as ``{absolute path:
+        (mode, inode, size, ctime in ns)}``: the change time moves with every write, chmod, rename
+        or link, and no process can set it back, so two manifests differ wherever the tree was
+        changed between them. ``OSError`` past ``max_entries`` entries."""
+        found: dict[str, tuple[int, ...]] = {}
+        for path in paths:
+            *parents, name = PurePosixPath(path).relative_to("/").parts
+            try:
+                with self._directory(parents, make=False) as parent:
+                    info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                    found[path] = _fingerprint(info)
+                    if stat.S_ISDIR(info.st_mode):
+                        top = os.open(name, DIR_FLAGS, dir_fd=parent)
+                        try:
+                            for below, entry, _, _ in walk(top, max_entries=max_entries, max_depth=MAX_ARCHIVE_DEPTH):
+                                found[f"{path}/{below}"] = _fingerprint(entry)
+                        finally:
+                            os.close(top)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+        return found
+
     @contextlib.contextmanager
     def _directory(self, parts: Sequence[str], *, make: bool) -> Iterator[int]:
         """A descriptor of ``root/parts`` reached without following a symlink; with ``make``,
@@ -131,15 +192,45 @@ def _is_dir(parent: int, name: str) -> bool:
 
 
 def _remove(parent: int, name: str) -> None:
-    """Remove ``name`` in the directory ``parent``, whatever it is (a tree without following links)."""
-    try:
-        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(info.st_mode):
-        shutil.rmtree(name, dir_fd=parent)
+    """Remove ``name`` in the directory ``parent``, whatever it is (a tree of any depth, without
+    following links; ``termgym.sandboxes.host_trees.remove_tree``)."""
+    remove_tree(parent, name)
+
+
+def _fingerprint(info: os.stat_result) -> tuple[int, ...]:
+    return (info.st_mode, info.st_ino, info.st_size, info.st_ctime_ns)
+
+
+def _add_member(
+    target: tarfile.TarFile, parent: int, name: str, relative: str, info: os.stat_result, budget: list[int]
+) -> None:
+    """``name`` in the directory ``parent`` added to ``target`` as ``relative``; a regular file's
+    size taken from ``budget[0]`` (``OSError`` when it does not fit)."""
+    member = tarfile.TarInfo(relative)
+    member.mode, member.mtime = info.st_mode & 0o7777, int(info.st_mtime)
+    member.uid = member.gid = 0
+    content = None
+    if stat.S_ISREG(info.st_mode):
+        if info.st_size > budget[0]:
+            raise OSError(errno.EFBIG, f"the files add up to more than the limit ({relative})")
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+        try:
+            data = _read_up_to(fd, info.st_size)
+        finally:
+            os.close(fd)
+        budget[0] -= len(data)
+        member.size, content = len(data), io.BytesIO(data)
+    elif stat.S_ISDIR(info.st_mode):
+        member.type = tarfile.DIRTYPE
+    elif stat.S_ISLNK(info.st_mode):
+        member.type, member.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=parent)
+    elif stat.S_ISFIFO(info.st_mode):
+        member.type = tarfile.FIFOTYPE
+    elif stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+        member.type = tarfile.CHRTYPE if stat.S_ISCHR(info.st_mode) else tarfile.BLKTYPE
     else:
-        os.unlink(name, dir_fd=parent)
+        return  # a socket: nothing an archive can name
+    target.addfile(member, content)
 
 
 def _read_up_to(fd: int, cap: int) -> bytes:

@@ -47,7 +47,6 @@ import functools
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import tempfile
 import time
@@ -60,6 +59,7 @@ from termgym.errors import BackendUnavailable, ConfigError, EnvironmentBuildErro
 from termgym.images.dockerfile import CopyStep, DockerfileError, EnvironmentPlan, WorkdirStep, parse_dockerfile
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
+from termgym.sandboxes.changes import LINKED_DIRECTORIES, link_exits
 from termgym.sandboxes.env_cache import Entry, EnvCache, cache_enabled, copy_tree, environment_key
 from termgym.sandboxes.host_files import HostFiles
 from termgym.sandboxes.host_processes import (
@@ -78,6 +78,7 @@ from termgym.sandboxes.host_processes import (
     start_detached,
     start_time,
 )
+from termgym.sandboxes.host_trees import remove_path
 from termgym.sandboxes.limits import SandboxCgroup, remove_stale
 from termgym.sandboxes.mounts import mount_overlay, unmount
 from termgym.sandboxes.prepare import prepare_environment
@@ -183,6 +184,23 @@ def writable_roots(plan: EnvironmentPlan | None) -> list[str]:
     return roots
 
 
+@functools.cache
+def host_link_exits() -> tuple[str, ...]:
+    """Where the host's links in the system directories a verifier's programs are found in lead out
+    of the system directories (``termgym.sandboxes.changes.link_exits``), once per process: in a
+    sandbox such a path is a writable root's, so a trusted name there runs what the agent wrote."""
+    links: dict[str, str] = {}
+    for directory in LINKED_DIRECTORIES:
+        if os.path.islink(directory) or not os.path.isdir(directory):
+            continue  # /bin -> usr/bin: its links are /usr/bin's
+        with contextlib.suppress(OSError), os.scandir(directory) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    if entry.is_symlink():
+                        links[entry.path] = os.readlink(entry.path)
+    return link_exits(links)
+
+
 class LocalSandbox(Sandbox):
     backend = "local"
 
@@ -203,10 +221,25 @@ class LocalSandbox(Sandbox):
         self._idle = False  # kill_agent_processes ended every process; the next command restarts the keeper
         self._quiet = False  # kill_agent_processes ended every command, and none started since
         self._spare: asyncio.Future[tuple[asyncio.subprocess.Process, int]] | None = None
+        self._baseline: dict[str, tuple[int, ...]] = {}  # the watched paths as the agent found them
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        await self._start()
+        watched = self._watched_here()
+        if watched:  # what the tamper check compares against: the tree before the agent's first command
+            self._baseline = await asyncio.to_thread(HostFiles(self.files_dir, self.owner).manifest, watched)
+
+    def _watched_here(self) -> list[str]:
+        """What the tamper check watches that this sandbox can change: the spec's watched paths
+        and where the host's links in its system directories lead out of them
+        (``host_link_exits``), those under the sandbox's writable roots (the rest is the host's,
+        read-only)."""
+        watched = dict.fromkeys([*self.spec.watched, *host_link_exits()])
+        return [path for path in watched if path.strip("/").split("/", 1)[0] in self._roots]
+
+    async def _start(self) -> None:
         require_tools()
         self.image = {"source": "host"}  # the embedded backend runs the host's system, no image
         plan = self._plan()
@@ -368,7 +401,7 @@ class LocalSandbox(Sandbox):
         if self._dir is not None:
             if is_mounted(self._dir / "fs"):  # a mount made while a cancellation interrupted start()
                 await asyncio.to_thread(unmount_sync, self._dir / "fs")
-            await asyncio.to_thread(shutil.rmtree, self._dir, True)
+            await asyncio.to_thread(remove_path, self._dir)
             self._dir = None
 
     async def kill_agent_processes(self) -> None:
@@ -427,9 +460,35 @@ class LocalSandbox(Sandbox):
             raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
 
     async def changed_system_paths(self) -> list[str]:
-        """None, by construction: the system directories are the host's, bound read-only, and the
-        root directory is read-only too."""
-        return []
+        """What changed under the spec's watched paths (``SandboxSpec.watched``: the writable
+        directories a task's ``[verifier].env`` trusts) since the sandbox started, by the change
+        times the host's files carry; nothing else can change: the system directories are the
+        host's, bound read-only, and the root directory is read-only too. ``SandboxBroken`` when
+        the watched trees grew past what can be compared."""
+        watched = self._watched_here()
+        if not watched or self._dir is None:
+            return []
+        try:
+            now = await asyncio.to_thread(HostFiles(self.files_dir, self.owner).manifest, watched)
+        except OSError as exc:
+            raise SandboxBroken(
+                f"could not list what changed under {', '.join(watched)}: {exc.strerror or exc}"
+            ) from exc
+        before = self._baseline
+        return sorted(path for path in before.keys() | now.keys() if before.get(path) != now.get(path))
+
+    async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
+        """From the host while no process runs in the sandbox (``HostFiles.archive``: bounded in
+        bytes and entries, never reading a file that does not fit), else as every backend does."""
+        host = self.host_files()
+        if host is None:
+            return await super().download_tar(paths, limit=limit, timeout=timeout)
+        try:
+            return await wait_for(asyncio.to_thread(host.archive, paths, limit), timeout)
+        except TimeoutError as exc:
+            raise SandboxBroken(f"could not read {', '.join(paths)} within {timeout:g}s") from exc
+        except OSError as exc:
+            raise SandboxBroken(f"could not read {', '.join(paths)}: {exc.strerror or exc}") from exc
 
     async def limit_warnings(self) -> list[str]:
         warnings = self._cgroup.limit_warnings() if self._cgroup is not None else []
@@ -809,7 +868,7 @@ def collect_sandboxes(root: Path | None = None) -> list[tuple[str, bool]]:
         if _end_kept(path):
             unmount_sync(path / "root")
             unmount_sync(path / "fs")
-            shutil.rmtree(path, ignore_errors=True)
+            remove_path(path)
             removed.append((path.name, True))
             continue
         try:
@@ -824,7 +883,7 @@ def collect_sandboxes(root: Path | None = None) -> list[tuple[str, bool]]:
             cgroup.end_all()  # a keeper that outlived its killed run (seen: the spare) may hold the mounts below
         unmount_sync(path / "root")  # an overlay over a prepared environment, on the storage below
         unmount_sync(path / "fs")
-        shutil.rmtree(path, ignore_errors=True)
+        remove_path(path)
         removed.append((path.name, False))
     remove_stale("termgym-tg-", keep=live)
     return removed

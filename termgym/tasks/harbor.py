@@ -142,6 +142,7 @@ def _load_harbor(task_dir: Path, fallback_name: str, environ: Mapping[str, str])
         metadata=MappingProxyType(dict(metadata)),
         report_format=_report_format(verifier, config),
         expected_assertions=_assertion_count(verifier, config),
+        allow_system_changes=_flag(verifier, "allow_system_changes", "[verifier]", config),
         verifier_mode=mode,
         artifacts=artifacts,
         agent_user=_user(agent, "[agent]", config),
@@ -156,7 +157,7 @@ def _load_harbor(task_dir: Path, fallback_name: str, environ: Mapping[str, str])
 
 
 # Every key Harbor's TaskConfig defines (harbor 0.13, schema 1.3), per table, plus termgym's own
-# ([verifier].report_format / assertions, allow_internet on a phase) and [task].version (written by
+# ([verifier].report_format / assertions / allow_system_changes, allow_internet on a phase) and [task].version (written by
 # schema 1.4 tasks). Anything else is accepted with a warning naming it.
 _PHASE_NETWORK = ("network_mode", "allowed_hosts", "allow_internet")
 _KNOWN_KEYS: dict[str, frozenset[str]] = {
@@ -168,6 +169,7 @@ _KNOWN_KEYS: dict[str, frozenset[str]] = {
     "agent": frozenset({"timeout_sec", "user", *_PHASE_NETWORK}),
     "verifier": frozenset(
         {"timeout_sec", "env", "user", "environment_mode", "environment", "report_format", "assertions"}
+        | {"allow_system_changes"}
         | set(_PHASE_NETWORK)
     ),
     "environment": frozenset(
@@ -378,6 +380,13 @@ def _assertion_count(verifier: Mapping[str, object], config: Path) -> int | None
     value = verifier.get("assertions")
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise TaskError(config, f"[verifier].assertions must be a positive integer, got {value!r}")
+    return value
+
+
+def _flag(table: Mapping[str, object], key: str, section: str, config: Path) -> bool:
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise TaskError(config, f"{section}.{key} must be true or false, got {value!r}")
     return value
 
 

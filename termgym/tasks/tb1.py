@@ -51,6 +51,9 @@ def _load_tb1(task_dir: Path, fallback_name: str, environ: Mapping[str, str]) ->
     ):
         if not (task_dir / required).is_file():
             raise TaskError(task_dir / required, why)
+    allow_system_changes = data.get("allow_system_changes", False)  # termgym's own key, as [verifier]'s
+    if not isinstance(allow_system_changes, bool):
+        raise TaskError(config, f"'allow_system_changes' must be true or false, got {allow_system_changes!r}")
     metadata = {key: value for key, value in data.items() if key not in _TB1_CONSUMED}
     warnings: list[str] = []
     compose = _tb1_compose(task_dir / "docker-compose.yaml", fallback_name, environ, warnings)
@@ -82,11 +85,12 @@ def _load_tb1(task_dir: Path, fallback_name: str, environ: Mapping[str, str]) ->
         environment_env=MappingProxyType({"TEST_DIR": TB1_TEST_DIR, **compose.env}),
         workdir=compose.workdir,
         metadata=MappingProxyType(metadata),
+        allow_system_changes=allow_system_changes,
         warnings=tuple(warnings),
     )
 
 
-_TB1_CONSUMED = frozenset({"instruction", "max_agent_timeout_sec", "max_test_timeout_sec"})
+_TB1_CONSUMED = frozenset({"instruction", "max_agent_timeout_sec", "max_test_timeout_sec", "allow_system_changes"})
 _COMPOSE_VARIABLE = re.compile(
     r"\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?-)(?P<default>[^}]*))?\}"
     r"|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))"

@@ -37,3 +37,32 @@ async def test_resource_values_no_engine_accepts_are_an_invalid_task(tmp_path, c
     code, out, err = await _check(capsys, str(task))
     assert code == 2 and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and fragment in err and "outside what a container engine accepts" in err
+
+
+@pytest.mark.parametrize("encoding", ["utf-8:surrogateescape", "utf-8:strict"])
+async def test_a_report_name_that_is_not_utf8_is_printed_as_inert_text(tmp_path, no_leaks, encoding):
+    """The embedded backend lists /logs/verifier from the host: a report named with the byte 0x9b
+    (an 8-bit CSI: followed by "[2J", clear the screen) reached the error line as it was, raw on a
+    terminal that takes stdout's undecodable bytes back, a traceback on one that is strict UTF-8."""
+    import asyncio
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO_ROOT
+
+    test_sh = "#!/bin/sh\necho 'not xml' > \"/logs/verifier/$(printf '\\233[2J')x.xml\"\n"
+    task = write_task(tmp_path, test_sh=test_sh)
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "termgym", "check", str(task)],
+        capture_output=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONIOENCODING": encoding, "PYTHONPATH": str(REPO_ROOT)},  # this checkout's termgym
+        timeout=120,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode in (0, 1) and b"Traceback" not in output, output[-2000:]
+    assert b"unparseable report" in result.stdout, output[-2000:]  # the error line was printed
+    assert b"\x9b" not in output
+    output.decode("utf-8")  # valid UTF-8 throughout: no lone surrogate written out either

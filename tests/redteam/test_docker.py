@@ -40,11 +40,30 @@ def backend() -> str:
 
 
 @pytest.mark.parametrize("plant", list(PLANTS), ids=list(PLANTS))
-async def test_what_the_agent_changed_under_system_paths_is_recorded(task_dir, backend, no_leaks, plant):
+async def test_by_default_a_trial_that_changed_system_paths_scores_zero_and_says_what_changed(
+    task_dir, backend, no_leaks, plant
+):
     command, path = PLANTS[plant]
-    record = await attack(task_dir, backend, command)
+    record = await attack(task_dir, backend, command, "echo done > /app/result.txt")
     assert record.system_changes is not None and path in record.system_changes, record.system_changes
-    assert any("system path" in w and path in w for w in record.warnings), record.warnings
+    assert record.error is not None and record.error["kind"] == "tampered" and path in record.error["message"]
+    assert record.reward == 0.0 and not record.resolved and record.assertions == []
+
+
+async def test_under_the_warn_policy_the_changes_are_a_warning_and_the_verifier_runs(task_dir, backend, no_leaks):
+    record = await attack(
+        task_dir, backend, "touch /usr/local/bin/helper", "echo done > /app/result.txt", tamper="warn"
+    )
+    assert record.resolved and record.error is None, record
+    assert any("system path" in w and "/usr/local/bin/helper" in w for w in record.warnings), record.warnings
+
+
+async def test_a_task_that_allows_system_changes_is_verified_without_a_warning(tmp_path, backend, no_leaks):
+    task = write_task(tmp_path, verifier_toml="allow_system_changes = true")
+    record = await attack(task, backend, "touch /usr/local/bin/helper", "echo done > /app/result.txt")
+    assert record.resolved and record.error is None, record
+    assert record.system_changes == ["/usr/local/bin/helper"]
+    assert not any("system path" in w for w in record.warnings), record.warnings
 
 
 async def test_a_clean_episode_changes_no_system_path(task_dir, backend, no_leaks):
@@ -55,7 +74,7 @@ async def test_a_clean_episode_changes_no_system_path(task_dir, backend, no_leak
 async def test_under_the_fail_policy_a_tampered_trial_scores_zero_without_running_the_verifier(
     task_dir, backend, no_leaks
 ):
-    record = await attack(task_dir, backend, MV_SHIM, tamper="fail")
+    record = await attack(task_dir, backend, MV_SHIM)  # "fail" is the default
     assert record.error is not None, record
     assert record.error["kind"] == "tampered" and "/usr/local/bin/mv" in record.error["message"]
     assert record.reward == 0.0 and not record.resolved and record.assertions == []
@@ -78,7 +97,7 @@ async def test_a_rewritten_keeper_does_not_survive_into_verification(tmp_path, b
     through /proc/<pid>/mem. Here the rewrite is visible (its command line), and the verifier
     looks for it: the container's restart must have ended it."""
     rewrite = textwrap.dedent("""\
-        for p in /proc/[0-9]*; do [ "$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)" = "sleep infinity " ] && pid=${p#/proc/}; done
+        for p in /proc/[0-9]*; do [ "$(tr '\\0' ' ' < $p/cmdline 2>/dev/null)" = "/bin/sleep infinity " ] && pid=${p#/proc/}; done
         perl -e 'my $pid = shift; open my $s, "<", "/proc/$pid/stat" or die; my $st = <$s>; $st =~ s/^.*\\) //;
                  my @f = split / /, $st; open my $m, "+<", "/proc/$pid/mem" or die "mem: $!";
                  sysseek $m, $f[45], 0 or die; syswrite $m, "PWNED" or die "write: $!"' "$pid" && tr '\\0' ' ' < /proc/$pid/cmdline > /app/rewritten

@@ -53,13 +53,15 @@ async def test_a_broken_sandbox_is_kept_in_the_batch_not_retried(task_dir, no_le
 
 
 @pytest.mark.docker
-async def test_a_tool_the_harness_needs_broken_by_the_agent_scores_zero(task_dir, no_leaks):
-    """On Docker the harness runs the image's `timeout`; the agent (root there) replaces it."""
-    record = await attack(
-        task_dir, "docker", "echo done > /app/result.txt", "printf '#!/bin/sh\\nexit 127\\n' > /usr/bin/timeout"
-    )
+@pytest.mark.parametrize(("tamper", "kind"), [("fail", "tampered"), ("warn", "broken_by_agent")])
+async def test_a_tool_the_harness_needs_broken_by_the_agent_scores_zero(task_dir, no_leaks, tamper, kind):
+    """On Docker the harness resets /tests and reads the reports with the image's /bin/sh; the
+    agent (root there) replaces it. By default that is tampering, found before anything runs; under
+    "warn" the harness step fails: the agent broke the sandbox."""
+    breaker = "cp /bin/bash /tmp/bash && printf '#!/tmp/bash\\nexit 127\\n' > /tmp/sh && mv -f /tmp/sh /bin/sh && chmod +x /bin/sh"
+    record = await attack(task_dir, "docker", "echo done > /app/result.txt", breaker, tamper=tamper)
     assert record.error is not None, record
-    assert record.error["kind"] == "broken_by_agent" and record.reward == 0.0, record.error
+    assert record.error["kind"] == kind and record.reward == 0.0, record.error
 
 
 async def test_the_nonce_is_nowhere_the_agents_commands_can_read(task_dir, no_leaks, monkeypatch):

@@ -211,7 +211,7 @@ async def test_artifacts_are_copied_into_the_trial_directory(tmp_path, no_leaks)
     assert (trial_dir / "artifacts/app/out/sub/a.txt").read_text() == "a\n"
     assert (trial_dir / "artifacts/logs/artifacts/b.txt").read_text() == "b\n"
     assert not (trial_dir / "artifacts/app/out/link").exists()  # a link is never copied out
-    assert "1 artifact entries were not kept (links, devices or outside the declared paths)" in record.warnings
+    assert any(w.startswith("1 artifact entries were not kept (links,") for w in record.warnings), record.warnings
 
 
 async def test_artifacts_without_a_trial_directory_are_not_kept(tmp_path, no_leaks):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from termgym.errors import ConfigError
-from termgym.sandboxes.base import Resources
+from termgym.sandboxes.base import DEFAULT_PATH, Resources
 from termgym.sandboxes.pacing import Window
 
 FailureClass = Literal["rate_limited", "quota", "transient", "fatal"]
@@ -235,7 +235,7 @@ def encode_command(script: str) -> str:
     if b"\0" in data:
         raise ValueError("a shell script cannot contain NUL bytes")
     body = "".join([_ESCAPES[b] for b in data])
-    return f'sh -c \'eval "$(printf "{body}")"\''
+    return f'/bin/sh -c \'eval "$(printf "{body}")"\''
 
 
 PROXY_SCHEMES = ("http", "https", "ws", "wss")  # the schemes aiohttp reads a proxy for (trust_env)
@@ -250,8 +250,9 @@ def environment_routes_requests(proxies: Mapping[str, str], netrc_file: bool) ->
 
 def command_line(argv: Sequence[str], env: Mapping[str, str], cwd: str, *, timeout: float | None = None) -> str:
     """A shell line that runs ``argv`` in ``cwd`` with exactly the environment ``env``; with
-    ``timeout``, under ``timeout -k 1`` (found on the caller's PATH), which kills the command's
-    whole process group at the deadline."""
+    ``timeout``, under ``timeout -k 1``, which kills the command's whole process group at the
+    deadline. ``timeout`` and ``env`` are found on the system directories (``DEFAULT_PATH``),
+    never on the sandbox's own ``PATH``, where the agent could have planted its own."""
     if not argv:
         raise ValueError("argv must name a program")
     for key in env:
@@ -259,7 +260,7 @@ def command_line(argv: Sequence[str], env: Mapping[str, str], cwd: str, *, timeo
             raise ValueError(f"invalid environment variable name {key!r}")
     limit = f"timeout -k 1 {max(timeout, 0.001):.3f} " if timeout is not None else ""
     words = [sh_quote(f"{key}={value}") for key, value in env.items()] + [sh_quote(word) for word in argv]
-    return f"cd -- {sh_quote(cwd)} && exec {limit}env -i {' '.join(words)}"
+    return f"PATH={DEFAULT_PATH} && cd -- {sh_quote(cwd)} && exec {limit}env -i {' '.join(words)}"
 
 
 def exec_script(
@@ -276,6 +277,7 @@ def exec_script(
     cleanup = f'rm -f "$tg_o" {sh_quote(stdin_path)}' if stdin_path else 'rm -f "$tg_o"'
     return "\n".join(
         [
+            f"PATH={DEFAULT_PATH}",  # mktemp, wc, head, tail: the system's, never a shim the agent planted
             "tg_o=$(mktemp /tmp/.termgym-out.XXXXXX) || exit 125",
             f'( {command_line(argv, env, cwd, timeout=timeout)} ) < {stdin} > "$tg_o" 2>&1',
             "tg_s=$?",

@@ -82,3 +82,61 @@ def test_a_log_directory_that_is_a_symlink_is_not_read(tree: Path, outside: Path
     (tree / "logs").mkdir()
     (tree / "logs" / "verifier").symlink_to(outside)
     assert HostFiles(tree, OWNER).list_files("/logs/verifier", lambda name: True) is None
+
+
+def test_a_reset_removes_a_chain_deeper_than_the_recursion_limit(tree: Path):
+    from tests.termgym.sandboxes.test_host_trees import deep_chain
+
+    (tree / "logs" / "verifier").mkdir(parents=True)
+    deep_chain(tree / "logs" / "verifier", 1500)
+    HostFiles(tree, OWNER).fresh_dirs(["/logs/verifier"])
+    assert list((tree / "logs" / "verifier").iterdir()) == []
+
+
+def test_an_archive_holds_files_directories_and_links_as_links_within_its_limit(tree: Path, outside: Path):
+    import io
+    import tarfile
+
+    (tree / "app" / "out").mkdir(parents=True)
+    (tree / "app" / "out" / "a.txt").write_text("result")
+    (tree / "app" / "out" / "escape").symlink_to(outside)
+    (tree / "app" / "top").symlink_to(outside)
+    host = HostFiles(tree, OWNER)
+    data = host.archive(["/app/out", "/app/top/ctrf.json", "/app/missing"], 1 << 20)
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        found = {m.name: (m.type, m.linkname) for m in archive.getmembers()}
+        member = archive.extractfile("app/out/a.txt")
+        assert member is not None and member.read() == b"result"
+    assert found == {
+        "app/out": (tarfile.DIRTYPE, ""),
+        "app/out/a.txt": (tarfile.REGTYPE, ""),
+        "app/out/escape": (tarfile.SYMTYPE, str(outside)),
+    }
+    assert host.archive(["/app/missing"], 1 << 20) == b""
+
+
+def test_an_archive_never_reads_a_file_past_its_limit_not_even_a_sparse_one(tree: Path):
+    import time
+
+    (tree / "logs" / "artifacts").mkdir(parents=True)
+    with open(tree / "logs" / "artifacts" / "big", "wb") as handle:
+        handle.truncate(8 << 40)  # 8 TiB of nothing
+    started = time.monotonic()
+    with pytest.raises(OSError, match="more than the limit"):
+        HostFiles(tree, OWNER).archive(["/logs/artifacts"], 64 << 20)
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_manifest_sees_every_change_even_with_the_times_set_back(tree: Path):
+    (tree / "opt" / "venv" / "bin").mkdir(parents=True)
+    tool = tree / "opt" / "venv" / "bin" / "pytest"
+    tool.write_text("#!/bin/sh\n")
+    host = HostFiles(tree, OWNER)
+    before = host.manifest(["/opt/venv", "/opt/missing"])
+    assert sorted(before) == ["/opt/venv", "/opt/venv/bin", "/opt/venv/bin/pytest"]
+    assert host.manifest(["/opt/venv"]) == before
+    stat = tool.stat()
+    tool.write_text("#!/bin/sx\n")  # the same size, in place
+    os.utime(tool, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the modification time put back
+    after = host.manifest(["/opt/venv"])
+    assert after["/opt/venv/bin/pytest"] != before["/opt/venv/bin/pytest"]

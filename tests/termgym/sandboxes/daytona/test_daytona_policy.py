@@ -221,7 +221,7 @@ SCRIPTS = [
 def test_encode_command_runs_the_script_unchanged(shell, script):
     encoded = encode_command(script)
     assert all(c.isascii() for c in encoded)
-    inner = encoded.removeprefix("sh -c '").removesuffix("'")
+    inner = encoded.removeprefix("/bin/sh -c '").removesuffix("'")
     assert "'" not in inner  # one single-quoted word: survives a naive quote splitter
     expected = subprocess.run([shell, "-c", script], capture_output=True)
     got = subprocess.run([shell, "-c", inner], capture_output=True)
