@@ -33,11 +33,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from termgym.agents import OracleAgent  # noqa: E402
-from termgym.bundled import bundled_task_path  # noqa: E402
 from termgym.env import AsyncTerminalEnv, EnvOptions, default_sandbox_factory  # noqa: E402
 from termgym.sandboxes import docker  # noqa: E402
 from termgym.sandboxes.docker import DockerSandbox, FrameDemux, docker_client  # noqa: E402
 from termgym.tasks import load_task  # noqa: E402
+from termgym.tasks.bundled import bundled_task_path  # noqa: E402
 from termgym.trial import run_trial  # noqa: E402
 from tests.helpers import write_task  # noqa: E402
 

@@ -1,3 +1,5 @@
+"""``python -m termgym``: the ``termgym`` command."""
+
 import sys
 
 from termgym.cli import main

@@ -33,7 +33,8 @@ FILENAME = "trajectory.json"
 # Why an episode ended. submitted: the agent submitted (terminated). max_turns, agent_timeout,
 # context_exhausted (the next turn cannot fit the model's context window), parse_errors (too many
 # replies in a row that did not parse): truncated, then verified. model_error: the model could not
-# be reached (no verification). sandbox_error: the sandbox failed. cancelled: the trial was stopped.
+# be reached (no verification). sandbox_error: the sandbox failed (the infrastructure);
+# broken_by_agent: the agent's commands broke it (as the record's error kind says). cancelled: the trial was stopped.
 # internal_error: termgym itself failed (a bug; the record carries the traceback).
 StopReason = Literal[
     "submitted",
@@ -43,6 +44,7 @@ StopReason = Literal[
     "parse_errors",
     "model_error",
     "sandbox_error",
+    "broken_by_agent",
     "cancelled",
     "internal_error",
 ]

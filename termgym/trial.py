@@ -25,14 +25,15 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from termgym.aio import gather_limited
-from termgym.env import AsyncTerminalEnv, EnvOptions, fault
+from termgym.env import AsyncTerminalEnv, EnvOptions, SandboxFactory, fault, fault_stop_reason
 from termgym.errors import ConfigError, EnvironmentBuildError, ModelError, SandboxError
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
 from termgym.tasks import Task
 from termgym.transcript import write_transcript
 
-Step = tuple[str, float, bool, bool, dict]
+# What a Gymnasium step returns: (observation, reward, terminated, truncated, info).
+StepReturn = tuple[str, float, bool, bool, dict]
 
 
 class Agent(Protocol):
@@ -41,7 +42,7 @@ class Agent(Protocol):
     @property
     def name(self) -> str: ...
 
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> StepReturn | None:
         """Drive ``env`` until the episode ends; return the final step (None if it never stepped)."""
 
 
@@ -50,7 +51,7 @@ async def run_trial(
     agent: Agent,
     options: EnvOptions,
     *,
-    sandbox_factory: Callable[[Task, EnvOptions], Sandbox] | None = None,
+    sandbox_factory: SandboxFactory | None = None,
     attached: Sandbox | None = None,
 ) -> TrialRecord:
     started = time.monotonic()
@@ -77,7 +78,7 @@ async def run_trial(
         record.logs["build"] = exc.log[-20000:]
     except SandboxError as exc:
         record.error = fault(exc, agent_acted=env.turns > 0)
-        env.transcript.stop("sandbox_error")
+        env.transcript.stop(fault_stop_reason(record.error))
     except ModelError as exc:
         record.error = {"kind": "model_error", "message": str(exc)}
         env.transcript.stop("model_error")
@@ -150,7 +151,7 @@ async def run_trials(
     return await gather_limited([lambda t=task, a=agent: one(t, a) for task, agent in jobs], concurrency)
 
 
-def _fill(record: TrialRecord, env: AsyncTerminalEnv, step: Step | None) -> TrialRecord:
+def _fill(record: TrialRecord, env: AsyncTerminalEnv, step: StepReturn | None) -> TrialRecord:
     record = replace(record, turns=env.turns, error=env.error, warnings=list(env.warnings))
     verification = env.verification
     if verification is None:

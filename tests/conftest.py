@@ -23,7 +23,7 @@ def shared_cache_dir():
     runs share theirs), removed at its end."""
     root = Path(tempfile.mkdtemp(prefix="termgym-test-cache-"))
     yield root
-    from termgym.sandboxes.env_cache import EnvCache
+    from termgym.sandboxes.local.env_cache import EnvCache
 
     EnvCache(root / "envs", max_bytes=0, max_entries=0).clear()
     shutil.rmtree(root, ignore_errors=True)

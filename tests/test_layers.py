@@ -25,35 +25,36 @@ PACKAGES = {
 }
 TASK_DIRS = ("archives", "file-ops", "shell-scripting", "text-processing")  # envs/: task data, not code
 
-# bottom to top; a module may import its own layer and those below it
+# bottom to top; a module may import its own layer and those below it. Each entry is a package
+# (it and every module under it) or a module; every module of the checkout must be named by one:
+# a module no entry names is a violation (``violations``), never filed under a layer by default.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("errors", ("termgym.errors",)),
     ("verifiers", ("termgym.verifiers",)),
     ("utilities", ("termgym.output", "termgym.aio", "termgym.progress")),
     ("images", ("termgym.images",)),
     ("sandboxes", ("termgym.sandboxes",)),
-    ("tasks", ("termgym.tasks", "termgym.bundled", "termgym.envs")),
+    ("tasks", ("termgym.tasks", "termgym.envs")),
     (
         "episode",
         (
-            "termgym.shell",
-            "termgym.verification",
+            "termgym.episode",
             "termgym.env",
             "termgym.trial",
             "termgym.records",
-            "termgym.tamper",
-            "termgym.artifacts",
             "termgym.gym_env",
             "termgym.transcript",
-            "termgym",
         ),
     ),
     ("agents", ("termgym.agents",)),
     ("scheduling", ("termgym.scheduling",)),
     ("audit", ("termgym.audit",)),
-    ("cli", ("termgym.cli", "termgym.__main__", "termgym.summary", "termgym.replay", "termgym.report")),
+    ("cli", ("termgym.cli", "termgym.__main__")),
     ("trainer", ("termgym.trainer",)),
 ]
+# Named exactly, not as a package: the package's face (termgym/__init__.py: the environment, its
+# errors and tasks, for ``import termgym``), which would otherwise name every module under it.
+EXACT: dict[str, str] = {"termgym": "episode"}
 SANDBOX_MAY_IMPORT = ("termgym.errors", "termgym.output", "termgym.aio", "termgym.images", "termgym.sandboxes")
 VERIFIERS_MAY_IMPORT = ("termgym.verifiers", "termgym.errors")
 IO_MODULES = {
@@ -138,8 +139,19 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     }
 
 
+class NoLayer(LookupError):
+    """A module that no entry of ``LAYERS`` (or ``EXACT``) names."""
+
+
 def layer_of(name: str) -> int:
-    best = max((p for _, prefixes in LAYERS for p in prefixes if _under(name, p)), key=len)
+    """The index in ``LAYERS`` of the layer that names ``name`` (the longest entry that does);
+    ``NoLayer`` when none does."""
+    if name in EXACT:
+        return next(i for i, (layer, _) in enumerate(LAYERS) if layer == EXACT[name])
+    named = [prefix for _, prefixes in LAYERS for prefix in prefixes if _under(name, prefix)]
+    if not named:
+        raise NoLayer(f"{name}: no layer names it (tests/test_layers.py LAYERS)")
+    best = max(named, key=len)
     return next(i for i, (_, prefixes) in enumerate(LAYERS) if best in prefixes)
 
 
@@ -148,6 +160,13 @@ def violations(root: Path) -> list[str]:
     modules = module_files(root)
     graph = import_graph(root)
     found = []
+    for name in sorted(modules):
+        try:
+            layer_of(name)
+        except NoLayer as exc:
+            found.append(str(exc))
+    if found:
+        return found  # the import rules cannot be checked for a module without a layer
     for name, targets in sorted(graph.items()):
         for target in sorted(targets):
             if layer_of(target) > layer_of(name):
@@ -216,6 +235,19 @@ def test_every_module_is_in_a_layer():
         assert layer_of(name) >= 0, name
 
 
+def test_a_new_module_no_layer_names_is_reported(checkout: Path):
+    """A module added at the top of the package, or as a new package, must be given a layer: it
+    is never filed under one silently (once, the bare prefix ``termgym`` named every module)."""
+    (checkout / "termgym" / "newcomer.py").write_text("from termgym.errors import ConfigError\n")
+    (checkout / "termgym" / "fresh").mkdir()
+    (checkout / "termgym" / "fresh" / "__init__.py").write_text("")
+    found = violations(checkout)
+    assert "termgym.newcomer: no layer names it (tests/test_layers.py LAYERS)" in found
+    assert "termgym.fresh: no layer names it (tests/test_layers.py LAYERS)" in found
+    with pytest.raises(NoLayer):
+        layer_of("termgym.newcomer")
+
+
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
     """A copy of the checkout's code, to break on purpose."""
@@ -232,7 +264,7 @@ def _append(path: Path, line: str) -> None:
 @pytest.mark.parametrize(
     ("module", "line", "expected"),
     [
-        ("termgym/sandboxes/docker.py", "from termgym.env import EnvOptions", "sandboxes import only"),
+        ("termgym/sandboxes/docker/sandbox.py", "from termgym.env import EnvOptions", "sandboxes import only"),
         ("termgym/sandboxes/base.py", "from termgym.tasks import Task", "sandboxes import only"),
         ("termgym/env.py", "import termgym.trainer.ppo", "nothing outside the trainer imports it"),
         ("termgym/cli/__init__.py", "from termgym.trainer.cli import main", "nothing outside the trainer imports it"),

@@ -28,7 +28,7 @@ from termgym.records import TrialRecord
 from termgym.tasks import Task
 from termgym.trainer.rollout import RolloutSettings, Trajectory, run_policy_episode, stream_seed
 from termgym.trainer.sampler import BatchedSampler, Sampler
-from termgym.trial import Step, run_trials
+from termgym.trial import StepReturn, run_trials
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class _EvalAgent:
     trajectory: Trajectory
     name: str = "policy-eval"
 
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> StepReturn | None:
         return await run_policy_episode(
             env, instruction, info, self.sampler, self.renderer, self.settings, self.generator, self.trajectory
         )

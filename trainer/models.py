@@ -120,7 +120,7 @@ def tiny_tokenizer(envs_root: Path | None = None, vocab_size: int = 1024) -> Pre
     """The tiny policy's tokenizer: trained on the bundled tasks' text (``corpus_texts``), in the
     ``TINY_FAMILY`` chat format; the same for every seed."""
     if envs_root is None:
-        from termgym.bundled import bundled_root
+        from termgym.tasks.bundled import bundled_root
 
         envs_root = Path(bundled_root())
     return train_tokenizer(corpus_texts(envs_root) + agent_framing() * 40, vocab_size)  # the framing in few tokens

@@ -40,23 +40,22 @@ import torch.distributed as dist
 from rich.console import Console
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-from termgym.bundled import bundled_task_paths
 from termgym.env import resolve_task
 from termgym.errors import ConfigError, TrainingError
 from termgym.progress import progress_bar
 from termgym.records import append_record
 from termgym.sandboxes.pacing import Pacer
+from termgym.scheduling.pool import TaskPool, make_nodes
 from termgym.scheduling.scheduler import (
+    BatchResult,
     KeptTrial,
     RolloutScheduler,
     SchedulerConfig,
     SchedulerMode,
-    StepResult,
-    TaskPool,
-    make_nodes,
     step_metrics,
 )
 from termgym.tasks import Task, load_task
+from termgym.tasks.bundled import bundled_task_paths
 from termgym.trainer import losses
 from termgym.trainer.batch import Batch, forward_logp, forward_values, make_batch
 from termgym.trainer.checkpoint import load_checkpoint, restore_optimizers, save_checkpoint
@@ -362,7 +361,7 @@ async def train(cfg: Config) -> list[dict]:
                 if rank == 0:
                     sampler.publish(weights, version=step)
                 forwards, requests = sampler.forwards, sampler.requests
-                payload: list[tuple[list[KeptTrial[Trajectory]], StepResult[Trajectory]] | None] = [None]
+                payload: list[tuple[list[KeptTrial[Trajectory]], BatchResult[Trajectory]] | None] = [None]
                 if rank == 0:
                     result = await scheduler.step(policy_version=step)
                     kept = sorted(result.kept, key=lambda k: k.result.launch)  # a batch order that timing cannot change

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -41,19 +41,18 @@ import torch
 
 from termgym.agents.model import AgentEnv, LoopSettings, ModelAgent
 from termgym.agents.renderers import Renderer
-from termgym.env import AsyncTerminalEnv, EnvOptions, prewarm_sandboxes
-from termgym.env import default_sandbox_factory as backend_sandbox_factory
+from termgym.env import AsyncTerminalEnv, EnvOptions, SandboxFactory, prewarm_sandboxes
 from termgym.records import TrialRecord
-from termgym.sandboxes.base import Sandbox
 from termgym.sandboxes.pacing import Pacer
-from termgym.scheduling.scheduler import Node, PacedSandbox, TrialProgress
+from termgym.scheduling.pool import Node
+from termgym.scheduling.runners import TrialProgress, run_paced_trial
 from termgym.tasks import Task
 from termgym.trainer.config import Config
 from termgym.trainer.policy_client import PolicyClient, SamplerBackend, TurnLog
 from termgym.trainer.routing import NOT_RECORDED, ROUTING_DTYPE
 from termgym.trainer.sampler import Sampler
 from termgym.transcript import Transcript
-from termgym.trial import Step, run_trial
+from termgym.trial import StepReturn
 
 # The trainer's default system prompt for the text action format: short, because a small policy's
 # context is short; it says what the format's parser reads (``termgym.agents.actions.parse_text``).
@@ -212,7 +211,7 @@ async def run_policy_episode(
     settings: RolloutSettings,
     generator: torch.Generator | None,
     trajectory: Trajectory,
-) -> Step | None:
+) -> StepReturn | None:
     """Run the policy on ``env`` (already reset) through the model agent until the episode ends,
     filling ``trajectory`` (its samples, with routing when the sampler records it), whatever ends it."""
     client = PolicyClient(sampler, renderer, generator, settings.max_context, settings.observation_tokens)
@@ -268,13 +267,11 @@ class _PolicyAgent:
     """termgym's ``Agent`` protocol around the policy, for one trial."""
 
     runner: PolicyRunner
-    progress: TrialProgress
     generator: torch.Generator
     trajectory: Trajectory
     name: str = "policy"
 
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
-        self.progress.env = env
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> StepReturn | None:
         r = self.runner
         return await run_policy_episode(
             env, instruction, info, r.sampler, r.renderer, r.settings, self.generator, self.trajectory
@@ -282,7 +279,8 @@ class _PolicyAgent:
 
 
 class PolicyRunner:
-    """The scheduler's ``Runner`` of trajectories: one trial of ``termgym.trial.run_trial`` with the
+    """The scheduler's ``Runner`` of trajectories: one trial of
+    ``termgym.scheduling.runners.run_paced_trial`` (the scheduler's own runner of trials) with the
     policy as the agent, every sandbox paced by the shared ``pacer``. Infrastructure faults become
     the record's error (the scheduler then counts the trial as failed), never an exception."""
 
@@ -295,7 +293,7 @@ class PolicyRunner:
         settings: RolloutSettings,
         *,
         seed: int = 0,
-        sandbox_factory: Callable[[Task, EnvOptions], Sandbox] | None = None,
+        sandbox_factory: SandboxFactory | None = None,
         binary_reward: bool = False,
     ) -> None:
         self.sampler, self.renderer, self.options, self.pacer, self.settings = (
@@ -307,7 +305,7 @@ class PolicyRunner:
         )
         self.seed = seed
         self.binary_reward = binary_reward  # train on resolved (0/1) instead of the dense reward
-        self.sandbox_factory = sandbox_factory or backend_sandbox_factory
+        self.sandbox_factory = sandbox_factory
         self.backend, self.agent_name, self.run_id = options.backend, "policy", options.run_id
         self._launches: dict[int, int] = {}  # per policy version
 
@@ -316,12 +314,10 @@ class PolicyRunner:
         self._launches[version] = launch + 1
         generator = torch.Generator().manual_seed(episode_seed(self.seed, version, launch))
         trajectory = Trajectory(task=task.name, policy_version=version, launch=launch)
-        agent = _PolicyAgent(self, progress, generator, trajectory)
-
-        def paced(task: Task, options: EnvOptions):
-            return PacedSandbox(self.sandbox_factory(task, options), self.pacer, progress)
-
-        record = await run_trial(task, agent, self.options, sandbox_factory=paced)
+        agent = _PolicyAgent(self, generator, trajectory)
+        record = await run_paced_trial(
+            task, agent, self.options, self.pacer, progress, sandbox_factory=self.sandbox_factory
+        )
         trajectory.record = record
         trajectory.reward = float(record.resolved) if self.binary_reward else record.reward
         if self.settings.retokenize:

@@ -37,7 +37,7 @@ from termgym.trainer import losses
 from termgym.trainer.batch import forward_logp, pad_batch
 from termgym.trainer.policy_client import TeacherClient
 from termgym.trainer.rollout import RolloutSettings
-from termgym.trial import Step, run_trials
+from termgym.trial import StepReturn, run_trials
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class _ReferenceAgent:
     stop_reason: str | None = None
     name: str = "reference"
 
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> StepReturn | None:
         try:
             return await ModelAgent(self.client, self.settings.loop, name=self.name).run(env, instruction, info)
         finally:

@@ -3,11 +3,11 @@
 ``train_family_tokenizer(texts, family)`` is a byte-level BPE (every byte string has an encoding,
 decoding never fails) trained on ``texts`` plus the family's framing, with guarantees:
 
-* every structural token of the family (``FamilySpec.special_tokens``) is one id, the pad token
+* every structural token of the family (``FormatSpec.special_tokens``) is one id, the pad token
   first (id 0), in the family's order; those the family's real tokenizers leave unmarked as
   special (Qwen's ``<think>``, ``<tool_call>``, ``<tool_response>`` and their closes) are left
   unmarked here too, so a tokenizer built here matches them in text as the real ones do;
-* eos, pad and bos are the family's (``FamilySpec``); the chat template is the family's packaged
+* eos, pad and bos are the family's (``FormatSpec``); the chat template is the family's packaged
   template, so ``save_pretrained`` and ``AutoTokenizer.from_pretrained`` keep it, and
   ``detect_renderer`` picks the family back from the files;
 * the framing (role names, the tools block, the tool-call JSON or XML skeletons, tool results,
@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerFast
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from termgym.agents.actions import SUBMIT_TEXT, TOOLS
-from termgym.agents.renderers.families import FamilySpec, family_spec
+from termgym.agents.renderers.formats import FormatSpec, format_spec
 
 FRAMING_REPEATS = 40
 
@@ -35,7 +35,7 @@ FRAMING_REPEATS = 40
 def train_family_tokenizer(texts: list[str], family: str, vocab_size: int = 1024) -> PreTrainedTokenizerFast:
     """A byte-level BPE for ``family`` (``chatml``, ``qwen-xml``, ``llama3``) trained on ``texts``
     (module docstring); ``ConfigError`` for an unknown family."""
-    spec = family_spec(family)
+    spec = format_spec(family)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -60,7 +60,7 @@ def train_family_tokenizer(texts: list[str], family: str, vocab_size: int = 1024
     return fast
 
 
-def framing_texts(spec: FamilySpec) -> list[str]:
+def framing_texts(spec: FormatSpec) -> list[str]:
     """The family's framing as plain text: sample conversations rendered by its template, cut at
     its structural tokens (those are single ids already, not text to learn)."""
     texts = []

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from termgym.env import SUBMIT, AsyncTerminalEnv
 from termgym.tasks import TaskError
-from termgym.trial import Step
+from termgym.trial import StepReturn
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class NullAgent:
 
     name: str = "null"
 
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> StepReturn | None:
         return await submit_every_step(env)
 
 
@@ -29,7 +29,7 @@ class OracleAgent:
 
     name: str = "oracle"
 
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> StepReturn | None:
         if not env.task.steps and env.task.solution_script is None:
             raise TaskError(env.task.path, "the task has no reference solution")
         if env.task.steps and all(step.solution_script is None for step in env.task.steps):
@@ -54,7 +54,7 @@ class ScriptedAgent:
     commands: tuple[str, ...]
     name: str = "scripted"
 
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> StepReturn | None:
         step = None
         for command in self.commands:
             step = await env.step(command)
@@ -63,7 +63,7 @@ class ScriptedAgent:
         return await submit_every_step(env)
 
 
-async def submit_every_step(env: AsyncTerminalEnv) -> Step:
+async def submit_every_step(env: AsyncTerminalEnv) -> StepReturn:
     """SUBMIT until the episode ends: once for a single-step task, once per remaining step of a
     multi-step one (each SUBMIT before the last hands over the next step)."""
     while True:

@@ -49,7 +49,7 @@ from termgym.agents.prompts import (
 from termgym.env import SUBMIT, EnvOptions
 from termgym.errors import ConfigError
 from termgym.transcript import StopReason, Transcript
-from termgym.trial import Step
+from termgym.trial import StepReturn
 
 ContextPolicy = Literal["none", "truncate", "summarize"]
 CONTEXT_POLICIES: tuple[ContextPolicy, ...] = ("none", "truncate", "summarize")
@@ -88,9 +88,9 @@ class AgentEnv(Protocol):
     @property
     def remaining_time(self) -> float: ...
 
-    async def step(self, action: str, *, timeout: float | None = None) -> Step: ...
+    async def step(self, action: str, *, timeout: float | None = None) -> StepReturn: ...
 
-    async def truncate(self, reason: StopReason) -> Step: ...
+    async def truncate(self, reason: StopReason) -> StepReturn: ...
 
 
 @dataclass
@@ -109,7 +109,7 @@ class ModelAgent:
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    async def run(self, env: AgentEnv, instruction: str, info: dict) -> Step | None:
+    async def run(self, env: AgentEnv, instruction: str, info: dict) -> StepReturn | None:
         transcript = env.transcript
         transcript.model = self.client.model
         episode = _Episode(self, env, self.client.session(transcript), transcript, info.get("workdir"))
@@ -139,7 +139,7 @@ class _Episode:
     def tools(self) -> list[dict] | None:
         return TOOLS if self.settings.action_format == "tool" else None
 
-    async def run(self, instruction: str) -> Step:
+    async def run(self, instruction: str) -> StepReturn:
         self.instruction = instruction
         self.messages = self._opening(task_prompt(instruction, self.workdir))
         window = await self.agent.client.context_window(time.monotonic() + self.env.remaining_time)
@@ -189,7 +189,7 @@ class _Episode:
             except ContextExceeded:
                 return None
 
-    async def _act(self, completion: Completion) -> Step | None:
+    async def _act(self, completion: Completion) -> StepReturn | None:
         """Run what the reply asks for; the final step when the episode ended, else None."""
         if self.settings.action_format == "tool":
             action = parse_tool_calls(completion.tool_calls)
@@ -221,7 +221,7 @@ class _Episode:
         self.messages += self._observation_messages(completion, shown)
         return None
 
-    async def _reject(self, completion: Completion, error: str) -> Step | None:
+    async def _reject(self, completion: Completion, error: str) -> StepReturn | None:
         self.failures_in_a_row += 1
         shown = f"Your reply was not an action: {error}"
         self.transcript.invalid(error, shown)

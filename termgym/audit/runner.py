@@ -41,15 +41,15 @@ from termgym.audit.rubric import (
     solution_prefixes,
 )
 from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.episode.overrides import override_fields
+from termgym.episode.verification import verify
 from termgym.errors import ConfigError, TermgymError
 from termgym.images.dockerfile import CopyStep, DockerfileError, WorkdirStep, parse_dockerfile
 from termgym.output import plain_text as plain
-from termgym.overrides import override_fields
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
 from termgym.tasks import Task
-from termgym.trial import Step, run_trial
-from termgym.verification import verify
+from termgym.trial import StepReturn, run_trial
 
 _EMPTY = hashlib.sha256(b"").hexdigest()
 
@@ -61,7 +61,7 @@ class PrefixAgent:
     script: str
     name: str = "prefix"
 
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> StepReturn | None:
         with tempfile.TemporaryDirectory() as tmp:
             prefix = Path(tmp) / "prefix.sh"
             prefix.write_text(self.script)

@@ -16,14 +16,14 @@ from termgym.agents.actions import ACTION_FORMATS
 from termgym.agents.model import CONTEXT_POLICIES
 from termgym.agents.renderers.base import THINKING_RETENTIONS
 from termgym.agents.settings import CLIENTS, build_model_agent
+from termgym.cli.summary import INFRASTRUCTURE
 from termgym.env import EnvOptions
+from termgym.episode.overrides import NETWORK_CHOICES, override_fields
+from termgym.episode.tamper import TAMPER_POLICIES
 from termgym.errors import ConfigError
 from termgym.images.build import CONFIG_FILES, load_aliases, read_config_file
 from termgym.images.pull import PULL_POLICIES
-from termgym.overrides import NETWORK_CHOICES, override_fields
 from termgym.sandboxes import BACKENDS
-from termgym.summary import INFRASTRUCTURE
-from termgym.tamper import TAMPER_POLICIES
 from termgym.trial import Agent
 from termgym.verifiers import DEFAULT_SCALE
 

@@ -28,7 +28,7 @@ async def cmd_audit(args: argparse.Namespace) -> int:
 
 
 async def cmd_list(args: argparse.Namespace) -> int:
-    from termgym.bundled import bundled_root
+    from termgym.tasks.bundled import bundled_root
 
     table = Table(title="bundled tasks", title_justify="left")
     for column in ("task", "family", "agent timeout", "instruction"):

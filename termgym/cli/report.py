@@ -1,5 +1,5 @@
 """``termgym report RUN_DIR [--out FILE]``: one self-contained HTML file of a run
-(``termgym.report``); prints the path written."""
+(``termgym.cli.run_report``); prints the path written."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from termgym.cli import common
 from termgym.cli.common import UsageError
-from termgym.report import RECORDS_FILE, write_report
+from termgym.cli.run_report import RECORDS_FILE, write_report
 
 
 async def cmd_report(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from termgym.agents import ModelAgent, make_agent
 from termgym.agents.heap import settled_heap
 from termgym.cli import common
 from termgym.cli.common import UsageError, agent_from_args, close_agent, env_options
+from termgym.cli.summary import is_scored, summarize
 from termgym.env import EnvOptions, resolve_task
 from termgym.output import plain_text as plain
 from termgym.progress import progress_bar
@@ -27,16 +28,10 @@ from termgym.sandboxes import preflight
 from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling import simclock
 from termgym.scheduling.bias import TABLE_COLUMNS, BiasReport, summary_line, table_rows
-from termgym.scheduling.scheduler import (
-    RolloutScheduler,
-    SchedulerConfig,
-    TaskPool,
-    TrialRunner,
-    make_nodes,
-    step_metrics,
-)
+from termgym.scheduling.pool import TaskPool, make_nodes
+from termgym.scheduling.runners import TrialRunner
+from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig, step_metrics
 from termgym.scheduling.simulated import SimulatedAgent, SimulatedBackend
-from termgym.summary import is_scored, summarize
 from termgym.tasks import Task, discover_tasks
 from termgym.trial import Agent, run_trials
 
@@ -294,7 +289,7 @@ def print_summary(records: Sequence[TrialRecord]) -> None:
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
-    from termgym.bundled import bundled_root
+    from termgym.tasks.bundled import bundled_root
 
     tasks = discover_tasks(bundled_root())
     run_id = f"demo-{uuid.uuid4().hex[:6]}"

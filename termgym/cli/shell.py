@@ -38,15 +38,15 @@ from termgym.cli import common
 from termgym.cli.common import UsageError
 from termgym.cli.episodes import print_notes, print_record
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, resolve_task
+from termgym.episode.overrides import override_fields
 from termgym.images.build import load_aliases
 from termgym.output import display_safe, terminal_safe
 from termgym.output import plain_text as plain
-from termgym.overrides import override_fields
 from termgym.records import TrialRecord
 from termgym.sandboxes import attach_sandbox, preflight
 from termgym.sandboxes.base import Sandbox
 from termgym.tasks import Task
-from termgym.trial import Step, run_trial
+from termgym.trial import StepReturn, run_trial
 
 QUIT = ":quit"
 HELP = ":help"
@@ -162,7 +162,7 @@ class HumanAgent:
         self.can_submit = can_submit  # False: no task to verify (an attached sandbox alone)
         self._read = read
 
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> StepReturn | None:
         verifies = f"{SUBMIT} verifies" if self.can_submit else "no task to verify"
         header = plain(f" ({info['backend']}) · {verifies} · {QUIT} leaves · {HELP} lists the commands\n")
         common.out.print(Text.assemble((terminal_safe(env.task.name), "bold"), header))
@@ -170,7 +170,7 @@ class HumanAgent:
         for warning in info["warnings"]:
             common.err.print(plain(f"warning: {warning}"))
         cwd = info["workdir"]
-        step: Step | None = None
+        step: StepReturn | None = None
         with sigint_router(env) as router:
             while True:
                 line = router.prompt(functools.partial(read_command, self._read, terminal_safe(f"{cwd}$ ")))

@@ -72,7 +72,7 @@ class WorkdirStep:
     line: int
 
 
-Step = CopyStep | RunStep | WorkdirStep
+PlanStep = CopyStep | RunStep | WorkdirStep  # one step of an EnvironmentPlan
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class EnvironmentPlan:
     """
 
     base_image: str | None
-    steps: tuple[Step, ...]
+    steps: tuple[PlanStep, ...]
     env: tuple[tuple[str, str], ...]
     workdir: str
     user: str | None
@@ -136,7 +136,7 @@ class _State:  # mutable accumulator for the chained stages
     user: str | None = None
     shell: tuple[str, ...] | None = None
     env: dict[str, str] = field(default_factory=dict)
-    steps: list[Step] = field(default_factory=list)
+    steps: list[PlanStep] = field(default_factory=list)
     ignored: list[tuple[int, str]] = field(default_factory=list)
 
 

@@ -2,13 +2,14 @@
 
 Each entry names the backend, the module that implements it, its ``Sandbox`` class and the
 package extra its SDK comes from. Modules are imported only when their backend is used, so an SDK
-is needed only then. Besides its class, a backend's module offers ``preflight()`` (raise
-``BackendUnavailable`` in one line when this machine cannot run it), ``remove_leftovers(images)``
-(``termgym gc``: one line saying what was removed) and ``close_shared()`` (close what its sandboxes
-share, such as HTTP clients or a warm pool); a backend that keeps sandboxes ready ahead of demand
-also offers ``prewarm(specs, count)`` (Docker's warm pool).
+is needed only then. Besides its class, a backend's module may offer ``HOOKS``, a
+``base.BackendHooks`` whose every entry is optional: ``preflight`` (raise ``BackendUnavailable``
+in one line when this machine cannot run it), ``remove_leftovers`` (``termgym gc``),
+``close_shared`` (close what its sandboxes share, such as HTTP clients or a warm pool), ``attach``
+(enter a sandbox ``--keep`` left running), ``prewarm`` and ``warm_pool_on`` (a warm pool). What a
+backend does not offer is a no-op here, or one line saying the backend cannot.
 
-Adding a backend is one ``Backend`` line here and a module with those names (CONTRIBUTING.md).
+Adding a backend is one ``Backend`` line here and a module with a ``Sandbox`` class (CONTRIBUTING.md).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from termgym.errors import BackendUnavailable, ConfigError
-from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
+from termgym.sandboxes.base import BackendHooks, ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
 
 
 @dataclass(frozen=True)
@@ -63,17 +64,25 @@ def create_sandbox(backend: str, spec: SandboxSpec) -> Sandbox:
     return getattr(backend_module(backend), REGISTRY[backend].sandbox)(spec)
 
 
+def hooks(backend: str) -> BackendHooks:
+    """The ``HOOKS`` of ``backend``'s module; every entry None for a module that defines none."""
+    found = getattr(backend_module(backend), "HOOKS", None)
+    return found if isinstance(found, BackendHooks) else BackendHooks()
+
+
 def preflight(backend: str) -> None:
     """Raise ``BackendUnavailable`` (one line, saying what to do) when ``backend`` cannot work here:
-    a missing binary, a daemon that does not answer, missing credentials."""
-    backend_module(backend).preflight()
+    a missing binary, a daemon that does not answer, missing credentials. A backend with no
+    ``preflight`` hook is taken to work."""
+    check = hooks(backend).preflight
+    if check is not None:
+        check()
 
 
 async def attach_sandbox(backend: str, sandbox_id: str) -> Sandbox:
-    """A started sandbox of ``backend`` that an earlier ``--keep`` left running (its module's
-    ``attach(id)``); ``ConfigError`` in one line when there is no such sandbox."""
-    module = backend_module(backend)
-    attach = getattr(module, "attach", None)
+    """A started sandbox of ``backend`` that an earlier ``--keep`` left running (its ``attach``
+    hook); ``ConfigError`` in one line when there is no such sandbox, or the backend cannot."""
+    attach = hooks(backend).attach
     if attach is None:
         raise ConfigError(f"the {backend} backend cannot attach to a kept sandbox")
     return await attach(sandbox_id)
@@ -81,12 +90,15 @@ async def attach_sandbox(backend: str, sandbox_id: str) -> Sandbox:
 
 async def remove_leftovers(backend: str, *, images: bool = False) -> str:
     """``termgym gc`` on ``backend``: remove what killed runs left; one line saying what went."""
-    return await backend_module(backend).remove_leftovers(images)
+    remove = hooks(backend).remove_leftovers
+    if remove is None:
+        return f"the {backend} backend leaves nothing to collect"
+    return await remove(images)
 
 
 def keeps_warm_pool(backend: str) -> bool:
     """Whether ``backend`` keeps a warm pool that ``prewarm`` can fill, and it is on."""
-    pool_on = getattr(backend_module(backend), "warm_pool_on", None)
+    pool_on = hooks(backend).warm_pool_on
     return pool_on is not None and pool_on()
 
 
@@ -94,21 +106,23 @@ async def prewarm(backend: str, specs: Sequence[SandboxSpec], count: int | None 
     """Make sandboxes for ``specs`` ready ahead of their trials (up to ``count`` each) where
     ``backend`` keeps a warm pool (Docker: ``TERMGYM_DOCKER_POOL``), waiting until they are; how
     many are ready. 0 for a backend without one, or with its pool off."""
-    hook = getattr(backend_module(backend), "prewarm", None)
-    return await hook(specs, count) if hook is not None else 0
+    fill = hooks(backend).prewarm
+    return await fill(specs, count) if fill is not None else 0
 
 
 async def close_backends() -> None:
     """Close what loaded backends share across sandboxes (Daytona's HTTP sessions, Docker's warm
     pool and its pending removals)."""
-    for backend in REGISTRY.values():
-        module = sys.modules.get(backend.module)
-        if module is not None:
-            await module.close_shared()
+    for name, backend in REGISTRY.items():
+        if backend.module in sys.modules:
+            close = hooks(name).close_shared
+            if close is not None:
+                await close()
 
 
 __all__ = [
     "BACKENDS",
+    "BackendHooks",
     "REGISTRY",
     "Backend",
     "ExecResult",
@@ -120,6 +134,7 @@ __all__ = [
     "backend_module",
     "close_backends",
     "create_sandbox",
+    "hooks",
     "keeps_warm_pool",
     "preflight",
     "prewarm",

@@ -26,13 +26,13 @@ import base64
 import binascii
 import io
 import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from termgym.errors import SandboxBroken, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT
-from termgym.sandboxes.host_files import HostFiles
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -78,6 +78,30 @@ class ExecResult:
     @property
     def text(self) -> str:
         return self.output.decode("utf-8", errors="replace")
+
+
+class HostFiles(Protocol):
+    """A sandbox's files reached from the host while none of its processes runs, where a backend
+    can (``Sandbox.host_files``; the embedded backend's ``LocalHostFiles``). Paths are absolute
+    paths as the sandbox sees them; every operation reaches them without following a link the
+    agent left and raises ``OSError`` when it cannot."""
+
+    def fresh_dirs(self, paths: Sequence[str]) -> None:
+        """Make each path a fresh empty directory, whatever is there now."""
+        ...
+
+    def write_files(self, dest: str, files: Sequence[tuple[str, bytes, int]]) -> None:
+        """Write ``(relative path, content, mode)`` under the fresh directory ``dest``."""
+        ...
+
+    def list_files(self, directory: str, wanted: Callable[[str], bool]) -> list[str] | None:
+        """The names ``wanted`` accepts of the regular files at the top of ``directory``, sorted;
+        None when it is not a directory."""
+        ...
+
+    def read_files(self, directory: str, names: Sequence[str], cap: int) -> dict[str, bytes]:
+        """The regular files ``names`` at the top of ``directory``, each cut at ``cap`` bytes."""
+        ...
 
 
 class ProcessChannel(abc.ABC):
@@ -161,7 +185,7 @@ class Sandbox(abc.ABC):
         The archive is made by the sandbox's own ``tar`` (found on the system directories only)
         and cut at ``limit + 1`` bytes as it streams, so a tree that claims more (a sparse file of
         terabytes) stops the read there; what it holds is untrusted all the same
-        (``termgym.artifacts.safe_artifacts``)."""
+        (``termgym.episode.artifacts.safe_artifacts``)."""
         script = (
             f"PATH={DEFAULT_PATH}\n"
             'cap=$1; shift\nfor p; do shift; if [ -e "/$p" ] || [ -L "/$p" ]; then set -- "$@" "$p"; fi; done\n'
@@ -190,7 +214,7 @@ class Sandbox(abc.ABC):
         return None
 
     async def changed_system_paths(self) -> list[str] | None:
-        """What the agent changed under system paths (``termgym.tamper``), or None where this
+        """What the agent changed under system paths (``termgym.episode.tamper``), or None where this
         backend cannot tell."""
         return None
 
@@ -256,6 +280,24 @@ class Sandbox(abc.ABC):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await asyncio.shield(self.stop())
+
+
+@dataclass(frozen=True)
+class BackendHooks:
+    """What a backend's module may offer besides its ``Sandbox`` class, as its ``HOOKS`` (every hook
+    optional: a backend written from CONTRIBUTING.md with none of them works). ``preflight()``
+    raises ``BackendUnavailable`` in one line when this machine cannot run the backend;
+    ``remove_leftovers(images)`` is ``termgym gc`` (one line saying what went); ``close_shared()``
+    closes what the backend's sandboxes share (HTTP clients, a warm pool) at the end of a run;
+    ``attach(id)`` enters a sandbox an earlier ``--keep`` left running; ``prewarm(specs, count)``
+    and ``warm_pool_on()`` are a warm pool's (Docker's)."""
+
+    preflight: Callable[[], None] | None = None
+    remove_leftovers: Callable[[bool], Awaitable[str]] | None = None
+    close_shared: Callable[[], Awaitable[None]] | None = None
+    attach: Callable[[str], Awaitable[Sandbox]] | None = None
+    prewarm: Callable[[Sequence[SandboxSpec], int | None], Awaitable[int]] | None = None
+    warm_pool_on: Callable[[], bool] | None = None
 
 
 def tar_of_files(files: Sequence[tuple[Path, str]], blobs: Sequence[tuple[str, bytes, int]] = ()) -> bytes:

@@ -6,7 +6,7 @@ Two pure answers:
   (``Sandbox.changed_system_paths`` on Docker), the changed paths a verifier's tools depend on:
   system directories, files planted at ``/``, and the paths a run watches on top of those (the
   search-path directories a task's ``[verifier].env`` trusts, an image's entrypoint).
-  ``termgym.tamper`` says what a run makes of them.
+  ``termgym.episode.tamper`` says what a run makes of them.
 - ``trusted_search_paths``: an environment with every search-path entry the agent could have written
   taken out (``PATH``, ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ``LD_PRELOAD`` and the like), so that the
   verifier never looks a program or a module up where the agent left one. An entry is kept only

@@ -2,9 +2,10 @@
 measure (and, in two modes, correct) the straggler bias that cutting the tail causes.
 
 A step draws tasks from a ``TaskPool`` (each task once per epoch, reshuffled every epoch),
-launches them through a ``Runner`` (``run_one(task, node, version, progress)``; ``TrialRunner``
-runs ``termgym.trial.run_trial`` on any backend, real or simulated), spreads them over rollout
-nodes that each cap how many run at once, and paces sandbox creation with one shared
+launches them through a ``Runner`` (``run_one(task, node, version, progress)``;
+``termgym.scheduling.runners.TrialRunner`` runs ``run_paced_trial`` on any backend, real or
+simulated), spreads them over rollout nodes that each cap how many run at once
+(``termgym.scheduling.pool``), and paces sandbox creation with one shared
 ``termgym.sandboxes.pacing.Pacer`` (6/s and 600/min by default). As soon as B trials have finished the step
 ends, and what happens to the rest is the mode:
 
@@ -26,14 +27,14 @@ ends, and what happens to the rest is the mode:
   trials still dominate.
 
 Guarantees: never more than B kept per step (exactly B unless failures exhaust their retries,
-then ``StepResult.short`` says how many are missing); failed trials (infrastructure faults, error
+then ``BatchResult.short`` says how many are missing); failed trials (infrastructure faults, error
 kinds ``sandbox_error``, ``model_error``, ``build_failed``, ``invalid_task``) are recorded and never
 count as finished; a ``sandbox_error`` or ``model_error`` is replaced by a fresh trial of the same task
 (so failure-prone tasks keep their share), up to ``retries`` times per launch; no node ever runs more than its cap;
 every sandbox creation goes through the pacer; a cancelled trial's sandbox is stopped (deleted)
 before ``step()`` returns, and its record (error kind ``cancelled``, the turns and time it had run)
 is reported like any other, so no trial goes unrecorded. Every step's accounting, per family and
-per task, is in ``StepResult`` (``termgym.scheduling.bias`` defines it); ``step_metrics`` makes it one JSON
+per task, is in ``BatchResult`` (``termgym.scheduling.bias`` defines it); ``step_metrics`` makes it one JSON
 object for the run's ``metrics.jsonl``.
 """
 
@@ -41,291 +42,27 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 import uuid
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeVar, cast, get_args
+from typing import Any, Generic, Literal, TypeVar, cast, get_args
 
 from termgym.aio import cancel_and_wait
-from termgym.env import AsyncTerminalEnv, EnvOptions, prewarm_sandboxes
-from termgym.env import default_sandbox_factory as backend_sandbox_factory
 from termgym.errors import ConfigError, SandboxError
-from termgym.output import DEFAULT_OUTPUT_LIMIT
 from termgym.records import ErrorKind, TrialRecord
-from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox
 from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling import bias
 from termgym.scheduling.bias import Fate
+from termgym.scheduling.pool import Node, NodePool, TaskPool
+from termgym.scheduling.runners import Runner, TrialProgress
 from termgym.tasks import Task
-from termgym.trial import Agent, Step, run_trial
 
 T = TypeVar("T")
 SchedulerMode = Literal["wait", "cancel", "carry-over", "reweight"]
 MODES: tuple[SchedulerMode, ...] = get_args(SchedulerMode)
 FAILED_KINDS = ("sandbox_error", "model_error", "build_failed", "invalid_task")  # not finished: no verdict
 RETRYABLE_KINDS = ("sandbox_error", "model_error")  # a fresh sandbox or request may work; a broken task never will
-SandboxFactory = Callable[[Task, EnvOptions], Sandbox]
-
-
-# -- nodes and the task pool ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Node:
-    """A rollout node: where trials run, at most ``cap`` at once."""
-
-    name: str
-    cap: int
-
-    def __post_init__(self) -> None:
-        if self.cap < 1:
-            raise ConfigError(f"node {self.name}: the cap must be at least 1, got {self.cap}")
-
-
-def make_nodes(caps: Sequence[int]) -> tuple[Node, ...]:
-    """Nodes ``node-0``, ``node-1``... with the given caps."""
-    if not caps:
-        raise ConfigError("at least one node is needed")
-    return tuple(Node(f"node-{i}", cap) for i, cap in enumerate(caps))
-
-
-def pick_node(busy: Sequence[int], caps: Sequence[int]) -> int | None:
-    """The node with room whose load (busy / cap) is lowest, the first on ties; None when all are full."""
-    open_nodes = [i for i in range(len(caps)) if busy[i] < caps[i]]
-    return min(open_nodes, key=lambda i: (busy[i] / caps[i], i)) if open_nodes else None
-
-
-class NodePool:
-    """Hands out node slots; when every node is full, trials wait first come, first served."""
-
-    def __init__(self, nodes: Sequence[Node]) -> None:
-        self.nodes = tuple(nodes)
-        self.busy = [0] * len(self.nodes)
-        self.peak = [0] * len(self.nodes)  # the most ever running at once on each node
-        self._index = {node.name: i for i, node in enumerate(self.nodes)}
-        self._waiters: deque[asyncio.Future[int]] = deque()
-
-    async def acquire(self) -> Node:
-        if not self._waiters:
-            index = pick_node(self.busy, [n.cap for n in self.nodes])
-            if index is not None:
-                self._take(index)
-                return self.nodes[index]
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            return self.nodes[await waiter]
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():  # a slot was handed over as we left: pass it on
-                self.release(self.nodes[waiter.result()])
-            elif waiter in self._waiters:
-                self._waiters.remove(waiter)
-            raise
-
-    def release(self, node: Node) -> None:
-        index = self._index[node.name]
-        self.busy[index] -= 1
-        while self._waiters:  # waiters exist only while every node is full: this slot is the one
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                self._take(index)
-                waiter.set_result(index)
-                return
-
-    def _take(self, index: int) -> None:
-        self.busy[index] += 1
-        self.peak[index] = max(self.peak[index], self.busy[index])
-
-
-class TaskPool:
-    """Draws tasks to launch: every task once per epoch, in a fresh random order each epoch
-    (``shuffle=False``: in the given order, so ``termgym run`` runs exactly what it was given)."""
-
-    def __init__(self, tasks: Sequence[Task], *, shuffle: bool = True, seed: int = 0) -> None:
-        if not tasks:
-            raise ConfigError("the task pool is empty")
-        self.tasks = list(tasks)
-        self.shuffle = shuffle
-        self._rng = random.Random(seed)
-        self._order: list[Task] = []
-        self._next = 0
-        self.epochs = 0
-
-    def peek(self, n: int) -> list[Task]:
-        """What ``draw(n)`` would return now, without drawing it (a subclass's ``draw`` and its
-        counters included: every attribute is as it was)."""
-        attributes, rng = dict(self.__dict__), self._rng.getstate()
-        try:
-            return self.draw(n)
-        finally:
-            self.__dict__.update(attributes)
-            self._rng.setstate(rng)
-
-    def draw(self, n: int) -> list[Task]:
-        drawn = []
-        for _ in range(n):
-            if self._next == len(self._order):
-                self._order = list(self.tasks)
-                if self.shuffle:
-                    self._rng.shuffle(self._order)
-                self._next, self.epochs = 0, self.epochs + 1
-            drawn.append(self._order[self._next])
-            self._next += 1
-        return drawn
-
-
-# -- running one trial ---------------------------------------------------------------------------
-
-
-@dataclass
-class TrialProgress:
-    """What a running trial has reported, read when it is cancelled or carried."""
-
-    created_at: float | None = None  # loop time its sandbox's creation was granted by the pacer
-    env: AsyncTerminalEnv | None = None
-
-    @property
-    def turns(self) -> int:
-        return self.env.turns if self.env is not None else 0
-
-
-class Runner(Protocol[T]):
-    """What the scheduler launches. ``run_one`` returns a result (a ``TrialRecord`` here; the
-    trainer's trajectory there) and raises only ``CancelledError`` (or ``SandboxError``, taken as a
-    failed trial); it must acquire the shared pacer before creating a sandbox and fill
-    ``progress`` as it goes. A runner may also have ``async prewarm(tasks)``: the scheduler calls
-    it after each step with the tasks the next step will draw (``TaskPool.peek``)."""
-
-    backend: str
-    agent_name: str
-    run_id: str
-
-    async def run_one(self, task: Task, node: Node, version: int, progress: TrialProgress) -> T: ...
-
-    def record_of(self, result: T) -> TrialRecord: ...
-
-
-class TrialRunner:
-    """``Runner`` of trial records: ``termgym.trial.run_trial`` with ``agent``, every sandbox
-    paced by ``pacer``. ``sandbox_factory``: None for the options' backend, or e.g. a
-    ``SimulatedBackend``. Nodes and policy versions do not change what it runs."""
-
-    def __init__(
-        self, agent: Agent, options: EnvOptions, pacer: Pacer, *, sandbox_factory: SandboxFactory | None = None
-    ) -> None:
-        self.agent, self.options, self.pacer = agent, options, pacer
-        self.sandbox_factory = sandbox_factory or backend_sandbox_factory
-        self.backend, self.agent_name, self.run_id = options.backend, agent.name, options.run_id
-
-    async def run_one(self, task: Task, node: Node, version: int, progress: TrialProgress) -> TrialRecord:
-        def paced(task: Task, options: EnvOptions) -> Sandbox:
-            return PacedSandbox(self.sandbox_factory(task, options), self.pacer, progress)
-
-        return await run_trial(task, _Watched(self.agent, progress), self.options, sandbox_factory=paced)
-
-    def record_of(self, result: TrialRecord) -> TrialRecord:
-        return result
-
-    async def prewarm(self, tasks: Sequence[Task]) -> int:
-        """Sandboxes for trials of ``tasks`` made ready ahead of them (``prewarm_sandboxes``)."""
-        return await prewarm_sandboxes(tasks, self.options)
-
-
-@dataclass(frozen=True)
-class _Watched:
-    """The agent, telling ``progress`` which env it drives (so a cancelled trial's turns are known)."""
-
-    inner: Agent
-    progress: TrialProgress
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> Step | None:
-        self.progress.env = env
-        return await self.inner.run(env, instruction, info)
-
-
-class PacedSandbox(Sandbox):
-    """A backend's sandbox whose creation first waits for a slot from the shared pacer (unless the
-    backend paces its own create attempts, so a create is never paced twice)."""
-
-    def __init__(self, inner: Sandbox, pacer: Pacer, progress: TrialProgress) -> None:
-        super().__init__(inner.spec)
-        self.inner, self.backend = inner, inner.backend
-        self.supports_users = inner.supports_users
-        self._pacer, self._progress = pacer, progress
-
-    async def start(self) -> None:
-        if self.inner.paces_own_creation:
-            self._progress.created_at = asyncio.get_running_loop().time()
-        else:
-            self._progress.created_at = await self._pacer.acquire()
-        await self.inner.start()
-        self.env, self.workdir, self.warnings = self.inner.env, self.inner.workdir, self.inner.warnings
-        self.image = self.inner.image
-
-    async def stop(self) -> None:
-        await self.inner.stop()
-
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        stdin: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
-        return await self.inner.exec(argv, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
-
-    async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
-        return await self.inner.open_process(argv, env=env, cwd=cwd)
-
-    async def kill_agent_processes(self) -> None:
-        await self.inner.kill_agent_processes()
-
-    async def exec_as(
-        self,
-        user: str | None,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
-        return await self.inner.exec_as(user, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit)
-
-    async def open_process_as(
-        self, user: str | None, argv: Sequence[str], *, env: Mapping[str, str], cwd: str
-    ) -> ProcessChannel:
-        return await self.inner.open_process_as(user, argv, env=env, cwd=cwd)
-
-    async def set_network(self, enabled: bool) -> str | None:
-        return await self.inner.set_network(enabled)
-
-    async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
-        await self.inner.upload_tar(archive, dest, timeout=timeout)
-
-    async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
-        return await self.inner.download_tar(paths, limit=limit, timeout=timeout)
-
-    async def check_alive(self) -> None:
-        await self.inner.check_alive()
-
-    async def changed_system_paths(self) -> list[str] | None:
-        return await self.inner.changed_system_paths()
-
-    async def limit_warnings(self) -> list[str]:
-        return await self.inner.limit_warnings()
-
-    async def keep(self) -> dict[str, str]:
-        return await self.inner.keep()
 
 
 # -- the scheduler -------------------------------------------------------------------------------
@@ -370,7 +107,7 @@ class KeptTrial(Generic[T]):
 
 
 @dataclass(frozen=True)
-class StepResult(Generic[T]):
+class BatchResult(Generic[T]):
     step: int
     mode: SchedulerMode
     policy_version: int
@@ -431,7 +168,7 @@ class RolloutScheduler(Generic[T]):
         self._run_tasks: dict[str, bias.Tally] = {}
         self._prewarming: asyncio.Future[int] | None = None
 
-    async def step(self, policy_version: int | None = None) -> StepResult[T]:
+    async def step(self, policy_version: int | None = None) -> BatchResult[T]:
         """Run one step; ``policy_version`` (default: the step's index) tags the trials it launches."""
         loop = asyncio.get_running_loop()
         index, self.steps = self.steps, self.steps + 1
@@ -596,7 +333,7 @@ class RolloutScheduler(Generic[T]):
         batch_full: float,
         launched: list[_Trial],
         decided: list[tuple[_Trial, Fate, TrialRecord, T | None]],
-    ) -> StepResult[T]:
+    ) -> BatchResult[T]:
         # a kept trial's result is there: only a finished runner call gives a record that can be kept
         kept = [(t, record, cast(T, result)) for t, fate, record, result in decided if fate == "kept"]
         weights: dict[str, float] = {}
@@ -611,7 +348,7 @@ class RolloutScheduler(Generic[T]):
         outcomes += [self._outcome(t, "carried", None, launched=t in new) for t in self._carried]
         families, tasks = self._account(outcomes)
         pacing = bias.pacing_seconds(len(launched), self.pacer.windows)
-        return StepResult(
+        return BatchResult(
             step=index,
             mode=self.config.mode,
             policy_version=version,
@@ -641,7 +378,7 @@ class RolloutScheduler(Generic[T]):
         )
 
 
-def step_metrics(result: StepResult) -> dict:
+def step_metrics(result: BatchResult) -> dict:
     """One JSON object for the run's ``metrics.jsonl``: the step's timing and its accounting, per
     family and per task, for the step and for the run so far."""
     timing = (

@@ -9,7 +9,7 @@ loop's clock (creation latency, each turn, the verifier, deletion). On a
 ``simclock.VirtualTimeLoop`` a 560-trial step with minutes-long trials costs a second or two of
 real time, so a simulated ``run_one`` (a cheaper model of a trial) was not needed.
 
-The shell speaks just enough of ``termgym.shell``'s framing to answer: the ready line, then one
+The shell speaks just enough of ``termgym.episode.persistent_shell``'s framing to answer: the ready line, then one
 framed answer per command after that turn's planned time. After the planned turns, the output
 says ``SIM_DONE`` and ``SimulatedAgent`` submits. The verifier (the one ``exec`` of a script under
 ``/tests``) exits 0 or 1 as planned, so rewards are binary (report format ``exit-code``); for a task

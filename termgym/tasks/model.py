@@ -116,7 +116,7 @@ class Task:
     report_format: ReportFormat | None = None  # [verifier].report_format: grade that source alone
     expected_assertions: int | None = None  # [verifier].assertions, or what an audit counted
     # [verifier].allow_system_changes: the agent's work is to change system paths (install a package),
-    # so changes there are recorded but neither warned about nor failed (termgym.tamper)
+    # so changes there are recorded but neither warned about nor failed (termgym.episode.tamper)
     allow_system_changes: bool = False
     verifier_mode: Literal["shared", "separate"] = "shared"  # [verifier].environment_mode
     artifacts: tuple[str, ...] = ()  # absolute paths: copied out after the episode (and into a separate verifier)

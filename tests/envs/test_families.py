@@ -15,7 +15,6 @@ import pytest
 
 from termgym.agents import NullAgent, OracleAgent, ScriptedAgent
 from termgym.audit.runner import audit_tasks
-from termgym.bundled import bundled_root, bundled_task_paths
 from termgym.env import EnvOptions
 from termgym.envs.families import (
     FAMILIES,
@@ -32,6 +31,7 @@ from termgym.envs.families import (
 )
 from termgym.envs.families.names import MAX_LENGTH, MIN_LENGTH
 from termgym.tasks import discover_tasks, load_task
+from termgym.tasks.bundled import bundled_root, bundled_task_paths
 from termgym.trial import run_trial
 from tests.helpers import REPO_ROOT
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from termgym.artifacts import MAX_ARTIFACT_BYTES
+from termgym.episode.artifacts import MAX_ARTIFACT_BYTES
 from tests.helpers import write_task
 from tests.redteam.helpers import attack, forged
 from tests.redteam.plants import LOCAL_BIN_FIRST, planted_tar, sparse_archive

@@ -16,7 +16,9 @@ import pytest
 from termgym.agents import ScriptedAgent
 from termgym.env import EnvOptions
 from termgym.sandboxes.pacing import Pacer
-from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes
+from termgym.scheduling.pool import TaskPool, make_nodes
+from termgym.scheduling.runners import TrialRunner
+from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig
 from termgym.tasks import load_task
 from tests.helpers import write_task
 from tests.redteam.helpers import attack, forged
@@ -77,9 +79,9 @@ async def test_a_keeper_held_back_by_an_entrypoint_hook_is_not_an_infrastructure
     """The image's entrypoint runs the hooks in /docker-entrypoint.d before it starts the keeper;
     the agent's hook sleeps, so the engine never lists a keeper after the kill step's restart. (The
     wait for it is cut to 3 s here, so the test does not sit out the real 30 s.)"""
-    from termgym.sandboxes import docker
+    from termgym.sandboxes.docker import sandbox as docker
 
-    monkeypatch.setattr(docker, "RESTART_TIMEOUT", 3.0, raising=False)
+    monkeypatch.setattr(docker, "RESTART_TIMEOUT", 3.0)
     task = write_task(
         tmp_path,
         dockerfile=f"FROM debian:bookworm-slim\nWORKDIR /app\n{HOOKED_ENTRYPOINT}",

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from termgym.env import AsyncTerminalEnv, EnvOptions
-from termgym.sandboxes.local import COMMAND_CAPABILITIES, LocalSandbox
+from termgym.sandboxes.local import LocalSandbox
+from termgym.sandboxes.local.commands import COMMAND_CAPABILITIES
 from termgym.tasks import load_task
 from tests.redteam.helpers import attack, forged, host_canary, running_as_root
 
@@ -109,7 +110,7 @@ async def test_helpers_are_run_by_absolute_path(task_dir, no_leaks):
 
     sandbox = LocalSandbox(sandbox_spec(load_task(task_dir), run_id="redteam"))
     async with sandbox:
-        for argv in (sandbox._bwrap_argv(), sandbox._enter_argv(["true"], {}, "/")):
+        for argv in (sandbox._keeper_argv(False), sandbox._enter_argv(["true"], {}, "/")):
             programs = [argv[0]] + [
                 argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--" and not argv[i + 1].startswith("-")
             ]

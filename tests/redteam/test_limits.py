@@ -60,7 +60,8 @@ async def test_a_disk_filler_hits_the_storage_limit(tmp_path, no_leaks):
 async def test_a_limit_that_cannot_be_enforced_is_a_warning_not_silence(tmp_path, no_leaks, monkeypatch):
     """Where cgroups or a sized file system are unavailable (not root, no loop device), the record
     says which limit is not enforced."""
-    from termgym.sandboxes import limits, storage
+    from termgym.sandboxes import limits
+    from termgym.sandboxes.local import storage
 
     monkeypatch.setattr(limits, "find_hierarchies", lambda *args, **kwargs: {})
 

@@ -10,15 +10,9 @@ import pytest
 from termgym.agents import ScriptedAgent
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.sandboxes.pacing import Pacer
-from termgym.scheduling.scheduler import (
-    FAILED_KINDS,
-    RETRYABLE_KINDS,
-    RolloutScheduler,
-    SchedulerConfig,
-    TaskPool,
-    TrialRunner,
-    make_nodes,
-)
+from termgym.scheduling.pool import TaskPool, make_nodes
+from termgym.scheduling.runners import TrialRunner
+from termgym.scheduling.scheduler import FAILED_KINDS, RETRYABLE_KINDS, RolloutScheduler, SchedulerConfig
 from termgym.tasks import load_task
 from tests.redteam.helpers import attack
 
@@ -31,11 +25,17 @@ PROTOCOL_BREAKER = (
 )
 
 
-@pytest.mark.parametrize("command", ["kill -9 -1", PROTOCOL_BREAKER], ids=["kill-everything", "break-the-protocol"])
-async def test_breaking_the_sandbox_scores_zero_and_blames_the_agent(task_dir, backend, no_leaks, command):
+@pytest.mark.parametrize(
+    ("command", "stop_reason"),
+    # the shell survives a kill of everything else long enough to submit; verification finds the rest
+    [("kill -9 -1", "submitted"), (PROTOCOL_BREAKER, "broken_by_agent")],
+    ids=["kill-everything", "break-the-protocol"],
+)
+async def test_breaking_the_sandbox_scores_zero_and_blames_the_agent(task_dir, backend, no_leaks, command, stop_reason):
     record = await attack(task_dir, backend, "echo done > /app/result.txt", command)
     assert record.error is not None, record
     assert record.error["kind"] == "broken_by_agent", record.error
+    assert record.stop_reason == stop_reason  # never "sandbox_error" beside a broken_by_agent error
     assert record.reward == 0.0 and not record.resolved
     assert record.error["kind"] not in RETRYABLE_KINDS and record.error["kind"] not in FAILED_KINDS
 
@@ -65,7 +65,7 @@ async def test_a_tool_the_harness_needs_broken_by_the_agent_scores_zero(task_dir
 
 
 async def test_the_nonce_is_nowhere_the_agents_commands_can_read(task_dir, no_leaks, monkeypatch):
-    from termgym import shell
+    from termgym.episode import persistent_shell as shell
 
     nonces = iter(f"{n:016x}" for n in range(0xC0FFEE00, 0xC0FFEE00 + 100))
     used: list[str] = []

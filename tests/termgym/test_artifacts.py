@@ -1,4 +1,4 @@
-"""What may cross from the agent's sandbox into a separate verifier's (termgym.artifacts)."""
+"""What may cross from the agent's sandbox into a separate verifier's (termgym.episode.artifacts)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from termgym.artifacts import artifact_paths, safe_artifacts
+from termgym.episode.artifacts import artifact_paths, safe_artifacts
 
 
 def archive(*members: tuple[str, bytes | None, str, int]) -> bytes:

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from termgym.agents import NullAgent, OracleAgent, ScriptedAgent
-from termgym.artifact_export import export_artifacts
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
-from termgym.healthcheck import Try, judge, next_try_after, worst_case_sec
-from termgym.overrides import RunOverrides
-from termgym.steps import StepResult, combine
+from termgym.episode.artifacts import export_artifacts
+from termgym.episode.healthcheck import Try, judge, next_try_after, worst_case_sec
+from termgym.episode.overrides import RunOverrides
+from termgym.episode.steps import StepResult, combine
 from termgym.tasks import Healthcheck, Task, TaskStep, load_task
 from termgym.trial import run_trial
 from tests.helpers import write_task

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
+from termgym.episode.overrides import RunOverrides, apply_overrides, network_asked
 from termgym.errors import ConfigError
-from termgym.overrides import RunOverrides, apply_overrides, network_asked
 from termgym.sandboxes.base import Resources
 from termgym.tasks import load_task
 from tests.helpers import KIT_SOURCE, termgym, write_task

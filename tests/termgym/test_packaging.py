@@ -38,10 +38,14 @@ def test_wheel_carries_tasks_and_kit_and_they_load(tmp_path, wheel):
         names = archive.namelist()
         archive.extractall(site)
     assert "termgym/verifiers/kit/assert.sh" in names
+    assert "termgym/py.typed" in names  # type checkers read the package's annotations
+    source = [p.relative_to(ROOT).as_posix() for p in (ROOT / "termgym").rglob("*.py")]
+    missing = [path for path in source if "__pycache__" not in path and path not in names]
+    assert not missing, f"modules left out of the wheel (pyproject's packages): {missing}"
     assert "termgym/envs/file-ops/bulk-rename/tests/test.sh" in names
     assert "termgym/envs/shell-scripting/fix-normalize-script/environment/normalize-names.sh" in names
     probe = (
-        "import termgym, termgym.bundled as b, termgym.verification as v;"
+        "import termgym, termgym.tasks.bundled as b, termgym.episode.verification as v;"
         "from termgym.tasks import discover_tasks;"
         "tasks = discover_tasks(b.bundled_root());"
         f"assert str(b.bundled_root()).startswith({str(site)!r}), b.bundled_root();"

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
+from termgym.episode.persistent_shell import PersistentShell, bash_quote
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.local import LocalSandbox
-from termgym.shell import PersistentShell, bash_quote
 from tests.helpers import pids_matching
 
 

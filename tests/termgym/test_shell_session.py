@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from termgym.cli.shell import history_path
+from termgym.episode.persistent_shell import PersistentShell
 from termgym.output import display_safe
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.local import LocalSandbox
-from termgym.shell import PersistentShell
 from termgym.transcript import read_transcript
 from tests.helpers import REPO_ROOT
 

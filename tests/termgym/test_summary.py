@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from termgym.summary import pass_at_k, pass_at_k_table, summarize, wilson_interval
+from termgym.cli.summary import pass_at_k, pass_at_k_table, summarize, wilson_interval
 
 
 def record(task: str, resolved: bool, *, family: str = "f", error: str | None = None, **extra) -> dict:

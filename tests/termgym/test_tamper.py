@@ -1,12 +1,12 @@
-"""Which of the engine's changed paths count as system changes (termgym.tamper), and which search-path
+"""Which of the engine's changed paths count as system changes (termgym.episode.tamper), and which search-path
 entries the verifier keeps: tables."""
 
 from __future__ import annotations
 
 import pytest
 
+from termgym.episode.tamper import MAX_LISTED, tamper_warning
 from termgym.sandboxes.changes import system_changes, trusted_search_paths, watched_paths
-from termgym.tamper import MAX_LISTED, tamper_warning
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config
 
-from termgym.agents.renderers import family_spec
+from termgym.agents.renderers import format_spec
 from termgym.errors import ConfigError
 from termgym.trainer import losses
 from termgym.trainer.batch import forward_logp, pad_ids
@@ -216,7 +216,7 @@ def test_the_directory_loads_as_the_family_with_its_tokenizer(family, policy_dir
     assert config["model_type"] == FAMILY_MODEL_TYPES[family]  # what a renderer is detected from
     assert config["architectures"] == [FAMILY_CLASSES[family].__name__]
     assert type(policy) is FAMILY_CLASSES[family]
-    spec = family_spec(RENDERER_FAMILY[family])
+    spec = format_spec(RENDERER_FAMILY[family])
     assert (tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token) == (spec.pad, spec.bos, spec.eos)
     assert (config["pad_token_id"], config["eos_token_id"], config["bos_token_id"]) == (
         tokenizer.pad_token_id,

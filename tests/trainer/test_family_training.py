@@ -35,9 +35,9 @@ from termgym.agents.renderers import (
     make_renderer,
     renderer_for_model_dir,
 )
-from termgym.bundled import bundled_root
 from termgym.cli import main as termgym_main
 from termgym.env import SUBMIT
+from termgym.tasks.bundled import bundled_root
 from termgym.trainer.families import (
     FAMILY_CLASSES,
     FAMILY_MODEL_TYPES,

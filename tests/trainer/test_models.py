@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from termgym.agents.renderers import family_spec, renderer_for_model_dir
+from termgym.agents.renderers import format_spec, renderer_for_model_dir
 from termgym.trainer.config import PRESETS, Config, build_parser, field_docs, parse_config
 from termgym.trainer.models import TINY_FAMILY, Critic
 
@@ -20,7 +20,7 @@ def test_the_tiny_policy_is_a_normal_local_moe_model_directory(tiny_policy_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_policy_dir, local_files_only=True)
     assert model.config.model_type == "qwen3_moe" and model.config.num_experts > model.config.num_experts_per_tok
     assert 100_000 <= sum(p.numel() for p in model.parameters()) <= 5_000_000
-    specials = family_spec(TINY_FAMILY).special_tokens
+    specials = format_spec(TINY_FAMILY).special_tokens
     assert [tokenizer.convert_tokens_to_ids(t) for t in specials] == list(range(len(specials)))
     assert len(tokenizer) == model.config.vocab_size
     assert model.config.eos_token_id == tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")

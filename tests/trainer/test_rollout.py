@@ -226,7 +226,8 @@ def test_policy_runner_on_the_embedded_backend(tiny_policy, tmp_path, no_leaks):
     """One real episode through the scheduler's Runner seam; a broken task becomes a record, not an exception."""
     from termgym.env import EnvOptions
     from termgym.sandboxes.pacing import Pacer
-    from termgym.scheduling.scheduler import Node, TrialProgress
+    from termgym.scheduling.pool import Node
+    from termgym.scheduling.runners import TrialProgress
     from termgym.tasks import load_task
     from termgym.trainer.rollout import PolicyRunner
     from tests.helpers import write_task

@@ -11,7 +11,7 @@ What a conversation renders to (``templates/chatml.jinja`` renders the same text
 
 The system turn exists when there is a system message or tools; without tools it is the system
 message alone. The think block is written only for a message with ``reasoning_content`` whose
-reasoning the retention keeps (``families``: all, cycle, strip); unlike Qwen3's own template no
+reasoning the retention keeps (``formats``: all, cycle, strip); unlike Qwen3's own template no
 empty think block is ever added, so the last reply renders the same before and after the next
 turn. The newline before the first call is written only when there is content; calls are
 separated by a newline. Arguments that are a string are written as they are; a mapping as JSON
@@ -36,9 +36,9 @@ from typing import Any
 
 from termgym.agents.actions import ToolCall
 from termgym.agents.renderers.base import ParsedReply, ThinkingRetention
-from termgym.agents.renderers.families import (
-    FAMILIES,
-    FamilyRenderer,
+from termgym.agents.renderers.formats import (
+    FORMATS,
+    FormatRenderer,
     Part,
     message_text,
     reasoning_of,
@@ -61,11 +61,11 @@ TOOLS_OUTRO = (
 )
 
 
-class ChatMLRenderer(FamilyRenderer):
+class ChatMLRenderer(FormatRenderer):
     """The Qwen2.5 / Qwen3 chat format, token-exact (module docstring)."""
 
     name = "chatml"
-    spec = FAMILIES["chatml"]
+    spec = FORMATS["chatml"]
     call_separator = "\n"  # between the content and the first call, when there is content
 
     def __init__(self, tokenizer: Any, *, thinking: ThinkingRetention = "cycle"):

@@ -20,7 +20,7 @@ from typing import Any
 
 from termgym.agents.renderers.base import Renderer
 from termgym.agents.renderers.chatml import ChatMLRenderer
-from termgym.agents.renderers.families import FAMILIES, chat_template_text, check_thinking
+from termgym.agents.renderers.formats import FORMATS, chat_template_text, check_thinking
 from termgym.agents.renderers.llama3 import Llama3Renderer
 from termgym.agents.renderers.qwen_xml import QwenXMLRenderer
 from termgym.agents.renderers.template import TemplateRenderer
@@ -44,11 +44,11 @@ def detect_renderer(tokenizer: Any, model_type: str | None) -> str:
     chatml = all(t in vocab for t in CHATML_TOKENS)
     llama3 = all(t in vocab for t in LLAMA3_TOKENS)
     xml = "<function=" in template
-    if model_type in FAMILIES["qwen-xml"].model_types and chatml:
+    if model_type in FORMATS["qwen-xml"].model_types and chatml:
         return "qwen-xml"
-    if model_type in FAMILIES["chatml"].model_types and chatml:
+    if model_type in FORMATS["chatml"].model_types and chatml:
         return "qwen-xml" if xml else "chatml"
-    if model_type in FAMILIES["llama3"].model_types and llama3:
+    if model_type in FORMATS["llama3"].model_types and llama3:
         return "llama3"
     if chatml and "<tool_call>" in vocab and (not template or "<|im_start|>" in template):
         return "qwen-xml" if xml else "chatml"

@@ -32,7 +32,7 @@ from typing import Any
 from termgym.agents.actions import ToolCall
 from termgym.agents.renderers.base import ParsedReply, ThinkingRetention
 from termgym.agents.renderers.chatml import arguments_text
-from termgym.agents.renderers.families import FAMILIES, FamilyRenderer, Part, message_text, tool_calls_of
+from termgym.agents.renderers.formats import FORMATS, FormatRenderer, Part, message_text, tool_calls_of
 
 BEGIN, END_OF_TEXT = "<|begin_of_text|>", "<|end_of_text|>"
 START_HEADER, END_HEADER = "<|start_header_id|>", "<|end_header_id|>"
@@ -45,11 +45,11 @@ TOOLS_INTRO = (
 )
 
 
-class Llama3Renderer(FamilyRenderer):
+class Llama3Renderer(FormatRenderer):
     """The Llama 3 chat format, token-exact (module docstring)."""
 
     name = "llama3"
-    spec = FAMILIES["llama3"]
+    spec = FORMATS["llama3"]
 
     def __init__(self, tokenizer: Any, *, thinking: ThinkingRetention = "cycle"):
         super().__init__(tokenizer, thinking=thinking)

@@ -37,7 +37,7 @@ from typing import Any
 from termgym.agents.actions import ToolCall
 from termgym.agents.renderers.base import ThinkingRetention
 from termgym.agents.renderers.chatml import IM_START, THINK, THINK_END, TOOL_CALL, TOOL_CALL_END, ChatMLRenderer
-from termgym.agents.renderers.families import FAMILIES, Part, chat_template_text, message_text, reasoning_of
+from termgym.agents.renderers.formats import FORMATS, Part, chat_template_text, message_text, reasoning_of
 
 TOOLS_INTRO = "# Tools\n\nYou have access to the functions below:\n\n<tools>"
 TOOLS_OUTRO = (
@@ -62,7 +62,7 @@ class QwenXMLRenderer(ChatMLRenderer):
     """The Qwen3.5 / Qwen3-Coder chat format, token-exact (module docstring)."""
 
     name = "qwen-xml"
-    spec = FAMILIES["qwen-xml"]
+    spec = FORMATS["qwen-xml"]
     call_separator = "\n\n"
 
     def __init__(self, tokenizer: Any, *, thinking: ThinkingRetention = "cycle", open_think: bool | None = None):

@@ -27,7 +27,7 @@ from typing import Any
 
 from termgym.agents.actions import parse_hermes
 from termgym.agents.renderers.base import ParsedReply, ThinkingRetention
-from termgym.agents.renderers.families import TextEncoder, check_thinking
+from termgym.agents.renderers.formats import TextEncoder, check_thinking
 from termgym.errors import ConfigError
 
 ANCHOR = {"role": "user", "content": "."}

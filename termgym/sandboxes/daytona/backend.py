@@ -46,7 +46,7 @@ from termgym.aio import wait_for
 from termgym.errors import SandboxError, SandboxGone
 from termgym.images.dockerfile import DockerfileError, parse_dockerfile
 from termgym.output import DEFAULT_OUTPUT_LIMIT
-from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.sandboxes.base import BackendHooks, ExecResult, ProcessChannel, Sandbox, SandboxSpec
 from termgym.sandboxes.daytona.channel import SessionChannel
 from termgym.sandboxes.daytona.policy import (
     KILL_SCRIPT,
@@ -367,7 +367,11 @@ async def close_shared() -> None:
     await close_providers()
 
 
+HOOKS = BackendHooks(preflight=preflight, remove_leftovers=remove_leftovers, close_shared=close_shared)
+
+
 __all__ = [
+    "HOOKS",
     "DaytonaProvider",
     "DaytonaSandbox",
     "DaytonaSettings",

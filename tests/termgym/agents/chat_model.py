@@ -118,7 +118,7 @@ def chat_tokenizer(envs_root: Path | None = None):
     tokens but not "special" (as in Qwen2.5): a decode that skips special tokens keeps them, so the
     text a tool parser reads still holds the ``<tool_call>`` tags."""
     if envs_root is None:
-        from termgym.bundled import bundled_root
+        from termgym.tasks.bundled import bundled_root
 
         envs_root = Path(bundled_root())
     texts = corpus_texts(envs_root)
@@ -353,7 +353,7 @@ def build_chat_model(
     time is in ``LAST_TRAINING``."""
     global LAST_TRAINING
     if envs_root is None:
-        from termgym.bundled import bundled_root
+        from termgym.tasks.bundled import bundled_root
 
         envs_root = Path(bundled_root())
     tokenizer = chat_tokenizer(envs_root)

@@ -149,7 +149,7 @@ def sandbox_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         started.append(backend)
         raise AssertionError(f"a sandbox ({backend}) was started")
 
-    monkeypatch.setattr("termgym.env.create_sandbox", refuse)
+    monkeypatch.setattr("termgym.episode.spec.create_sandbox", refuse)
     monkeypatch.setattr("termgym.cli.runs.preflight", refuse)
     monkeypatch.setattr("termgym.cli.episodes.preflight", refuse)
     return started

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from termgym.cli.summary import summarize
 from termgym.records import read_records
-from termgym.summary import summarize
 from tests.termgym.report.conftest import BULK_RENAME, EVIL_OUTPUT, run_headless, termgym
 
 pytestmark = pytest.mark.slow

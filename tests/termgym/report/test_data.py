@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from termgym.report.data import (
+from termgym.cli.run_report.data import (
     COLUMNS,
     Caps,
     Clip,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 import time
 
-from termgym.report.data import COLUMNS, Caps, caps_for, report_data, reward_bins, trial_view
-from termgym.report.html import bar_chart, render
+from termgym.cli.run_report.data import COLUMNS, Caps, caps_for, report_data, reward_bins, trial_view
+from termgym.cli.run_report.html import bar_chart, render
 
 EVIL = "<script>alert(1)</script>"
 

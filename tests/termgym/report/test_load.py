@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from termgym.cli.run_report import load_report, write_report
 from termgym.records import TrialRecord, append_record
-from termgym.report import load_report, write_report
 from termgym.transcript import Transcript, write_transcript
 from tests.termgym.report.conftest import termgym
 

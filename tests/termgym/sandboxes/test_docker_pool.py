@@ -26,7 +26,7 @@ from termgym.errors import ConfigError
 from termgym.images.build import BASE_IMAGE
 from termgym.sandboxes.base import Resources, SandboxSpec
 from termgym.sandboxes.docker import DockerSandbox
-from termgym.sandboxes.docker_pool import (
+from termgym.sandboxes.docker.pool import (
     DEFAULT_TOTAL,
     POOL_LABEL,
     PoolSettings,
@@ -576,8 +576,8 @@ async def test_the_sweep_removes_a_dead_owners_containers_but_not_kept_ones(tmp_
     sandbox = pooled.DockerSandbox(spec_of(write_task(tmp_path)))
     _, made_from = await sandbox._recipe(client)
     dead = {POOL_LABEL: owner_label(socket.gethostname(), 4194304, 1)}  # above any pid_max: never ran
-    orphan = pooled._create_started(client, made_from, dead).container
-    kept = pooled._create_started(client, made_from, dead).container
+    orphan = pooled.create_started(client, made_from, dead).container
+    kept = pooled.create_started(client, made_from, dead).container
     try:
         client.api.rename(kept, f"{pooled.KEPT_PREFIX}{kept[:12]}")
         assert pooled.remove_orphans(client) == 1
@@ -601,7 +601,9 @@ async def test_prewarm_is_nothing_where_no_pool_is_kept(monkeypatch):
 @pytest.mark.docker
 async def test_the_scheduler_prewarms_the_next_step_and_its_trials_take_those_containers(tmp_path, pooled):
     from termgym.sandboxes.pacing import Pacer
-    from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes
+    from termgym.scheduling.pool import TaskPool, make_nodes
+    from termgym.scheduling.runners import TrialRunner
+    from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig
 
     tasks = [load_task(write_task(tmp_path, name=f"prewarmed-{i}")) for i in range(2)]
     pacer = Pacer()

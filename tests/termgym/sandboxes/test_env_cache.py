@@ -20,9 +20,9 @@ import pytest
 from termgym.env import sandbox_spec
 from termgym.sandboxes import remove_leftovers
 from termgym.sandboxes.base import Sandbox
-from termgym.sandboxes.env_cache import EnvCache, environment_key, mounted_lower_dirs
 from termgym.sandboxes.limits import SandboxCgroup
 from termgym.sandboxes.local import LocalSandbox
+from termgym.sandboxes.local.env_cache import EnvCache, environment_key, mounted_lower_dirs
 from termgym.tasks import load_task
 from tests.helpers import sandbox_processes, write_task
 

@@ -1,4 +1,4 @@
-"""The verifier's files reached from the host (``termgym.sandboxes.host_files``): whatever the
+"""The verifier's files reached from the host (``termgym.sandboxes.local.host_files``): whatever the
 agent made of the paths (symlinks out of the tree, files in place of directories, FIFOs), nothing
 outside the tree is read, written or removed, and what is made belongs to the sandbox's root."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from termgym.sandboxes.host_files import HostFiles
+from termgym.sandboxes.local.host_files import LocalHostFiles
 
 OWNER = 12345
 
@@ -36,7 +36,7 @@ def test_fresh_dirs_replace_symlinks_files_and_trees_without_leaving_the_tree(tr
     (tree / "tests").write_text("a file where a directory should be")
     (tree / "tmp" / ".termgym-verifier" / "home").mkdir(parents=True)
     (tree / "tmp" / ".termgym-verifier" / "home" / "escape").symlink_to(outside)
-    HostFiles(tree, OWNER).fresh_dirs(["/logs/verifier", "/tests", "/tmp/.termgym-verifier/home"])
+    LocalHostFiles(tree, OWNER).fresh_dirs(["/logs/verifier", "/tests", "/tmp/.termgym-verifier/home"])
     assert sorted(p.name for p in outside.iterdir()) == ["ctrf.json", "precious"]
     assert (outside / "precious").read_text() == "keep me\n"
     for path in ("logs", "logs/verifier", "tests", "tmp/.termgym-verifier/home"):
@@ -47,7 +47,7 @@ def test_fresh_dirs_replace_symlinks_files_and_trees_without_leaving_the_tree(tr
 
 
 def test_write_files_owns_and_modes_them_and_refuses_paths_out(tree: Path):
-    host = HostFiles(tree, OWNER)
+    host = LocalHostFiles(tree, OWNER)
     host.fresh_dirs(["/tests"])
     host.write_files("/tests", [("test.sh", b"#!/bin/sh\n", 0o755), ("data/in.txt", b"x", 0o644)])
     script = tree / "tests" / "test.sh"
@@ -69,7 +69,7 @@ def test_reports_are_read_only_from_regular_files_in_the_tree(tree: Path, outsid
     os.mkfifo(logs / "reward.txt")  # would block a reader that opened it
     (logs / "run.xml").mkdir()
     (logs / "notes.txt").write_text("not a report")
-    host = HostFiles(tree, OWNER)
+    host = LocalHostFiles(tree, OWNER)
     wanted = lambda name: name.endswith((".tap", ".json", ".txt", ".xml")) and name != "notes.txt"  # noqa: E731
     names = host.list_files("/logs/verifier", wanted)
     assert names == ["results.tap"]
@@ -81,7 +81,7 @@ def test_reports_are_read_only_from_regular_files_in_the_tree(tree: Path, outsid
 def test_a_log_directory_that_is_a_symlink_is_not_read(tree: Path, outside: Path):
     (tree / "logs").mkdir()
     (tree / "logs" / "verifier").symlink_to(outside)
-    assert HostFiles(tree, OWNER).list_files("/logs/verifier", lambda name: True) is None
+    assert LocalHostFiles(tree, OWNER).list_files("/logs/verifier", lambda name: True) is None
 
 
 def test_a_reset_removes_a_chain_deeper_than_the_recursion_limit(tree: Path):
@@ -89,7 +89,7 @@ def test_a_reset_removes_a_chain_deeper_than_the_recursion_limit(tree: Path):
 
     (tree / "logs" / "verifier").mkdir(parents=True)
     deep_chain(tree / "logs" / "verifier", 1500)
-    HostFiles(tree, OWNER).fresh_dirs(["/logs/verifier"])
+    LocalHostFiles(tree, OWNER).fresh_dirs(["/logs/verifier"])
     assert list((tree / "logs" / "verifier").iterdir()) == []
 
 
@@ -101,7 +101,7 @@ def test_an_archive_holds_files_directories_and_links_as_links_within_its_limit(
     (tree / "app" / "out" / "a.txt").write_text("result")
     (tree / "app" / "out" / "escape").symlink_to(outside)
     (tree / "app" / "top").symlink_to(outside)
-    host = HostFiles(tree, OWNER)
+    host = LocalHostFiles(tree, OWNER)
     data = host.archive(["/app/out", "/app/top/ctrf.json", "/app/missing"], 1 << 20)
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
         found = {m.name: (m.type, m.linkname) for m in archive.getmembers()}
@@ -123,7 +123,7 @@ def test_an_archive_never_reads_a_file_past_its_limit_not_even_a_sparse_one(tree
         handle.truncate(8 << 40)  # 8 TiB of nothing
     started = time.monotonic()
     with pytest.raises(OSError, match="more than the limit"):
-        HostFiles(tree, OWNER).archive(["/logs/artifacts"], 64 << 20)
+        LocalHostFiles(tree, OWNER).archive(["/logs/artifacts"], 64 << 20)
     assert time.monotonic() - started < 1.0
 
 
@@ -131,7 +131,7 @@ def test_a_manifest_sees_every_change_even_with_the_times_set_back(tree: Path):
     (tree / "opt" / "venv" / "bin").mkdir(parents=True)
     tool = tree / "opt" / "venv" / "bin" / "pytest"
     tool.write_text("#!/bin/sh\n")
-    host = HostFiles(tree, OWNER)
+    host = LocalHostFiles(tree, OWNER)
     before = host.manifest(["/opt/venv", "/opt/missing"])
     assert sorted(before) == ["/opt/venv", "/opt/venv/bin", "/opt/venv/bin/pytest"]
     assert host.manifest(["/opt/venv"]) == before

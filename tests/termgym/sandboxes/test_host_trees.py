@@ -1,4 +1,4 @@
-"""Trees the agent made, walked and removed from the host (``termgym.sandboxes.host_trees``): any
+"""Trees the agent made, walked and removed from the host (``termgym.sandboxes.local.host_trees``): any
 depth without recursion, bounded in entries, never following a symlink out of the tree."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from termgym.sandboxes.host_trees import MAX_OPEN_DEPTH, TreeTooLarge, remove_path, remove_tree, walk
+from termgym.sandboxes.local.host_trees import MAX_OPEN_DEPTH, TreeTooLarge, remove_path, remove_tree, walk
 
 
 def deep_chain(root: Path, depth: int) -> None:

@@ -19,7 +19,8 @@ from termgym.errors import ConfigError
 from termgym.sandboxes import attach_sandbox, remove_leftovers
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.host_processes import alive, start_time
-from termgym.sandboxes.local import KEPT_STATE, LocalSandbox, collect_garbage
+from termgym.sandboxes.local import LocalSandbox, collect_garbage
+from termgym.sandboxes.local.kept import KEPT_STATE
 from tests import helpers
 from tests.helpers import require_docker, sandbox_processes, termgym_containers
 
@@ -191,7 +192,8 @@ async def test_docker_check_keep_then_attach(tmp_path: Path) -> None:
     command removes it alone; attach then fails in one line. (Not ``termgym gc --backend docker``
     without an id here: it removes every termgym container on the engine, other tests' too.)"""
     require_docker()
-    from termgym.sandboxes.docker import _kept_names, docker_client
+    from termgym.sandboxes.docker import docker_client
+    from termgym.sandboxes.docker.containers import kept_names
 
     result = termgym(
         "check", TASK, "--agent", "oracle", "--keep", "--json", "--backend", "docker", cwd=tmp_path, timeout=600
@@ -203,7 +205,7 @@ async def test_docker_check_keep_then_attach(tmp_path: Path) -> None:
         assert name.startswith("termgym-kept-")
         assert kept["attach"] == f"termgym shell --attach {name} --backend docker"
         assert kept["remove"] == f"termgym gc --backend docker {name}"
-        assert name in _kept_names()
+        assert name in kept_names()
         sandbox = await attach_sandbox("docker", name)
         assert (await sh(sandbox, "ls /app/reports")).split() == EXPECTED
         assert REPORTS & set((await sh(sandbox, "ls -A /logs/verifier")).split())
@@ -218,6 +220,6 @@ async def test_docker_check_keep_then_attach(tmp_path: Path) -> None:
     finally:
         with contextlib.suppress(Exception):
             docker_client().api.remove_container(name, force=True)
-    assert name not in _kept_names() and not [c for c in termgym_containers() if c.startswith(name)]
+    assert name not in kept_names() and not [c for c in termgym_containers() if c.startswith(name)]
     with pytest.raises(ConfigError, match=f"^no kept sandbox {name} "):
         await attach_sandbox("docker", name)

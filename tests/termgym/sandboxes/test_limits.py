@@ -213,7 +213,7 @@ async def test_gc_removes_what_a_killed_run_left_mounted_and_its_cgroups(sandbox
     import sys
 
     from termgym.sandboxes.local import collect_garbage
-    from termgym.sandboxes.storage import is_mounted
+    from termgym.sandboxes.local.storage import is_mounted
 
     script = (
         "import asyncio, sys\n"

@@ -10,7 +10,8 @@ import pytest
 from termgym.errors import EnvironmentBuildError, SandboxError
 from termgym.images.dockerfile import parse_dockerfile
 from termgym.sandboxes.base import SandboxSpec, tar_of_files
-from termgym.sandboxes.local import BASE_WRITABLE, LocalSandbox, writable_roots
+from termgym.sandboxes.local import LocalSandbox
+from termgym.sandboxes.local.host import BASE_WRITABLE, writable_roots
 
 
 def spec(tmp_path, dockerfile: str | None = None, **files: str) -> SandboxSpec:
@@ -152,23 +153,50 @@ async def test_a_kill_cancelled_after_it_took_the_spare_leaves_the_spare_to_stop
     sandbox = LocalSandbox(SandboxSpec("spare-cancelled", None, None))
     await sandbox.start()
     try:
-        assert sandbox._spare is not None
-        _, spare_keeper = await sandbox._spare
+        assert sandbox._keeper is not None and sandbox._keeper._spare is not None
+        _, spare_keeper = await sandbox._keeper._spare
         stopping_the_first = asyncio.Event()
-        stop_keeper = sandbox._stop_keeper
+        keeper = sandbox._keeper
+        stop_keeper = keeper.stop
 
-        async def stopping_slowly() -> None:
+        async def stopping_slowly(**kwargs) -> None:
             stopping_the_first.set()
             await asyncio.sleep(60)
 
-        sandbox._stop_keeper = stopping_slowly  # the moment after the spare was taken
+        keeper.stop = stopping_slowly  # the moment after the spare was taken
         kill = asyncio.create_task(sandbox.kill_agent_processes())
-        await stopping_the_first.wait()
+        await asyncio.wait_for(stopping_the_first.wait(), 30)
         kill.cancel()
         with pytest.raises(asyncio.CancelledError):
             await kill
-        sandbox._stop_keeper = stop_keeper
+        keeper.stop = stop_keeper
         assert alive(spare_keeper)
     finally:
         await asyncio.wait_for(sandbox.stop(), 10)
     assert not alive(spare_keeper)
+
+
+def test_the_state_directory_cannot_shadow_the_package_and_gc_still_finds_the_old_one(monkeypatch, tmp_path):
+    """The default state directory was ``$TMPDIR/termgym``: a script run from ``$TMPDIR`` (with an
+    editable install) imported it as a namespace package named ``termgym``, without ``make``. Its
+    name now cannot be imported; ``termgym gc`` still removes what older versions left there."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from termgym.sandboxes.local import sandbox_root_dir
+    from termgym.sandboxes.local.leftovers import collect_sandboxes
+
+    monkeypatch.delenv("TERMGYM_SANDBOX_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = sandbox_root_dir()
+    assert root.parent == tmp_path and not root.name.isidentifier()
+    (root / "cache").mkdir(parents=True)
+    script = "import termgym; print(termgym.make.__module__)"
+    ran = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert ran.returncode == 0 and ran.stdout.strip() == "termgym.env", ran.stderr
+    left = tmp_path / "termgym" / "tg-demo-old"  # a killed run of an older version left it
+    left.mkdir(parents=True)
+    (left / "labels.json").write_text('{"termgym": "1"}')
+    assert ("tg-demo-old", False) in collect_sandboxes()
+    assert not left.exists()

@@ -9,25 +9,15 @@ from typing import cast
 
 import pytest
 
+from termgym.env import EnvOptions
 from termgym.errors import SandboxError
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox, SandboxSpec
 from termgym.sandboxes.pacing import Pacer, Window, max_in_any_window
 from termgym.scheduling import simclock
-from termgym.scheduling.scheduler import (
-    KeptTrial,
-    Node,
-    NodePool,
-    PacedSandbox,
-    RolloutScheduler,
-    SchedulerConfig,
-    SchedulerMode,
-    TaskPool,
-    TrialProgress,
-    make_nodes,
-    pick_node,
-    step_metrics,
-)
+from termgym.scheduling.pool import Node, NodePool, TaskPool, make_nodes, pick_node
+from termgym.scheduling.runners import TrialProgress, TrialRunner, paced_factory
+from termgym.scheduling.scheduler import KeptTrial, RolloutScheduler, SchedulerConfig, SchedulerMode, step_metrics
 from termgym.tasks import Task
 
 FAST = (Window(1000, 1.0),)  # pacing that never binds
@@ -401,30 +391,49 @@ class _SelfPacingSandbox(Sandbox):
 @pytest.mark.parametrize(("self_paced", "granted"), [(True, 0), (False, 2)])
 async def test_a_create_is_never_paced_twice(self_paced, granted):
     pacer = Pacer((Window(5, 60.0),))
+    progress = TrialProgress()
+
+    def make(task, options):
+        sandbox = _SelfPacingSandbox(SandboxSpec(name="t", context_dir=None, dockerfile=None))
+        sandbox.paces_own_creation = self_paced
+        return sandbox
+
+    factory = paced_factory(make, pacer, progress)
     for _ in range(2):
-        inner = _SelfPacingSandbox(SandboxSpec(name="t", context_dir=None, dockerfile=None))
-        inner.paces_own_creation = self_paced
-        sandbox = PacedSandbox(inner, pacer, TrialProgress())
-        await sandbox.start()
-        assert inner.started
-    assert pacer.granted == granted
+        sandbox = await factory(fake_task("t"), EnvOptions())
+        assert isinstance(sandbox, _SelfPacingSandbox)  # the backend's own sandbox, never a wrapper
+    assert pacer.granted == granted and progress.created_at is not None
 
 
-def test_the_paced_sandbox_forwards_every_coroutine_of_the_contract():
-    """A method the wrapper does not forward would silently fall back to the base default (no
-    liveness check, no tamper list, no limit warnings) for every scheduled trial."""
-    import inspect
+async def test_a_scheduled_trial_verifies_by_the_same_path_as_a_plain_one(tmp_path, no_leaks, monkeypatch):
+    """On the embedded backend verification reaches the sandbox's files from the host
+    (``Sandbox.host_files``). A scheduled trial's sandbox must be the backend's own, with every
+    method it has: a forwarding wrapper that lacks one falls back to the base default, and every
+    training rollout then verifies by another path than evaluation does."""
+    from termgym.agents import OracleAgent
+    from termgym.episode import verification
+    from termgym.tasks import load_task
+    from termgym.trial import run_trial
+    from tests.helpers import write_task
 
-    from termgym.sandboxes.base import Sandbox
-    from termgym.scheduling.scheduler import PacedSandbox
+    by_command: list[str] = []
+    harness_step = verification._harness_step
 
-    contract = {
-        name
-        for name, member in inspect.getmembers(Sandbox)
-        if inspect.iscoroutinefunction(member) and not name.startswith("_")
-    }
-    forwarded = {name for name in contract if name in vars(PacedSandbox)}
-    assert contract - {"upload_files"} <= forwarded, sorted(contract - forwarded)
+    async def recorded(sandbox, argv, what):
+        by_command.append(what)
+        await harness_step(sandbox, argv, what)
+
+    monkeypatch.setattr(verification, "_harness_step", recorded)
+    task = load_task(write_task(tmp_path))
+    plain = await run_trial(task, OracleAgent(), EnvOptions())
+    pacer = Pacer()
+    runner = TrialRunner(OracleAgent(), EnvOptions(run_id="sched-test"), pacer)
+    scheduler = RolloutScheduler(
+        runner, TaskPool([task], shuffle=False), SchedulerConfig(batch_size=1, mode="wait"), pacer=pacer
+    )
+    scheduled = (await scheduler.step()).kept[0].record
+    assert plain.resolved and scheduled.resolved and pacer.granted == 1
+    assert by_command == []  # neither reset /tests by a command in the sandbox
 
 
 # -- prewarming the next step's sandboxes ---------------------------------------------------------------

@@ -5,7 +5,9 @@ from __future__ import annotations
 from termgym.agents import OracleAgent
 from termgym.env import EnvOptions
 from termgym.sandboxes.pacing import Pacer
-from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig, TaskPool, TrialRunner, make_nodes
+from termgym.scheduling.pool import TaskPool, make_nodes
+from termgym.scheduling.runners import TrialRunner
+from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig
 from termgym.tasks import load_task
 from tests.helpers import sandbox_processes, write_task
 

@@ -10,21 +10,16 @@ from dataclasses import replace
 
 import pytest
 
-from termgym.bundled import bundled_root
 from termgym.sandboxes.pacing import Pacer, max_in_any_window
 from termgym.scheduling import simclock
 from termgym.scheduling.bias import launch_count
 from termgym.scheduling.latency import BUNDLED, FamilyLatency, LatencyModel, plan_trial
-from termgym.scheduling.scheduler import (
-    RolloutScheduler,
-    SchedulerConfig,
-    SchedulerMode,
-    TaskPool,
-    TrialRunner,
-    make_nodes,
-)
+from termgym.scheduling.pool import TaskPool, make_nodes
+from termgym.scheduling.runners import TrialRunner
+from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig, SchedulerMode
 from termgym.scheduling.simulated import SimulatedAgent, SimulatedBackend
 from termgym.tasks import discover_tasks
+from termgym.tasks.bundled import bundled_root
 from termgym.trial import run_trial
 
 PUBLISHED_CAPS = (70, 75, 80, 85, 90, 94)

@@ -17,7 +17,7 @@ CORPUS = [
     "ls -la /app\ncat notes.txt | grep error\necho done > out.txt\n",
     "The files are a.txt and b.txt. exit code 0\n",
 ] * 5
-FAMILY_NAMES = ("chatml", "qwen-xml", "llama3")
+FORMAT_NAMES = ("chatml", "qwen-xml", "llama3")
 
 
 @dataclass(frozen=True)
@@ -50,4 +50,4 @@ CONFIGS = (Config("chatml"), Config("qwen-xml", open_think=True), Config("qwen-x
 
 @pytest.fixture(scope="session")
 def tokenizers() -> dict[str, Any]:
-    return {family: train_family_tokenizer(CORPUS, family, vocab_size=600) for family in FAMILY_NAMES}
+    return {family: train_family_tokenizer(CORPUS, family, vocab_size=600) for family in FORMAT_NAMES}

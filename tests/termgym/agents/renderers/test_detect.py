@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from termgym.agents.renderers import (
-    FAMILIES,
+    FORMATS,
     ChatMLRenderer,
     Llama3Renderer,
     QwenXMLRenderer,
@@ -126,5 +126,5 @@ def test_renderer_for_model_dir_reads_config_json(tokenizers, tmp_path):
 
 
 def test_every_family_has_its_template_packaged():
-    for spec in FAMILIES.values():
+    for spec in FORMATS.values():
         assert "add_generation_prompt" in spec.chat_template

@@ -12,7 +12,7 @@ from termgym.agents.actions import TOOLS, ToolCall
 from termgym.agents.renderers import TemplateRenderer
 from termgym.agents.renderers.detect import FAMILY_RENDERERS
 from termgym.errors import ConfigError
-from tests.termgym.agents.renderers.conftest import FAMILY_NAMES
+from tests.termgym.agents.renderers.conftest import FORMAT_NAMES
 
 OPENING = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List the files."}]
 CALL = {"id": "call_0", "type": "function", "function": {"name": "bash", "arguments": {"command": "ls -la"}}}
@@ -28,7 +28,7 @@ REWRITING_TEMPLATE = (
 )
 
 
-@pytest.mark.parametrize("family", FAMILY_NAMES)
+@pytest.mark.parametrize("family", FORMAT_NAMES)
 def test_over_a_family_template_the_bridge_is_the_family_renderers(tokenizers, family):
     tokenizer = tokenizers[family]
     reply = {**REPLY, "reasoning_content": None} if family == "llama3" else REPLY

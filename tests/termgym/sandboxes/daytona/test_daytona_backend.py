@@ -202,7 +202,7 @@ async def test_planted_reports_do_not_count(task_dir, daytona):
 
 
 async def test_bundled_task_with_a_real_environment(daytona):
-    from termgym.bundled import bundled_task_path
+    from termgym.tasks.bundled import bundled_task_path
 
     path = bundled_task_path("archives/package-logs")
     assert path is not None

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from termgym.report.data import COLUMNS, STATUSES, Bin, Clip, ReportData, Step, TranscriptView, TrialView
+from termgym.cli.run_report.data import COLUMNS, STATUSES, Bin, Clip, ReportData, TranscriptView, TrialView, TurnView
 
 CSS = """
 :root{--ok:#1a7f37;--bad:#cf222e;--muted:#57606a;--line:#d0d7de;--bg:#f6f8fa;--ex:#9a6700}
@@ -393,7 +393,7 @@ def _transcript(view: TranscriptView) -> str:
     return f'<div class="transcript">{"".join(parts)}</div>'
 
 
-def _step(s: Step) -> str:
+def _step(s: TurnView) -> str:
     head = [f"step {s.index}", s.kind]
     if s.exit_code is not None:
         head.append(f"exit {s.exit_code}")

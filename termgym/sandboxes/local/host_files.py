@@ -21,7 +21,7 @@ import tarfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path, PurePosixPath
 
-from termgym.sandboxes.host_trees import DIR_FLAGS, remove_tree, walk
+from termgym.sandboxes.local.host_trees import DIR_FLAGS, remove_tree, walk
 
 _DIR = DIR_FLAGS
 MAX_ARCHIVED = 100_000  # entries one archive of artifacts may hold
@@ -29,7 +29,7 @@ MAX_ARCHIVE_DEPTH = 64  # levels below a declared artifact path
 MAX_WATCHED = 200_000  # entries a manifest of watched paths may hold
 
 
-class HostFiles:
+class LocalHostFiles:
     """Safe file operations on the sandbox's tree at ``root`` (see the module's guarantees)."""
 
     def __init__(self, root: Path, owner: int) -> None:
@@ -193,7 +193,7 @@ def _is_dir(parent: int, name: str) -> bool:
 
 def _remove(parent: int, name: str) -> None:
     """Remove ``name`` in the directory ``parent``, whatever it is (a tree of any depth, without
-    following links; ``termgym.sandboxes.host_trees.remove_tree``)."""
+    following links; ``termgym.sandboxes.local.host_trees.remove_tree``)."""
     remove_tree(parent, name)
 
 

@@ -2,7 +2,7 @@
 
 ``write_report`` is the only function here that does I/O: it reads ``RUN/trials.jsonl``, each
 trial's transcript (``data.transcript_candidates``: the run's own ``trials/<id>/`` first), builds
-the report's data (``termgym.report.data``, pure) and renders it (``termgym.report.html``, pure).
+the report's data (``termgym.cli.run_report.data``, pure) and renders it (``termgym.cli.run_report.html``, pure).
 Transcripts are read one at a time and cut to the report's caps at once, so a run of 10,000 trials
 never holds every transcript in memory. A transcript that is missing or unreadable is noted in
 its trial, never an error: the report is still written.
@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from termgym.cli.run_report.data import ReportData, caps_for, report_data, transcript_candidates, trial_view
+from termgym.cli.run_report.html import render
 from termgym.records import read_records
-from termgym.report.data import ReportData, caps_for, report_data, transcript_candidates, trial_view
-from termgym.report.html import render
 from termgym.transcript import read_transcript
 
 __all__ = ["RECORDS_FILE", "ReportData", "load_report", "render", "write_report"]

@@ -1,23 +1,35 @@
-"""Artifacts carried from the agent's sandbox into a separate verifier's: what may cross, and how.
+"""The task's artifacts: what crosses from the agent's sandbox, into a separate verifier's and into
+the trial's directory, and how.
 
-A task graded in the separate mode names the paths its verifier needs (Harbor's top-level
-``artifacts``); ``/logs/artifacts`` always goes too. The archive comes out of a sandbox the agent
-controlled, so it is untrusted: ``safe_artifacts`` re-packs it keeping only regular files and
-directories that lie under one of the declared paths, with relative names free of ``..``, modes cut
-to the permission bits (no set-uid, set-gid or sticky bit) and root as owner. Links, devices,
-FIFOs, sparse members, names too long to unpack, entries that conflict with one kept before, and
-anything outside the declared paths are dropped, and so are files past the byte limit; a malformed
-archive is ``ValueError``.
+A task names paths its verifier needs or its author wants kept (Harbor's top-level ``artifacts``);
+``/logs/artifacts`` always goes too (``artifact_paths``). The archive comes out of a sandbox the
+agent controlled, so it is untrusted: ``safe_artifacts`` (pure: bytes in, bytes out) re-packs it
+keeping only regular files and directories that lie under one of the declared paths, with relative
+names free of ``..``, modes cut to the permission bits (no set-uid, set-gid or sticky bit) and root
+as owner. Links, devices, FIFOs, sparse members, names too long to unpack, entries that conflict
+with one kept before, and anything outside the declared paths are dropped, and so are files past
+the byte limit; a malformed archive is ``ValueError``. The separate verification mode uploads what
+it keeps into the fresh sandbox.
 
-Pure: bytes in, bytes out.
+``export_artifacts`` copies them into the trial's directory after the episode, as Harbor keeps
+them: it downloads the paths (one archive, at most ``MAX_ARTIFACT_BYTES``: the backend reads it
+from the engine or the host, bounded as it streams), keeps what ``safe_artifacts`` lets through and
+unpacks it under ``<trial dir>/artifacts/`` at the paths they had in the sandbox (``/app/out.txt``
+-> ``artifacts/app/out.txt``), with the data filter of ``tarfile`` as a second guard. It never
+raises for what the sandbox holds: an archive over the limit, unreadable or malformed, or entries
+dropped, are warnings. It returns the files kept, relative to the trial directory, sorted.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import tarfile
 from collections.abc import Sequence
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
+
+from termgym.errors import SandboxError
+from termgym.sandboxes.base import Sandbox
 
 LOGS_ARTIFACTS = "/logs/artifacts"
 MAX_ARTIFACT_BYTES = 64 << 20
@@ -106,3 +118,45 @@ def _keepable(
 
 def _under(name: PurePosixPath, root: PurePosixPath) -> bool:
     return name == root or root in name.parents
+
+
+# -- copied out after the episode ---------------------------------------------------------------
+
+ARTIFACTS_DIR = "artifacts"
+
+
+async def export_artifacts(
+    sandbox: Sandbox, declared: Sequence[str], trial_dir: Path, *, limit: int = MAX_ARTIFACT_BYTES
+) -> tuple[list[str], list[str]]:
+    """``(files kept relative to trial_dir, warnings)``; see the module's docstring."""
+    paths = artifact_paths(declared)
+    try:
+        archive = await sandbox.download_tar(paths, limit=limit)
+    except SandboxError as exc:
+        return [], [f"the artifacts were not kept: {exc}"]
+    if not archive:
+        return [], []
+    try:
+        cleaned, dropped = safe_artifacts(archive, paths, limit=limit)
+    except ValueError as exc:
+        return [], [f"the artifacts were not kept: {exc}"]
+    warnings = [f"{len(dropped)} artifact entries were not kept ({DROPPED})"] if dropped else []
+    try:
+        files = await asyncio.to_thread(unpack, cleaned, trial_dir / ARTIFACTS_DIR)
+    except (OSError, tarfile.TarError) as exc:
+        return [], [*warnings, f"the artifacts were not kept: {getattr(exc, 'strerror', None) or exc}"]
+    return [f"{ARTIFACTS_DIR}/{name}" for name in files], warnings
+
+
+DROPPED = (
+    "links, devices, sparse files, names too long or in conflict, outside the declared paths, or past the size limit"
+)
+
+
+def unpack(archive: bytes, dest: Path) -> list[str]:
+    """Unpack a ``safe_artifacts`` archive under ``dest``; the regular files' names, sorted."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as source:
+        members = source.getmembers()
+        source.extractall(dest, filter="data")
+    return sorted(member.name for member in members if member.isfile())

@@ -1,12 +1,12 @@
-"""The chat-format families termgym renders itself, and the machinery their renderers share.
+"""The chat formats termgym renders itself, and the machinery their renderers share.
 
-A ``FamilySpec`` names a family's structural tokens (each one id in every tokenizer of the family),
+A ``FormatSpec`` names a format's structural tokens (each one id in every tokenizer of the format),
 which of them are eos, pad and bos, which its real tokenizers leave unmarked as special (Qwen's
 ``<think>`` and ``<tool_call>``: ordinary added tokens, matched in text even when special tokens
 are split), and its chat template: a jinja file written by this project
-(``templates/*.jinja``) that renders, as text, exactly what the family's renderer renders as ids.
+(``templates/*.jinja``) that renders, as text, exactly what the format's renderer renders as ids.
 
-``FamilyRenderer`` is the base of the family renderers (``chatml``, ``qwen-xml``, ``llama3``). It
+``FormatRenderer`` is the base of the format renderers (``chatml``, ``qwen-xml``, ``llama3``). It
 guarantees, for every subclass:
 
 * a rendered conversation is a sequence of parts, structural ids and text runs; each text run is
@@ -23,7 +23,7 @@ guarantees, for every subclass:
 How much each retention costs (``base.ThinkingRetention``):
 
 * ``all``: no reply's reasoning is ever dropped, so a bridge never breaks for it; the prompt is the
-  longest (every earlier reasoning stays in context), and differs from what the families' own
+  longest (every earlier reasoning stays in context), and differs from what the formats' own
   templates show a model after a new user turn.
 * ``cycle`` (the default, Qwen3's rule): reasoning is kept for replies after the last user message
   (tool results do not end the cycle). Inside a tool cycle the prefix holds; a new user message
@@ -48,10 +48,10 @@ from termgym.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class FamilySpec:
-    """One chat-format family: its structural tokens (``special_tokens``, pad first: a tokenizer
-    built for the family gives pad id 0), those a renderer cannot work without (``required``),
-    those the family's real tokenizers do not mark special (``unmarked``), eos / pad / bos, the
+class FormatSpec:
+    """One chat format: its structural tokens (``special_tokens``, pad first: a tokenizer
+    built for the format gives pad id 0), those a renderer cannot work without (``required``),
+    those the format's real tokenizers do not mark special (``unmarked``), eos / pad / bos, the
     packaged template's file name, and the ``model_type`` values of config.json that mean it."""
 
     name: str
@@ -66,7 +66,7 @@ class FamilySpec:
 
     @property
     def chat_template(self) -> str:
-        """The family's chat template text (the packaged ``.jinja`` file)."""
+        """The format's chat template text (the packaged ``.jinja`` file)."""
         return _template_text(self.template_file)
 
 
@@ -84,8 +84,8 @@ QWEN_TOKENS = (
 # Qwen2.5 has no <think> or <tool_response>: a ChatML renderer writes those as text there.
 QWEN_UNMARKED = frozenset({"<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"})
 
-FAMILIES: dict[str, FamilySpec] = {
-    "chatml": FamilySpec(
+FORMATS: dict[str, FormatSpec] = {
+    "chatml": FormatSpec(
         name="chatml",
         special_tokens=QWEN_TOKENS,
         required=("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"),
@@ -96,7 +96,7 @@ FAMILIES: dict[str, FamilySpec] = {
         template_file="chatml.jinja",
         model_types=frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next"}),
     ),
-    "qwen-xml": FamilySpec(
+    "qwen-xml": FormatSpec(
         name="qwen-xml",
         special_tokens=QWEN_TOKENS,
         required=("<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>"),
@@ -107,7 +107,7 @@ FAMILIES: dict[str, FamilySpec] = {
         template_file="qwen_xml.jinja",
         model_types=frozenset({"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}),
     ),
-    "llama3": FamilySpec(
+    "llama3": FormatSpec(
         name="llama3",
         special_tokens=(
             "<|finetune_right_pad_id|>",
@@ -129,14 +129,14 @@ FAMILIES: dict[str, FamilySpec] = {
         model_types=frozenset({"llama"}),
     ),
 }
-FAMILY_NAMES: tuple[str, ...] = tuple(FAMILIES)
+FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
 
 
-def family_spec(name: str) -> FamilySpec:
-    """The family called ``name``; ``ConfigError`` naming the known ones otherwise."""
-    spec = FAMILIES.get(name)
+def format_spec(name: str) -> FormatSpec:
+    """The chat format called ``name``; ``ConfigError`` naming the known ones otherwise."""
+    spec = FORMATS.get(name)
     if spec is None:
-        raise ConfigError(f"unknown chat-format family {name!r}: the families are {', '.join(FAMILY_NAMES)}")
+        raise ConfigError(f"unknown chat format {name!r}: the formats are {', '.join(FORMAT_NAMES)}")
     return spec
 
 
@@ -227,8 +227,8 @@ class TextEncoder:
         return ids
 
 
-class FamilyRenderer(ABC):
-    """What the family renderers share: token lookups, encoding, retention, bridge (module docstring).
+class FormatRenderer(ABC):
+    """What the format renderers share: token lookups, encoding, retention, bridge (module docstring).
 
     Subclasses set ``name`` and ``spec`` and write ``_head`` (the opening: bos, the system message
     with its tools), ``_message`` (one message other than an assistant one), ``_generation_prompt``,
@@ -238,7 +238,7 @@ class FamilyRenderer(ABC):
     """
 
     name: str
-    spec: FamilySpec
+    spec: FormatSpec
     exact = True
 
     def __init__(self, tokenizer: Any, *, thinking: ThinkingRetention = "cycle"):
@@ -249,7 +249,7 @@ class FamilyRenderer(ABC):
         if missing:
             raise ConfigError(
                 f"the tokenizer lacks the {self.name} tokens {', '.join(missing)}: choose the renderer of its "
-                "family, or --renderer template (the tokenizer's own chat template)"
+                "chat format, or --renderer template (the tokenizer's own chat template)"
             )
         self.ids: dict[str, int] = {t: vocab[t] for t in self.spec.special_tokens if t in vocab}
         self._encoder = TextEncoder(tokenizer, self.ids)
@@ -324,7 +324,7 @@ class FamilyRenderer(ABC):
         return self.ids.get(spelling, spelling)
 
     def _framing(self, text: str) -> list[Part]:
-        """Fixed template text with the family's token spellings in it as their ids."""
+        """Fixed template text with the format's token spellings in it as their ids."""
         spellings = sorted(self.ids, key=len, reverse=True)
         pieces = re.split("(" + "|".join(map(re.escape, spellings)) + ")", text)
         return [self.ids[p] if p in self.ids else p for p in pieces if p]
@@ -355,7 +355,7 @@ class FamilyRenderer(ABC):
                 return ids[:index], True
         return ids, False
 
-    # -- per family ------------------------------------------------------------------------------
+    # -- per format ------------------------------------------------------------------------------
 
     @abstractmethod
     def parse(self, ids: Sequence[int]) -> ParsedReply: ...

@@ -17,7 +17,7 @@ read. A harness step that fails inside the sandbox (the reset, the upload, readi
 raises ``SandboxBroken``: the sandbox's own tools or directories were broken.
 
 What it cannot prevent on a backend where the agent is root in the file system the verifier then
-executes (Docker, Daytona): tools the verifier runs replaced by the agent. ``termgym.tamper`` and
+executes (Docker, Daytona): tools the verifier runs replaced by the agent. ``termgym.episode.tamper`` and
 the separate verification mode (``[verifier].environment_mode``) are the answers there.
 """
 
@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from importlib import resources
 
 from termgym.aio import cancel_and_wait
+from termgym.episode.tamper import tamper_warning
 from termgym.errors import SandboxBroken, TermgymError
-from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, tar_of_files
+from termgym.sandboxes.base import DEFAULT_PATH, HostFiles, Sandbox, tar_of_files
 from termgym.sandboxes.changes import trusted_search_paths
-from termgym.sandboxes.host_files import HostFiles
-from termgym.tamper import tamper_warning
 from termgym.tasks import Task
 from termgym.verifiers import (
     MAX_REPORT_BYTES,

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from termgym.summary import is_scored, summarize
+from termgym.cli.summary import is_scored, summarize
 
 # resolved: the verifier passed it; failed: scored and not resolved; excluded: an infrastructure
-# fault (left out of every rate, as in termgym.summary).
+# fault (left out of every rate, as in termgym.cli.summary).
 STATUSES = ("resolved", "failed", "excluded")
 
 # The trial table's columns: key, heading, numeric (sorted as numbers, not text).
@@ -172,7 +172,7 @@ def transcript_candidates(record: Mapping[str, Any], run_dir: Path, cwd: Path) -
 
 
 @dataclass(frozen=True)
-class Step:
+class TurnView:
     """One transcript turn as the report shows it."""
 
     index: int
@@ -194,7 +194,7 @@ class TranscriptView:
     """A transcript cut to the caps: the first and last steps shown, ``steps_cut`` left out
     between them; ``note`` says why there is none (absent, unreadable)."""
 
-    steps: list[Step] = field(default_factory=list)
+    steps: list[TurnView] = field(default_factory=list)
     steps_cut: int = 0
     cut_after: int = 0  # steps_cut steps are left out after this many shown steps
     instruction: Clip | None = None
@@ -228,13 +228,13 @@ def transcript_view(transcript: Mapping[str, Any] | str | None, caps: Caps) -> T
     )
 
 
-def _step(turn: Mapping[str, Any], limit: int) -> Step:
+def _step(turn: Mapping[str, Any], limit: int) -> TurnView:
     action = turn.get("action") or {}
     result = turn.get("result") or None
     reply = turn.get("reply") or None
     output = str(result.get("output") or "") if result else ""
     observation = turn.get("observation")
-    return Step(
+    return TurnView(
         index=int(turn.get("index") or 0),
         kind=str(action.get("kind") or "?"),
         command=clip(str(action["command"]), limit) if action.get("command") is not None else None,
@@ -284,7 +284,7 @@ def trial_view(
 
 @dataclass(frozen=True)
 class ReportData:
-    """Everything the HTML shows: the run's name, the summary (``termgym.summary.summarize``),
+    """Everything the HTML shows: the run's name, the summary (``termgym.cli.summary.summarize``),
     the trials in record order, the two histograms, the largest k of pass@k, what the run used."""
 
     title: str

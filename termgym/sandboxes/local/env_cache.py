@@ -42,7 +42,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -50,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from termgym.sandboxes.host_processes import end_process, spawn
+from termgym.sandboxes.local.host import sandbox_root_dir
 from termgym.sandboxes.tools import host_tool
 
 FORMAT = 1  # bump when what an entry holds or how a preparation runs changes
@@ -78,11 +78,12 @@ class Entry:
 
 def cache_root() -> Path:
     """What the embedded backend keeps between trials (prepared environments in ``envs``, empty
-    storage images in ``storage``): ``TERMGYM_ENV_CACHE_DIR``, else ``<sandbox dir>/cache``."""
+    storage images in ``storage``): ``TERMGYM_ENV_CACHE_DIR``, else ``<sandbox dir>/cache``
+    (``termgym.sandboxes.local.host.sandbox_root_dir``)."""
     configured = os.environ.get("TERMGYM_ENV_CACHE_DIR")
     if configured:
         return Path(configured)
-    return Path(os.environ.get("TERMGYM_SANDBOX_DIR") or Path(tempfile.gettempdir()) / "termgym") / "cache"
+    return sandbox_root_dir() / "cache"
 
 
 def cache_enabled() -> bool:

@@ -24,8 +24,8 @@ import os
 import secrets
 from pathlib import Path
 
-from termgym.sandboxes.env_cache import cache_root
-from termgym.sandboxes.mounts import mount_loop, mount_tmpfs, unmount
+from termgym.sandboxes.local.env_cache import cache_root
+from termgym.sandboxes.local.mounts import mount_loop, mount_tmpfs, unmount
 from termgym.sandboxes.tools import host_tool
 
 FULL_BELOW_BYTES = 1 << 20  # less room left than this: the sandbox reached its storage limit

@@ -1,0 +1,448 @@
+"""The Docker backend's sandbox (``termgym.sandboxes.docker`` says what it covers): a container of
+the task's image, started or taken from the warm pool, its commands through the engine's exec API,
+files through its archive API, the kill step (a restart), the tamper check (the engine's diff),
+and keep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import tarfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from termgym.aio import uninterrupted, wait_for
+from termgym.errors import SandboxBroken, SandboxError, SandboxGone
+from termgym.images.build import ImageConfig, ensure_task_image
+from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
+from termgym.sandboxes.base import DEFAULT_PATH, ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.sandboxes.changes import LINKED_DIRECTORIES, entrypoint_files, link_exits, system_changes
+from termgym.sandboxes.docker.containers import (
+    KEPT_PREFIX,
+    create_started,
+    discard_ready,
+    remove_later,
+    sweep_orphans_once,
+    warm_pool,
+)
+from termgym.sandboxes.docker.engine import (
+    KEEPER,
+    KEEPER_COMMAND,
+    Stopped,
+    docker_client,
+    engine_cpus,
+    engine_errors,
+    in_thread,
+    keeper_of,
+    mapped_error,
+    network_for_task,
+    stop_requests,
+    switch_network,
+    top_column,
+)
+from termgym.sandboxes.docker.pool import Recipe, make_recipe
+from termgym.sandboxes.docker.stream import DockerChannel, end_exec, exec_blocking
+from termgym.sandboxes.docker.transfer import OverLimit, archive_of, rooted_archive
+from termgym.sandboxes.limits import PIDS_LIMIT
+
+RESTART_TIMEOUT = 30.0
+SETTLE_TIMEOUT = 2.0  # how long a container the engine could not list may take to stop
+
+_DIFF_KINDS = {0: "C", 1: "A", 2: "D"}
+
+# Every link in the directories given ("$@", those that are directories and not links themselves)
+# as: path NUL target NUL. GNU find lists them at once; elsewhere (busybox) the shell's loop does.
+_LIST_LINKS = r"""
+dirs=
+for d; do [ -d "$d" ] && [ ! -L "$d" ] && dirs="$dirs $d"; done
+[ -n "$dirs" ] || exit 0
+find $dirs -maxdepth 1 -type l -printf '%p\0%l\0' 2>/dev/null && exit 0
+for d in $dirs; do
+  for f in "$d"/* "$d"/.[!.]*; do [ -L "$f" ] && printf '%s\0%s\0' "$f" "$(readlink "$f")"; done
+done
+exit 0
+"""
+_LINK_EXITS: dict[str, tuple[str, ...]] = {}  # per image id: where its system links lead out
+
+
+class DockerSandbox(Sandbox):
+    backend = "docker"
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        super().__init__(spec)
+        self._container: str | None = None
+        self._channels: list[DockerChannel] = []
+        self._started_at = 0.0  # when this process last started or restarted the container
+        self._keeper: str | None = None  # the keeper's host pid, as the engine lists it
+        # what the tamper check watches besides system paths: the spec's, and the image's entrypoint
+        # (which every restart runs again)
+        self._watched: tuple[str, ...] = tuple(spec.watched)
+
+    async def start(self) -> None:
+        client = await in_thread(docker_client)
+        await sweep_orphans_once(client)
+        image, recipe = await self._recipe(client)
+        self.image = image.record()
+        pool = warm_pool()
+        try:
+            taken = await pool.take(recipe) if pool is not None else None
+            if taken is None:
+                self._started_at = time.time()
+                labels = pool.labels if pool is not None else {}
+                taken = await uninterrupted(in_thread(create_started, client, recipe, labels), discard_ready)
+            else:
+                self._started_at = time.time()  # stop requests count from the hand-over (``_fault``)
+        except engine_errors() as exc:
+            raise mapped_error(exc, "could not start the container") from exc
+        self._container, self._keeper = taken.container, taken.keeper
+        self._watched = (*self._watched, *await self._link_exits(image.id))
+
+    async def _link_exits(self, image_id: str) -> tuple[str, ...]:
+        """Where the image's links in its system directories lead out of them
+        (``termgym.sandboxes.changes.link_exits``), listed once per image (before any agent ran
+        in this container: what it lists is the image's)."""
+        if image_id not in _LINK_EXITS:
+            listed = await self.exec(
+                ["/bin/sh", "-c", _LIST_LINKS, "sh", *LINKED_DIRECTORIES],
+                timeout=60,
+                cwd="/",
+                env={"PATH": DEFAULT_PATH},
+                output_limit=4 << 20,
+            )
+            if listed.exit_code != 0 or listed.dropped_bytes:
+                return ()  # an image without a shell or find: nothing found, nothing more watched
+            fields = listed.output.decode("utf-8", errors="surrogateescape").split("\0")
+            _LINK_EXITS[image_id] = link_exits(dict(zip(fields[0:-1:2], fields[1::2])))
+        return _LINK_EXITS[image_id]
+
+    async def _recipe(self, client: Any) -> tuple[ImageConfig, Recipe]:
+        """The task's image (built or pulled as needed) and the recipe of its container; sets
+        ``env``, ``workdir`` and the CPU warning."""
+        self._reject_compose_services()
+        image = await ensure_task_image(
+            client,
+            name=self.spec.name,
+            context_dir=self.spec.context_dir,
+            dockerfile=self.spec.dockerfile,
+            image=self.spec.image,
+            aliases=self.spec.image_aliases,
+            timeout=self.spec.build_timeout_sec,
+            run=in_thread,
+            network=self.spec.network,
+            pull=self.spec.pull,
+            prefer_build=self.spec.prefer_build,
+        )
+        self.env = {**image.env, **dict(self.spec.env)}
+        self.workdir = image.workdir
+        self._watched = (*self.spec.watched, *entrypoint_files(image.entrypoint, image.workdir))
+        network = "none"
+        if self.spec.network:
+            network = await in_thread(network_for_task, client)
+        resources = self.spec.resources
+        cpus = resources.cpus
+        available = await in_thread(engine_cpus, client)
+        if available and cpus > available:
+            self.warnings.append(
+                f"the task asks for {cpus:g} CPUs; the Docker engine has {available}: limited to {available}"
+            )
+            cpus = float(available)
+        recipe = make_recipe(
+            image_id=image.id,
+            command=KEEPER,
+            labels={"termgym": "1", **dict(self.spec.labels), "termgym.task": self.spec.name[:200]},
+            working_dir=self.workdir,
+            environment=dict(self.spec.env),
+            network_mode=network,
+            cpus=cpus,
+            memory_mb=resources.memory_mb,
+            storage_mb=resources.storage_mb,
+            pids_limit=PIDS_LIMIT,
+        )
+        return image, recipe
+
+    def _reject_compose_services(self) -> None:
+        compose = self.spec.compose_file
+        if compose is None or not compose.is_file():
+            return
+        import yaml
+
+        try:
+            services = (yaml.safe_load(compose.read_text()) or {}).get("services") or {}
+        except yaml.YAMLError as exc:
+            raise SandboxError(f"{compose}: invalid YAML: {exc}") from exc
+        if isinstance(services, dict) and len(services) > 1:
+            others = ", ".join(sorted(services)[1:] if "client" not in services else sorted(set(services) - {"client"}))
+            raise SandboxError(
+                f"{compose}: extra compose services ({others}) are not supported yet; only the main service is built"
+            )
+
+    async def stop(self) -> None:
+        for channel in self._channels:
+            await channel.close()
+        self._channels.clear()
+        if self._kept:  # keep(): the container stays for `termgym shell --attach`
+            return
+        if self._container is not None:
+            container, self._container = self._container, None
+            remove_later(container)
+
+    async def kill_agent_processes(self) -> None:
+        """Restart the container: killing its init makes the kernel end every process in it, so
+        nothing is spared, whatever it did to itself; the files stay. Returns once the engine lists
+        the new keeper (the image's entrypoint starts its services again beside it, as at the
+        first start). A container that does not come back (its keeper was broken from inside) is
+        ``SandboxBroken``."""
+        for channel in self._channels:
+            await channel.close()
+        self._channels.clear()
+        client, container = docker_client(), self._require()
+        try:
+            await wait_for(in_thread(client.api.restart, container, timeout=0), RESTART_TIMEOUT)
+            self._started_at = time.time()
+            deadline = time.monotonic() + RESTART_TIMEOUT
+            while True:
+                state = (await in_thread(client.api.inspect_container, container)).get("State") or {}
+                if not state.get("Running"):
+                    raise SandboxBroken(
+                        f"the container stopped as soon as it restarted (exit {state.get('ExitCode')}): its keeper was broken from inside"
+                    )
+                top = await in_thread(client.api.top, container)
+                keeper = keeper_of(top)
+                if keeper is not None:  # the restart ended every process; what runs now is the image's own
+                    self._keeper = keeper
+                    return
+                if time.monotonic() > deadline:  # what the restart runs (the entrypoint) is the agent's to change
+                    raise SandboxBroken(
+                        f"the container's keeper ({KEEPER_COMMAND}) is not running {RESTART_TIMEOUT:g}s after a restart"
+                    )
+                await asyncio.sleep(0.02)
+        except TimeoutError as exc:
+            raise SandboxBroken(f"the container did not restart within {RESTART_TIMEOUT:g}s") from exc
+        except engine_errors() as exc:
+            raise await self._fault(exc, "could not end the agent's processes") from exc
+
+    async def check_alive(self) -> None:
+        """Returns while the container runs with its keeper; a container whose processes were
+        killed from inside is ``SandboxBroken``, also when it stops between the engine's two
+        answers (listing a dying container's processes fails; the state asked again says why)."""
+        container = self._require()
+        state = await self._state(container)
+        if state.get("Running"):  # and its keeper too: the engine notices the init's exit a moment later
+            try:
+                top = await in_thread(docker_client().api.top, container)
+            except engine_errors() as exc:
+                state = await self._settled_state(container)
+                if state.get("Running"):
+                    raise await self._fault(exc, "could not list the container's processes") from exc
+            else:
+                if self._keeper is None or self._keeper in top_column(top, "PID"):
+                    return
+        oom = " (out of memory)" if state.get("OOMKilled") else ""
+        raise await self._fault(Stopped(), f"the container stopped{oom}: its processes were all killed from inside")
+
+    async def _state(self, container: str) -> dict:
+        try:
+            return (await in_thread(docker_client().api.inspect_container, container)).get("State") or {}
+        except engine_errors() as exc:
+            raise await self._fault(exc, "could not inspect the container") from exc
+
+    async def _settled_state(self, container: str) -> dict:
+        """The state once a container the engine could not list has had a moment to stop."""
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while (state := await self._state(container)).get("Running") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return state
+
+    async def changed_system_paths(self) -> list[str] | None:
+        """What the engine says the container changed under system paths, the spec's watched paths
+        and the image's entrypoint. An engine that cannot list them once the agent has acted
+        (a path longer than ``PATH_MAX`` makes it fail) is ``SandboxBroken``: the agent's doing."""
+        try:
+            changes = await in_thread(docker_client().api.diff, self._require())
+        except engine_errors() as exc:
+            raise await self._fault(exc, "could not list the container's changes") from exc
+        listed = ((str(c.get("Path") or ""), _DIFF_KINDS.get(c.get("Kind"), "C")) for c in changes or [])
+        return system_changes(listed, self._watched)
+
+    async def _fault(self, exc: BaseException, what: str) -> SandboxError:
+        """``_mapped``, told apart for a stopped container: stopped through the engine's API since
+        this process last (re)started it (``docker kill``, ``docker stop``: from outside, so
+        ``SandboxGone``), or by its own processes (``SandboxBroken``). The agent cannot reach the API."""
+        error = mapped_error(exc, what)
+        if isinstance(error, SandboxBroken) and self._container is not None:
+            with contextlib.suppress(*engine_errors()):
+                events = await in_thread(stop_requests, docker_client(), self._container, self._started_at)
+                if events:
+                    return SandboxGone(f"{what}: the container was stopped from outside ({events[0]})")
+        return error
+
+    def _require(self) -> str:
+        if self._container is None:
+            raise SandboxError("the container is not running")
+        return self._container
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
+        if stdin is not None:
+            raise ValueError("the Docker backend's exec takes no stdin; use upload_tar for files")
+        return await self.exec_as(None, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit)
+
+    supports_users = True  # the engine's exec runs as any user: a name from the image's passwd, or a uid
+
+    async def exec_as(
+        self,
+        user: str | None,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
+        """Run ``argv`` through the engine's exec, with exactly ``env`` (the exec API's own
+        environment: the container's variables ``env`` lacks are unset) and a deadline kept here,
+        not by a ``timeout`` in the container: nothing is looked up on the container's ``PATH``
+        but ``argv[0]`` itself, on ``env``'s. At the deadline the command's processes are killed
+        where the engine runs on this host; elsewhere they are left to the next kill step."""
+        container = self._require()
+        limit = max(timeout, 0.001)
+        capture = OutputCapture(output_limit)
+        client = docker_client()
+        environment = self._exec_environment(self.env if env is None else env)
+        try:
+            exec_id = (
+                await in_thread(
+                    client.api.exec_create,
+                    container,
+                    list(argv),
+                    workdir=cwd or self.workdir,
+                    user=user or "",
+                    environment=environment,
+                )
+            )["Id"]
+            try:
+                code = await wait_for(in_thread(exec_blocking, client, exec_id, capture), limit)
+            except TimeoutError:
+                code = None
+                await in_thread(end_exec, client, exec_id, container)
+        except engine_errors() as exc:
+            raise await self._fault(exc, "exec failed") from exc
+        return ExecResult(
+            exit_code=code,
+            output=capture.getvalue(),
+            timed_out=code is None,
+            dropped_bytes=capture.dropped_bytes,
+        )
+
+    def _exec_environment(self, env: Mapping[str, str]) -> list[str]:
+        """The exec API's environment that makes a command's environment exactly ``env``: the
+        engine adds the container's own variables (and ``HOSTNAME``) to an exec's, and an entry
+        without ``=`` unsets one."""
+        unset = [name for name in dict.fromkeys([*self.env, "HOSTNAME"]) if name not in env]
+        return [*unset, *(f"{name}={value}" for name, value in env.items())]
+
+    async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
+        return await self.open_process_as(None, argv, env=env, cwd=cwd)
+
+    async def open_process_as(
+        self, user: str | None, argv: Sequence[str], *, env: Mapping[str, str], cwd: str
+    ) -> ProcessChannel:
+        container = self._require()
+        client = docker_client()
+        try:
+            exec_id = (
+                await in_thread(
+                    client.api.exec_create,
+                    container,
+                    list(argv),
+                    stdin=True,
+                    workdir=cwd,
+                    user=user or "",
+                    environment=self._exec_environment(env),
+                )
+            )["Id"]
+            raw = await in_thread(client.api.exec_start, exec_id, socket=True)
+        except engine_errors() as exc:
+            raise await self._fault(exc, "could not start the shell") from exc
+        sock: socket.socket = raw._sock
+        sock.setblocking(False)
+        reader, writer = await asyncio.open_connection(sock=sock)
+        channel = DockerChannel(exec_id, reader, writer, raw)
+        self._channels = [c for c in self._channels if not c.closed] + [channel]
+        return channel
+
+    async def set_network(self, enabled: bool) -> str | None:
+        """Connect the container to the engine's bridge network, or disconnect it from every
+        network but ``none``; a line saying why not when the engine has no bridge."""
+        container = self._require()
+        try:
+            return await in_thread(switch_network, docker_client(), container, enabled)
+        except engine_errors() as exc:
+            raise await self._fault(exc, "could not change the sandbox's network") from exc
+
+    async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
+        """Unpack ``archive`` under ``dest`` through the engine (its members re-rooted at ``/``, so
+        the engine makes ``dest`` and every missing parent; no program of the container runs)."""
+        try:
+            rooted = rooted_archive(archive, dest)
+            await wait_for(in_thread(docker_client().api.put_archive, self._require(), "/", rooted), timeout)
+        except TimeoutError as exc:
+            raise SandboxBroken(f"upload to {dest} did not finish within {timeout:g}s") from exc
+        except engine_errors() as exc:
+            raise await self._fault(exc, f"upload to {dest} failed") from exc
+
+    async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
+        """The engine's archive of each of ``paths`` that exists (``get_archive``: the container's
+        own ``tar`` never runs), one archive named relative to ``/``; read as it streams and
+        ``SandboxBroken`` past ``limit`` bytes (a sparse file counts at its full size) or
+        ``timeout`` seconds."""
+        container = self._require()
+        try:
+            return await wait_for(in_thread(archive_of, docker_client(), container, paths, limit), timeout)
+        except TimeoutError as exc:
+            raise SandboxBroken(f"could not read {', '.join(paths)} within {timeout:g}s") from exc
+        except OverLimit as exc:
+            raise SandboxBroken(f"could not read {', '.join(paths)}: over {limit >> 20} MB") from exc
+        except tarfile.TarError as exc:
+            raise SandboxBroken(
+                f"could not read {', '.join(paths)}: the engine's archive is malformed ({exc})"
+            ) from exc
+        except engine_errors() as exc:
+            raise await self._fault(exc, f"could not read {', '.join(paths)}") from exc
+
+    # -- keep and attach (--keep, termgym shell --attach) -------------------------------------------
+
+    _kept = False  # keep() ran: stop() leaves the container running
+
+    async def keep(self) -> dict[str, str]:
+        """Leave the container running: it is renamed ``termgym-kept-<id>`` (the name attach and gc
+        know it by) and ``stop`` no longer removes it."""
+        container = self._require()
+        for channel in self._channels:
+            await channel.close()
+        self._channels.clear()
+        name = f"{KEPT_PREFIX}{container[:12]}"
+        client = docker_client()
+        try:
+            if (await in_thread(client.api.inspect_container, container)).get("Name", "").lstrip("/") != name:
+                await in_thread(client.api.rename, container, name)  # kept before (attached, then kept again): as is
+        except engine_errors() as exc:
+            raise await self._fault(exc, "could not keep the container") from exc
+        self._kept = True
+        return {
+            "backend": "docker",
+            "id": name,
+            "attach": f"termgym shell --attach {name} --backend docker",
+            "remove": f"termgym gc --backend docker {name}",  # or docker rm -f NAME
+        }

@@ -1,0 +1,97 @@
+"""A sandbox's home on the host: its directory (its labels for ``termgym gc``), the storage its
+writable roots live on, the overlay over a prepared environment, and their removal.
+
+The storage is a file system of the task's size where this host allows it (``SizedFilesystem``:
+a ``tmpfs`` or an ext4 image on a loop device, as root), else a per-file size limit with a warning.
+``remove_home`` undoes everything, whatever stage a cancelled start reached, and never follows a
+link or recurses into the agent's trees (``host_trees.remove_path``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from termgym.aio import uninterrupted
+from termgym.sandboxes.base import Resources
+from termgym.sandboxes.local.env_cache import Entry
+from termgym.sandboxes.local.host import require_searchable, sandbox_root_dir
+from termgym.sandboxes.local.host_trees import remove_path
+from termgym.sandboxes.local.mounts import mount_overlay, unmount
+from termgym.sandboxes.local.storage import SizedFilesystem, is_mounted, unmount_sync
+
+
+def make_home(name: str, labels: Mapping[str, str], *, private_user: bool) -> Path:
+    """A fresh directory for the sandbox of task ``name`` under ``sandbox_root_dir()``, reachable
+    by the sandbox's unprivileged user (``private_user``) but listable by nobody, with its labels."""
+    root = sandbox_root_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    if private_user:
+        require_searchable(root.resolve())
+    home = Path(tempfile.mkdtemp(prefix=f"tg-{_slug(name)}-", dir=root))
+    home.chmod(0o711)  # the sandbox's user must reach its directories; nobody may list them
+    (home / "labels.json").write_text(json.dumps({"termgym": "1", **dict(labels), "termgym.task": name}))
+    return home
+
+
+async def make_file_system(
+    home: Path, resources: Resources, owner: int, directories: list[str], warnings: list[str]
+) -> tuple[SizedFilesystem | None, int | None]:
+    """``home/fs`` on a file system of the task's storage size where this host allows it, owned by
+    the sandbox's user, holding ``directories``: ``(the sized file system, None)``, or ``(None,
+    the per-file size limit in bytes)`` with a warning where it cannot be made."""
+    fs = home / "fs"
+    fs.mkdir()
+    storage, file_size_limit = None, None
+    try:
+        storage = await uninterrupted(
+            SizedFilesystem.create(home / "fs.img", fs, resources.storage_mb, owner, memory_mb=resources.memory_mb),
+            lambda made: made.remove(),
+        )
+    except OSError as exc:
+        file_size_limit = resources.storage_mb << 20
+        warnings.append(f"storage limit enforced per file only ({resources.storage_mb} MB a file): {exc}")
+    for path in (fs / name for name in directories):
+        path.mkdir(parents=True, exist_ok=True)
+        os.chown(path, owner, owner)
+    return storage, file_size_limit
+
+
+def overlay_prepared(home: Path, entry: Entry, warnings: list[str]) -> Path | None:
+    """``home/root``: an overlay whose lower layer is the prepared ``entry`` and whose upper layer
+    is on the sandbox's own storage (``home/fs/upper``, made with the file system), so the entry
+    never changes; None, with a warning, where no overlay can be mounted (a path an overlay cannot
+    name, a file system it cannot stack on): the caller copies the entry instead."""
+    fs, view = home / "fs", home / "root"
+    view.mkdir()
+    try:
+        mount_overlay(entry.tree, fs / "upper", fs / "work", view)
+    except OSError as exc:
+        warnings.append(f"started from a copy of the prepared environment (no overlay: {exc})")
+        for made in (view, fs / "upper", fs / "work"):
+            made.rmdir()
+        return None
+    return view
+
+
+async def remove_home(home: Path | None, view: Path | None, storage: SizedFilesystem | None) -> None:
+    """Unmount the overlay and the storage and remove the directory, whatever stage they reached."""
+    if view is not None:
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(unmount, view)
+    if storage is not None:
+        await storage.remove()
+    if home is not None:
+        if is_mounted(home / "fs"):  # a mount made while a cancellation interrupted start()
+            await asyncio.to_thread(unmount_sync, home / "fs")
+        await asyncio.to_thread(remove_path, home)
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name)[-40:].strip("-") or uuid.uuid4().hex[:8]

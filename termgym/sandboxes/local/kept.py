@@ -1,0 +1,91 @@
+"""A kept sandbox's state file (``--keep``): what another process needs to enter it again, written
+whole or not at all, and read back only while the very processes it names still run.
+
+``kept.json`` sits in the kept sandbox's host directory. It names the keeper's bubblewrap process
+and the keeper (each with its start time, against pid reuse), the sandbox's uid, writable roots,
+cgroups, storage, environment and working directory (``LocalSandbox.keep`` writes it,
+``LocalSandbox.from_kept`` reads it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from termgym.sandboxes.base import Resources, Sandbox
+from termgym.sandboxes.host_processes import end_detached, same_process, start_time
+from termgym.sandboxes.limits import SandboxCgroup
+from termgym.sandboxes.local.storage import SizedFilesystem
+
+KEPT_STATE = "kept.json"  # in a kept sandbox's host directory: what attach() needs to enter it
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write ``path`` whole or not at all (a reader never sees half of it)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(data))
+    partial.replace(path)
+
+
+def kept_state(
+    detached: tuple[int, int | None],
+    keeper: int | None,
+    *,
+    uid: int | None,
+    roots: Sequence[str],
+    cgroup: SandboxCgroup | None,
+    storage: SizedFilesystem | None,
+    file_size_limit: int | None,
+    view: Path | None,
+    sandbox: Sandbox,
+) -> dict:
+    """The state a kept sandbox's ``kept.json`` holds (JSON-ready): its detached bubblewrap
+    ``(pid, start time)``, its keeper's pid and start time, and what it was started with."""
+    return {
+        "bwrap": list(detached),
+        "keeper": keeper,
+        "keeper_start": start_time(keeper) if keeper else None,
+        "uid": uid,
+        "roots": list(roots),
+        "cgroup": {c: [v, str(d)] for c, (v, d) in cgroup.dirs.items()} if cgroup else None,
+        "storage": None
+        if storage is None
+        else {"image": storage.image and str(storage.image), "size_mb": storage.size_mb},
+        "file_size_limit": file_size_limit,
+        "view": view and str(view),
+        "env": sandbox.env,
+        "workdir": sandbox.workdir,
+        "image": sandbox.image,
+        "name": sandbox.spec.name,
+        "resources": vars(sandbox.spec.resources),
+        "labels": dict(sandbox.spec.labels),
+    }
+
+
+def read_kept(directory: Path) -> dict | None:
+    """The state of the kept sandbox in ``directory`` while its keeper runs (the same processes
+    that were kept, not reused pids); None when there is none, or it is no longer running."""
+    try:
+        state = json.loads((directory / KEPT_STATE).read_text())
+        pid, started = int(state["bwrap"][0]), state["bwrap"][1]
+        keeper, keeper_started = int(state["keeper"]), state.get("keeper_start")
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+    if not (same_process(pid, started) and same_process(keeper, keeper_started)):
+        return None
+    return state
+
+
+def end_kept(path: Path) -> bool:
+    """End the keeper of the kept sandbox in ``path`` (if it still runs) and wait until its cgroups
+    are empty, then remove them; True when it was a kept sandbox. Blocking."""
+    try:
+        state = json.loads((path / KEPT_STATE).read_text())
+        pid, started = int(state["bwrap"][0]), state["bwrap"][1]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
+    end_detached(pid, started)
+    if state.get("cgroup"):
+        SandboxCgroup({c: (int(v), Path(d)) for c, (v, d) in state["cgroup"].items()}, Resources()).end_all()
+    return True

@@ -1,0 +1,106 @@
+"""What outlives a trial on the embedded backend, and the registry's hooks that deal with it:
+``termgym gc`` (``remove_leftovers``: what killed runs left, kept sandboxes, unused prepared
+environments, in today's state directory and in the one older versions used) and ``termgym shell
+--attach`` (``attach``: enter a kept sandbox again)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from termgym.errors import ConfigError
+from termgym.sandboxes.host_processes import alive
+from termgym.sandboxes.limits import SandboxCgroup, remove_stale
+from termgym.sandboxes.local.env_cache import EnvCache, cache_root
+from termgym.sandboxes.local.host import legacy_root_dirs, require_tools, sandbox_root_dir
+from termgym.sandboxes.local.host_trees import remove_path
+from termgym.sandboxes.local.kept import KEPT_STATE, end_kept, read_kept
+from termgym.sandboxes.local.sandbox import LocalSandbox
+from termgym.sandboxes.local.storage import unmount_sync
+
+
+def collect_garbage(root: Path | None = None) -> int:
+    """Remove sandbox directories whose keeper is gone (left by a run that was killed) and kept
+    sandboxes (``--keep``: their keeper is ended), with their file systems and cgroups; a sandbox
+    whose keeper still runs and that is not kept belongs to a live run and stays. Returns how many
+    were removed."""
+    return len(collect_sandboxes(root))
+
+
+def collect_sandboxes(root: Path | None = None) -> list[tuple[str, bool]]:
+    """``collect_garbage``, saying what went: (directory name, whether it was a kept sandbox).
+    Without ``root``: today's state directory and the one older versions used."""
+    removed: list[tuple[str, bool]] = []
+    live: set[str] = set()
+    roots = [root] if root is not None else [sandbox_root_dir(), *legacy_root_dirs()]
+    for path in sorted(path for directory in roots for path in directory.glob("tg-*")):
+        if not (path / "labels.json").exists():
+            continue
+        if end_kept(path):
+            unmount_sync(path / "root")
+            unmount_sync(path / "fs")
+            remove_path(path)
+            removed.append((path.name, True))
+            continue
+        try:
+            pid = int((path / "keeper.pid").read_text())
+            running = alive(pid) and Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap"
+        except (OSError, ValueError):
+            running = False
+        if running:
+            live.add(f"termgym-{path.name}")
+            continue
+        if cgroup := SandboxCgroup.find(f"termgym-{path.name}"):
+            cgroup.end_all()  # a keeper that outlived its killed run (seen: the spare) may hold the mounts below
+        unmount_sync(path / "root")  # an overlay over a prepared environment, on the storage below
+        unmount_sync(path / "fs")
+        remove_path(path)
+        removed.append((path.name, False))
+    remove_stale("termgym-tg-", keep=live)
+    return removed
+
+
+# -- the backend registry's hooks (termgym.sandboxes) ----------------------------------------------
+
+
+def preflight() -> None:
+    """``BackendUnavailable`` unless this machine can make embedded sandboxes (``require_tools``)."""
+    require_tools()
+
+
+async def remove_leftovers(images: bool = False) -> str:
+    """``termgym gc``: remove what killed runs left and every kept sandbox (``collect_sandboxes``);
+    one line saying how much, naming the kept ones; then the prepared environments no sandbox
+    uses (``EnvCache.clear``), an older version's too."""
+    removed = await asyncio.to_thread(collect_sandboxes)
+    kept = [name for name, was_kept in removed if was_kept]
+    named = f" ({len(kept)} kept: {', '.join(kept)})" if kept else ""
+    cleared, in_use = await asyncio.to_thread(EnvCache.from_environment().clear)
+    for legacy in legacy_root_dirs():
+        if legacy / "cache" != cache_root():
+            legacy_cache = EnvCache(legacy / "cache" / "envs", max_bytes=0, max_entries=0)
+            more, busy = await asyncio.to_thread(legacy_cache.clear)
+            cleared, in_use = cleared + more, in_use + busy
+    busy = f", {in_use} in use kept" if in_use else ""
+    return f"removed {len(removed)} leftover local sandbox(es){named} and {cleared} prepared environment(s){busy}"
+
+
+async def attach(sandbox_id: str) -> LocalSandbox:
+    """The kept sandbox ``sandbox_id`` (a directory under ``sandbox_root_dir()``), started: its
+    commands enter the kept keeper's namespaces; ``stop`` removes it. ``ConfigError`` in one line
+    when there is no such kept sandbox running."""
+    missing = ConfigError(f"no kept sandbox {sandbox_id} (termgym gc removed it, or it was never kept)")
+    if not sandbox_id.startswith("tg-") or "/" in sandbox_id or sandbox_id in (".", ".."):
+        raise missing
+    directory = sandbox_root_dir() / sandbox_id
+    state = await asyncio.to_thread(read_kept, directory)
+    if state is None:
+        raise missing
+    try:
+        return LocalSandbox.from_kept(directory, state)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"kept sandbox {sandbox_id}: its {KEPT_STATE} is unreadable ({exc})") from exc
+
+
+async def close_shared() -> None:
+    """Nothing is shared between this backend's sandboxes."""

@@ -1,0 +1,507 @@
+"""The embedded backend's sandbox (``termgym.sandboxes.local`` says what it covers): start-up,
+from the prepared-environment cache or fresh, the keeper and its spare, commands, the kill step,
+keep and attach, and stop.
+
+Where its processes are is one state (``Processes``): ``RUNNING`` (commands may run), ``QUIET``
+(every process ended and a keeper nobody entered took over), ``IDLE`` (every process ended, no
+keeper: the next command starts one), ``KEPT`` (left running past this process: ``stop`` leaves it
+alone). Only in ``QUIET`` and ``IDLE`` are its files the host's to reach (``host_files``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from termgym.aio import wait_for
+from termgym.errors import EnvironmentBuildError, SandboxBroken, SandboxError
+from termgym.images.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
+from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
+from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
+from termgym.sandboxes.host_processes import (
+    POLL_SEC,
+    HostChannel,
+    alive,
+    children,
+    communicate,
+    end_entered,
+    spawn,
+)
+from termgym.sandboxes.limits import SandboxCgroup
+from termgym.sandboxes.local.commands import enter_argv, keeper_argv, within_limits
+from termgym.sandboxes.local.env_cache import Entry, EnvCache, cache_enabled, copy_tree, environment_key
+from termgym.sandboxes.local.home import make_file_system, make_home, overlay_prepared, remove_home
+from termgym.sandboxes.local.host import (
+    BASE_WRITABLE,
+    host_link_exits,
+    require_tools,
+    sandbox_uid,
+    writable_roots,
+)
+from termgym.sandboxes.local.host_files import LocalHostFiles
+from termgym.sandboxes.local.keeper import Keeper
+from termgym.sandboxes.local.kept import KEPT_STATE, kept_state, write_json
+from termgym.sandboxes.local.prepare import prepare_environment
+from termgym.sandboxes.local.storage import SizedFilesystem
+
+
+class Processes(enum.Enum):
+    """Where a sandbox's processes are (the module's docstring)."""
+
+    RUNNING = "running"
+    QUIET = "quiet"
+    IDLE = "idle"
+    KEPT = "kept"
+
+
+class LocalSandbox(Sandbox):
+    backend = "local"
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        super().__init__(spec)
+        self._dir: Path | None = None
+        self._roots: list[str] = list(BASE_WRITABLE)
+        self._keeper: Keeper | None = None  # made with the sandbox's directory
+        self._channels: list[HostChannel] = []
+        self._uid: int | None = None  # the sandbox's root on the host; None: this process's user
+        self._cgroup: SandboxCgroup | None = None
+        self._storage: SizedFilesystem | None = None
+        self._file_size_limit: int | None = None  # bytes a file, where no sized file system is mounted
+        self._view: Path | None = None  # the overlay over a prepared environment, when started from one
+        self._state = Processes.RUNNING
+        self._baseline: dict[str, tuple[int, ...]] = {}  # the watched paths as the agent found them
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self._start()
+        watched = self._watched_here()
+        if watched:  # what the tamper check compares against: the tree before the agent's first command
+            self._baseline = await asyncio.to_thread(LocalHostFiles(self.files_dir, self.owner).manifest, watched)
+
+    def _watched_here(self) -> list[str]:
+        """What the tamper check watches that this sandbox can change: the spec's watched paths
+        and where the host's links in its system directories lead out of them
+        (``host_link_exits``), those under the sandbox's writable roots (the rest is the host's,
+        read-only)."""
+        watched = dict.fromkeys([*self.spec.watched, *host_link_exits()])
+        return [path for path in watched if path.strip("/").split("/", 1)[0] in self._roots]
+
+    async def _start(self) -> None:
+        require_tools()
+        self.image = {"source": "host"}  # the embedded backend runs the host's system, no image
+        plan = self._plan()
+        self._roots = writable_roots(plan)
+        if plan is not None and plan.user not in (None, "root", "0"):
+            self.warnings.append(f"USER {plan.user} ignored: the embedded backend runs as root")
+        if plan is None or not plan.steps or not cache_enabled() or self.spec.dockerfile is None:
+            await self._start_fresh(plan)
+            return
+        try:
+            if await self._start_cached(plan, EnvCache.from_environment()):
+                return
+        except (OSError, TimeoutError) as exc:  # the cache's own files, or its lock held too long
+            if self._dir is not None:
+                raise SandboxError(f"starting from the prepared-environment cache failed: {exc}") from exc
+            self.warnings.append(f"the prepared-environment cache was not used: {exc}")
+        await self._start_fresh(plan)
+
+    async def _start_cached(self, plan: EnvironmentPlan, cache: EnvCache) -> bool:
+        """Start from the prepared environment, preparing and keeping it when there is none; False
+        (nothing started) when the entry there is one this sandbox cannot use."""
+        assert self.spec.dockerfile is not None
+        env = {**self.env, **dict(self.spec.env)}
+        key = environment_key(self.spec.dockerfile.read_bytes(), self.spec.context_dir, env, self._roots)
+        timeout = self.spec.build_timeout_sec
+        for _ in range(2):  # a second time when another trial prepared it while this one waited
+            async with cache.holding(key, timeout) as entry:
+                if entry is not None:
+                    if not self._can_start_from(entry):
+                        return False
+                    await self._start_from(entry)
+                    return True
+            async with cache.building(key, timeout) as entry:
+                if entry is None:
+                    await self._start_fresh(plan)
+                    await self._publish(cache, key)
+                    return True
+        return False
+
+    async def _publish(self, cache: EnvCache, key: str) -> None:
+        """Keep this freshly prepared sandbox's roots as the entry ``key``; a warning if it cannot."""
+        assert self._dir is not None
+        try:
+            await cache.publish(
+                key, self._dir / "fs", owner=self.owner, roots=self._roots, env=self.env, workdir=self.workdir
+            )
+        except OSError as exc:
+            self.warnings.append(f"the prepared environment was not kept for later trials: {exc}")
+
+    @staticmethod
+    def _can_start_from(entry: Entry) -> bool:
+        """Only as the entry's owner: as root, any entry; otherwise one this user prepared."""
+        return os.geteuid() == 0 or entry.owner == os.getuid()
+
+    async def _start_fresh(self, plan: EnvironmentPlan | None) -> None:
+        """Start an empty sandbox, then run the Dockerfile subset in it."""
+        self._uid = sandbox_uid()
+        self._make_home()
+        await self._make_file_system([*self._roots, "var/tmp"])
+        await self._start_processes()
+        if plan is not None:
+            await prepare_environment(self, plan, self.spec)
+
+    async def _start_from(self, entry: Entry) -> None:
+        """Start a sandbox whose writable roots begin as the prepared ``entry``: an overlay over
+        it (what the trial writes lands on its own storage; the entry never changes), or a copy
+        where no overlay can be mounted (not root)."""
+        self._uid = entry.owner if os.geteuid() == 0 else None
+        home = self._make_home()
+        if os.geteuid() == 0:
+            await self._make_file_system(["upper", "work"])
+            self._view = overlay_prepared(home, entry, self.warnings)
+        else:
+            await self._make_file_system([])
+        if self._view is None and not await copy_tree(entry.tree, home / "fs"):
+            raise SandboxError(f"could not copy the prepared environment {entry.path}")
+        self.env = {**self.env, **entry.env}
+        self.workdir = entry.workdir
+        self.image = {**self.image, "prepared": entry.key[:16]}
+        await self._start_processes()
+
+    def _make_home(self) -> Path:
+        self._dir = make_home(self.spec.name, self.spec.labels, private_user=self._uid is not None)
+        return self._dir
+
+    async def _start_processes(self) -> None:
+        """The sandbox's cgroups and its keeper; the environment the task asks for."""
+        assert self._dir is not None
+        self._cgroup, warnings = SandboxCgroup.create(f"termgym-{self._dir.name}", self.spec.resources)
+        self.warnings += warnings
+        if self.spec.network:
+            self.warnings.append("the task asks for network; the embedded backend has none (use --backend docker)")
+        self._keeper = Keeper(self._keeper_argv, self._dir / "keeper.pid")
+        await self._keeper.start()
+        self._keeper.start_spare()
+        self.env = {**self.env, **dict(self.spec.env)}
+
+    async def _make_file_system(self, directories: list[str]) -> None:
+        assert self._dir is not None
+        resources = self.spec.resources
+        made = await make_file_system(self._dir, resources, self.owner, directories, self.warnings)
+        self._storage, self._file_size_limit = made
+
+    @property
+    def owner(self) -> int:
+        """The host uid (and gid) that is root inside the sandbox."""
+        return self._uid if self._uid is not None else os.getuid()
+
+    async def stop(self) -> None:
+        for channel in self._channels:
+            await channel.close()
+        self._channels.clear()
+        if self._state is Processes.KEPT:
+            return
+        await self._stop_keeper()
+        if self._cgroup is not None:
+            await self._wait_cgroup_empty()
+            await asyncio.to_thread(self._cgroup.remove)
+            self._cgroup = None
+        home, view, storage = self._dir, self._view, self._storage
+        self._dir = self._view = self._storage = None
+        await remove_home(home, view, storage)
+
+    async def kill_agent_processes(self) -> None:
+        """End every process: the keeper, so the kernel ends its whole PID namespace. The spare
+        keeper (started with the sandbox) takes over at once, else the next command starts a new
+        one. Until the next command ``host_files`` reaches the files from the host."""
+        for channel in self._channels:
+            await channel.close()
+        self._channels.clear()
+        keeper = self._keeper
+        if keeper is None:
+            raise SandboxError("the sandbox is not running")
+        spare = await keeper.take_spare() if self._state is not Processes.IDLE else None
+        await self._end_keeper(keeper)
+        cgroup = self._cgroup
+        if cgroup is not None:
+            spared = set() if spare is None else {spare[0].pid, *_descendants(spare[0].pid)}
+            if not await self._wait_until(lambda: cgroup.pids() <= spared):
+                await keeper.discard_spare()
+                raise SandboxError("the sandbox's processes did not all end after its keeper was killed")
+        if spare is not None:
+            keeper.hand_over(spare)
+            self._state = Processes.QUIET
+        else:
+            self._state = Processes.IDLE
+
+    async def _before_command(self) -> None:
+        """A command is about to run: the keeper started again after ``kill_agent_processes``
+        ended every process; the files are no longer the host's to reach."""
+        if self._state is Processes.IDLE and self._keeper is not None:
+            await self._keeper.start()
+        self._state = Processes.RUNNING
+
+    def host_files(self) -> LocalHostFiles | None:
+        """The sandbox's writable roots from the host while none of the agent's processes runs
+        (a keeper the agent never reached, ``sleep`` from the read-only ``/usr``, touches no file)."""
+        quiet = self._state in (Processes.QUIET, Processes.IDLE)
+        return LocalHostFiles(self.files_dir, self.owner) if quiet and self._dir is not None else None
+
+    async def _wait_cgroup_empty(self, timeout: float = 5.0) -> bool:
+        """True once the cgroup holds no process (the kernel reaps a dead namespace's asynchronously)."""
+        cgroup = self._cgroup
+        assert cgroup is not None
+        return await self._wait_until(lambda: not cgroup.pids(), timeout)
+
+    @staticmethod
+    async def _wait_until(done: Callable[[], bool], timeout: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(POLL_SEC)
+        return True
+
+    async def check_alive(self) -> None:
+        if self._state is Processes.IDLE:
+            return  # its processes were ended by kill_agent_processes, not by the agent
+        if self._keeper_pid is None or not alive(self._keeper_pid):
+            raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
+
+    async def changed_system_paths(self) -> list[str]:
+        """What changed under the spec's watched paths (``SandboxSpec.watched``: the writable
+        directories a task's ``[verifier].env`` trusts) since the sandbox started, by the change
+        times the host's files carry; nothing else can change: the system directories are the
+        host's, bound read-only, and the root directory is read-only too. ``SandboxBroken`` when
+        the watched trees grew past what can be compared."""
+        watched = self._watched_here()
+        if not watched or self._dir is None:
+            return []
+        try:
+            now = await asyncio.to_thread(LocalHostFiles(self.files_dir, self.owner).manifest, watched)
+        except OSError as exc:
+            raise SandboxBroken(
+                f"could not list what changed under {', '.join(watched)}: {exc.strerror or exc}"
+            ) from exc
+        before = self._baseline
+        return sorted(path for path in before.keys() | now.keys() if before.get(path) != now.get(path))
+
+    async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
+        """From the host while no process runs in the sandbox (``LocalHostFiles.archive``: bounded in
+        bytes and entries, never reading a file that does not fit), else as every backend does."""
+        host = self.host_files()
+        if host is None:
+            return await super().download_tar(paths, limit=limit, timeout=timeout)
+        try:
+            return await wait_for(asyncio.to_thread(host.archive, paths, limit), timeout)
+        except TimeoutError as exc:
+            raise SandboxBroken(f"could not read {', '.join(paths)} within {timeout:g}s") from exc
+        except OSError as exc:
+            raise SandboxBroken(f"could not read {', '.join(paths)}: {exc.strerror or exc}") from exc
+
+    async def limit_warnings(self) -> list[str]:
+        warnings = self._cgroup.limit_warnings() if self._cgroup is not None else []
+        if self._storage is not None and self._storage.full():
+            warnings.append(f"the sandbox reached its storage limit ({self._storage.size_mb} MB)")
+        return warnings
+
+    async def set_network(self, enabled: bool) -> str | None:
+        """Never any network here: asking for it is the same warning as at start."""
+        return "the task asks for network; the embedded backend has none (use --backend docker)" if enabled else None
+
+    def _plan(self) -> EnvironmentPlan | None:
+        if self.spec.dockerfile is None:
+            if self.spec.image:
+                self.warnings.append(f"image {self.spec.image} is not used by the embedded backend")
+            return None
+        try:
+            return parse_dockerfile(self.spec.dockerfile.read_text(encoding="utf-8", errors="replace"))
+        except DockerfileError as exc:
+            raise EnvironmentBuildError(f"{self.spec.dockerfile}: {exc}") from exc
+
+    # -- the keeper: the process whose namespaces every command enters --------------------------
+
+    def _keeper_argv(self, detached: bool) -> list[str]:
+        return self._within_limits(keeper_argv(self.files_dir, self._roots, self._uid, detached=detached))
+
+    def _within_limits(self, argv: list[str]) -> list[str]:
+        procs = self._cgroup.procs_files if self._cgroup is not None else ()
+        return within_limits(argv, procs, self._file_size_limit)
+
+    @property
+    def _keeper_pid(self) -> int | None:
+        return self._keeper.pid if self._keeper is not None else None
+
+    async def _stop_keeper(self) -> None:
+        """End the keeper and its spare."""
+        if self._keeper is not None:
+            await self._keeper.discard_spare()
+            await self._end_keeper(self._keeper)
+
+    async def _end_keeper(self, keeper: Keeper) -> None:
+        """End the keeper (its whole namespace); a kept one's state file goes: no longer kept."""
+        state = self._dir / KEPT_STATE if self._dir is not None else None
+        await keeper.stop(on_detached_end=lambda: state.unlink(missing_ok=True) if state else None)
+
+    # -- keeping it past this process, and entering it again -------------------------------------
+
+    async def keep(self) -> dict[str, str]:
+        """Restart the keeper detached from this process (the agent's processes end; the files
+        stay) and write ``kept.json``; after it ``stop`` leaves the sandbox alone."""
+        if self._dir is None:
+            raise SandboxError("the sandbox is not running")
+        for channel in self._channels:
+            await channel.close()
+        self._channels.clear()
+        await self._stop_keeper()
+        if self._cgroup is not None and not await self._wait_cgroup_empty():
+            raise SandboxError("the sandbox's processes did not all end before its keeper was detached")
+        keeper = self._keeper or Keeper(self._keeper_argv, self._dir / "keeper.pid")
+        await keeper.start_detached(self._dir / "keeper.log")
+        self._keeper = keeper
+        write_json(self._dir / KEPT_STATE, self._kept_state())
+        self._state = Processes.KEPT
+        name = self._dir.name
+        return {
+            "backend": "local",
+            "id": name,
+            "attach": f"termgym shell --attach {name} --backend local",
+            "remove": f"termgym gc --backend local {name}",
+        }
+
+    def _kept_state(self) -> dict:
+        """What ``attach`` needs to enter this sandbox from another process (JSON)."""
+        assert self._keeper is not None and self._keeper.detached is not None
+        return kept_state(
+            self._keeper.detached,
+            self._keeper.pid,
+            uid=self._uid,
+            roots=self._roots,
+            cgroup=self._cgroup,
+            storage=self._storage,
+            file_size_limit=self._file_size_limit,
+            view=self._view,
+            sandbox=self,
+        )
+
+    @classmethod
+    def from_kept(cls, directory: Path, state: dict) -> LocalSandbox:
+        """A started sandbox entering the kept one in ``directory`` (``state``: its ``kept.json``)."""
+        spec = SandboxSpec(
+            name=state["name"],
+            context_dir=None,
+            dockerfile=None,
+            resources=Resources(**state["resources"]),
+            labels=state.get("labels") or {},
+        )
+        sandbox = cls(spec)
+        sandbox._dir = directory
+        sandbox._roots = list(state["roots"])
+        sandbox._uid = state["uid"]
+        sandbox._keeper = Keeper(sandbox._keeper_argv, directory / "keeper.pid")
+        sandbox._keeper.attach((int(state["bwrap"][0]), state["bwrap"][1]), int(state["keeper"]))
+        if state.get("cgroup"):
+            dirs = {c: (int(v), Path(d)) for c, (v, d) in state["cgroup"].items()}
+            sandbox._cgroup = SandboxCgroup(dirs, spec.resources)
+        if state.get("storage"):
+            image = state["storage"]["image"]
+            sandbox._storage = SizedFilesystem(image and Path(image), directory / "fs", state["storage"]["size_mb"])
+        sandbox._file_size_limit = state.get("file_size_limit")
+        sandbox._view = Path(state["view"]) if state.get("view") else None
+        sandbox.env = dict(state["env"])
+        sandbox.workdir = state["workdir"]
+        sandbox.image = dict(state.get("image") or {})
+        return sandbox
+
+    def _enter_argv(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> list[str]:
+        """``argv`` run in the sandbox as its root (``commands.enter_argv``), within its limits."""
+        if self._keeper_pid is None:
+            raise SandboxError("the sandbox is not running")
+        if not alive(self._keeper_pid):
+            raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
+        return self._within_limits(enter_argv(self._keeper_pid, argv, env, cwd))
+
+    # -- commands ----------------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
+        # `timeout` inside the sandbox kills the command's whole process group (TERM, then KILL
+        # one second later); the host-side deadline is only a backstop if that fails.
+        await self._before_command()
+        limit = max(timeout, 0.001)
+        inner = ["/usr/bin/timeout", "-k", "1", f"{limit:.3f}", *argv]
+        command = self._enter_argv(inner, self.env if env is None else env, cwd or self.workdir)
+        process = await spawn(
+            command,
+            end_entered,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        capture = OutputCapture(output_limit)
+        started = time.monotonic()
+        try:
+            await wait_for(communicate(process, stdin, capture), limit + 5.0)
+        except TimeoutError:
+            pass  # the in-sandbox timeout failed to end it: killed below
+        finally:
+            await end_entered(process)
+        code = process.returncode
+        if self._keeper_pid is None or not alive(self._keeper_pid):
+            raise SandboxBroken("every process of the sandbox was killed while a command ran (its keeper is gone)")
+        timed_out = code in (124, 137, -9) and time.monotonic() - started >= limit
+        return ExecResult(
+            exit_code=None if timed_out else code,
+            output=capture.getvalue(),
+            timed_out=timed_out,
+            dropped_bytes=capture.dropped_bytes,
+        )
+
+    async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
+        await self._before_command()
+        process = await spawn(
+            self._enter_argv(argv, env, cwd),
+            end_entered,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        channel = HostChannel(process)
+        self._channels = [c for c in self._channels if not c.closed] + [channel]
+        return channel
+
+    @property
+    def host_dir(self) -> Path | None:
+        """The host directory holding the sandbox's writable file systems (for tests and gc)."""
+        return self._dir
+
+    @property
+    def files_dir(self) -> Path:
+        """The host directory whose subdirectories are the sandbox's writable roots (``app``...)."""
+        if self._dir is None:
+            raise SandboxError("the sandbox is not running")
+        return self._view or self._dir / "fs"
+
+
+def _descendants(pid: int) -> list[int]:
+    found, queue = [], [pid]
+    while queue:
+        for child in children(queue.pop()):
+            found.append(child)
+            queue.append(child)
+    return found
