@@ -17,7 +17,7 @@ in-process fake with the attributes ``ModelAgent.run`` uses: a step sleeps ``--s
 1. The loop's own cost, at concurrency 1 with no simulated latency, the same request bodies: the
    raw HTTP round trip of the serialized body through ``httpx2`` (the SDK's transport) as the
    floor; ``client.chat.completions.create`` of the same body through the SDK alone, built by
-   ``termgym.agents.client.openai_client`` as the agent builds it; a full agent turn (from the
+   ``termgym.agents.transport.openai_client`` as the agent builds it; a full agent turn (from the
    env's step returning to the next command reaching the env: prompt building, the request, the
    response's parse, the action's parse, the observation, the transcript). Each has its wall-time
    median and the driver's CPU per request (``time.process_time``, mean over all requests; on a
@@ -92,10 +92,10 @@ from typing import Any, cast
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from termgym.agents.actions import TOOLS  # noqa: E402
-from termgym.agents.client import Endpoint, openai_client  # noqa: E402
 from termgym.agents.heap import settled_heap  # noqa: E402
 from termgym.agents.model import ModelAgent  # noqa: E402
 from termgym.agents.settings import ModelConfig, build_model_agent  # noqa: E402
+from termgym.agents.transport import Endpoint, openai_client  # noqa: E402
 from termgym.cli import run_command  # noqa: E402
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions  # noqa: E402
 from termgym.transcript import Transcript  # noqa: E402

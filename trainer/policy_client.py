@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from termgym.agents.client import AgentDeadline
 from termgym.agents.renderers import Renderer
 from termgym.agents.tokens import Generated, RenderedSession
+from termgym.errors import AgentDeadline
 from termgym.trainer.sampler import Sampler
 from termgym.transcript import Segment, Transcript
 

@@ -5,7 +5,7 @@ How it plugs in: it implements the ``Sampler`` protocol (``trainer/sampler.py``)
 ``generate_turn`` is one ``POST /v1/completions`` with the episode's token ids as the prompt
 (``return_token_ids``, ``logprobs``, ``stop_token_ids``, ``skip_special_tokens: false``, as the
 tokens client sends, ``termgym/agents/tokens.py``); the server batches the requests in flight
-itself. HTTP goes through the model agent's client (``termgym.agents.client``: the openai SDK's
+itself. HTTP goes through the model agent's transport (``termgym.agents.transport``: the openai SDK's
 retries, timeouts and errors, ``ModelError`` one line), on an event loop of the sampler's own
 (a daemon thread), so the synchronous ``publish`` and the constructor can talk to the server
 while the rollout's loop is running, and turns can be awaited from any loop.
@@ -87,11 +87,9 @@ from urllib.parse import urlparse
 
 import torch
 
-from termgym.agents.client import (
+from termgym.agents.transport import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_REQUEST_TIMEOUT,
-    AgentDeadline,
-    ContextExceeded,
     Endpoint,
     Server,
     call,
@@ -99,7 +97,7 @@ from termgym.agents.client import (
     json_body,
     post,
 )
-from termgym.errors import ConfigError, ModelError, TrainingError
+from termgym.errors import AgentDeadline, ConfigError, ContextExceeded, ModelError, TrainingError
 from termgym.trainer import losses
 from termgym.trainer.routing import routing_shape
 from termgym.trainer.sampler import TurnResult

@@ -37,7 +37,7 @@ from termgym.agents.actions import (
     parse_text,
     parse_tool_calls,
 )
-from termgym.agents.client import AgentDeadline, Completion, ContextExceeded, ModelClient, ModelError, Session
+from termgym.agents.client import Completion, ModelClient, Session
 from termgym.agents.prompts import (
     ELIDED,
     SUMMARY_REQUEST,
@@ -47,7 +47,7 @@ from termgym.agents.prompts import (
     task_prompt,
 )
 from termgym.env import SUBMIT, EnvOptions
-from termgym.errors import ConfigError
+from termgym.errors import AgentDeadline, ConfigError, ContextExceeded, ModelError
 from termgym.transcript import StopReason, Transcript
 from termgym.trial import StepReturn
 

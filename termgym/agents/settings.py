@@ -14,15 +14,9 @@ from typing import Any, Literal
 
 from termgym.agents.actions import ActionFormat
 from termgym.agents.basic import NullAgent, OracleAgent
-from termgym.agents.client import (
-    DEFAULT_MAX_RETRIES,
-    DEFAULT_REQUEST_TIMEOUT,
-    ChatClient,
-    Endpoint,
-    Server,
-    resolve_api_key,
-)
+from termgym.agents.chat import ChatClient
 from termgym.agents.model import ContextPolicy, LoopSettings, ModelAgent
+from termgym.agents.transport import DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT, Endpoint, Server, resolve_api_key
 from termgym.errors import ConfigError
 from termgym.trial import Agent
 

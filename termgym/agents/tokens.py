@@ -25,10 +25,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from termgym.agents.client import Completion, ContextExceeded, ModelError, Server, call, int_list, json_body, post
+from termgym.agents.client import Completion
 from termgym.agents.prompts import cut_token_ids
 from termgym.agents.renderers import ParsedReply, Renderer
-from termgym.errors import ConfigError
+from termgym.agents.transport import Server, call, int_list, json_body, post
+from termgym.errors import ConfigError, ContextExceeded, ModelError
 from termgym.transcript import Segment, Transcript
 
 

@@ -6,7 +6,7 @@ clarity and completeness, task value), each with a reason, plus hard rejects
 (``hidden_requirements``, ``solution_shortcut``, ``test_leakage``, ``weak_verifier``).
 
 ``OpenAIJudge`` asks any OpenAI-compatible ``/v1/chat/completions`` endpoint (a vLLM server, for
-one) through the same client as the model agent (``termgym.agents.client``). The answer is parsed defensively: the first JSON
+one) through the same transport as the model agent (``termgym.agents.transport``). The answer is parsed defensively: the first JSON
 object in the reply; unknown dimensions and reject kinds are dropped, scores are clamped to
 [0, 1] (a 1-5 or 0-10 scale is rescaled), and a reply with no usable score raises ``JudgeError``.
 """
@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from termgym.agents.client import AgentDeadline, Endpoint, call, openai_client
+from termgym.agents.transport import Endpoint, call, openai_client
 from termgym.audit.rubric import JUDGE_DIMENSIONS, WEIGHTS, Reject
-from termgym.errors import ConfigError, ModelError, TermgymError
+from termgym.errors import AgentDeadline, ConfigError, ModelError, TermgymError
 from termgym.tasks import Task
 
 JUDGE_REJECTS = ("hidden_requirements", "solution_shortcut", "test_leakage", "weak_verifier")

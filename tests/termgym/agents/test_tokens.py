@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from termgym.agents.client import Endpoint, Server  # noqa: E402
 from termgym.agents.renderers import TemplateRenderer  # noqa: E402
 from termgym.agents.tokens import TokensClient  # noqa: E402
+from termgym.agents.transport import Endpoint, Server  # noqa: E402
 from termgym.transcript import Transcript  # noqa: E402
 from tests.termgym.agents.chat_model import chat_tokenizer  # noqa: E402
 from tests.termgym.agents.fault_server import FaultServer, Reply  # noqa: E402
