@@ -26,7 +26,7 @@ from termgym.sandboxes.local.env_cache import EnvCache, environment_key, mounted
 from termgym.tasks import load_task
 from tests.helpers import sandbox_processes, write_task
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 # RUN leaves a stamp no two preparations share: the same stamp in two sandboxes means one preparation.
 DOCKERFILE = (
     "FROM debian:bookworm-slim\nWORKDIR /app\nCOPY data.txt /app/\nRUN cat /proc/sys/kernel/random/uuid > /app/stamp\n"

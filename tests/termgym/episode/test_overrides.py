@@ -14,7 +14,7 @@ from termgym.errors import ConfigError
 from termgym.sandboxes.base import Resources
 from termgym.tasks import load_task
 from tests.helpers import KIT_SOURCE, termgym, write_task
-from tests.termgym.test_cli import one_line_error
+from tests.termgym.cli.test_cli import one_line_error
 
 
 def test_no_override_leaves_the_task_as_it_is(task_dir):

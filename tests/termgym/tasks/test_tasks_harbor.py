@@ -19,10 +19,10 @@ from termgym.tasks import (
     load_task,
 )
 from tests.helpers import termgym
-from tests.termgym.test_cli import one_line_error
-from tests.termgym.test_tasks import assert_task_error, harbor_task, tb1_task, write
+from tests.termgym.cli.test_cli import one_line_error
+from tests.termgym.tasks.test_tasks import assert_task_error, harbor_task, tb1_task, write
 
-FIXTURES = Path(__file__).parent / "fixtures" / "tasks"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
 
 
 # --- the two Terminal-Bench 2 schema generations, unchanged ---------------------------------

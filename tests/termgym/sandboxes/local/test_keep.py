@@ -24,7 +24,7 @@ from termgym.sandboxes.local.kept import KEPT_STATE
 from tests import helpers
 from tests.helpers import require_docker, sandbox_processes, termgym_containers
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 TASK = "termgym/file-ops/bulk-rename"
 REPORTS = {"ctrf.json", "reward.txt", "reward.json", "results.tap"}  # what a verifier may leave
 EXPECTED = (ROOT / "envs/file-ops/bulk-rename/tests/expected_listing.txt").read_text().split()

@@ -85,7 +85,7 @@ def test_a_log_directory_that_is_a_symlink_is_not_read(tree: Path, outside: Path
 
 
 def test_a_reset_removes_a_chain_deeper_than_the_recursion_limit(tree: Path):
-    from tests.termgym.sandboxes.test_host_trees import deep_chain
+    from tests.termgym.sandboxes.local.test_host_trees import deep_chain
 
     (tree / "logs" / "verifier").mkdir(parents=True)
     deep_chain(tree / "logs" / "verifier", 1500)
