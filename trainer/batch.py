@@ -4,16 +4,14 @@ tensors, and the forward passes over them (log-probs of the predicted tokens, th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 import torch
 
 from termgym.errors import TrainingError
 from termgym.trainer import losses
 from termgym.trainer.routing import NOT_RECORDED, ROUTING_DTYPE
-
-if TYPE_CHECKING:  # a type only: the rollout imports this module's padding through the sampler
-    from termgym.trainer.rollout import Trajectory
+from termgym.trainer.trajectory import Trajectory
 
 
 def pad_ids(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -26,8 +26,9 @@ from termgym.agents.renderers import Renderer
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.records import TrialRecord
 from termgym.tasks import Task
-from termgym.trainer.rollout import RolloutSettings, Trajectory, run_policy_episode, stream_seed
+from termgym.trainer.rollout import RolloutSettings, run_policy_episode, stream_seed
 from termgym.trainer.sampler import BatchedSampler, Sampler
+from termgym.trainer.trajectory import Trajectory
 from termgym.trial import Step, run_trials
 
 

@@ -63,16 +63,10 @@ from termgym.trainer.checkpoint import load_checkpoint, restore_optimizers, save
 from termgym.trainer.config import Config, check_config, warmup_steps
 from termgym.trainer.distributed import FULL, shard, sync_gradients, world
 from termgym.trainer.models import Critic, build_tiny_policy, load_policy, policy_renderer
-from termgym.trainer.rollout import (
-    PolicyRunner,
-    Trajectory,
-    append_trajectories,
-    rollout_options,
-    rollout_settings,
-    token_drift,
-)
+from termgym.trainer.rollout import PolicyRunner, append_trajectories, rollout_options, rollout_settings
 from termgym.trainer.routing import disable_router_aux_loss, replay_routing
 from termgym.trainer.sampler import BatchedSampler, Sampler
+from termgym.trainer.trajectory import Trajectory, token_drift
 from termgym.trainer.vllm_sampler import VllmSampler, policy_head_dim
 
 

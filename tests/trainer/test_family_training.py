@@ -46,9 +46,10 @@ from termgym.trainer.families import (
     build_family_policy,
 )
 from termgym.trainer.models import corpus_texts, load_policy
-from termgym.trainer.rollout import RolloutSettings, Trajectory, run_policy_episode, token_drift
+from termgym.trainer.rollout import RolloutSettings, run_policy_episode
 from termgym.trainer.sampler import Sampler, TokenSampler
 from termgym.trainer.tokenizer import train_family_tokenizer
+from termgym.trainer.trajectory import Trajectory, token_drift
 from tests.trainer.fake_env import FakeEnv
 
 # the renderer family of each model family (trainer/tokenizer.py)

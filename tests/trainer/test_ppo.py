@@ -161,7 +161,7 @@ def bandit_upper_half(policy_dir, kl_coef: float = 0.0, advantage: str = "gae") 
     from termgym.trainer.config import Config
     from termgym.trainer.models import Critic
     from termgym.trainer.ppo import ppo_update
-    from termgym.trainer.rollout import Sample, Trajectory
+    from termgym.trainer.trajectory import Sample, Trajectory
 
     torch.manual_seed(0)
     policy, tokenizer = load_policy(policy_dir)

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from termgym.agents.model import ContextPolicy, LoopSettings
 from termgym.agents.renderers import make_renderer
-from termgym.trainer.rollout import RolloutSettings, Trajectory, retokenized, run_policy_episode, token_drift
+from termgym.trainer.rollout import RolloutSettings, retokenized, run_policy_episode
 from termgym.trainer.sampler import BatchedSampler, Sampler, TokenSampler, next_token_logprobs
+from termgym.trainer.trajectory import Trajectory, token_drift
 from tests.trainer.fake_env import FakeEnv
 
 
@@ -201,7 +202,7 @@ def test_a_failure_after_the_forward_fails_every_unanswered_request_instead_of_h
 
 
 def test_retokenizing_drifts_where_tito_does_not(tiny_policy):
-    from termgym.trainer.rollout import Sample
+    from termgym.trainer.trajectory import Sample
 
     _, tokenizer = tiny_policy
     renderer = make_renderer("chatml", tokenizer)

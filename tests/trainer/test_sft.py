@@ -19,9 +19,10 @@ from termgym.envs.families import generate_split, reference_commands
 from termgym.errors import TrainingError
 from termgym.tasks import load_task
 from termgym.trainer.policy_client import TeacherClient
-from termgym.trainer.rollout import SHORT_TEXT_SYSTEM, RolloutSettings, Trajectory, run_policy_episode
+from termgym.trainer.rollout import SHORT_TEXT_SYSTEM, RolloutSettings, run_policy_episode
 from termgym.trainer.sampler import Sampler, TokenSampler
 from termgym.trainer.sft import collect_demonstrations, reference_replies, supervised_train
+from termgym.trainer.trajectory import Trajectory
 from tests.trainer.fake_env import FakeEnv
 
 OPTIONS = EnvOptions(backend="local", max_turns=4, command_timeout=5.0)
