@@ -265,17 +265,6 @@ def make_sampler(cfg: Config, policy, model_dir: Path, pad_id: int, rank: int) -
     return BatchedSampler(sampler_model, pad_id=pad_id)
 
 
-@contextlib.contextmanager
-def closing_sampler(sampler: Sampler):
-    """The sampler, closed on exit when it holds processes or connections (vllm, server)."""
-    try:
-        yield sampler
-    finally:
-        close = getattr(sampler, "close", None)
-        if close is not None:
-            close()
-
-
 def bundled_tasks() -> list[Task]:
     """The bundled tasks: what trains when neither ``--tasks`` nor ``--pool`` says otherwise."""
     return [load_task(path) for path in bundled_task_paths()]
@@ -346,7 +335,7 @@ async def train(cfg: Config) -> list[dict]:
         append_record(out / "records.jsonl", record)
         progress.advance(trials_bar, fate == "kept")
 
-    with progress, closing_sampler(sampler):
+    with progress, contextlib.closing(sampler):  # the vllm and server samplers hold processes, connections
         async with RolloutScheduler(runner, pool, scheduler_config, pacer=Pacer(), on_record=on_record) as scheduler:
             for step in range(start, cfg.steps):
                 progress.reset(trials_bar, total=cfg.batch_size)

@@ -186,7 +186,7 @@ def test_publication_changes_the_running_engine_and_matches_the_trainer(engine, 
 
 
 def test_a_publication_the_engine_did_not_take_fails_loudly(engine, policy_dir, monkeypatch):
-    import termgym.trainer.vllm_sampler as module
+    import termgym.trainer.publication as module
 
     policy, _ = load_policy(policy_dir)
     honest = module.checkpoint_state_dict
