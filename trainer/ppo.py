@@ -33,7 +33,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -50,7 +49,6 @@ from termgym.scheduling.scheduler import (
     KeptTrial,
     RolloutScheduler,
     SchedulerConfig,
-    SchedulerMode,
     StepResult,
     TaskPool,
     make_nodes,
@@ -323,7 +321,7 @@ async def train(cfg: Config) -> list[dict]:
     scheduler_config = SchedulerConfig(
         batch_size=cfg.batch_size,
         launch=cfg.launch,
-        mode=cast(SchedulerMode, cfg.mode),  # one of MODES: check_config
+        mode=cfg.mode,
         nodes=make_nodes([cfg.concurrency]),
     )
     history: list[dict] = []

@@ -76,10 +76,10 @@ def loop_settings(cfg: Config) -> LoopSettings:
     """The model agent's settings ``cfg`` sets for every episode of a run."""
     system = cfg.system_prompt or (SHORT_TEXT_SYSTEM if cfg.action_format == "text" else None)
     return LoopSettings(
-        action_format=cfg.action_format,  # pyright: ignore[reportArgumentType]  # checked by check_config
+        action_format=cfg.action_format,
         max_tokens=cfg.max_new_tokens,
         max_parse_errors=cfg.max_parse_errors,
-        context=cfg.context,  # pyright: ignore[reportArgumentType]  # checked by check_config
+        context=cfg.context,
         system_prompt=system,
     )
 

@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
+from typing import Literal, get_args
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from termgym.agents.renderers import family_spec, renderer_for_model_dir
-from termgym.trainer.config import PRESETS, Config, build_parser, field_docs, parse_config
+from termgym.agents.renderers import RENDERER_NAMES, family_spec, renderer_for_model_dir
+from termgym.envs.families import FAMILY_SETS
+from termgym.trainer.config import (
+    FIELD_CHOICES,
+    PRESETS,
+    Config,
+    FamilySetName,
+    RendererName,
+    build_parser,
+    choices_of,
+    field_docs,
+    field_groups,
+    parse_config,
+)
 from termgym.trainer.models import TINY_FAMILY, Critic
 
 
@@ -64,6 +78,44 @@ def test_every_config_field_has_a_docstring_shown_by_help():
     text = " ".join(build_parser().format_help().split())
     for doc in docs.values():
         assert " ".join(doc.split()[:4]) in text
+
+
+def test_help_lists_the_values_of_every_mode_read_from_its_literal():
+    text = " ".join(build_parser().format_help().split())
+    assert FIELD_CHOICES["mode"] == ("wait", "cancel", "carry-over", "reweight")  # the scheduler's SchedulerMode
+    assert {"action_format", "context", "thinking", "renderer", "generator", "sampler_dtype", "advantage"} < set(
+        FIELD_CHOICES
+    )
+    for name, allowed in FIELD_CHOICES.items():
+        assert f"one of: {', '.join(value or repr(value) for value in allowed)}" in text, name
+    # the two spelled out here, not imported: they must stay the lists their owners keep
+    assert get_args(RendererName) == RENDERER_NAMES and get_args(FamilySetName) == tuple(FAMILY_SETS)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "expected"),
+    [
+        (Literal["a", "b"], ("a", "b")),
+        (Literal["a"] | Literal[""], ("a", "")),
+        (Literal["a"] | None, ()),  # not a closed set of strings
+        (int, ()),
+        (int | None, ()),
+        (str, ()),
+        (tuple[str, ...], ()),
+    ],
+)
+def test_choices_of_reads_literals_only(annotation, expected):
+    assert choices_of(annotation) == expected
+
+
+def test_fields_are_grouped_by_concern_and_help_shows_the_groups():
+    groups = field_groups(Config)
+    order = [groups[f.name] for f in dataclasses.fields(Config)]
+    assert all(order) and len(set(order)) >= 8
+    assert len([title for title, _ in itertools.groupby(order)]) == len(set(order))  # each group in one piece
+    text = build_parser().format_help()
+    for title in set(order):
+        assert f"\n{title}:\n" in text, title
 
 
 def test_preset_then_explicit_flags():

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from termgym.cli import main as termgym_main
+from termgym.trainer.config import Advantage
 from termgym.trainer.models import load_policy
 
 TASKS = ["archives/extract-configs", "file-ops/organize-by-extension"]
@@ -152,7 +153,9 @@ def test_two_processes_match_one(tmp_path, tiny_policy_dir, no_leaks, sharding):
             assert torch.allclose(a[part][key], b[part][key], atol=1e-5, rtol=1e-4), (part, key)
 
 
-def bandit_upper_half(policy_dir, kl_coef: float = 0.0, advantage: str = "gae") -> tuple[float, float, list[dict]]:
+def bandit_upper_half(
+    policy_dir, kl_coef: float = 0.0, advantage: Advantage = "gae"
+) -> tuple[float, float, list[dict]]:
     """20 PPO updates on a one-token bandit that rewards the upper half of the vocabulary; returns
     that half's probability before and after, and each update's metrics."""
     import copy
