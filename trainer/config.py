@@ -5,7 +5,8 @@ Every field has a docstring right under it, and the fields are grouped by concer
 titles read from this file's source, so the two cannot disagree). A
 mode is a ``Literal``: ``--help`` lists its values and ``check_config`` refuses any other, both
 read from the annotation. ``--preset NAME`` sets a preset's values first; flags given explicitly
-win.
+win. ``resolve_max_context`` fills in the one default that depends on the model: ``--max-context``
+not given, a model's own context window.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import inspect
 import re
 import types
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Union, get_args, get_origin, get_type_hints
 
 from termgym.agents.actions import ActionFormat
@@ -34,6 +35,8 @@ Advantage = Literal["gae", "group"]
 RewardKind = Literal["dense", "binary"]
 RendererName = Literal["auto", "chatml", "qwen-xml", "llama3", "template"]  # termgym.agents.renderers.RENDERER_NAMES
 FamilySetName = Literal["short", "long"]  # the keys of termgym.envs.families.FAMILY_SETS
+
+DEFAULT_MAX_CONTEXT = 1024  # tokens per segment: the tiny policy's, and a model's whose config states none
 
 
 @dataclass
@@ -101,8 +104,8 @@ class Config:
     """seconds per command"""
     max_new_tokens: int = 48
     """tokens the policy may sample per turn"""
-    max_context: int = 1024
-    """tokens per episode, prompt and observations included; beyond it the episode is truncated"""
+    max_context: int | None = None
+    """tokens per episode, prompt and observations included; beyond it the episode is truncated. Default: with --model, the model's own context window (its config.json's max_position_embeddings or the like; 1024 when it states none); else 1024, the tiny policy's"""
     observation_tokens: int = 128
     """tokens kept of each observation (head and tail)"""
     action_format: ActionFormat = "tool"
@@ -256,7 +259,6 @@ PRESETS: dict[str, dict] = {
         max_turns=2,
         command_timeout=5.0,
         max_new_tokens=24,
-        max_context=1024,
         observation_tokens=64,
         action_format="text",
         actor_lr=1e-4,
@@ -386,6 +388,19 @@ def parse_config(argv: Sequence[str] | None = None) -> Config:
 def warmup_steps(cfg: Config) -> int:
     """Steps of critic-only updates before the first policy update: none without a critic."""
     return cfg.critic_warmup_steps if cfg.advantage == "gae" else 0
+
+
+def resolve_max_context(cfg: Config, window: int | None) -> Config:
+    """``cfg`` with ``max_context`` filled in when it was not given (by a flag, a preset or code):
+    ``window``, the model's own context window (with --model), else ``DEFAULT_MAX_CONTEXT``. Pure."""
+    if cfg.max_context is not None:
+        return cfg
+    return replace(cfg, max_context=window or DEFAULT_MAX_CONTEXT)
+
+
+def max_context_of(cfg: Config) -> int:
+    """Tokens per segment under ``cfg``: as given or resolved, else ``DEFAULT_MAX_CONTEXT``."""
+    return DEFAULT_MAX_CONTEXT if cfg.max_context is None else cfg.max_context
 
 
 def check_config(cfg: Config) -> None:

@@ -48,7 +48,7 @@ from termgym.sandboxes.base import Sandbox
 from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling.scheduler import Node, PacedSandbox, TrialProgress
 from termgym.tasks import Task
-from termgym.trainer.config import Config
+from termgym.trainer.config import Config, max_context_of
 from termgym.trainer.policy_client import PolicyClient, SamplerBackend, TurnLog
 from termgym.trainer.routing import NOT_RECORDED, ROUTING_DTYPE
 from termgym.trainer.sampler import Sampler
@@ -86,7 +86,7 @@ def loop_settings(cfg: Config) -> LoopSettings:
 
 def rollout_settings(cfg: Config) -> RolloutSettings:
     """The episode settings ``cfg`` sets (every rollout, evaluation and demonstration of a run)."""
-    return RolloutSettings(loop_settings(cfg), cfg.max_context, cfg.observation_tokens, cfg.retokenize)
+    return RolloutSettings(loop_settings(cfg), max_context_of(cfg), cfg.observation_tokens, cfg.retokenize)
 
 
 def rollout_options(cfg: Config, run_id: str) -> EnvOptions:
@@ -138,6 +138,9 @@ def fill_from_transcript(trajectory: Trajectory, transcript: Transcript) -> None
     trajectory.bridges = sum(s.bridges for s in transcript.segments)
     trajectory.bridge_breaks = sum(s.bridge_breaks for s in transcript.segments)
     trajectory.summaries, trajectory.summaries_failed = transcript.summaries, transcript.summaries_failed
+    if transcript.segments:  # the opening: the first segment's ids before the first reply
+        first = transcript.segments[0]
+        trajectory.prompt_tokens = first.mask.index(1) if 1 in first.mask else len(first.ids)
 
 
 async def run_policy_episode(

@@ -246,7 +246,8 @@ class ServerSampler(WeightPublisher):
         if window < self.max_context:
             raise ConfigError(
                 f"{where} serves {self.endpoint.model!r} with a context of {window} tokens, shorter than the "
-                f"trainer's max_context {self.max_context} (start it with --max-model-len {self.max_context})"
+                f"trainer's max_context {self.max_context} (start it with --max-model-len {self.max_context}, "
+                f"or give the trainer --max-context {window})"
             )
         self.max_model_len = window
         info = await self._dev(

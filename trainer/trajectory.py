@@ -43,7 +43,9 @@ class Sample:
 
 @dataclass
 class Trajectory:
-    """One episode: its samples (one per segment), its outcome and what the loop counted."""
+    """One episode: its samples (one per segment), its outcome and what the loop counted.
+    ``prompt_tokens`` is the length of the episode's opening as rendered (the first segment's ids
+    before its first sampled id; all of them when nothing was sampled)."""
 
     task: str
     samples: list[Sample] = field(default_factory=list)
@@ -57,6 +59,7 @@ class Trajectory:
     bridge_breaks: int = 0
     summaries: int = 0
     summaries_failed: int = 0
+    prompt_tokens: int = 0
     reward: float = 0.0
     record: TrialRecord | None = None
 

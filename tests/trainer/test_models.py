@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 from typing import Literal, get_args
 
@@ -24,8 +25,9 @@ from termgym.trainer.config import (
     field_docs,
     field_groups,
     parse_config,
+    resolve_max_context,
 )
-from termgym.trainer.models import TINY_FAMILY, Critic
+from termgym.trainer.models import TINY_FAMILY, Critic, context_window
 
 
 def test_the_tiny_policy_is_a_normal_local_moe_model_directory(tiny_policy_dir):
@@ -147,3 +149,38 @@ def test_unusable_values_are_refused_before_any_work(flags, message, tmp_path, c
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()  # refused before the run directory was made
+
+
+@pytest.mark.parametrize(
+    ("config", "window"),
+    [
+        ({"model_type": "llama", "max_position_embeddings": 131072}, 131072),
+        ({"model_type": "gpt2", "n_positions": 1024}, 1024),
+        ({"model_type": "mpt", "max_seq_len": 2048}, 2048),
+        ({"model_type": "qwen3_5_moe", "text_config": {"max_position_embeddings": 262144}}, 262144),  # a VL wrapper
+        ({"max_position_embeddings": 4096, "text_config": {"max_position_embeddings": 8192}}, 4096),
+        ({"model_type": "odd", "max_position_embeddings": 0}, None),
+        ({"model_type": "odd", "max_position_embeddings": True}, None),
+        ({"model_type": "odd"}, None),
+        ([], None),
+    ],
+)
+def test_context_window_is_what_the_models_config_states(tmp_path, config, window):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert context_window(tmp_path) == window
+
+
+def test_context_window_of_no_config_or_a_broken_one_is_unknown(tmp_path):
+    assert context_window(tmp_path) is None
+    (tmp_path / "config.json").write_text("{not json")
+    assert context_window(tmp_path) is None
+
+
+def test_max_context_not_given_becomes_the_models_window():
+    """Defect 6 of issue 31: --model DIR kept the tiny policy's 1024 tokens."""
+    assert parse_config(["--model", "DIR"]).max_context is None  # not given: resolved once the model is known
+    assert resolve_max_context(parse_config(["--model", "DIR"]), 8192).max_context == 8192
+    assert resolve_max_context(parse_config(["--model", "DIR"]), None).max_context == 1024  # states none
+    assert resolve_max_context(parse_config([]), None).max_context == 1024  # the tiny policy
+    assert resolve_max_context(parse_config(["--model", "DIR", "--max-context", "600"]), 8192).max_context == 600
+    assert resolve_max_context(parse_config(["--preset", "tiny", "--model", "DIR"]), 8192).max_context == 512
