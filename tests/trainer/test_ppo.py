@@ -269,11 +269,11 @@ def wide_window_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama-style chat model as a new user brings one: a context window of 4096 in its
     config, and a tokenizer that is not the project's (nearly byte-level: 300 ids learnt from one
     line of text), so that the tool-format prompt alone is longer than 1024 tokens."""
-    from termgym.trainer.families import build_family_policy
+    from termgym.trainer.architectures import build_architecture_policy
     from termgym.trainer.tokenizer import train_family_tokenizer
 
     tokenizer = train_family_tokenizer(["the quick brown fox jumps over the lazy dog"], "llama3", vocab_size=300)
-    return build_family_policy(tmp_path_factory.mktemp("llama"), "llama", tokenizer, seed=0, context=4096)
+    return build_architecture_policy(tmp_path_factory.mktemp("llama"), "llama", tokenizer, seed=0, context=4096)
 
 
 def one_step_args(out: Path, model: Path, *extra: str) -> list[str]:
