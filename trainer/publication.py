@@ -1,6 +1,6 @@
 """Weight publication: how the trainer's weights get into an engine that samples with its own copy
 of them, and the check that they did. Two samplers have such an engine: ``VllmSampler`` (a vLLM
-engine in this process's children, ``trainer/vllm_sampler.py``) and ``ServerSampler`` (a running
+engine in processes of its own, ``trainer/vllm_sampler.py``) and ``ServerSampler`` (a running
 ``vllm serve``, ``trainer/server_sampler.py``); both publish through ``WeightPublisher``.
 
 One publication (``WeightPublisher.publish``, once per PPO step): load the weights into the
