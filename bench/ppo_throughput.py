@@ -25,7 +25,7 @@ from termgym.trainer.batch import Batch, forward_logp, forward_values, make_batc
 from termgym.trainer.config import Config
 from termgym.trainer.models import Critic, build_tiny_policy, load_policy
 from termgym.trainer.ppo import ppo_update
-from termgym.trainer.rollout import Sample, Trajectory
+from termgym.trainer.trajectory import Sample, Trajectory
 
 
 def synthetic_batch(batch: int, length: int, vocab: int, pad_id: int) -> Batch:

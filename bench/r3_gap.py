@@ -37,16 +37,10 @@ from termgym.env import SUBMIT, EnvOptions
 from termgym.trainer import losses
 from termgym.trainer.batch import forward_logp, make_batch
 from termgym.trainer.models import build_tiny_policy, load_policy
-from termgym.trainer.rollout import (
-    SHORT_TEXT_SYSTEM,
-    RolloutSettings,
-    Trajectory,
-    retokenized,
-    run_policy_episode,
-    token_drift,
-)
+from termgym.trainer.rollout import SHORT_TEXT_SYSTEM, RolloutSettings, retokenized, run_policy_episode
 from termgym.trainer.routing import record_routing, replay_routing, stack_routing
 from termgym.trainer.sampler import BatchedSampler
+from termgym.trainer.trajectory import Trajectory, token_drift
 from termgym.transcript import Transcript
 
 INSTRUCTION = "Count the words in /app/notes.txt and write the total to /app/count.txt"

@@ -33,7 +33,7 @@ from rich.console import Console
 
 from termgym.records import TrialRecord
 from termgym.tasks import load_task
-from termgym.trainer.config import PRESETS, Config
+from termgym.trainer.config import PRESETS, Config, max_context_of
 from termgym.trainer.evaluate import evaluate
 from termgym.trainer.models import load_policy, policy_renderer
 from termgym.trainer.pipeline import build_policy, prepare_pool, record_demonstrations, warm_start
@@ -56,14 +56,14 @@ async def supervised_checkpoint(out: Path, cfg: Config, console: Console) -> tup
 def served_records(policy_dir: Path, heldout: Path, cfg: Config, out: Path) -> list[TrialRecord]:
     """``termgym run`` with the tokens client against a ``vllm serve`` of ``policy_dir``."""
     settings = rollout_settings(cfg)
-    with VllmServer(policy_dir, served_model_name="policy", max_model_len=cfg.max_context) as server:
+    with VllmServer(policy_dir, served_model_name="policy", max_model_len=max_context_of(cfg)) as server:
         command = [
             *(sys.executable, "-m", "termgym", "run", str(heldout)),
             *("--agent", "model", "--client", "tokens", "--base-url", server.base_url, "--model", "policy"),
             *("--tokenizer", str(policy_dir), "--renderer", cfg.renderer, "--temperature", "0"),
             *("--action-format", cfg.action_format, "--system-prompt", settings.loop.system_prompt or ""),
             *("--max-tokens", str(cfg.max_new_tokens), "--max-output-tokens", str(cfg.observation_tokens)),
-            *("--context-window", str(cfg.max_context), "--context", cfg.context),
+            *("--context-window", str(max_context_of(cfg)), "--context", cfg.context),
             *("--max-turns", str(cfg.max_turns), "-n", str(cfg.concurrency), "--out", str(out)),
         ]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
@@ -109,7 +109,7 @@ async def main_async(args) -> int:
         commands[name] = seen
 
     await in_process("torch sampler")
-    engine = VllmSampler(copy.deepcopy(policy), policy_dir, max_context=cfg.max_context, seed=cfg.seed)
+    engine = VllmSampler(copy.deepcopy(policy), policy_dir, max_context=max_context_of(cfg), seed=cfg.seed)
     try:
         await in_process("vLLM engine", engine)
     finally:

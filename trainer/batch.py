@@ -3,17 +3,16 @@ tensors, and the forward passes over them (log-probs of the predicted tokens, th
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 import torch
 
 from termgym.errors import TrainingError
 from termgym.trainer import losses
 from termgym.trainer.routing import NOT_RECORDED, ROUTING_DTYPE
-
-if TYPE_CHECKING:  # a type only: the rollout imports this module's padding through the sampler
-    from termgym.trainer.rollout import Trajectory
+from termgym.trainer.trajectory import Trajectory
 
 
 def pad_ids(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,7 +53,28 @@ class Batch(TypedDict):
     row_episode: torch.Tensor
 
 
-def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad_id: int) -> Batch:
+def nothing_to_train(trajectories: Sequence[Trajectory], max_context: int | None = None) -> str:
+    """Why ``trajectories``, none of which sampled anything, leave nothing to train on, in one
+    line: when every episode ended for want of context before its first reply, the length of the
+    prompt against the limit (``max_context``); else how the episodes ended."""
+    if not trajectories:
+        return "no trajectory sampled anything: there is nothing to train on"
+    if all(t.context_exhausted and t.replies == 0 for t in trajectories):
+        shortest, longest = min(t.prompt_tokens for t in trajectories), max(t.prompt_tokens for t in trajectories)
+        prompt = f"{shortest} tokens" if shortest == longest else f"{shortest} to {longest} tokens"
+        limit = "the context limit" if max_context is None else f"--max-context {max_context}"
+        return (
+            f"every episode ({len(trajectories)}) ended before its first reply (context_exhausted): the prompt is "
+            f"{prompt}, and {limit} leaves no room for a reply; give a larger --max-context"
+        )
+    ended = Counter(t.stop_reason or "no stop reason" for t in trajectories)
+    how = ", ".join(f"{reason} {count}" for reason, count in sorted(ended.items()))
+    return f"no trajectory sampled anything (stop reasons: {how}): there is nothing to train on"
+
+
+def make_batch(
+    trajectories: Sequence[Trajectory], weights: Sequence[float], pad_id: int, *, max_context: int | None = None
+) -> Batch:
     """Right-padded tensors, one row per sample (segment) of every trajectory. Per-token arrays have
     ``T - 1`` columns, aligned with the *predicted* token ``ids[:, 1:]``: ``mask`` (1 on sampled
     tokens), ``rollout_logp``, ``rewards`` (the episode's reward on each sample's last sampled
@@ -62,10 +82,11 @@ def make_batch(trajectories: Sequence[Trajectory], weights: Sequence[float], pad
     weight, on each of its rows). ``routing`` is aligned with ``ids`` (``[rows, T, layers, top_k]``,
     -1 where not recorded and on padding), or None when any sample has none. ``episode_rewards``
     and ``groups`` (task names) have one entry per trajectory; ``row_episode`` maps each row to its
-    trajectory."""
+    trajectory. With no sample at all, a ``TrainingError`` says why (``nothing_to_train``, against
+    ``max_context``, the episodes' context limit)."""
     rows = [(sample, episode) for episode, t in enumerate(trajectories) for sample in t.samples]
     if not rows:
-        raise TrainingError("no trajectory sampled anything: there is nothing to train on")
+        raise TrainingError(nothing_to_train(trajectories, max_context))
     ids, attention, mask = pad_batch([(s.ids, s.loss_mask) for s, _ in rows], pad_id)
     n, width = ids.shape
     rollout_logp, rewards = torch.zeros((n, width)), torch.zeros((n, width))

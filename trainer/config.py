@@ -1,7 +1,12 @@
 """The trainer's one configuration dataclass, its presets, and the command line built from it.
 
-Every field has a docstring right under it; ``--help`` shows it (read from this file's source, so
-the two cannot disagree). ``--preset NAME`` sets a preset's values first; flags given explicitly win.
+Every field has a docstring right under it, and the fields are grouped by concern under
+``# -- title`` comments; ``--help`` shows them in that order, under those titles (docstrings and
+titles read from this file's source, so the two cannot disagree). A
+mode is a ``Literal``: ``--help`` lists its values and ``check_config`` refuses any other, both
+read from the annotation. ``--preset NAME`` sets a preset's values first; flags given explicitly
+win. ``resolve_max_context`` fills in the one default that depends on the model: ``--max-context``
+not given, a model's own context window.
 """
 
 from __future__ import annotations
@@ -10,60 +15,129 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import re
+import types
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal, Union, get_args, get_origin, get_type_hints
 
+from termgym.agents.actions import ActionFormat
+from termgym.agents.model import ContextPolicy
+from termgym.agents.renderers.base import ThinkingRetention
 from termgym.envs.families.split import FAMILY_SETS
 from termgym.errors import ConfigError
-from termgym.scheduling.scheduler import MODES
+from termgym.scheduling.scheduler import SchedulerMode
+
+# The trainer's own modes (the others are the model agent's and the scheduler's, imported above).
+GeneratorName = Literal["torch", "vllm", "server"]
+SamplerDtype = Literal["float32", "bfloat16"]
+Advantage = Literal["gae", "group"]
+RewardKind = Literal["dense", "binary"]
+RendererName = Literal["auto", "chatml", "qwen-xml", "llama3", "template"]  # termgym.agents.renderers.RENDERER_NAMES
+FamilySetName = Literal["short", "long"]  # the keys of termgym.envs.families.FAMILY_SETS
+
+DEFAULT_MAX_CONTEXT = 1024  # tokens per segment: the tiny policy's, and a model's whose config states none
 
 
 @dataclass
 class Config:
-    model: str = ""
-    """policy directory (any causal LM with its tokenizer, loaded locally); empty: build the tiny Qwen3-MoE policy into OUT/init"""
-    tasks: tuple[str, ...] = ()
-    """task directories or bundled task names; empty: every bundled task"""
+    """Every setting of a run, by group; ``termgym train --help`` lists them in this order."""
+
+    # -- the run -----------------------------------------------------------------------------------
     out: str = ""
     """run directory: metrics.jsonl, trajectories.jsonl, records.jsonl, checkpoint.pt, policy/ (with --pool: every phase's output, see trainer/pipeline.py); empty: runs/train-<UTC time>, or runs/pipeline-<UTC time> with --pool"""
-    backend: str = "local"
-    """sandbox backend (local = the embedded one)"""
+    seed: int = 0
+    """seeds the tiny policy, the task order, sampling and minibatch order"""
     steps: int = 10
     """training steps (each: one batch of rollouts, then one update)"""
+    checkpoint_every: int = 1
+    """steps between checkpoints (and at the end)"""
+    resume: bool = False
+    """continue from OUT/checkpoint.pt if it exists"""
+    fsdp: bool = False
+    """under torchrun: shard policy and critic with FSDP2 (fully_shard) instead of replicating them"""
+
+    # -- the policy (without --model, a tiny one is built) -----------------------------------------
+    model: str = ""
+    """policy directory (any causal LM with its tokenizer, loaded locally); empty: build the tiny Qwen3-MoE policy into OUT/init"""
+    renderer: RendererName = "auto"
+    """the policy's chat format: auto (decided from the model directory's files), chatml (Qwen2.5/Qwen3), qwen-xml (Qwen3.5, Qwen3-Coder), llama3, or template (the tokenizer's own chat template, its prefix checked every turn)"""
+    thinking: ThinkingRetention = "cycle"
+    """earlier reasoning kept in the prompt: all, cycle (within the tool cycle, Qwen3's rule) or strip (every reply with reasoning then starts a new segment)"""
+    hidden: int = 64
+    """tiny policy: hidden size (when no --model is given)"""
+    layers: int = 2
+    """tiny policy: decoder layers, every one a sparse MoE block"""
+    experts: int = 4
+    """tiny policy: experts per layer (top-2 routing)"""
+
+    # -- tasks and sandboxes (--pool: a generated, audited pool) -----------------------------------
+    tasks: tuple[str, ...] = ()
+    """task directories or bundled task names; empty: every bundled task"""
+    backend: str = "local"
+    """sandbox backend (local = the embedded one)"""
+    pool: int = 0
+    """generate a training pool of this many tasks (envs/families) and a held-out set, audit the pool and train on the accepted tasks: supervised warm start, held-out evaluation, critic warm-up and PPO, evaluation again, plots and a final table. 0: PPO alone on --tasks"""
+    families: FamilySetName = "short"
+    """with --pool: the family set the pool and the held-out set are drawn from (envs/families): short (1 to 3 turns, 3 to 6 assertions a task) or long (4 to 8 turns, 8 to 20 assertions; for the recipe's comparisons, bench/recipe.py)"""
+    audit_k: int = 1
+    """oracle runs per task when auditing the pool (flaky: rejected)"""
+    audit_cache: str = ""
+    """earlier verdicts by task content (termgym audit --cache FILE): tasks whose files are unchanged are not audited again; the run writes the complete cache to OUT/audit-cache.json. "bundled": the cache shipped for the families (envs/families/audit-cache.json)"""
+
+    # -- a step's batch (the scheduler) ------------------------------------------------------------
     batch_size: int = 8
     """trajectories kept per step (the global batch)"""
     launch: int | None = None
     """trials launched per step (cancel, carry-over, reweight modes); default batch x 560/512"""
-    mode: str = "wait"
+    mode: SchedulerMode = "wait"
     """scheduler mode: wait, cancel, carry-over or reweight"""
     concurrency: int = 8
     """trials in flight at once (one rollout node with this cap)"""
+    group_size: int = 1
+    """episodes launched per task in a step (one task drawn, launched this many times); the group advantage needs at least 2"""
+
+    # -- episodes (the model agent's loop) ---------------------------------------------------------
     max_turns: int = 4
     """commands per episode before the environment truncates it"""
     command_timeout: float = 10.0
     """seconds per command"""
     max_new_tokens: int = 48
     """tokens the policy may sample per turn"""
-    max_context: int = 1024
-    """tokens per episode, prompt and observations included; beyond it the episode is truncated"""
+    max_context: int | None = None
+    """tokens per episode, prompt and observations included; beyond it the episode is truncated. Default: with --model, the model's own context window (its config.json's max_position_embeddings or the like; 1024 when it states none); else 1024, the tiny policy's"""
     observation_tokens: int = 128
     """tokens kept of each observation (head and tail)"""
-    renderer: str = "auto"
-    """the policy's chat format: auto (decided from the model directory's files), chatml (Qwen2.5/Qwen3), qwen-xml (Qwen3.5, Qwen3-Coder), llama3, or template (the tokenizer's own chat template, its prefix checked every turn)"""
-    thinking: str = "cycle"
-    """earlier reasoning kept in the prompt: all, cycle (within the tool cycle, Qwen3's rule) or strip (every reply with reasoning then starts a new segment)"""
-    action_format: str = "tool"
+    action_format: ActionFormat = "tool"
     """how a reply asks for a command: tool (a bash tool call in the renderer's format) or text (one fenced ```bash block)"""
     system_prompt: str = ""
     """the agent's system prompt; empty: the action format's own (a one-line prompt for the text format)"""
-    context: str = "none"
+    context: ContextPolicy = "none"
     """when a segment's context fills up: none (the episode ends, context_exhausted), truncate (elide old observations: a new segment) or summarize (the policy summarizes: a new segment)"""
     max_parse_errors: int = 3
     """replies in a row that do not parse before the episode ends"""
-    advantage: str = "gae"
+    retokenize: bool = False
+    """demonstration only: train on re-tokenized text instead of the sampled ids (token drift > 0)"""
+
+    # -- the generator (what samples the rollouts) -------------------------------------------------
+    generator: GeneratorName = "torch"
+    """rollout engine: torch (the policy's own batched forward; records MoE routing), vllm (a vLLM engine in its own processes, weights published into it each step and checked against the trainer's log-probs; needs head_dim >= 64; on CPU it cannot return routed experts, so R3 is off for that run) or server (a running vllm serve at --base-url, weights published to it each step; see docs/guides/training.md)"""
+    base_url: str = ""
+    """with --generator server: the server's OpenAI-compatible URL, e.g. http://127.0.0.1:8000/v1"""
+    served_model: str = ""
+    """with --generator server: the model's name on the server (its --served-model-name)"""
+    sampler_dtype: SamplerDtype = "float32"
+    """torch generator's precision: float32 (the trainer's) or bfloat16, a sampler that differs numerically from the trainer as production samplers do (what R3 is for)"""
+
+    # -- reward ------------------------------------------------------------------------------------
+    reward: RewardKind = "dense"
+    """what PPO optimises: dense (min(assertions passed, S) / S, the verifier's reward) or binary (1 if resolved, else 0)"""
+    reward_scale: int = 20
+    """the dense reward's assertion scale S (termgym's --reward-scale): each passed assertion is worth 1/S, up to S of them"""
+
+    # -- PPO ---------------------------------------------------------------------------------------
+    advantage: Advantage = "gae"
     """gae: GAE over the critic's token values (the recipe); group: no critic, each episode's reward minus the mean of the other episodes of its task in the batch (RLOO), the same for all its tokens; launch several episodes per task with --group-size"""
-    group_size: int = 1
-    """episodes launched per task in a step (one task drawn, launched this many times); the group advantage needs at least 2"""
     gamma: float = 1.0
     """discount over action tokens"""
     lam: float = 1.0
@@ -86,66 +160,34 @@ class Config:
     """trajectories per minibatch"""
     critic_warmup_steps: int = 2
     """steps of critic-only updates on rollouts of the starting policy before the first policy update"""
-    seed: int = 0
-    """seeds the tiny policy, the task order, sampling and minibatch order"""
-    checkpoint_every: int = 1
-    """steps between checkpoints (and at the end)"""
-    resume: bool = False
-    """continue from OUT/checkpoint.pt if it exists"""
-    fsdp: bool = False
-    """under torchrun: shard policy and critic with FSDP2 (fully_shard) instead of replicating them"""
-    retokenize: bool = False
-    """demonstration only: train on re-tokenized text instead of the sampled ids (token drift > 0)"""
     routing_replay: bool = True
     """R3 for MoE policies: the log-prob recompute and the loss forwards use the experts the sampler chose at sampled tokens (prompt and observation tokens route freely); turns the router load-balancing loss off. No effect on a dense policy"""
-    generator: str = "torch"
-    """rollout engine: torch (the policy's own batched forward; records MoE routing), vllm (a vLLM engine in its own processes, weights published into it each step and checked against the trainer's log-probs; needs head_dim >= 64; on CPU it cannot return routed experts, so R3 is off for that run) or server (a running vllm serve at --base-url, weights published to it each step; see docs/guides/training.md)"""
-    base_url: str = ""
-    """with --generator server: the server's OpenAI-compatible URL, e.g. http://127.0.0.1:8000/v1"""
-    served_model: str = ""
-    """with --generator server: the model's name on the server (its --served-model-name)"""
-    sampler_dtype: str = "float32"
-    """torch generator's precision: float32 (the trainer's) or bfloat16, a sampler that differs numerically from the trainer as production samplers do (what R3 is for)"""
-    reward: str = "dense"
-    """what PPO optimises: dense (min(assertions passed, S) / S, the verifier's reward) or binary (1 if resolved, else 0)"""
-    reward_scale: int = 20
-    """the dense reward's assertion scale S (termgym's --reward-scale): each passed assertion is worth 1/S, up to S of them"""
-    pool: int = 0
-    """generate a training pool of this many tasks (envs/families) and a held-out set, audit the pool and train on the accepted tasks: supervised warm start, held-out evaluation, critic warm-up and PPO, evaluation again, plots and a final table. 0: PPO alone on --tasks"""
-    families: str = "short"
-    """with --pool: the family set the pool and the held-out set are drawn from (envs/families): short (1 to 3 turns, 3 to 6 assertions a task) or long (4 to 8 turns, 8 to 20 assertions; for the recipe's comparisons, bench/recipe.py)"""
-    heldout: int = 48
-    """held-out evaluation tasks generated with the pool (names never used in training, and one family never trained on)"""
-    eval_samples: int = 0
-    """with --pool: besides the greedy evaluation, this many episodes per held-out task sampled at temperature 1 (the distribution PPO trains; the same draws before and after); 0: greedy only"""
-    audit_k: int = 1
-    """oracle runs per task when auditing the pool (flaky: rejected)"""
-    audit_cache: str = ""
-    """earlier verdicts by task content (termgym audit --cache FILE): tasks whose files are unchanged are not audited again; the run writes the complete cache to OUT/audit-cache.json. "bundled": the cache shipped for the families (envs/families/audit-cache.json)"""
+
+    # -- supervised start (with --pool) ------------------------------------------------------------
     sft_steps: int = 0
     """supervised warm-start steps on the reference trajectories of the audited pool (with --pool)"""
+    sft_batch_size: int = 32
+    """demonstrations per supervised step"""
+    sft_lr: float = 3e-3
+    """supervised learning rate (AdamW, linear warm-up over the first tenth)"""
     sft_stop_share: float = 0.0
     """with --pool: stop the supervised steps on the pool's trajectories at the first check (every --sft-check-every steps, at most --sft-steps) at which the policy, greedy, passes at least this share of the assertions of a validation split (--sft-validation tasks of the training name space, none of them in the pool); 0: take every step. The tiny-long preset stops at 0.3, the recipe's condition for its start, where a fixed step count lands seeds from 12% to 60%"""
     sft_check_every: int = 20
     """with --sft-stop-share: supervised steps between two validation checks"""
     sft_validation: int = 40
     """with --sft-stop-share: tasks in the validation split"""
-    sft_first_families: str = ""
+    sft_first_families: FamilySetName | Literal[""] = ""
     """with --pool: a family set the supervised start learns first (--sft-first-steps on the reference trajectories of its own audited pool of --sft-first-pool training tasks), before --sft-steps on the pool's; empty: none. The tiny-long preset learns the short set first: the copying is learnt there in a third of the time a long step takes"""
     sft_first_pool: int = 0
     """with --sft-first-families: its pool's size"""
     sft_first_steps: int = 0
     """with --sft-first-families: supervised steps on its reference trajectories"""
-    sft_batch_size: int = 32
-    """demonstrations per supervised step"""
-    sft_lr: float = 3e-3
-    """supervised learning rate (AdamW, linear warm-up over the first tenth)"""
-    hidden: int = 64
-    """tiny policy: hidden size (when no --model is given)"""
-    layers: int = 2
-    """tiny policy: decoder layers, every one a sparse MoE block"""
-    experts: int = 4
-    """tiny policy: experts per layer (top-2 routing)"""
+
+    # -- held-out evaluation (with --pool) ---------------------------------------------------------
+    heldout: int = 48
+    """held-out evaluation tasks generated with the pool (names never used in training, and one family never trained on)"""
+    eval_samples: int = 0
+    """with --pool: besides the greedy evaluation, this many episodes per held-out task sampled at temperature 1 (the distribution PPO trains; the same draws before and after); 0: greedy only"""
 
 
 # The main job on a 2-core CPU (make demo): a generated, audited pool; a supervised start; PPO with
@@ -217,7 +259,6 @@ PRESETS: dict[str, dict] = {
         max_turns=2,
         command_timeout=5.0,
         max_new_tokens=24,
-        max_context=1024,
         observation_tokens=64,
         action_format="text",
         actor_lr=1e-4,
@@ -246,12 +287,63 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+GROUP_HEADER = re.compile(r"^\s*# -- (?P<title>.+?) -+$")
+FIELD_LINE = re.compile(r"^ {4}(?P<name>[a-z_]+): ")
+
+
+def field_groups(cls: type) -> dict[str, str]:
+    """Each field's group: the title of the ``# -- title ---`` comment above it in the class body."""
+    groups, title = {}, ""
+    for line in inspect.getsource(cls).splitlines():
+        if header := GROUP_HEADER.match(line):
+            title = header["title"]
+        elif field := FIELD_LINE.match(line):
+            groups[field["name"]] = title
+    return groups
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line from the caller, not argparse's usage block
         raise ConfigError(f"{message} (see {self.prog} --help)")
 
 
+def choices_of(annotation: object) -> tuple[str, ...]:
+    """The values a ``Literal`` annotation allows (for a union of them, every member's, in order);
+    empty for any other annotation."""
+    if get_origin(annotation) is Literal:
+        return tuple(get_args(annotation))
+    if get_origin(annotation) in (Union, types.UnionType):
+        members = [choices_of(arg) for arg in get_args(annotation)]
+        if all(members):
+            return tuple(value for member in members for value in member)
+    return ()
+
+
+SCALARS: dict[object, type] = {int: int, float: float, str: str}
+
+
+def _scalar(name: str, annotation: object) -> type:
+    """What a flag's value converts to: ``int``, ``float`` or ``str`` (``X | None``: ``X``)."""
+    if annotation in SCALARS:
+        return SCALARS[annotation]
+    if get_origin(annotation) in (Union, types.UnionType):
+        present = [arg for arg in get_args(annotation) if arg is not type(None)]
+        if len(present) == 1:
+            return _scalar(name, present[0])
+    raise TypeError(f"Config.{name}: no command-line flag for {annotation!r}")
+
+
+HINTS = get_type_hints(Config)  # each field's annotation, evaluated (the module's names resolved)
+FIELD_CHOICES: dict[str, tuple[str, ...]] = {  # the modes: each Literal field and its values
+    f.name: choices_of(HINTS[f.name]) for f in dataclasses.fields(Config) if choices_of(HINTS[f.name])
+}
+POOL_ONLY = ("families", "sft_first_families")  # read only with --pool: check_config checks them then
+
+
 def build_parser(prog: str = "termgym train") -> argparse.ArgumentParser:
+    """Every field of ``Config`` as a flag, in the class's order and under its group's title, its
+    docstring as the help (with the values a mode allows and the default). Values are not checked
+    here: ``check_config`` does, for flags and for configurations built in code alike."""
     parser = _Parser(prog=prog, description="Train a terminal agent with PPO on termgym tasks.")
     parser.add_argument(
         "--preset",
@@ -259,18 +351,26 @@ def build_parser(prog: str = "termgym train") -> argparse.ArgumentParser:
         default=None,
         help="start from a preset (tiny: the whole main job on a CPU; tiny-long: the tiny job started on the long families; tiny-ppo: PPO alone on four bundled tasks)",
     )
-    docs = field_docs(Config)
+    docs, groups, sections = field_docs(Config), field_groups(Config), {}
     for f in dataclasses.fields(Config):
+        title = groups[f.name]
+        if title not in sections:
+            sections[title] = parser.add_argument_group(title)
+        section = sections[title]
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{docs[f.name]} (default: {f.default!r})".replace("%", "%%")  # argparse formats help with %
-        kind = str(f.type)
-        if kind == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif kind.startswith("tuple"):
-            parser.add_argument(flag, nargs="*", default=None, help=help_text)
+        annotation, allowed = HINTS[f.name], FIELD_CHOICES.get(f.name, ())
+        notes = [f"one of: {', '.join(value or repr(value) for value in allowed)}"] if allowed else []
+        if f.default is not None:
+            notes.append(f"default: {f.default!r}")
+        text = docs[f.name] + (f" ({'; '.join(notes)})" if notes else "")
+        help_text = text.replace("%", "%%")  # argparse formats help with %
+        if annotation is bool:
+            section.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif get_origin(annotation) is tuple:
+            section.add_argument(flag, nargs="*", default=None, help=help_text)
         else:
-            convert = {"int": int, "float": float, "str": str, "int | None": int}[kind]
-            parser.add_argument(flag, type=convert, default=None, help=help_text)
+            convert = str if allowed else _scalar(f.name, annotation)
+            section.add_argument(flag, type=convert, default=None, help=help_text)
     return parser
 
 
@@ -290,23 +390,23 @@ def warmup_steps(cfg: Config) -> int:
     return cfg.critic_warmup_steps if cfg.advantage == "gae" else 0
 
 
-CHOICES = {
-    "mode": MODES,
-    "generator": ("torch", "vllm", "server"),
-    "thinking": ("all", "cycle", "strip"),
-    "action_format": ("tool", "text"),
-    "context": ("none", "truncate", "summarize"),
-    "renderer": ("auto", "chatml", "qwen-xml", "llama3", "template"),
-    "advantage": ("gae", "group"),
-    "reward": ("dense", "binary"),
-    "sampler_dtype": ("float32", "bfloat16"),
-}
+def resolve_max_context(cfg: Config, window: int | None) -> Config:
+    """``cfg`` with ``max_context`` filled in when it was not given (by a flag, a preset or code):
+    ``window``, the model's own context window (with --model), else ``DEFAULT_MAX_CONTEXT``. Pure."""
+    if cfg.max_context is not None:
+        return cfg
+    return replace(cfg, max_context=window or DEFAULT_MAX_CONTEXT)
+
+
+def max_context_of(cfg: Config) -> int:
+    """Tokens per segment under ``cfg``: as given or resolved, else ``DEFAULT_MAX_CONTEXT``."""
+    return DEFAULT_MAX_CONTEXT if cfg.max_context is None else cfg.max_context
 
 
 def check_config(cfg: Config) -> None:
     """One ``ValueError`` line for a value no phase could use, before any work starts."""
-    for name, allowed in CHOICES.items():
-        if getattr(cfg, name) not in allowed:
+    for name, allowed in FIELD_CHOICES.items():
+        if name not in POOL_ONLY and getattr(cfg, name) not in allowed:
             raise ConfigError(f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose one of {', '.join(allowed)}")
     if cfg.kl_coef < 0:
         raise ConfigError(f"--kl-coef must be at least 0, got {cfg.kl_coef}")

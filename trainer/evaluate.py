@@ -26,8 +26,9 @@ from termgym.agents.renderers import Renderer
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.records import TrialRecord
 from termgym.tasks import Task
-from termgym.trainer.rollout import RolloutSettings, Trajectory, run_policy_episode, stream_seed
+from termgym.trainer.rollout import RolloutSettings, run_policy_episode, stream_seed
 from termgym.trainer.sampler import BatchedSampler, Sampler
+from termgym.trainer.trajectory import Trajectory
 from termgym.trial import StepReturn, run_trials
 
 
@@ -139,7 +140,9 @@ async def evaluate(
     """Run ``policy`` on each task through the model agent's loop, greedily once (``samples=0``) or
     ``samples`` times at temperature 1, ``concurrency`` trials at a time (their next-token requests
     batched together); returns the summary and the records in task order. ``sampler``: what
-    samples (default: the torch sampler over a copy of ``policy``)."""
+    samples (default: the torch sampler over a copy of ``policy``, closed at the end; a sampler
+    given is left open)."""
+    own = sampler is None
     if sampler is None:
         pad_id = renderer.tokenizer.pad_token_id
         sampler = BatchedSampler(copy.deepcopy(policy).eval(), pad_id=pad_id or 0, record_routing=False)
@@ -157,5 +160,9 @@ async def evaluate(
 
     draws = [(task, None) for task in tasks] if samples < 1 else [(task, i) for task in tasks for i in range(samples)]
     jobs = [(task, agent(task, sample)) for task, sample in draws]
-    records = await run_trials(jobs, options, concurrency=max(1, concurrency), on_record=recorded)
+    try:
+        records = await run_trials(jobs, options, concurrency=max(1, concurrency), on_record=recorded)
+    finally:
+        if own:
+            chosen.close()
     return summarise_records(records, max(samples, 0)), records

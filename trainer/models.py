@@ -9,6 +9,7 @@ Not guaranteed: that the tiny policy does anything useful (it is randomly initia
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -164,6 +165,29 @@ def load_policy(model_dir: str | os.PathLike) -> tuple[PreTrainedModel, PreTrain
             raise ConfigError(f"{model_dir}: the tokenizer has neither a pad nor an eos token")
         tokenizer.pad_token = tokenizer.eos_token
     return model.eval(), tokenizer
+
+
+# config.json keys that state a model's context window, by how common they are (Llama, Qwen, Mistral
+# and most others; GPT-2; BLOOM-like; ChatGLM; MPT), in the config or in its text model's
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "max_seq_len")
+
+
+def context_window(model_dir: str | os.PathLike) -> int | None:
+    """The context window ``model_dir``'s ``config.json`` states: the first of ``CONTEXT_KEYS``
+    with a positive integer, at the top level or in ``text_config`` (a multimodal wrapper's text
+    model); None when the file is missing or unreadable or states none."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for section in (config, config.get("text_config") if isinstance(config, dict) else None):
+        if not isinstance(section, dict):
+            continue
+        for key in CONTEXT_KEYS:
+            value = section.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
 
 
 def policy_renderer(model_dir: str | os.PathLike, tokenizer, cfg) -> Renderer:

@@ -46,7 +46,7 @@ from termgym.errors import ConfigError, TermgymError
 from termgym.progress import progress_bar
 from termgym.records import TrialRecord, append_record
 from termgym.tasks import Task, load_task
-from termgym.trainer.config import Config, warmup_steps
+from termgym.trainer.config import Config, resolve_max_context, warmup_steps
 from termgym.trainer.evaluate import EvalSummary, evaluate, paired_change
 from termgym.trainer.models import build_tiny_policy, load_policy, policy_renderer
 from termgym.trainer.plots import write_plots
@@ -375,6 +375,7 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
         raise ConfigError(
             "--resume continues PPO alone: give it --out RUN/ppo and --model RUN/sft/policy, without --pool"
         )
+    cfg = resolve_max_context(cfg, None)  # the tiny policy's, for every phase (PPO's --model is its own)
     timings: dict[str, float] = {}
     began = time.monotonic()
     pool = await prepare_pool(run, cfg, console)

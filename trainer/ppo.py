@@ -33,7 +33,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -51,7 +50,6 @@ from termgym.scheduling.scheduler import (
     KeptTrial,
     RolloutScheduler,
     SchedulerConfig,
-    SchedulerMode,
     step_metrics,
 )
 from termgym.tasks import Task, load_task
@@ -59,19 +57,20 @@ from termgym.tasks.bundled import bundled_task_paths
 from termgym.trainer import losses
 from termgym.trainer.batch import Batch, forward_logp, forward_values, make_batch
 from termgym.trainer.checkpoint import load_checkpoint, restore_optimizers, save_checkpoint
-from termgym.trainer.config import Config, check_config, warmup_steps
-from termgym.trainer.distributed import FULL, shard, sync_gradients, world
-from termgym.trainer.models import Critic, build_tiny_policy, load_policy, policy_renderer
-from termgym.trainer.rollout import (
-    PolicyRunner,
-    Trajectory,
-    append_trajectories,
-    rollout_options,
-    rollout_settings,
-    token_drift,
+from termgym.trainer.config import (
+    DEFAULT_MAX_CONTEXT,
+    Config,
+    check_config,
+    max_context_of,
+    resolve_max_context,
+    warmup_steps,
 )
+from termgym.trainer.distributed import FULL, shard, sync_gradients, world
+from termgym.trainer.models import Critic, build_tiny_policy, context_window, load_policy, policy_renderer
+from termgym.trainer.rollout import PolicyRunner, append_trajectories, rollout_options, rollout_settings
 from termgym.trainer.routing import disable_router_aux_loss, replay_routing
 from termgym.trainer.sampler import BatchedSampler, Sampler
+from termgym.trainer.trajectory import Trajectory, token_drift
 from termgym.trainer.vllm_sampler import VllmSampler, policy_head_dim
 
 
@@ -260,25 +259,14 @@ def make_sampler(cfg: Config, policy, model_dir: Path, pad_id: int, rank: int) -
     if cfg.generator == "server" and rank == 0:
         from termgym.trainer.server_sampler import ServerSampler
 
-        return ServerSampler(copy.deepcopy(policy), cfg.base_url, cfg.served_model, max_context=cfg.max_context)
+        return ServerSampler(copy.deepcopy(policy), cfg.base_url, cfg.served_model, max_context=max_context_of(cfg))
     if cfg.generator == "vllm" and rank == 0:
-        sampler = VllmSampler(copy.deepcopy(policy), model_dir, max_context=cfg.max_context, seed=cfg.seed)
+        sampler = VllmSampler(copy.deepcopy(policy), model_dir, max_context=max_context_of(cfg), seed=cfg.seed)
         if not sampler.records_routing:
             print(f"generator vllm: {sampler.routing_note}", file=sys.stderr)
         return sampler
     sampler_model = copy.deepcopy(policy).to(getattr(torch, cfg.sampler_dtype))  # publish casts into it
     return BatchedSampler(sampler_model, pad_id=pad_id)
-
-
-@contextlib.contextmanager
-def closing_sampler(sampler: Sampler):
-    """The sampler, closed on exit when it holds processes or connections (vllm, server)."""
-    try:
-        yield sampler
-    finally:
-        close = getattr(sampler, "close", None)
-        if close is not None:
-            close()
 
 
 def bundled_tasks() -> list[Task]:
@@ -296,6 +284,12 @@ async def train(cfg: Config) -> list[dict]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     model_dir = Path(cfg.model) if cfg.model else out / "init"
+    from_model = cfg.max_context is None and bool(cfg.model)  # not given: the model's own window
+    window = context_window(model_dir) if from_model else None
+    if from_model and rank == 0:
+        said = f"the context window of {model_dir}" if window else f"{model_dir}/config.json states no context window"
+        print(f"--max-context {window or DEFAULT_MAX_CONTEXT}: {said}", file=sys.stderr)
+    cfg = resolve_max_context(cfg, window)
     if not cfg.model and rank == 0 and not (model_dir / "config.json").exists():
         build_tiny_policy(model_dir, seed=cfg.seed, head_dim=policy_head_dim(cfg.generator))
     if size > 1:
@@ -339,7 +333,7 @@ async def train(cfg: Config) -> list[dict]:
     scheduler_config = SchedulerConfig(
         batch_size=cfg.batch_size,
         launch=cfg.launch,
-        mode=cast(SchedulerMode, cfg.mode),  # one of MODES: check_config
+        mode=cfg.mode,
         nodes=make_nodes([cfg.concurrency]),
     )
     history: list[dict] = []
@@ -351,7 +345,7 @@ async def train(cfg: Config) -> list[dict]:
         append_record(out / "records.jsonl", record)
         progress.advance(trials_bar, fate == "kept")
 
-    with progress, closing_sampler(sampler):
+    with progress, contextlib.closing(sampler):  # the vllm and server samplers hold processes, connections
         async with RolloutScheduler(runner, pool, scheduler_config, pacer=Pacer(), on_record=on_record) as scheduler:
             for step in range(start, cfg.steps):
                 progress.reset(trials_bar, total=cfg.batch_size)
@@ -376,7 +370,9 @@ async def train(cfg: Config) -> list[dict]:
                 rollout_seconds = time.monotonic() - began
                 # 2. the PPO update (critic only during the warm-up)
                 began = time.monotonic()
-                batch = make_batch([k.result for k in kept], [k.weight for k in kept], pad_id)
+                batch = make_batch(
+                    [k.result for k in kept], [k.weight for k in kept], pad_id, max_context=cfg.max_context
+                )
                 update = ppo_update(
                     policy,
                     critic,

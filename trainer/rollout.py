@@ -13,9 +13,9 @@ room for a reply (``context_exhausted``): each is verified, so every episode has
 
 Segments. When the prefix cannot be kept (the renderer cannot prove its bridge, stripped thinking,
 elided or summarized history), the episode continues in a new segment, and every segment is its
-own training ``Sample``: its earlier tokens are prompt (outside the loss), and it carries the
-episode's reward (each segment's actions shaped the one outcome; splitting it would make a
-summarizing episode's tokens worth less than a short one's).
+own training ``Sample`` (``trainer/trajectory.py``, beside ``Trajectory``): its earlier tokens are
+prompt (outside the loss), and it carries the episode's reward (each segment's actions shaped the
+one outcome; splitting it would make a summarizing episode's tokens worth less than a short one's).
 
 Guarantees (tests/trainer/test_rollout.py checks them by property): each ``Sample.ids`` is the
 segment's prompt, then for every turn the sampled ids unchanged, then that turn's bridge;
@@ -47,10 +47,12 @@ from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling.pool import Node
 from termgym.scheduling.runners import TrialProgress, run_paced_trial
 from termgym.tasks import Task
-from termgym.trainer.config import Config
+from termgym.trainer.config import Config, max_context_of
 from termgym.trainer.policy_client import PolicyClient, SamplerBackend, TurnLog
 from termgym.trainer.routing import NOT_RECORDED, ROUTING_DTYPE
 from termgym.trainer.sampler import Sampler
+from termgym.trainer.trajectory import Sample, Trajectory
+from termgym.trainer.trajectory import token_drift as token_drift  # re-exported: its home before trajectory.py
 from termgym.transcript import Transcript
 from termgym.trial import StepReturn
 
@@ -73,17 +75,17 @@ def loop_settings(cfg: Config) -> LoopSettings:
     """The model agent's settings ``cfg`` sets for every episode of a run."""
     system = cfg.system_prompt or (SHORT_TEXT_SYSTEM if cfg.action_format == "text" else None)
     return LoopSettings(
-        action_format=cfg.action_format,  # pyright: ignore[reportArgumentType]  # checked by check_config
+        action_format=cfg.action_format,
         max_tokens=cfg.max_new_tokens,
         max_parse_errors=cfg.max_parse_errors,
-        context=cfg.context,  # pyright: ignore[reportArgumentType]  # checked by check_config
+        context=cfg.context,
         system_prompt=system,
     )
 
 
 def rollout_settings(cfg: Config) -> RolloutSettings:
     """The episode settings ``cfg`` sets (every rollout, evaluation and demonstration of a run)."""
-    return RolloutSettings(loop_settings(cfg), cfg.max_context, cfg.observation_tokens, cfg.retokenize)
+    return RolloutSettings(loop_settings(cfg), max_context_of(cfg), cfg.observation_tokens, cfg.retokenize)
 
 
 def rollout_options(cfg: Config, run_id: str) -> EnvOptions:
@@ -95,71 +97,6 @@ def rollout_options(cfg: Config, run_id: str) -> EnvOptions:
         run_id=run_id,
         reward_scale=cfg.reward_scale,
     )
-
-
-@dataclass
-class Sample:
-    """One segment of an episode as the trainer trains it. Per-token lists are aligned with ``ids``."""
-
-    ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    turns: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each turn's sampled ids
-    sampled: list[list[int]] = field(default_factory=list)  # each turn's ids as the sampler returned them
-    segment: int = 0
-    reason: str = "start"  # why the segment began: start, bridge_break, truncate, summary
-    routing: torch.Tensor | None = None  # [len(ids), MoE layers, top_k] int16, -1 where not recorded
-
-    def to_dict(self) -> dict:
-        """JSON-ready; ``routing`` is null, or one entry per id: null where not recorded, else
-        ``[layers][top_k]`` expert ids."""
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "routing"}
-        out["routing"] = None
-        if self.routing is not None:
-            recorded = (self.routing >= 0).flatten(1).all(1).tolist()
-            out["routing"] = [row if kept else None for row, kept in zip(self.routing.tolist(), recorded)]
-        return out
-
-
-@dataclass
-class Trajectory:
-    """One episode: its samples (one per segment), its outcome and what the loop counted."""
-
-    task: str
-    samples: list[Sample] = field(default_factory=list)
-    commands: list[str] = field(default_factory=list)
-    policy_version: int = 0
-    launch: int = 0  # launch order within the step (a deterministic batch order)
-    stop_reason: str | None = None
-    replies: int = 0
-    parse_errors: int = 0
-    bridges: int = 0
-    bridge_breaks: int = 0
-    summaries: int = 0
-    summaries_failed: int = 0
-    reward: float = 0.0
-    record: TrialRecord | None = None
-
-    @property
-    def context_exhausted(self) -> bool:
-        return self.stop_reason == "context_exhausted"
-
-    def to_json(self) -> str:
-        """One JSON object (the record is written to records.jsonl on its own)."""
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("samples", "record")}
-        return json.dumps({**out, "samples": [s.to_dict() for s in self.samples]})
-
-
-def token_drift(trajectory: Trajectory) -> int:
-    """Positions of the loss region whose training id differs from the id the sampler returned
-    (a position past the end of ``ids`` counts as different). Exactly 0 under TITO."""
-    drift = 0
-    for sample in trajectory.samples:
-        for (start, _), sampled in zip(sample.turns, sample.sampled):
-            for offset, token in enumerate(sampled):
-                position = start + offset
-                drift += position >= len(sample.ids) or sample.ids[position] != token
-    return drift
 
 
 def samples_of(
@@ -200,6 +137,9 @@ def fill_from_transcript(trajectory: Trajectory, transcript: Transcript) -> None
     trajectory.bridges = sum(s.bridges for s in transcript.segments)
     trajectory.bridge_breaks = sum(s.bridge_breaks for s in transcript.segments)
     trajectory.summaries, trajectory.summaries_failed = transcript.summaries, transcript.summaries_failed
+    if transcript.segments:  # the opening: the first segment's ids before the first reply
+        first = transcript.segments[0]
+        trajectory.prompt_tokens = first.mask.index(1) if 1 in first.mask else len(first.ids)
 
 
 async def run_policy_episode(

@@ -1,15 +1,18 @@
 """The sampler seam: what the rollout asks of whatever generates the policy's turns.
 
 ``Sampler`` is the protocol the rollout drives (``trainer/rollout.py``) and the PPO loop publishes
-weights into (``trainer/ppo.py``). Two implement it: ``BatchedSampler`` here (torch: one batched
-forward per round of next-token requests, over a key/value cache, ``trainer/kv_cache.py``) and
-``VllmSampler`` (``trainer/vllm_sampler.py``: a vLLM engine sampling whole turns).
+weights into (``trainer/ppo.py``). Three implement it: ``BatchedSampler`` here (torch: one batched
+forward per round of next-token requests, over a key/value cache, ``trainer/kv_cache.py``),
+``VllmSampler`` (``trainer/vllm_sampler.py``: a vLLM engine sampling whole turns) and
+``ServerSampler`` (``trainer/server_sampler.py``: a running ``vllm serve``); the last two publish
+weights through ``trainer/publication.py``.
 ``TokenSampler`` builds whole turns from one-token requests, for ``BatchedSampler`` and for any
 sampler that can only say the next token (the tests' scripted ones).
 
 Guaranteed by every sampler: ``generate_turn`` returns the sampled ids unchanged, ending at the
 first stop id or after ``max_new_tokens``; each log-prob is the sampler's log-probability of that id
-under the full distribution; ``generator=None`` samples greedily. With ``records_routing``, the
+under the full distribution; ``generator=None`` samples greedily; ``close`` releases what the sampler
+holds (engine processes, connections, caches) and may be called again. With ``records_routing``, the
 turn's ``routing`` maps each of ``positions`` (the episode's sampled positions no forward has read
 yet) and every sampled id but the last to the ``[layers, top_k]`` expert ids of the forward that
 read it.
@@ -73,6 +76,10 @@ class Sampler(Protocol):
         """Sample one turn after ``ids`` (module docstring)."""
         ...
 
+    def close(self) -> None:
+        """Release what the sampler holds; a second call does nothing."""
+        ...
+
 
 class TokenSampler:
     """A whole turn from one-token requests. Subclasses give ``sample_with_routing`` (or, when
@@ -95,6 +102,9 @@ class TokenSampler:
 
     def forget(self, ids: Sequence[int]) -> None:
         """Nothing kept per episode."""
+
+    def close(self) -> None:
+        """Nothing held."""
 
     async def generate_turn(
         self,
@@ -169,6 +179,11 @@ class BatchedSampler(TokenSampler):
         """The episode that ``ids`` are the tokens of has ended: drop its cached prefixes."""
         if self.cache is not None:
             self.cache.forget(ids)
+
+    def close(self) -> None:
+        """Drop every cached prefix (the model's weights stay: ``model`` is still read)."""
+        if self.cache is not None:
+            self.cache.clear()
 
     async def sample_with_routing(
         self, ids: Sequence[int], generator: torch.Generator | None, positions: Sequence[int]

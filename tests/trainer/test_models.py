@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
 import os
+from typing import Literal, get_args
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from termgym.agents.renderers import format_spec, renderer_for_model_dir
-from termgym.trainer.config import PRESETS, Config, build_parser, field_docs, parse_config
-from termgym.trainer.models import TINY_FAMILY, Critic
+from termgym.agents.renderers import RENDERER_NAMES, format_spec, renderer_for_model_dir
+from termgym.envs.families import FAMILY_SETS
+from termgym.trainer.config import (
+    FIELD_CHOICES,
+    PRESETS,
+    Config,
+    FamilySetName,
+    RendererName,
+    build_parser,
+    choices_of,
+    field_docs,
+    field_groups,
+    parse_config,
+    resolve_max_context,
+)
+from termgym.trainer.models import TINY_FAMILY, Critic, context_window
 
 
 def test_the_tiny_policy_is_a_normal_local_moe_model_directory(tiny_policy_dir):
@@ -66,6 +82,44 @@ def test_every_config_field_has_a_docstring_shown_by_help():
         assert " ".join(doc.split()[:4]) in text
 
 
+def test_help_lists_the_values_of_every_mode_read_from_its_literal():
+    text = " ".join(build_parser().format_help().split())
+    assert FIELD_CHOICES["mode"] == ("wait", "cancel", "carry-over", "reweight")  # the scheduler's SchedulerMode
+    assert {"action_format", "context", "thinking", "renderer", "generator", "sampler_dtype", "advantage"} < set(
+        FIELD_CHOICES
+    )
+    for name, allowed in FIELD_CHOICES.items():
+        assert f"one of: {', '.join(value or repr(value) for value in allowed)}" in text, name
+    # the two spelled out here, not imported: they must stay the lists their owners keep
+    assert get_args(RendererName) == RENDERER_NAMES and get_args(FamilySetName) == tuple(FAMILY_SETS)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "expected"),
+    [
+        (Literal["a", "b"], ("a", "b")),
+        (Literal["a"] | Literal[""], ("a", "")),
+        (Literal["a"] | None, ()),  # not a closed set of strings
+        (int, ()),
+        (int | None, ()),
+        (str, ()),
+        (tuple[str, ...], ()),
+    ],
+)
+def test_choices_of_reads_literals_only(annotation, expected):
+    assert choices_of(annotation) == expected
+
+
+def test_fields_are_grouped_by_concern_and_help_shows_the_groups():
+    groups = field_groups(Config)
+    order = [groups[f.name] for f in dataclasses.fields(Config)]
+    assert all(order) and len(set(order)) >= 8
+    assert len([title for title, _ in itertools.groupby(order)]) == len(set(order))  # each group in one piece
+    text = build_parser().format_help()
+    for title in set(order):
+        assert f"\n{title}:\n" in text, title
+
+
 def test_preset_then_explicit_flags():
     cfg = parse_config(["--preset", "tiny-ppo", "--steps", "7", "--no-resume", "--tasks", "a", "b"])
     assert cfg.steps == 7 and cfg.tasks == ("a", "b") and cfg.resume is False
@@ -95,3 +149,38 @@ def test_unusable_values_are_refused_before_any_work(flags, message, tmp_path, c
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()  # refused before the run directory was made
+
+
+@pytest.mark.parametrize(
+    ("config", "window"),
+    [
+        ({"model_type": "llama", "max_position_embeddings": 131072}, 131072),
+        ({"model_type": "gpt2", "n_positions": 1024}, 1024),
+        ({"model_type": "mpt", "max_seq_len": 2048}, 2048),
+        ({"model_type": "qwen3_5_moe", "text_config": {"max_position_embeddings": 262144}}, 262144),  # a VL wrapper
+        ({"max_position_embeddings": 4096, "text_config": {"max_position_embeddings": 8192}}, 4096),
+        ({"model_type": "odd", "max_position_embeddings": 0}, None),
+        ({"model_type": "odd", "max_position_embeddings": True}, None),
+        ({"model_type": "odd"}, None),
+        ([], None),
+    ],
+)
+def test_context_window_is_what_the_models_config_states(tmp_path, config, window):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert context_window(tmp_path) == window
+
+
+def test_context_window_of_no_config_or_a_broken_one_is_unknown(tmp_path):
+    assert context_window(tmp_path) is None
+    (tmp_path / "config.json").write_text("{not json")
+    assert context_window(tmp_path) is None
+
+
+def test_max_context_not_given_becomes_the_models_window():
+    """Defect 6 of issue 31: --model DIR kept the tiny policy's 1024 tokens."""
+    assert parse_config(["--model", "DIR"]).max_context is None  # not given: resolved once the model is known
+    assert resolve_max_context(parse_config(["--model", "DIR"]), 8192).max_context == 8192
+    assert resolve_max_context(parse_config(["--model", "DIR"]), None).max_context == 1024  # states none
+    assert resolve_max_context(parse_config([]), None).max_context == 1024  # the tiny policy
+    assert resolve_max_context(parse_config(["--model", "DIR", "--max-context", "600"]), 8192).max_context == 600
+    assert resolve_max_context(parse_config(["--preset", "tiny", "--model", "DIR"]), 8192).max_context == 512

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from termgym.cli import main as termgym_main
+from termgym.trainer.config import Advantage
 from termgym.trainer.models import load_policy
 
 TASKS = ["archives/extract-configs", "file-ops/organize-by-extension"]
@@ -152,7 +153,9 @@ def test_two_processes_match_one(tmp_path, tiny_policy_dir, no_leaks, sharding):
             assert torch.allclose(a[part][key], b[part][key], atol=1e-5, rtol=1e-4), (part, key)
 
 
-def bandit_upper_half(policy_dir, kl_coef: float = 0.0, advantage: str = "gae") -> tuple[float, float, list[dict]]:
+def bandit_upper_half(
+    policy_dir, kl_coef: float = 0.0, advantage: Advantage = "gae"
+) -> tuple[float, float, list[dict]]:
     """20 PPO updates on a one-token bandit that rewards the upper half of the vocabulary; returns
     that half's probability before and after, and each update's metrics."""
     import copy
@@ -161,7 +164,7 @@ def bandit_upper_half(policy_dir, kl_coef: float = 0.0, advantage: str = "gae") 
     from termgym.trainer.config import Config
     from termgym.trainer.models import Critic
     from termgym.trainer.ppo import ppo_update
-    from termgym.trainer.rollout import Sample, Trajectory
+    from termgym.trainer.trajectory import Sample, Trajectory
 
     torch.manual_seed(0)
     policy, tokenizer = load_policy(policy_dir)
@@ -259,3 +262,50 @@ def test_the_kl_anchor_holds_the_policy_near_its_start(tiny_policy_dir):
     _, anchored, metrics = bandit_upper_half(tiny_policy_dir, kl_coef=1.0)
     assert metrics[0]["kl_to_reference"] == 0.0 and metrics[-1]["kl_to_reference"] > 0.0
     assert before < anchored < free - 0.05, (before, anchored, free)
+
+
+@pytest.fixture(scope="module")
+def wide_window_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama-style chat model as a new user brings one: a context window of 4096 in its
+    config, and a tokenizer that is not the project's (nearly byte-level: 300 ids learnt from one
+    line of text), so that the tool-format prompt alone is longer than 1024 tokens."""
+    from termgym.trainer.architectures import build_architecture_policy
+    from termgym.trainer.tokenizer import train_family_tokenizer
+
+    tokenizer = train_family_tokenizer(["the quick brown fox jumps over the lazy dog"], "llama3", vocab_size=300)
+    return build_architecture_policy(tmp_path_factory.mktemp("llama"), "llama", tokenizer, seed=0, context=4096)
+
+
+def one_step_args(out: Path, model: Path, *extra: str) -> list[str]:
+    return [
+        "train",
+        *("--model", str(model), "--out", str(out), "--tasks", TASKS[0], "--steps", "1"),
+        *("--batch-size", "1", "--minibatch-size", "1", "--concurrency", "1", "--max-turns", "1"),
+        *("--max-new-tokens", "8", "--action-format", "tool", *extra),
+    ]
+
+
+def test_a_model_trains_within_its_own_context_window_by_default(tmp_path, wide_window_llama, no_leaks, capsys):
+    """Defect 6 of issue 31: without --max-context, --model DIR kept the tiny policy's 1024 tokens,
+    every episode ended at context_exhausted before its first reply, and the run stopped with "no
+    trajectory sampled anything". Now the model's own window (4096) applies."""
+    out = tmp_path / "run"
+    assert termgym_main(one_step_args(out, wide_window_llama)) == 0
+    assert "--max-context 4096: the context window of" in capsys.readouterr().err
+    (step,) = metrics_of(out)
+    assert step["context_exhausted"] == 0.0 and step["action_tokens"] > 0
+    (trajectory,) = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert 1024 < trajectory["prompt_tokens"] < 4096  # the prompt that did not fit in the old default
+    assert (out / "checkpoint.pt").exists()  # the step finished and was saved
+
+
+def test_a_context_too_short_for_the_prompt_is_said_with_both_lengths(tmp_path, wide_window_llama, no_leaks, capsys):
+    assert termgym_main(one_step_args(tmp_path / "run", wide_window_llama, "--max-context", "1024")) != 0
+    err = capsys.readouterr().err.strip()
+    last = err.splitlines()[-1]  # after the progress bars: the one line, no traceback
+    assert (
+        last.startswith("termgym: training_error: every episode (1) ended before its first reply")
+        and "Traceback" not in err
+    )
+    prompt = int(last.split("the prompt is ")[1].split(" tokens")[0])
+    assert 1024 < prompt < 4096 and "and --max-context 1024 leaves no room for a reply" in last

@@ -119,7 +119,7 @@ def test_the_fp8_sampler_rounds_attention_and_expert_weights_only(small_policy):
     assert all(w.dtype == torch.bfloat16 for w in sampler_weights.values())
     for name, weight in trainer_weights.items():
         rounded = sampler_weights[name].float()
-        if ".self_attn." in name and weight.dim() == 2 or ".mlp.experts." in name:
+        if (".self_attn." in name and weight.dim() == 2) or ".mlp.experts." in name:
             scale = weight.abs().amax() / sweep.FP8_MAX
             units = rounded / scale  # FP8 values, then one bfloat16 rounding (8 bits, FP8 steps are 3)
             assert torch.allclose(units.to(torch.float8_e4m3fn).float(), units, rtol=2**-7, atol=0)

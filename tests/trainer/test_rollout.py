@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from termgym.agents.model import ContextPolicy, LoopSettings
 from termgym.agents.renderers import make_renderer
-from termgym.trainer.rollout import RolloutSettings, Trajectory, retokenized, run_policy_episode, token_drift
+from termgym.trainer.rollout import RolloutSettings, retokenized, run_policy_episode
 from termgym.trainer.sampler import BatchedSampler, Sampler, TokenSampler, next_token_logprobs
+from termgym.trainer.trajectory import Trajectory, token_drift
 from tests.trainer.fake_env import FakeEnv
 
 
@@ -45,6 +46,22 @@ def run_episode(env, instruction, sampler, renderer, rollout, generator=None) ->
     trajectory = Trajectory(task="t")
     asyncio.run(run_policy_episode(env, instruction, {}, sampler, renderer, rollout, generator, trajectory))
     return trajectory
+
+
+def test_the_opening_prompts_length_is_recorded_even_when_it_leaves_no_room_for_a_reply(tiny_policy):
+    _, tokenizer = tiny_policy
+    renderer = make_renderer("chatml", tokenizer)
+    close = renderer.close_id
+    env = FakeEnv(["ok"], 3)
+    long_task = "Write every word of the list below to words.txt, one per line: " + "alpha beta gamma " * 40
+    crowded = run_episode(env, long_task, scripted([], close), renderer, text_settings(8, 64))
+    assert crowded.stop_reason == "context_exhausted" and crowded.replies == 0 and not crowded.samples
+    assert crowded.prompt_tokens == len(env.transcript.segments[0].ids) > 64  # the whole opening, over the limit
+    submit = tokenizer("```bash\n:submit\n```", add_special_tokens=False).input_ids
+    roomy = run_episode(
+        FakeEnv(["ok"], 3), "Stop.", scripted([(t, -1.0) for t in submit], close), renderer, text_settings(16, 256)
+    )
+    assert roomy.replies == 1 and roomy.prompt_tokens == roomy.samples[0].loss_mask.index(1)  # the ids before the reply
 
 
 turn_strategy = st.tuples(
@@ -201,7 +218,7 @@ def test_a_failure_after_the_forward_fails_every_unanswered_request_instead_of_h
 
 
 def test_retokenizing_drifts_where_tito_does_not(tiny_policy):
-    from termgym.trainer.rollout import Sample
+    from termgym.trainer.trajectory import Sample
 
     _, tokenizer = tiny_policy
     renderer = make_renderer("chatml", tokenizer)

@@ -24,7 +24,7 @@ from termgym.trainer.batch import forward_logp, make_batch
 from termgym.trainer.config import Config, parse_config
 from termgym.trainer.models import tiny_config
 from termgym.trainer.ppo import ppo_update
-from termgym.trainer.rollout import RolloutSettings, Sample, Trajectory, run_policy_episode
+from termgym.trainer.rollout import RolloutSettings, run_policy_episode
 from termgym.trainer.routing import (
     UnsupportedRouter,
     disable_router_aux_loss,
@@ -34,6 +34,7 @@ from termgym.trainer.routing import (
     stack_routing,
 )
 from termgym.trainer.sampler import BatchedSampler
+from termgym.trainer.trajectory import Sample, Trajectory
 from tests.trainer.fake_env import FakeEnv
 
 

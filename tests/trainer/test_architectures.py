@@ -1,14 +1,14 @@
-"""Real model families, dense and MoE (Qwen3, Qwen3-MoE, Qwen3.5-MoE, Llama 3), tiny and random:
+"""Real model architectures, dense and MoE (Qwen3, Qwen3-MoE, Qwen3.5-MoE, Llama 3), tiny and random:
 each is a normal model directory of its own class and ``model_type``, and every trainer component
 works on it: the critic, the batched sampler (its greedy and sampled turns are a no-cache
 recompute's, token for token, log-probs within 1e-5; with the prefix cache wherever the cache is
 correct, without it for Qwen3.5's linear attention), the training forward (``forward_logp``
-reproduces the sampler's log-probs), routing record and replay for the MoE families (agreement
+reproduces the sampler's log-probs), routing record and replay for the MoE architectures (agreement
 1.0, the sampler's log-probs reproduced) and none for the dense ones, the router's auxiliary loss
 switched off, and one PPO-like gradient step of policy and critic.
 
-The tokenizers are byte-level BPEs with each family's special tokens and chat template
-(``trainer/tokenizer.py``).
+The tokenizers are byte-level BPEs with the special tokens and chat template of each
+architecture's chat format (``CHAT_FORMAT``, ``trainer/tokenizer.py``).
 """
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from termgym.agents.renderers import format_spec
 from termgym.errors import ConfigError
 from termgym.trainer import losses
-from termgym.trainer.batch import forward_logp, pad_ids
-from termgym.trainer.families import (
-    FAMILY_CLASSES,
-    FAMILY_MODEL_TYPES,
-    MODEL_FAMILIES,
-    MOE_FAMILIES,
-    build_family_model,
-    build_family_policy,
+from termgym.trainer.architectures import (
+    ARCHITECTURE_CLASSES,
+    ARCHITECTURE_MODEL_TYPES,
+    ARCHITECTURES,
+    MOE_ARCHITECTURES,
+    build_architecture_model,
+    build_architecture_policy,
     parameter_count,
-    tiny_family_config,
+    tiny_architecture_config,
 )
+from termgym.trainer.batch import forward_logp, pad_ids
 from termgym.trainer.kv_cache import (
     PrefixCache,
     UnsupportedPrefixCache,
@@ -67,30 +67,33 @@ CORPUS = [
     "The file /app/data.json holds 42 records; count the ones whose status is 'ok'.",
 ] * 20
 
-RENDERER_FAMILY = {"qwen3": "chatml", "qwen3-moe": "chatml", "qwen3.5-moe": "qwen-xml", "llama": "llama3"}
+CHAT_FORMAT = {"qwen3": "chatml", "qwen3-moe": "chatml", "qwen3.5-moe": "qwen-xml", "llama": "llama3"}
 
 
-def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
-    """A byte-level BPE over ``CORPUS`` with ``family``'s special tokens and chat template."""
-    return train_family_tokenizer(CORPUS, RENDERER_FAMILY[family], VOCAB)
+def architecture_tokenizer(architecture: str) -> PreTrainedTokenizerFast:
+    """A byte-level BPE over ``CORPUS`` with the special tokens and chat template of ``architecture``'s
+    chat format."""
+    return train_family_tokenizer(CORPUS, CHAT_FORMAT[architecture], VOCAB)
 
 
-# -- fixtures: one directory, one loaded policy and one set of sampled episodes per family ----------
+# -- fixtures: one directory, one loaded policy and one set of sampled episodes per architecture -----
 
 
-@pytest.fixture(scope="module", params=MODEL_FAMILIES)
-def family(request) -> str:
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def architecture(request) -> str:
     return request.param
 
 
 @pytest.fixture(scope="module")
-def policy_dir(family: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_family_policy(tmp_path_factory.mktemp(family), family, family_tokenizer(family), seed=0)
+def policy_dir(architecture: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_architecture_policy(
+        tmp_path_factory.mktemp(architecture), architecture, architecture_tokenizer(architecture), seed=0
+    )
 
 
 @pytest.fixture(scope="module")
 def policy(policy_dir: Path):
-    """The family's policy as the trainer loads it: ``AutoModelForCausalLM``, float32, eval mode."""
+    """The architecture's policy as the trainer loads it: ``AutoModelForCausalLM``, float32, eval mode."""
     model = AutoModelForCausalLM.from_pretrained(policy_dir, local_files_only=True, dtype=torch.float32)
     return model.eval()
 
@@ -184,39 +187,44 @@ def routing_of(episodes: list[Episode], width: int, shape: tuple[int, int]) -> t
 # -- the directory -----------------------------------------------------------------------------------
 
 
-def test_each_family_is_its_own_tiny_config():
-    for family in MODEL_FAMILIES:
-        config = tiny_family_config(family, 1024, pad_id=0, eos_id=2, bos_id=None)
-        model = build_family_model(config, family)
-        assert type(model) is FAMILY_CLASSES[family] and config.model_type == FAMILY_MODEL_TYPES[family]
-        assert 100_000 <= parameter_count(model) < 1_000_000, (family, parameter_count(model))
+def test_each_architecture_is_its_own_tiny_config():
+    for architecture in ARCHITECTURES:
+        config = tiny_architecture_config(architecture, 1024, pad_id=0, eos_id=2, bos_id=None)
+        model = build_architecture_model(config, architecture)
+        assert (
+            type(model) is ARCHITECTURE_CLASSES[architecture]
+            and config.model_type == ARCHITECTURE_MODEL_TYPES[architecture]
+        )
+        assert 100_000 <= parameter_count(model) < 1_000_000, (architecture, parameter_count(model))
         output = model.get_output_embeddings()
         assert output is not None and output.weight is model.get_input_embeddings().weight  # tied
         assert (config.num_attention_heads, config.num_key_value_heads) == (4, 2)  # grouped-query attention
         assert (config.pad_token_id, config.eos_token_id, config.bos_token_id) == (0, 2, None)
-        assert is_moe(model) is (family in MOE_FAMILIES)
-        if family in MOE_FAMILIES:
+        assert is_moe(model) is (architecture in MOE_ARCHITECTURES)
+        if architecture in MOE_ARCHITECTURES:
             assert routing_shape(model) == (config.num_hidden_layers, 2)  # every layer sparse, top-2
             assert {r.num_experts for r in moe_routers(model)} == {4}
             assert config.router_aux_loss_coef == 0.0 and config.output_router_logits is False
-    llama = tiny_family_config("llama", 1024, pad_id=0, eos_id=2, bos_id=1)
+    llama = tiny_architecture_config("llama", 1024, pad_id=0, eos_id=2, bos_id=1)
     assert llama.rope_parameters is not None and llama.rope_parameters["rope_theta"] == 500_000.0
-    qwen3_5 = tiny_family_config("qwen3.5-moe", 1024, layers=4, pad_id=0, eos_id=2, bos_id=None)
+    qwen3_5 = tiny_architecture_config("qwen3.5-moe", 1024, layers=4, pad_id=0, eos_id=2, bos_id=None)
     assert qwen3_5.layer_types == ["linear_attention"] * 3 + ["full_attention"]  # Qwen3.5's hybrid pattern
-    assert tiny_family_config("qwen3.5-moe", 1024, pad_id=0, eos_id=2, bos_id=None).layer_types == [
+    assert tiny_architecture_config("qwen3.5-moe", 1024, pad_id=0, eos_id=2, bos_id=None).layer_types == [
         "linear_attention",
         "full_attention",
     ]
-    with pytest.raises(ConfigError, match="unknown model family"):
-        tiny_family_config("gpt2", 1024, pad_id=0, eos_id=2, bos_id=None)
+    with pytest.raises(ConfigError, match="unknown model architecture"):
+        tiny_architecture_config("gpt2", 1024, pad_id=0, eos_id=2, bos_id=None)
 
 
-def test_the_directory_loads_as_the_family_with_its_tokenizer(family, policy_dir, policy, tokenizer, tmp_path):
+def test_the_directory_loads_as_the_architecture_with_its_tokenizer(
+    architecture, policy_dir, policy, tokenizer, tmp_path
+):
     config = json.loads((policy_dir / "config.json").read_text())
-    assert config["model_type"] == FAMILY_MODEL_TYPES[family]  # what a renderer is detected from
-    assert config["architectures"] == [FAMILY_CLASSES[family].__name__]
-    assert type(policy) is FAMILY_CLASSES[family]
-    spec = format_spec(RENDERER_FAMILY[family])
+    assert config["model_type"] == ARCHITECTURE_MODEL_TYPES[architecture]  # what a renderer is detected from
+    assert config["architectures"] == [ARCHITECTURE_CLASSES[architecture].__name__]
+    assert type(policy) is ARCHITECTURE_CLASSES[architecture]
+    spec = format_spec(CHAT_FORMAT[architecture])
     assert (tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token) == (spec.pad, spec.bos, spec.eos)
     assert (config["pad_token_id"], config["eos_token_id"], config["bos_token_id"]) == (
         tokenizer.pad_token_id,
@@ -227,8 +235,8 @@ def test_the_directory_loads_as_the_family_with_its_tokenizer(family, policy_dir
     text = "grep -c ok /app/data.json"
     assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
     # the same seed, the same weights; another seed, others
-    again = build_family_policy(tmp_path / "again", family, tokenizer, seed=0)
-    other = build_family_policy(tmp_path / "other", family, tokenizer, seed=1)
+    again = build_architecture_policy(tmp_path / "again", architecture, tokenizer, seed=0)
+    other = build_architecture_policy(tmp_path / "other", architecture, tokenizer, seed=1)
     load = AutoModelForCausalLM.from_pretrained
     same, different = load(again).state_dict(), load(other).state_dict()
     for name, tensor in policy.state_dict().items():
@@ -255,8 +263,8 @@ def test_the_critic_is_the_policy_backbone_with_a_value_head(policy_dir, policy,
 # -- the sampler -------------------------------------------------------------------------------------
 
 
-def test_the_prefix_cache_serves_exactly_the_full_attention_families(family, policy, sampled):
-    full_attention = family != "qwen3.5-moe"
+def test_the_prefix_cache_serves_exactly_the_full_attention_architectures(architecture, policy, sampled):
+    full_attention = architecture != "qwen3.5-moe"
     assert supports_prefix_cache(policy) is full_attention
     for mode in ("greedy", "sampled"):
         sampler, _ = sampled[mode]
@@ -303,10 +311,10 @@ def test_the_training_forward_reproduces_the_samplers_logprobs(mode, policy, tok
 
 
 @pytest.mark.parametrize("mode", ["greedy", "sampled"])
-def test_moe_routing_is_recorded_and_replayed_dense_routing_is_not(mode, family, policy, tokenizer, sampled):
+def test_moe_routing_is_recorded_and_replayed_dense_routing_is_not(mode, architecture, policy, tokenizer, sampled):
     sampler, episodes = sampled[mode]
     ids, attention, mask, sampler_logp = batch_of(episodes, tokenizer.pad_token_id)
-    if family not in MOE_FAMILIES:
+    if architecture not in MOE_ARCHITECTURES:
         assert not is_moe(policy) and routing_shape(policy) == (0, 0) and not sampler.records_routing
         assert all(e.routing is None for e in episodes)
         with replay_routing(policy, torch.zeros((*ids.shape, 2, 2), dtype=ROUTING_DTYPE)) as stats:
@@ -334,8 +342,8 @@ def test_moe_routing_is_recorded_and_replayed_dense_routing_is_not(mode, family,
     assert all("forward" not in r.__dict__ for r in moe_routers(policy))  # restored
 
 
-def test_the_router_aux_loss_switches_off(family, policy_dir):
-    if family not in MOE_FAMILIES:  # no router, no such loss: nothing to turn off, nothing added
+def test_the_router_aux_loss_switches_off(architecture, policy_dir):
+    if architecture not in MOE_ARCHITECTURES:  # no router, no such loss: nothing to turn off, nothing added
         model = AutoModelForCausalLM.from_pretrained(policy_dir)
         config = model.config.to_dict()
         disable_router_aux_loss(model)
@@ -357,12 +365,12 @@ def test_the_router_aux_loss_switches_off(family, policy_dir):
 # -- a gradient step -----------------------------------------------------------------------------------
 
 
-def test_one_ppo_like_step_of_policy_and_critic(family, policy_dir, policy, tokenizer, sampled):
+def test_one_ppo_like_step_of_policy_and_critic(architecture, policy_dir, policy, tokenizer, sampled):
     from termgym.trainer.models import Critic
 
     _, episodes = sampled["sampled"]
     ids, attention, mask, old_logp = batch_of(episodes, tokenizer.pad_token_id)
-    routing = routing_of(episodes, ids.shape[1], routing_shape(policy)) if family in MOE_FAMILIES else None
+    routing = routing_of(episodes, ids.shape[1], routing_shape(policy)) if architecture in MOE_ARCHITECTURES else None
     actor, critic = copy.deepcopy(policy), Critic(policy_dir)
     disable_router_aux_loss(actor)
     before = {name: p.detach().clone() for name, p in actor.named_parameters()}
@@ -377,7 +385,7 @@ def test_one_ppo_like_step_of_policy_and_critic(family, policy_dir, policy, toke
     for router in moe_routers(actor):  # replay keeps the gate weights differentiable
         weight = router.weight
         assert isinstance(weight, torch.Tensor) and weight.grad is not None and float(weight.grad.abs().sum()) > 0
-    if family == "qwen3.5-moe":  # gradient through the linear-attention recurrence
+    if architecture == "qwen3.5-moe":  # gradient through the linear-attention recurrence
         linear = [g for name, g in grads.items() if ".linear_attn." in name]
         assert linear and all(g is not None and float(g.abs().sum()) > 0 for g in linear)
     torch.optim.Adam(actor.parameters(), lr=1e-3).step()

@@ -1,11 +1,12 @@
-"""Training on every model family, and what each renderer family's thinking retention costs.
+"""Training on every model architecture, and what each renderer family's thinking retention costs.
 
-1. ``termgym train --model DIR`` on a tiny random policy of each family of ``trainer/families.py``
-   (slow): two PPO steps through the real command line with tool calls and ``--thinking all``;
-   every prefix is kept (one sample per episode, no bridge break, no token drift), the prompt with
-   the renderer's tools block fits, routing is recorded and replayed (R3) exactly for the MoE
-   families, the trainer reproduces the sampler's log-probs, and the saved ``OUT/policy`` loads as
-   the family's class with the family's renderer detected from its files.
+1. ``termgym train --model DIR`` on a tiny random policy of each architecture of
+   ``trainer/architectures.py`` (slow): two PPO steps through the real command line with tool
+   calls and ``--thinking all``; every prefix is kept (one sample per episode, no bridge break, no
+   token drift), the prompt with the renderer's tools block fits, routing is recorded and replayed
+   (R3) exactly for the MoE architectures, the trainer reproduces the sampler's log-probs, and the
+   saved ``OUT/policy`` loads as the architecture's class with its renderer family detected from
+   its files.
 2. Scripted replies in each renderer family's canonical ids (reasoning and a tool call, or a
    fenced command), through ``run_policy_episode`` on a fake env: where each retention keeps the
    prefix and where it starts a new segment, each new segment's prompt being the full render of
@@ -38,20 +39,21 @@ from termgym.agents.renderers import (
 from termgym.cli import main as termgym_main
 from termgym.env import SUBMIT
 from termgym.tasks.bundled import bundled_root
-from termgym.trainer.families import (
-    FAMILY_CLASSES,
-    FAMILY_MODEL_TYPES,
-    MODEL_FAMILIES,
-    MOE_FAMILIES,
-    build_family_policy,
+from termgym.trainer.architectures import (
+    ARCHITECTURE_CLASSES,
+    ARCHITECTURE_MODEL_TYPES,
+    ARCHITECTURES,
+    MOE_ARCHITECTURES,
+    build_architecture_policy,
 )
 from termgym.trainer.models import corpus_texts, load_policy
-from termgym.trainer.rollout import RolloutSettings, Trajectory, run_policy_episode, token_drift
+from termgym.trainer.rollout import RolloutSettings, run_policy_episode
 from termgym.trainer.sampler import Sampler, TokenSampler
 from termgym.trainer.tokenizer import train_family_tokenizer
+from termgym.trainer.trajectory import Trajectory, token_drift
 from tests.trainer.fake_env import FakeEnv
 
-# the renderer family of each model family (trainer/tokenizer.py)
+# the renderer family (chat format) of each architecture (trainer/tokenizer.py)
 RENDERER_OF = {"qwen3": "chatml", "qwen3-moe": "chatml", "qwen3.5-moe": "qwen-xml", "llama": "llama3"}
 # the text every prompt ends with: the family's generation prompt (Qwen3.5's opens the think block)
 GENERATION_PROMPTS = {
@@ -73,17 +75,19 @@ def tokenizers() -> Callable[[str], Any]:
     return cache(lambda family: train_family_tokenizer(texts, family, vocab_size=1024))
 
 
-# -- 1. termgym train --model DIR, per family ---------------------------------------------------
+# -- 1. termgym train --model DIR, per architecture ---------------------------------------------
 
 
-@pytest.fixture(scope="module", params=MODEL_FAMILIES)
-def family(request) -> str:
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def architecture(request) -> str:
     return request.param
 
 
 @pytest.fixture(scope="module")
-def family_policy_dir(family: str, tokenizers, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_family_policy(tmp_path_factory.mktemp(family), family, tokenizers(RENDERER_OF[family]), seed=0)
+def architecture_policy_dir(architecture: str, tokenizers, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_architecture_policy(
+        tmp_path_factory.mktemp(architecture), architecture, tokenizers(RENDERER_OF[architecture]), seed=0
+    )
 
 
 def train_args(out: Path, model: Path, max_new_tokens: int) -> list[str]:
@@ -134,17 +138,19 @@ def one_torch_thread():
 
 
 @pytest.mark.slow
-def test_termgym_train_runs_on_the_family(family, family_policy_dir, tmp_path, no_leaks, one_torch_thread):
+def test_termgym_train_runs_on_the_architecture(
+    architecture, architecture_policy_dir, tmp_path, no_leaks, one_torch_thread
+):
     out = tmp_path / "run"
-    assert termgym_main(train_args(out, family_policy_dir, MAX_NEW_TOKENS)) == 0
+    assert termgym_main(train_args(out, architecture_policy_dir, MAX_NEW_TOKENS)) == 0
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     first, second = metrics
     assert (first["step"], first["warmup"], second["step"], second["warmup"]) == (0, True, 1, False)
     assert first["policy_loss"] is None and second["policy_loss"] is not None  # step 1 updated the policy
-    moe = family in MOE_FAMILIES
+    moe = architecture in MOE_ARCHITECTURES
     for m in metrics:
         assert m["token_drift"] == 0
-        # the family renderer keeps every prefix when every reply keeps its reasoning
+        # the renderer keeps every prefix when every reply keeps its reasoning
         assert m["bridge_break_rate"] == 0.0 and m["segments_per_episode"] == 1.0
         assert m["routing_recorded"] is moe and m["routing_replay"] is moe  # R3 on exactly for MoE
         if moe:
@@ -159,7 +165,7 @@ def test_termgym_train_runs_on_the_family(family, family_policy_dir, tmp_path, n
     policy, tokenizer = load_policy(out / "policy")
     lines = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert len(lines) == 4
-    name = RENDERER_OF[family]
+    name = RENDERER_OF[architecture]
     for step in (0, 1):
         episodes = [t for t in lines if t["step"] == step]
         # two replies per episode: a bridge each, so the break rate above measured something
@@ -172,7 +178,7 @@ def test_termgym_train_runs_on_the_family(family, family_policy_dir, tmp_path, n
         prompt_lengths.append(prompt_length)
         prompt = tokenizer.decode(sample["ids"][:prompt_length], skip_special_tokens=False)
         assert isinstance(prompt, str)  # one sequence, one text
-        # the family's framing with its tools block, ending with the family's generation prompt
+        # the renderer family's framing with its tools block, ending with its generation prompt
         assert prompt.startswith(OPENINGS[name]) and prompt.endswith(GENERATION_PROMPTS[name])
         assert '"name": "bash"' in prompt and '"name": "submit"' in prompt
         if moe:
@@ -184,15 +190,16 @@ def test_termgym_train_runs_on_the_family(family, family_policy_dir, tmp_path, n
     replies = sum(t["replies"] for t in lines)
     parse_errors = sum(t["parse_errors"] for t in lines)
     print(
-        f"{family}: prompt tokens (tools block included) {sorted(set(prompt_lengths))}, "
+        f"{architecture}: prompt tokens (tools block included) {sorted(set(prompt_lengths))}, "
         f"parse errors {parse_errors}/{replies}, parse_error_rate {[m['parse_error_rate'] for m in metrics]}, "
         f"routing_agreement {[m['routing_agreement'] for m in metrics]}, "
         f"logprob_gap {[m['logprob_gap'] for m in metrics]}"
     )
 
-    # the saved policy: the family's class and model type, updated, its renderer read from its files
-    assert type(policy) is FAMILY_CLASSES[family] and policy.config.model_type == FAMILY_MODEL_TYPES[family]
-    start, _ = load_policy(family_policy_dir)
+    # the saved policy: the architecture's class and model type, updated, its renderer read from its files
+    assert type(policy) is ARCHITECTURE_CLASSES[architecture]
+    assert policy.config.model_type == ARCHITECTURE_MODEL_TYPES[architecture]
+    start, _ = load_policy(architecture_policy_dir)
     assert any(not torch.equal(a, b) for a, b in zip(policy.state_dict().values(), start.state_dict().values()))
     renderer = renderer_for_model_dir(out / "policy")
     assert renderer.name == name
