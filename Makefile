@@ -15,8 +15,9 @@ engine: setup
 demo: setup
 	$(VENV_BIN)/termgym train --preset tiny
 
+# With branch coverage of the termgym package, printed per file and held to the floor in pyproject.toml.
 test: setup engine
-	$(VENV_BIN)/python -m pytest $(PYTEST_ARGS)
+	$(VENV_BIN)/python -m pytest --cov --cov-report=term $(PYTEST_ARGS)
 
 # Without the slow tests and without Docker: the embedded backend and the pure logic.
 test-fast: setup

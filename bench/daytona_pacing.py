@@ -40,7 +40,7 @@ from tests.helpers import write_task  # noqa: E402
 async def start_server(workdir: Path, latency: float, rate_429: float) -> tuple[asyncio.subprocess.Process, str]:
     port_file = workdir / "port"
     env = {**os.environ, "TERMGYM_SANDBOX_DIR": str(workdir / "sandboxes")}
-    log = open(workdir / "server.log", "wb")  # noqa: SIM115 - the server's own chatter, kept out of the table
+    log = open(workdir / "server.log", "wb")
     server = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

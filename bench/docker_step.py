@@ -32,14 +32,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from termgym.agents import OracleAgent  # noqa: E402
-from termgym.env import AsyncTerminalEnv, EnvOptions, default_sandbox_factory  # noqa: E402
-from termgym.sandboxes import docker  # noqa: E402
-from termgym.sandboxes.docker import DockerSandbox, FrameDemux, docker_client  # noqa: E402
-from termgym.tasks import load_task  # noqa: E402
-from termgym.tasks.bundled import bundled_task_path  # noqa: E402
-from termgym.trial import run_trial  # noqa: E402
-from tests.helpers import write_task  # noqa: E402
+from termgym.agents import OracleAgent
+from termgym.env import AsyncTerminalEnv, EnvOptions, default_sandbox_factory
+from termgym.sandboxes import docker
+from termgym.sandboxes.docker import DockerSandbox, FrameDemux, docker_client
+from termgym.tasks import load_task
+from termgym.tasks.bundled import bundled_task_path
+from termgym.trial import run_trial
+from tests.helpers import write_task
 
 POOL_SIZE = 32  # the warm pool's size per image in the pool comparison: one step's trials
 

@@ -28,15 +28,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.step_latency import measure_spawn  # noqa: E402
-from termgym.agents.basic import OracleAgent, ScriptedAgent  # noqa: E402
-from termgym.env import AsyncTerminalEnv, EnvOptions  # noqa: E402
-from termgym.episode.verification import verifier_env, verify  # noqa: E402
-from termgym.sandboxes.local.env_cache import EnvCache  # noqa: E402
-from termgym.tasks import Task, load_task  # noqa: E402
-from termgym.tasks.bundled import bundled_task_path, bundled_task_paths  # noqa: E402
-from termgym.trial import run_trial  # noqa: E402
-from tests.helpers import KIT_SOURCE, write_task  # noqa: E402
+from bench.step_latency import measure_spawn
+from termgym.agents.basic import OracleAgent, ScriptedAgent
+from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.episode.verification import verifier_env, verify
+from termgym.sandboxes.local.env_cache import EnvCache
+from termgym.tasks import Task, load_task
+from termgym.tasks.bundled import bundled_task_path, bundled_task_paths
+from termgym.trial import run_trial
+from tests.helpers import KIT_SOURCE, write_task
 
 HEAVY = "archives/verify-backup"  # its RUN builds, checksums and tars a tree in loops
 

@@ -40,7 +40,7 @@ async def run_episodes(sampler: BatchedSampler, args, vocab: int) -> list[list[i
         for _ in range(args.turns):
             for _ in range(args.tokens):
                 token, _ = await sampler.sample(ids, generator)
-                ids = ids + [token]
+                ids = [*ids, token]
             ids = ids + [rng.randrange(4, vocab) for _ in range(args.observation)]
         sampler.forget(ids)
         return ids

@@ -91,14 +91,14 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from termgym.agents.actions import TOOLS  # noqa: E402
-from termgym.agents.heap import settled_heap  # noqa: E402
-from termgym.agents.model import ModelAgent  # noqa: E402
-from termgym.agents.settings import ModelConfig, build_model_agent  # noqa: E402
-from termgym.agents.transport import Endpoint, openai_client  # noqa: E402
-from termgym.cli import run_command  # noqa: E402
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions  # noqa: E402
-from termgym.transcript import Transcript  # noqa: E402
+from termgym.agents.actions import TOOLS
+from termgym.agents.heap import settled_heap
+from termgym.agents.model import ModelAgent
+from termgym.agents.settings import ModelConfig, build_model_agent
+from termgym.agents.transport import Endpoint, openai_client
+from termgym.cli import run_command
+from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.transcript import Transcript
 
 MODEL = "bench-model"
 MARKER = b"[episode "

@@ -22,15 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from termgym.sandboxes.pacing import Pacer  # noqa: E402
-from termgym.scheduling import simclock  # noqa: E402
-from termgym.scheduling.bias import PUBLISHED_BATCH, PUBLISHED_LAUNCHED  # noqa: E402
-from termgym.scheduling.pool import TaskPool, make_nodes  # noqa: E402
-from termgym.scheduling.runners import TrialRunner  # noqa: E402
-from termgym.scheduling.scheduler import MODES, RolloutScheduler, SchedulerConfig, SchedulerMode  # noqa: E402
-from termgym.scheduling.simulated import SimulatedAgent, SimulatedBackend  # noqa: E402
-from termgym.tasks import discover_tasks  # noqa: E402
-from termgym.tasks.bundled import bundled_root  # noqa: E402
+from termgym.sandboxes.pacing import Pacer
+from termgym.scheduling import simclock
+from termgym.scheduling.bias import PUBLISHED_BATCH, PUBLISHED_LAUNCHED
+from termgym.scheduling.pool import TaskPool, make_nodes
+from termgym.scheduling.runners import TrialRunner
+from termgym.scheduling.scheduler import MODES, RolloutScheduler, SchedulerConfig, SchedulerMode
+from termgym.scheduling.simulated import SimulatedAgent, SimulatedBackend
+from termgym.tasks import discover_tasks
+from termgym.tasks.bundled import bundled_root
 
 CAPS = (70, 75, 80, 85, 90, 94)
 

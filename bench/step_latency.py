@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from termgym.env import AsyncTerminalEnv, EnvOptions  # noqa: E402
-from termgym.sandboxes.local import LocalSandbox  # noqa: E402
-from termgym.tasks import load_task  # noqa: E402
-from tests.helpers import write_task  # noqa: E402
+from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.sandboxes.local import LocalSandbox
+from termgym.tasks import load_task
+from tests.helpers import write_task
 
 
 async def measure_step(task_dir: Path, steps: int) -> tuple[float, float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import string
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 from gymnasium import spaces
@@ -33,7 +33,7 @@ class ShellText(spaces.Text):
 
 
 class TerminalEnv(gym.Env[str, str]):
-    metadata = {"render_modes": ["ansi"]}
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
 
     def __init__(
         self,

@@ -84,7 +84,7 @@ async def run_trial(
         env.transcript.stop("model_error")
     except ConfigError as exc:
         record.error = {"kind": "invalid_task", "message": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - a bug must not cost the batch its other trials, nor this one its record
+    except Exception as exc:
         first_line = (str(exc).strip().splitlines() or [""])[0][:300]
         record.error = {"kind": "internal_error", "message": f"{type(exc).__name__}: {first_line}".rstrip(": ")}
         record.logs["traceback"] = traceback.format_exc()[-20000:]

@@ -2,8 +2,8 @@
 only its own and the ones below; sandboxes import neither the task loader nor the episode layer;
 verifiers do no I/O; nothing in termgym/ imports the trainer; no import cycles anywhere.
 
-Imports are read from the source (every ``import`` statement, inside functions too, except under
-``if TYPE_CHECKING:``), with the installed names: ``verifiers/`` is ``termgym.verifiers``,
+Imports are read from the source (every ``import`` statement, inside functions and under ``if
+TYPE_CHECKING:`` too), with the installed names: ``verifiers/`` is ``termgym.verifiers``,
 ``trainer/`` is ``termgym.trainer``, ``envs/`` is ``termgym.envs``."""
 
 from __future__ import annotations
@@ -98,25 +98,14 @@ def module_files(root: Path) -> dict[str, Path]:
     return modules
 
 
-def _type_checking_only(tree: ast.Module) -> set[int]:
-    """Line numbers of statements inside ``if TYPE_CHECKING:`` blocks."""
-    lines = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            for inner in node.body:
-                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
-    return lines
-
-
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The absolute names ``name`` imports (a submodule when ``from X import Y`` names one)."""
+    """The absolute names ``name`` imports (a submodule when ``from X import Y`` names one), the
+    imports made only for types (``if TYPE_CHECKING:``) included: a type-only import is still a
+    dependency a reader has to follow, and a circle through one works only by luck."""
     tree = ast.parse(path.read_text())
-    skip = _type_checking_only(tree)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
-        if getattr(node, "lineno", None) in skip:
-            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -285,9 +274,18 @@ def test_a_forbidden_import_is_reported(checkout: Path, module: str, line: str, 
     assert any(expected in v for v in found), found
 
 
-def test_an_import_needed_only_for_types_is_not_an_edge(checkout: Path):
-    path = checkout / "termgym" / "sandboxes" / "base.py"
-    path.write_text(
-        path.read_text() + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from termgym.tasks import Task\n"
+def test_an_import_needed_only_for_types_is_an_edge_too(checkout: Path):
+    """Under ``if TYPE_CHECKING:`` an import still breaks the layers, or closes a circle (as
+    ``trainer/batch.py`` once did through the rollout's ``Trajectory``)."""
+    base = checkout / "termgym" / "sandboxes" / "base.py"
+    base.write_text(
+        base.read_text() + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from termgym.tasks import Task\n"
     )
-    assert violations(checkout) == []
+    batch = checkout / "trainer" / "batch.py"
+    batch.write_text(
+        batch.read_text()
+        + "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from termgym.trainer.rollout import PolicyRunner\n"
+    )
+    found = violations(checkout)
+    assert any("termgym.sandboxes.base imports termgym.tasks" in v for v in found), found
+    assert any(v.startswith("import cycle:") and "termgym.trainer.batch" in v for v in found), found

@@ -15,6 +15,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import itertools
 import re
 import types
 from collections.abc import Sequence
@@ -276,7 +277,7 @@ def field_docs(cls: type) -> dict[str, str]:
     assert isinstance(definition, ast.ClassDef)  # the source of a class is its class statement
     body = definition.body
     docs = {}
-    for node, following in zip(body, body[1:]):
+    for node, following in itertools.pairwise(body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(node.target, ast.Name)

@@ -7,9 +7,7 @@ Guarantees: returns a `ctrf` report with one assertion per test, in file order, 
 
 from __future__ import annotations
 
-from typing import Any
-
-from termgym.verifiers.jsonsafe import json_kind, load_json
+from termgym.verifiers.jsonsafe import is_array, is_object, json_kind, load_json
 from termgym.verifiers.report import Assertion, AssertionReport, ReportParseError, Status
 
 _STATUS_MAP: dict[str, Status] = {
@@ -29,13 +27,13 @@ def parse_ctrf(text: str, source: str = "ctrf.json") -> AssertionReport:
     not a list, or a test lacks a string `name`/`status` or has a non-string `message`.
     """
     data = load_json(text)
-    if not isinstance(data, dict):
+    if not is_object(data):
         raise ReportParseError(f"top level is a JSON {json_kind(data)}, expected an object")
     results = data.get("results")
-    if not isinstance(results, dict):
+    if not is_object(results):
         raise ReportParseError("missing object 'results'")
     tests = results.get("tests")
-    if not isinstance(tests, list):
+    if not is_array(tests):
         raise ReportParseError("missing list 'results.tests'")
     return AssertionReport(
         format="ctrf",
@@ -45,9 +43,9 @@ def parse_ctrf(text: str, source: str = "ctrf.json") -> AssertionReport:
     )
 
 
-def _assertion(index: int, test: Any) -> Assertion:
+def _assertion(index: int, test: object) -> Assertion:
     where = f"results.tests[{index}]"
-    if not isinstance(test, dict):
+    if not is_object(test):
         raise ReportParseError(f"{where} is a JSON {json_kind(test)}, expected an object")
     name = test.get("name")
     if not isinstance(name, str):

@@ -5,10 +5,14 @@ anything else for a `str` input (deep nesting, huge integers and the non-standar
 NaN/Infinity/-Infinity are all reported as parse errors).
 """
 
+# Arguments are checked at run time too (callers need not be type-checked); strict pyright, which
+# trusts the annotations, would call those isinstance checks unnecessary.
+# pyright: reportUnnecessaryIsInstance=false
+
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeGuard
 
 from termgym.verifiers.report import ReportParseError
 
@@ -29,6 +33,16 @@ def load_json(text: str) -> Any:
         raise ReportParseError("JSON nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, and int() refusing an over-long integer
         raise ReportParseError(f"invalid JSON: {exc}") from None
+
+
+def is_object(value: object) -> TypeGuard[dict[str, object]]:
+    """True for a decoded JSON object (its keys are always strings)."""
+    return isinstance(value, dict)
+
+
+def is_array(value: object) -> TypeGuard[list[object]]:
+    """True for a decoded JSON array."""
+    return isinstance(value, list)
 
 
 def json_kind(value: Any) -> str:

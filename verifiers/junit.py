@@ -7,6 +7,10 @@ Guarantees: returns a `junit` report with one assertion per `<testcase>`, in doc
 (documents in the order given), or raises `ReportParseError`; nothing else for str/bytes input.
 """
 
+# Arguments are checked at run time too (callers need not be type-checked); strict pyright, which
+# trusts the annotations, would call those isinstance checks unnecessary.
+# pyright: reportUnnecessaryIsInstance=false
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -19,6 +19,10 @@ assertion failed (pytest -vv prints multi-line messages) and are otherwise ignor
 Guarantees: never raises for str input; returns None exactly when there is no banner.
 """
 
+# Arguments are checked at run time too (callers need not be type-checked); strict pyright, which
+# trusts the annotations, would call those isinstance checks unnecessary.
+# pyright: reportUnnecessaryIsInstance=false
+
 from __future__ import annotations
 
 import re

@@ -7,6 +7,10 @@ Guarantees:
 - Skipped assertions count neither way: `total == passed + failed`.
 """
 
+# Arguments are checked at run time too (callers need not be type-checked); strict pyright, which
+# trusts the annotations, would call those isinstance checks unnecessary.
+# pyright: reportUnnecessaryIsInstance=false
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -8,6 +8,10 @@
   Skipped assertions earn nothing and cost nothing.
 """
 
+# Arguments are checked at run time too (callers need not be type-checked); strict pyright, which
+# trusts the annotations, would call those isinstance checks unnecessary.
+# pyright: reportUnnecessaryIsInstance=false
+
 from __future__ import annotations
 
 from termgym.verifiers.report import AssertionReport

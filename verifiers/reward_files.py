@@ -7,12 +7,16 @@ Guarantees: the parsers return a report with exactly one assertion or raise Repo
 nothing else, for str input; non-finite numbers (NaN, Infinity) are always parse errors.
 """
 
+# Arguments are checked at run time too (callers need not be type-checked); strict pyright, which
+# trusts the annotations, would call those isinstance checks unnecessary.
+# pyright: reportUnnecessaryIsInstance=false
+
 from __future__ import annotations
 
 import math
 import re
 
-from termgym.verifiers.jsonsafe import json_kind, load_json
+from termgym.verifiers.jsonsafe import is_object, json_kind, load_json
 from termgym.verifiers.report import Assertion, AssertionReport, ReportParseError
 
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
@@ -26,7 +30,7 @@ def parse_reward_json(text: str, source: str = "reward.json") -> AssertionReport
     not a number (strings, booleans, nested objects...), or the reward is not finite.
     """
     data = load_json(text)
-    if not isinstance(data, dict):
+    if not is_object(data):
         raise ReportParseError(f"top level is a JSON {json_kind(data)}, expected an object")
     if not data:
         raise ReportParseError("no numeric values")

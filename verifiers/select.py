@@ -22,10 +22,15 @@ verifier defines: more is an error (a forged or runaway report cannot amplify th
 are completed with failed assertions (a verifier stopped half-way never counts as resolved).
 """
 
+# Arguments are checked at run time too (callers need not be type-checked); strict pyright, which
+# trusts the annotations, would call those isinstance checks unnecessary.
+# pyright: reportUnnecessaryIsInstance=false
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import cast
 
 from termgym.verifiers.ctrf import parse_ctrf
 from termgym.verifiers.junit import parse_junit
@@ -47,6 +52,9 @@ _MAX_REASON_CHARS = 500
 
 # One file's bytes -> its report; raises ReportParseError when the file is unusable.
 _FileParser = Callable[[bytes, str], AssertionReport]
+# One source in the order: the files, their usable names (sorted), the verifier's output and exit
+# code -> its report, or None when the verifier did not produce it.
+_Source = Callable[[Mapping[str, object], Sequence[str], str, int | None], AssertionReport | None]
 
 
 def select_report(
@@ -143,21 +151,29 @@ def report_format_of(name: str) -> ReportFormat | None:
     return None
 
 
-def _ctrf_source(files, names, output, exit_code):
+def _ctrf_source(
+    files: Mapping[str, object], names: Sequence[str], output: str, exit_code: int | None
+) -> AssertionReport | None:
     return _from_files("ctrf", files, ["ctrf.json"], _ctrf) if "ctrf.json" in names else None
 
 
-def _junit_source(files, names, output, exit_code):
+def _junit_source(
+    files: Mapping[str, object], names: Sequence[str], output: str, exit_code: int | None
+) -> AssertionReport | None:
     xml = [name for name in names if name.endswith(".xml")]
     return _from_files("junit", files, xml, _junit) if xml else None
 
 
-def _tap_source(files, names, output, exit_code):
+def _tap_source(
+    files: Mapping[str, object], names: Sequence[str], output: str, exit_code: int | None
+) -> AssertionReport | None:
     tap = [name for name in names if name.endswith(".tap")]
     return _from_files("tap", files, tap, _tap) if tap else None
 
 
-def _reward_source(files, names, output, exit_code):
+def _reward_source(
+    files: Mapping[str, object], names: Sequence[str], output: str, exit_code: int | None
+) -> AssertionReport | None:
     if "reward.json" in names:
         return _from_files("reward-file", files, ["reward.json"], _reward_json)
     if "reward.txt" in names:
@@ -165,16 +181,20 @@ def _reward_source(files, names, output, exit_code):
     return None
 
 
-def _pytest_source(files, names, output, exit_code):
+def _pytest_source(
+    files: Mapping[str, object], names: Sequence[str], output: str, exit_code: int | None
+) -> AssertionReport | None:
     return _pytest_summary(output)
 
 
-def _exit_code_source(files, names, output, exit_code):
+def _exit_code_source(
+    files: Mapping[str, object], names: Sequence[str], output: str, exit_code: int | None
+) -> AssertionReport | None:
     return from_exit_code(exit_code) if exit_code is not None else None
 
 
 _ORDER: tuple[ReportFormat, ...] = ("ctrf", "junit", "tap", "reward-file", "pytest", "exit-code")
-_SOURCES = {
+_SOURCES: dict[ReportFormat, _Source] = {
     "ctrf": _ctrf_source,
     "junit": _junit_source,
     "tap": _tap_source,
@@ -204,7 +224,7 @@ def _from_files(
             report = parse(_content(files[name]), name)
         except ReportParseError as exc:
             return _unparseable(format, binary, source, name, str(exc))
-        except Exception as exc:  # noqa: BLE001 - the no-raise guarantee holds even if a parser has a bug
+        except Exception as exc:
             return _unparseable(format, binary, source, name, f"internal parser error: {type(exc).__name__}: {exc}")
         assertions.extend(report.assertions)
     return AssertionReport(format=format, assertions=tuple(assertions), binary=binary, source=source)
@@ -214,7 +234,7 @@ def _content(value: object) -> bytes:
     if isinstance(value, str):
         value = value.encode("utf-8", errors="replace")
     elif isinstance(value, (bytearray, memoryview)):
-        value = bytes(value)
+        value = bytes(cast("bytearray | memoryview[int]", value))  # any format: bytes() copies the raw buffer
     if not isinstance(value, bytes):
         raise ReportParseError(f"content is a {type(value).__name__}, not bytes")
     if len(value) > MAX_REPORT_BYTES:
@@ -262,5 +282,5 @@ def _pytest_summary(output: str) -> AssertionReport | None:
     source = "verifier output"
     try:
         return parse_pytest_summary(output, source=source)
-    except Exception as exc:  # noqa: BLE001 - documented never to raise; guard the guarantee anyway
+    except Exception as exc:
         return _unparseable("pytest", False, source, source, f"internal parser error: {type(exc).__name__}: {exc}")

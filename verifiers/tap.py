@@ -15,6 +15,10 @@ Guarantees: returns a `tap` report, or raises `ReportParseError`; nothing else f
   plans or a plan or test number above 100000.
 """
 
+# Arguments are checked at run time too (callers need not be type-checked); strict pyright, which
+# trusts the annotations, would call those isinstance checks unnecessary.
+# pyright: reportUnnecessaryIsInstance=false
+
 from __future__ import annotations
 
 import re

@@ -44,14 +44,14 @@ def bundled_audit_cache() -> Path:
 
 
 __all__ = [
-    "bundled_audit_cache",
     "FAMILIES",
     "FAMILY_SETS",
-    "FamilySet",
     "HELDOUT_ONLY",
     "TRAIN_FAMILIES",
+    "FamilySet",
     "NamePool",
     "TaskSpec",
+    "bundled_audit_cache",
     "copy_file",
     "dir_and_file",
     "dir_file_copy",

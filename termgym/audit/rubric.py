@@ -285,7 +285,7 @@ def find_leaks(
         for path, digest in files:
             if digest in by_hash and digest != min_bytes_hash:
                 leaks.append(f"{group}/{path} is in the environment as {by_hash[digest]} (same content)")
-            elif "/" in path and path in paths or f"{group}/{path}" in paths:
+            elif ("/" in path and path in paths) or f"{group}/{path}" in paths:
                 leaks.append(f"{group}/{path} is in the environment by path")
     return leaks
 

@@ -67,7 +67,7 @@ def apply_overrides(task: Task, overrides: RunOverrides) -> tuple[Task, dict[str
             replace(s, verifier_timeout_sec=s.verifier_timeout_sec * overrides.verifier_timeout_multiplier)
             for s in changes.get("steps", task.steps)
         )
-    resources = {
+    resources: dict[str, Any] = {
         name: value
         for name, value in (
             ("cpus", overrides.cpus),

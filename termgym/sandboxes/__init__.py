@@ -122,9 +122,9 @@ async def close_backends() -> None:
 
 __all__ = [
     "BACKENDS",
-    "BackendHooks",
     "REGISTRY",
     "Backend",
+    "BackendHooks",
     "ExecResult",
     "ProcessChannel",
     "Resources",

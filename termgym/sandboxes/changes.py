@@ -151,7 +151,7 @@ def link_exits(links: Mapping[str, str], *, hops: int = 40) -> tuple[str, ...]:
 def entrypoint_files(entrypoint: Iterable[str], workdir: str) -> tuple[str, ...]:
     """The files an image's entrypoint names (every word with a ``/`` that is not an option,
     relative ones taken from the image's working directory), which every restart runs again."""
-    found = []
+    found: list[str] = []
     for word in entrypoint:
         if "/" in word and not word.startswith("-"):
             found.append(posixpath.normpath(posixpath.join(workdir or "/", word)))
@@ -167,7 +167,7 @@ def system_changes(changes: Iterable[tuple[str, str]], watched: Iterable[str] = 
     listed = {(path.rstrip("/") or "/"): kind for path, kind in changes}
     parents = {path.rsplit("/", 1)[0] or "/" for path in listed}
     prefixes = (*SYSTEM_PREFIXES, *(path.rstrip("/") for path in watched if path.startswith("/")))
-    picked = []
+    picked: list[str] = []
     for path, kind in listed.items():
         if path in ENGINE_PATHS or path in parents or path == "/":
             continue

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from termgym.errors import ConfigError
 from termgym.sandboxes.pacing import Window, next_grant_time
@@ -183,7 +183,7 @@ class BiasReport:
     mean_turns_kept: float
     totals: Tally = field(default_factory=Tally)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["groups"] = {
             name: {
@@ -250,7 +250,7 @@ TABLE_COLUMNS = (
 
 def table_rows(report: BiasReport) -> list[tuple[str, ...]]:
     """One row per group (then a total row) under ``TABLE_COLUMNS``."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for name, t in report.groups.items():
         rows.append(
             (

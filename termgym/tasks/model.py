@@ -23,7 +23,11 @@ TB1_TEST_DIR = "/tests"
 
 # What every container engine accepts (Docker: at least 0.01 CPU and 6 MB of memory); beyond the
 # upper bounds no machine exists, and the engines' integer fields overflow.
-RESOURCE_BOUNDS = {"cpus": (0.01, 4096.0), "memory_mb": (6, 16 * 1024 * 1024), "storage_mb": (1, 1024 * 1024 * 1024)}
+RESOURCE_BOUNDS: dict[str, tuple[float, float]] = {
+    "cpus": (0.01, 4096.0),
+    "memory_mb": (6, 16 * 1024 * 1024),
+    "storage_mb": (1, 1024 * 1024 * 1024),
+}
 
 
 class TaskError(ConfigError):

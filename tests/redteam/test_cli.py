@@ -34,7 +34,7 @@ async def test_markup_and_terminal_controls_from_the_verifier_are_printed_as_ine
 )
 async def test_resource_values_no_engine_accepts_are_an_invalid_task(tmp_path, capsys, line, fragment):
     task = write_task(tmp_path, environment_toml=line)
-    code, out, err = await _check(capsys, str(task))
+    code, _out, err = await _check(capsys, str(task))
     assert code == 2 and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and fragment in err and "outside what a container engine accepts" in err
 

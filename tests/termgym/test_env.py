@@ -49,7 +49,7 @@ async def test_max_turns_truncates_and_still_verifies(task_dir, no_leaks):
     async with termgym.make(str(task_dir), max_turns=2) as env:
         await env.reset()
         assert (await env.step("echo done > result.txt"))[3] is False
-        obs, reward, terminated, truncated, info = await env.step("true")
+        _obs, reward, terminated, truncated, info = await env.step("true")
         assert truncated and not terminated and info["resolved"] and reward > 0
         with pytest.raises(EpisodeError):
             await env.step("true")
@@ -59,7 +59,7 @@ async def test_agent_timeout_truncates_within_bound(task_dir, no_leaks):
     async with termgym.make(str(task_dir), agent_timeout=1.5) as env:
         await env.reset()
         started = time.monotonic()
-        obs, reward, terminated, truncated, info = await env.step("echo done > result.txt; sleep 600")
+        _obs, _reward, _terminated, truncated, info = await env.step("echo done > result.txt; sleep 600")
         assert time.monotonic() - started < 1.5 + 5
         assert truncated and info["timed_out"] and info["error"]["kind"] == "agent_timeout"
         assert info["resolved"]  # the verifier ran on the state left behind
@@ -97,14 +97,17 @@ async def test_cancellation_mid_step_removes_the_sandbox(task_dir, no_leaks):
 
 
 async def test_exception_inside_async_with_removes_the_sandbox(task_dir, no_leaks):
-    with pytest.raises(RuntimeError):
+    async def episode():
         async with termgym.make(str(task_dir)) as env:
             await env.reset()
             raise RuntimeError("boom")
 
+    with pytest.raises(RuntimeError, match="boom"):
+        await episode()
+
 
 def test_options_are_validated(task_dir):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_turns must be at least 1, got 0"):
         termgym.make(str(task_dir), max_turns=0)
 
 

@@ -42,7 +42,7 @@ def test_memory_is_bounded_by_the_limit():
 
 
 def test_limit_is_validated():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="output limit must be at least 2 bytes, got 1"):
         OutputCapture(1)
 
 

@@ -47,7 +47,7 @@ def test_a_sampler_with_the_cache_decodes_what_one_without_decodes(tiny_policy):
             generator = torch.Generator().manual_seed(i)
             for _ in range(12):
                 token, _ = await sampler.sample(ids, generator)
-                ids = ids + [token]
+                ids = [*ids, token]
                 if i == 1 and len(ids) == 45:  # an observation arrives mid-episode
                     ids = ids + random_sequences(4, (9,))[0][1:]
             sampler.forget(ids)
@@ -84,9 +84,9 @@ def test_forget_and_capacity_bound_what_the_cache_holds(tiny_policy):
     cache = PrefixCache(capacity=2)
     a, b, c = random_sequences(6, (8, 9, 10))
     cached_next_token_logprobs(model, [a], cache)
-    cached_next_token_logprobs(model, [a + [5]], cache)  # replaces a's entry
+    cached_next_token_logprobs(model, [[*a, 5]], cache)  # replaces a's entry
     assert len(cache) == 1
     cached_next_token_logprobs(model, [b, c], cache)
-    assert len(cache) == 2 and cache.lookup(a + [5, 6]) is None  # the least recently used went first
-    cache.forget(c + [1, 2])
+    assert len(cache) == 2 and cache.lookup([*a, 5, 6]) is None  # the least recently used went first
+    cache.forget([*c, 1, 2])
     assert len(cache) == 1 and cache.lookup(b) is not None

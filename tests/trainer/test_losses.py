@@ -39,9 +39,9 @@ def test_masked_gae_skips_observation_tokens(gamma, lam, advantages, returns):
 
 
 def test_masked_gae_rows_are_independent_and_padding_is_inert():
-    rewards = T([REWARDS + [0.0, 0.0], [0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
-    values = T([VALUES + [5.0, 5.0], [1.0, 1.5, 7.0, 7.0, 7.0, 7.0, 7.0]])
-    mask = T([MASK + [0.0, 0.0], [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    rewards = T([[*REWARDS, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    values = T([[*VALUES, 5.0, 5.0], [1.0, 1.5, 7.0, 7.0, 7.0, 7.0, 7.0]])
+    mask = T([[*MASK, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
     adv, ret = losses.masked_gae(rewards, values, mask)
     assert torch.allclose(adv[0], T([0.5, 0.4, 0.0, 0.0, 0.2, 0.0, 0.0]), atol=1e-6)
     # row 2: t1 d=2-1.5=0.5; t0 d=1.5-1=0.5, A=1.0; returns 2, 2.
@@ -108,7 +108,7 @@ EV_CASES = [
 @pytest.mark.parametrize(("returns", "values", "expected"), EV_CASES)
 def test_explained_variance(returns, values, expected):
     mask = T([[1.0, 1.0, 1.0, 0.0]])
-    got = losses.explained_variance(T([returns + [50.0]]), T([values + [-50.0]]), mask)
+    got = losses.explained_variance(T([[*returns, 50.0]]), T([[*values, -50.0]]), mask)
     assert got == pytest.approx(expected, abs=1e-6)
 
 

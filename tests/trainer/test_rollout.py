@@ -69,7 +69,7 @@ turn_strategy = st.tuples(
     st.sampled_from(["end", "command", "submit", "none"]),  # how the turn ends
 )
 hostile_text = st.lists(
-    st.sampled_from(list("ab $\n\t<|>_imendsubt`") + ["<|im_end|>", "<|im_start|>", "<tool_call>", "```", "é"]),
+    st.sampled_from([*list("ab $\n\t<|>_imendsubt`"), "<|im_end|>", "<|im_start|>", "<tool_call>", "```", "é"]),
     max_size=20,
 ).map("".join)
 
@@ -232,7 +232,7 @@ def test_retokenizing_drifts_where_tito_does_not(tiny_policy):
         loss_mask=[0] * len(prompt) + [1] * (len(pieces) + 1),
         logprobs=[0.0] * len(prompt) + [-1.0] * (len(pieces) + 1),
         turns=[(len(prompt), len(ids))],
-        sampled=[pieces + [renderer.close_id]],
+        sampled=[[*pieces, renderer.close_id]],
     )
     trajectory = Trajectory(task="t", samples=[sample])
     assert token_drift(trajectory) == 0

@@ -55,7 +55,7 @@ def test_server_info_needs_the_worker_extension_and_logprobs():
     check_server_info(info(extension="termgym.trainer.vllm_sampler.WeightSync"), "s")  # its earlier name
     with pytest.raises(ConfigError, match=f"worker extension is 'none'.*--worker-extension-cls {WORKER_EXTENSION}"):
         check_server_info(info(extension=""), "s")
-    with pytest.raises(ConfigError, match="logprobs-mode is 'processed_logits'.*processed_logprobs"):
+    with pytest.raises(ConfigError, match=r"logprobs-mode is 'processed_logits'.*processed_logprobs"):
         check_server_info(info(mode="processed_logits"), "s")
     with pytest.raises(ConfigError, match="no vllm_config"):
         check_server_info({}, "s")
@@ -84,7 +84,7 @@ def test_parse_turn_keeps_the_ids_and_refuses_what_is_not_one_turn():
 def test_an_unreachable_server_is_one_line(tiny_policy):
     from tests.termgym.agents.vllm_server import free_port
 
-    with pytest.raises(ModelError, match="server is not reachable: http://127.0.0.1:.* GET /models") as caught:
+    with pytest.raises(ModelError, match=r"server is not reachable: http://127\.0\.0\.1:.* GET /models") as caught:
         ServerSampler(copy.deepcopy(tiny_policy[0]), f"http://127.0.0.1:{free_port()}/v1", MODEL, max_retries=0)
     assert "\n" not in str(caught.value)
 
@@ -259,7 +259,7 @@ def test_a_publication_the_server_did_not_take_fails_loudly(sampler, policy, mon
         return weights
 
     monkeypatch.setattr(module, "checkpoint_state_dict", garbled)
-    with pytest.raises(PublicationMismatch, match="version 3.*differ") as caught:
+    with pytest.raises(PublicationMismatch, match=r"version 3.*differ") as caught:
         sampler.publish(policy.state_dict(), version=3)
     assert "\n" not in str(caught.value) and sampler.publication_gap is not None and sampler.publication_gap > 1e-2
     monkeypatch.setattr(module, "checkpoint_state_dict", honest)

@@ -111,7 +111,7 @@ def test_routing_rows_map_vllm_rows_to_episode_positions():
 
 def test_small_head_dim_is_refused_before_any_engine_starts(tiny_policy, tiny_policy_dir):
     before = len(engine_processes())
-    with pytest.raises(ValueError, match="head_dim 16.*at least 64"):
+    with pytest.raises(ValueError, match=r"head_dim 16.*at least 64"):
         VllmSampler(copy.deepcopy(tiny_policy[0]), tiny_policy_dir)
     assert len(engine_processes()) == before
 
@@ -197,7 +197,7 @@ def test_a_publication_the_engine_did_not_take_fails_loudly(engine, policy_dir, 
         return weights
 
     monkeypatch.setattr(module, "checkpoint_state_dict", garbled)
-    with pytest.raises(module.PublicationMismatch, match="version 3.*differ"):
+    with pytest.raises(module.PublicationMismatch, match=r"version 3.*differ"):
         engine.publish(policy.state_dict(), version=3)
     assert engine.publication_gap > 1e-2
     monkeypatch.setattr(module, "checkpoint_state_dict", honest)
@@ -211,7 +211,7 @@ def test_close_shuts_every_engine_process_down(engine):
     assert len(processes) == 2  # the engine core and its worker
     engine.close()
     engine.close()  # idempotent
-    gone, alive = psutil.wait_procs(processes, timeout=10)
+    _gone, alive = psutil.wait_procs(processes, timeout=10)
     assert not alive, f"still running: {[p.pid for p in alive]}"
     assert not Path(engine._weights_dir).exists()  # the publication scratch directory too
     with pytest.raises(RuntimeError, match="closed"):

@@ -120,7 +120,7 @@ def test_report_is_valid_after_every_assertion_and_when_killed(shell, tmp_path):
         + "tg_skip skipped why\n"
         + f"tg_check_sh killer 'cp \"$TG_REPORT\" {snap}/6.json; kill -9 $PPID'\ntg_finish\n"
     )
-    proc, report = run_kit(shell, tmp_path, body, {b"TG_REPORT": bytes(tmp_path / "ctrf.json")})
+    proc, _report = run_kit(shell, tmp_path, body, {b"TG_REPORT": bytes(tmp_path / "ctrf.json")})
     assert proc.returncode == -9
     for i in [0, 1, 2, 3, 4, 6]:
         seen = parse_ctrf((snap / f"{i}.json").read_bytes().decode("utf-8")).assertions

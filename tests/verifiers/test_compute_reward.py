@@ -1,5 +1,7 @@
 """The reward function: dense passed/scale, binary 0/1, errors 0."""
 
+import re
+
 import pytest
 
 from termgym.verifiers import (
@@ -74,10 +76,10 @@ def test_binary_reward(report, reward):
 
 @pytest.mark.parametrize("scale", [0, -20, 2.5, 20.0, "20", None, True])
 def test_scale_must_be_a_positive_int(scale):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape(f"scale must be a positive int, not {scale!r}")):
         compute_reward(_dense(1), scale)
 
 
 def test_report_must_be_an_assertion_report():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="report must be an AssertionReport, not dict"):
         compute_reward({"passed": 3})  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test

@@ -1,6 +1,7 @@
 """The report data model: validation, counting, resolution, message truncation."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -47,19 +48,40 @@ def test_short_message_is_kept():
 
 
 @pytest.mark.parametrize(
-    "build",
+    ("build", "message"),
     [
-        lambda: Assertion(name="a", status="ok"),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
-        lambda: Assertion(name=1, status="passed"),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
-        lambda: Assertion(name="a", status="failed", message=None),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
-        lambda: AssertionReport(format="xunit", assertions=(), binary=False),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
-        lambda: AssertionReport(format="ctrf", assertions=("passed",), binary=False),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
-        lambda: AssertionReport(format="ctrf", assertions=(), binary=1),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
-        lambda: AssertionReport(format="ctrf", assertions=(), binary=False, error=3),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+        (
+            lambda: Assertion(name="a", status="ok"),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+            "assertion status must be one of ['failed', 'passed', 'skipped'], not 'ok'",
+        ),
+        (
+            lambda: Assertion(name=1, status="passed"),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+            "assertion name must be a str, not int",
+        ),
+        (
+            lambda: Assertion(name="a", status="failed", message=None),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+            "assertion message must be a str, not NoneType",
+        ),
+        (
+            lambda: AssertionReport(format="xunit", assertions=(), binary=False),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+            "report format must be one of ['ctrf', 'exit-code', 'junit', 'pytest', 'reward-file', 'tap'], not 'xunit'",
+        ),
+        (
+            lambda: AssertionReport(format="ctrf", assertions=("passed",), binary=False),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+            "assertions must be Assertion objects, not str",
+        ),
+        (
+            lambda: AssertionReport(format="ctrf", assertions=(), binary=1),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+            "binary must be a bool",
+        ),
+        (
+            lambda: AssertionReport(format="ctrf", assertions=(), binary=False, error=3),  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
+            "error must be a str or None",
+        ),
     ],
 )
-def test_invalid_construction_raises_value_error(build):
-    with pytest.raises(ValueError):
+def test_invalid_construction_raises_value_error(build, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         build()
 
 

@@ -108,5 +108,5 @@ def test_from_exit_code(code, status, message):
 
 @pytest.mark.parametrize("code", [None, "0", 0.0, True])
 def test_from_exit_code_rejects_non_int(code):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=f"exit code must be an int, not {type(code).__name__}"):
         from_exit_code(code)

@@ -2,6 +2,7 @@
 
 import json
 import random
+import re
 
 import pytest
 
@@ -254,11 +255,18 @@ def test_pytest_summary_beats_exit_code_zero():
 
 
 @pytest.mark.parametrize(
-    ("files", "output", "exit_code"),
-    [([("ctrf.json", CTRF)], "", 0), ({}, None, 0), ({}, b"output", 0), ({}, "", "0"), ({}, "", 1.0), ({}, "", True)],
+    ("files", "output", "exit_code", "message"),
+    [
+        ([("ctrf.json", CTRF)], "", 0, "files must be a Mapping, not list"),
+        ({}, None, 0, "verifier_output must be a str, not NoneType"),
+        ({}, b"output", 0, "verifier_output must be a str, not bytes"),
+        ({}, "", "0", "exit_code must be an int or None, not str"),
+        ({}, "", 1.0, "exit_code must be an int or None, not float"),
+        ({}, "", True, "exit_code must be an int or None, not bool"),
+    ],
 )
-def test_wrong_argument_types_raise_value_error(files, output, exit_code):
-    with pytest.raises(ValueError):
+def test_wrong_argument_types_raise_value_error(files, output, exit_code, message):
+    with pytest.raises(ValueError, match=message):
         select_report(files, output, exit_code)
 
 
@@ -323,7 +331,8 @@ def test_a_declared_ctrf_task_ignores_a_forged_summary_in_its_output():
 
 
 def test_an_unknown_declared_format_is_a_value_error():
-    with pytest.raises(ValueError):
+    message = "declared must be one of ['ctrf', 'exit-code', 'junit', 'pytest', 'reward-file', 'tap'], not 'xml'"
+    with pytest.raises(ValueError, match=re.escape(message)):
         select_report({}, "", 0, declared="xml")  # pyright: ignore[reportArgumentType]  # deliberately the wrong type: the validation is under test
 
 
@@ -368,7 +377,7 @@ def test_binary_and_error_reports_are_not_count_checked(report):
 
 @pytest.mark.parametrize("expected", [0, -1, True, 2.0])
 def test_a_bad_expected_count_is_a_value_error(expected):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape(f"expected must be a positive int or None, not {expected!r}")):
         check_assertion_count(_ctrf_report(1), expected)
 
 

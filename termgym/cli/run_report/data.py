@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,7 @@ class Bin:
 def histogram(values: Sequence[float], edges: Sequence[float], labels: Sequence[str] | None = None) -> list[Bin]:
     """Counts of ``values`` per bin between consecutive ``edges`` (increasing); a value below the
     first edge counts in the first bin, one at or above the last in the last bin."""
-    if len(edges) < 2 or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+    if len(edges) < 2 or any(b <= a for a, b in pairwise(edges)):
         raise ValueError(f"histogram edges must be at least two, increasing: {list(edges)}")
     if labels is not None and len(labels) != len(edges) - 1:
         raise ValueError(f"{len(edges) - 1} bins need as many labels, got {len(labels)}")
@@ -125,7 +126,7 @@ def turn_bins(turns: Sequence[int], most_bins: int = 20) -> list[Bin]:
     largest = max(turns, default=0)
     width = max(1, math.ceil((largest + 1) / most_bins))
     edges = list(range(0, largest + width + 1, width))
-    labels = [str(a) if width == 1 else f"{a}–{b - 1}" for a, b in zip(edges, edges[1:], strict=False)]
+    labels = [str(a) if width == 1 else f"{a}–{b - 1}" for a, b in pairwise(edges)]
     return histogram(turns, edges, labels)
 
 

@@ -142,7 +142,7 @@ def engine_cpus(client: Any) -> int | None:
     """The engine's CPU count (asked once per client), or None when it does not say."""
     try:
         return int(client.info().get("NCPU") or 0) or None
-    except Exception:  # noqa: BLE001 - the limit is then the task's own
+    except Exception:
         return None
 
 

@@ -285,7 +285,7 @@ class WarmPool:
                 if self.closed:  # closed while this creation waited its turn
                     return
                 ready = await self.engine.create_started(recipe, self.labels)
-        except Exception:  # noqa: BLE001 - a failed creation leaves the pool short; a trial creates its own
+        except Exception:
             return
         finally:
             bucket.creating -= 1

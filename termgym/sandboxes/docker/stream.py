@@ -90,8 +90,14 @@ class FrameDemux:
 
 
 def exec_blocking(client: Any, exec_id: str, capture: OutputCapture) -> int | None:
-    for chunk in client.api.exec_start(exec_id, stream=True):
-        capture.feed(chunk)
+    """Start the exec ``exec_id``, feed ``capture`` until its output ends, close the stream (its
+    socket), and return its exit code."""
+    stream = client.api.exec_start(exec_id, stream=True)
+    try:
+        for chunk in stream:
+            capture.feed(chunk)
+    finally:
+        stream.close()
     return client.api.exec_inspect(exec_id).get("ExitCode")
 
 

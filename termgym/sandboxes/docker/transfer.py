@@ -24,21 +24,23 @@ def archive_of(client: Any, container: str, paths: Sequence[str], limit: int) ->
     received = 0
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as target:
         for path in paths:
-            try:
-                stream, _ = client.api.get_archive(container, path)
-            except docker.errors.NotFound:
-                continue
             data = bytearray()
+            # The response itself (docker-py's get_archive hides it in a generator): closed on every
+            # path out, so a read stopped at the limit leaves no socket to the engine open.
+            url = client.api._url("/containers/{0}/archive", container)
+            response = client.api.get(url, params={"path": path}, stream=True, headers={"Accept-Encoding": "identity"})
             try:
-                for chunk in stream:
+                try:
+                    client.api._raise_for_status(response)
+                except docker.errors.NotFound:
+                    continue
+                for chunk in response.iter_content(1 << 16):
                     received += len(chunk)
                     if received > limit:
                         raise OverLimit(path)
                     data += chunk
             finally:
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    close()
+                response.close()
             parent = posixpath.dirname("/" + path.strip("/")).strip("/")
             with tarfile.open(fileobj=io.BytesIO(bytes(data)), mode="r:") as source:
                 for member in source:

@@ -167,7 +167,7 @@ class Example:
 
 def reply_ids(tokenizer, text: str) -> list[int]:
     """A reply's ids as the model should sample them: the text, then ``<|im_end|>``."""
-    return tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.convert_tokens_to_ids(IM_END)]
+    return [*tokenizer(text, add_special_tokens=False).input_ids, tokenizer.convert_tokens_to_ids(IM_END)]
 
 
 def bundled_instructions(envs_root: Path) -> list[str]:

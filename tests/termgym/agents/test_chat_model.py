@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("torch", reason="the chat model needs the train extra: pip install -e '.[train]'")
 
-import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.termgym.agents.chat_model import (  # noqa: E402
+from tests.termgym.agents.chat_model import (
     BASH_LS_CALL,
     CHECKS,
     HEAD_DIM,

@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ async def cli(*argv: str, bound: float = 60.0) -> int:
     def target() -> None:
         try:
             outcome, failed = main(list(argv)), False
-        except BaseException as exc:  # noqa: BLE001  # handed to the awaiting test
+        except BaseException as exc:  # handed to the awaiting test
             outcome, failed = exc, True
         try:
             loop.call_soon_threadsafe(settle, outcome, failed)
@@ -182,7 +183,7 @@ async def test_429_storm_shorter_than_the_retries_waits_retry_after_and_complete
     assert_verified(record)
     requests = chats(server)
     assert [r.status for r in requests] == [200, 429, 429, 200]
-    gaps = [later.time - earlier.time for earlier, later in zip(requests[1:], requests[2:], strict=False)]
+    gaps = [later.time - earlier.time for earlier, later in pairwise(requests[1:])]
     assert all(gap >= retry_after for gap in gaps), gaps  # the SDK honoured Retry-After
     assert record.usage["requests"] == 2  # the replies, not the attempts
     assert record.turns == 1 and transcript(record)["stop_reason"] == "submitted"

@@ -12,12 +12,12 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from termgym.agents.renderers import TemplateRenderer  # noqa: E402
-from termgym.agents.tokens import TokensClient  # noqa: E402
-from termgym.agents.transport import Endpoint, Server  # noqa: E402
-from termgym.transcript import Transcript  # noqa: E402
-from tests.termgym.agents.chat_model import chat_tokenizer  # noqa: E402
-from tests.termgym.agents.fault_server import FaultServer, Reply  # noqa: E402
+from termgym.agents.renderers import TemplateRenderer
+from termgym.agents.tokens import TokensClient
+from termgym.agents.transport import Endpoint, Server
+from termgym.transcript import Transcript
+from tests.termgym.agents.chat_model import chat_tokenizer
+from tests.termgym.agents.fault_server import FaultServer, Reply
 
 OPENING = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List the files."}]
 
@@ -30,7 +30,7 @@ def tokenizer():
 async def test_a_session_appends_bridges_and_closes_a_reply_cut_short(tokenizer):
     close = tokenizer.eos_token_id
     first = tokenizer("hello", add_special_tokens=False).input_ids  # cut short: no close token
-    second = tokenizer("done", add_special_tokens=False).input_ids + [close]
+    second = [*tokenizer("done", add_special_tokens=False).input_ids, close]
     async with FaultServer() as server:
         server.add(Reply(content="hello", finish_reason="length", token_ids=tuple(first)))
         server.add(Reply(content="done", token_ids=tuple(second)))

@@ -32,7 +32,7 @@ def test_pass_at_k_is_the_chance_that_k_of_the_n_trials_drawn_include_a_success(
 
 def test_pass_at_1_is_the_resolved_fraction_and_bad_arguments_are_refused():
     assert pass_at_k(8, 3, 1) == pytest.approx(3 / 8)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="pass@k needs 1 <= k <= n and 0 <= c <= n, got n=3 c=1 k=4"):
         pass_at_k(3, 1, 4)
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 
 import pytest
 
@@ -38,9 +39,9 @@ def test_max_in_any_window(times, period, expected):
 
 
 def test_windows_are_validated():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape("a pacing window needs limit >= 1 and period > 0, got 0/1.0s")):
         Window(0, 1.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=re.escape("a pacing window needs limit >= 1 and period > 0, got 3/0s")):
         Window(3, 0)
 
 

@@ -85,7 +85,7 @@ def test_launch_count_follows_the_published_ratio(batch, expected):
 
 
 def test_launch_count_rejects_an_empty_batch():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="the batch size must be at least 1, got 0"):
         bias.launch_count(0)
 
 

@@ -121,7 +121,7 @@ def test_task_pool_draws_each_task_once_per_epoch():
 
 
 def test_task_pool_must_not_be_empty():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="the task pool is empty"):
         TaskPool([])
 
 
@@ -149,7 +149,7 @@ def test_launched_per_step(mode, launch, expected):
 
 
 def test_node_caps_must_be_positive():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="node n: the cap must be at least 1, got 0"):
         Node("n", 0)
 
 
@@ -201,7 +201,7 @@ def test_wait_runs_exactly_b_and_cancels_nothing():
     tasks = [fake_task(f"t{i}") for i in range(4)]
 
     async def main():
-        sched, runner, decided = scheduler(
+        sched, _runner, decided = scheduler(
             tasks, {f"t{i}": 5.0 * (i + 1) for i in range(4)}, batch=4, launch=8, mode="wait"
         )
         return await sched.step(), decided
@@ -229,7 +229,7 @@ def test_failed_trials_are_replaced_by_the_same_task_and_never_kept():
     durations = {f"t{i}": 10.0 for i in range(6)}
 
     async def main():
-        sched, runner, decided = scheduler(tasks, durations, batch=6, mode="wait", failing={"t2": 2, "t4": 1})
+        sched, _runner, decided = scheduler(tasks, durations, batch=6, mode="wait", failing={"t2": 2, "t4": 1})
         return await sched.step(), decided
 
     result, decided = simclock.run(main())
@@ -295,7 +295,7 @@ def test_carry_over_keeps_the_tail_for_the_next_step_with_its_version():
     durations = {"t0": 10.0, "t1": 10.0, "t2": 10.0, "t3": 15.0, "t4": 30.0}  # t3 ends 5 s into step 2
 
     async def main():
-        sched, runner, decided = scheduler(tasks, durations, batch=3, launch=4, mode="carry-over")
+        sched, runner, _decided = scheduler(tasks, durations, batch=3, launch=4, mode="carry-over")
         first = await sched.step(policy_version=7)
         carried_running = runner.running
         second = await sched.step(policy_version=8)

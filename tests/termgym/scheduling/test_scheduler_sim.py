@@ -202,5 +202,5 @@ def test_unknown_families_use_the_default():
     ],
 )
 def test_family_latency_is_validated(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^invalid family latency FamilyLatency\("):
         FamilyLatency(**bad)

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from termgym.agents.renderers import ChatMLRenderer, Llama3Renderer, QwenXMLRenderer, ThinkingRetention  # noqa: E402
-from termgym.trainer.tokenizer import train_family_tokenizer  # noqa: E402
+from termgym.agents.renderers import ChatMLRenderer, Llama3Renderer, QwenXMLRenderer, ThinkingRetention
+from termgym.trainer.tokenizer import train_family_tokenizer
 
 CORPUS = [
     "ls -la /app\ncat notes.txt | grep error\necho done > out.txt\n",

@@ -54,7 +54,7 @@ def test_chatml_keeps_an_unreadable_call_raw_and_renders_it_back_as_sampled(toke
 )
 def test_chatml_literal_tags_in_text_are_content(tokenizers, text, content, calls):
     renderer = ChatMLRenderer(tokenizers["chatml"])
-    parsed = renderer.parse(renderer.encode(text) + [renderer.close_id])
+    parsed = renderer.parse([*renderer.encode(text), renderer.close_id])
     assert (parsed.content, parsed.tool_calls) == (content, calls)
 
 

@@ -74,7 +74,7 @@ def test_parse_reads_reasoning_and_hermes_calls_from_text(tokenizers):
     tokenizer = tokenizers["chatml"]
     renderer = TemplateRenderer(tokenizer)
     text = '<think>\nhmm\n</think>\n\nRunning it.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
-    parsed = renderer.parse(tokenizer(text, add_special_tokens=False).input_ids + [renderer.close_id])
+    parsed = renderer.parse([*tokenizer(text, add_special_tokens=False).input_ids, renderer.close_id])
     assert (parsed.content, parsed.reasoning, parsed.closed) == ("Running it.", "hmm", True)
     assert parsed.tool_calls == [ToolCall("call_0", "bash", '{"command": "ls"}')]
     assert renderer.parse(tokenizer("<think>still", add_special_tokens=False).input_ids).closed is False

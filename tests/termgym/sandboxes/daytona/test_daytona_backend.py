@@ -304,7 +304,7 @@ async def test_a_named_image_wins_over_the_dockerfile_as_an_image_reference(tmp_
     task = _task_with_image_and_dockerfile(tmp_path)
     record = await run_trial(task, ScriptedAgent(("mkdir -p /app && echo done > /app/result.txt",)), options())
     assert record.error is None and record.resolved, record
-    (build,) = [r for r in daytona.requests if r.method == "POST" and r.path == "/api/snapshots"]
+    (_build,) = [r for r in daytona.requests if r.method == "POST" and r.path == "/api/snapshots"]
     (snapshot,) = daytona.snapshots.values()
     assert snapshot["imageName"] == "debian:bookworm-slim" and snapshot["dockerfile"] is None
     assert record.image == {"ref": "debian:bookworm-slim", "source": "docker_image"}

@@ -3,6 +3,7 @@ names, resources, and the command encoding (run through real shells)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -109,9 +110,16 @@ def test_backoff_delay(attempt, retry_after, draw, expected):
     )
 
 
-@pytest.mark.parametrize(("attempt", "draw"), [(0, 0.0), (1, 1.0), (1, -0.1)])
-def test_backoff_delay_rejects_bad_input(attempt, draw):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("attempt", "draw", "message"),
+    [
+        (0, 0.0, "attempt numbers start at 1, got 0"),
+        (1, 1.0, "draw must be in [0, 1), got 1.0"),
+        (1, -0.1, "draw must be in [0, 1), got -0.1"),
+    ],
+)
+def test_backoff_delay_rejects_bad_input(attempt, draw, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
         backoff_delay(attempt, base=1.0, cap=2.0, retry_after=None, jitter=0.5, draw=draw)
 
 
@@ -153,9 +161,9 @@ def test_retry_delays_stay_within_bounds_for_any_draw():
 
 
 def test_retry_policy_rejects_nonsense():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="retry attempts must be at least 1"):
         RetryPolicy(transient_attempts=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="retry delays must satisfy 0 <= base_delay <= max_delay and jitter >= 0"):
         RetryPolicy(base_delay=5.0, max_delay=1.0)
 
 
@@ -188,7 +196,7 @@ def test_environment_hash_does_not_confuse_boundaries():
 def test_snapshot_name():
     digest = environment_hash(b"FROM debian\n", [], None, (1, 1, 1))
     assert snapshot_name(digest) == f"termgym-{digest[:12]}"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a hex digest: 'not hex'"):
         snapshot_name("not hex")
 
 
@@ -229,7 +237,7 @@ def test_encode_command_runs_the_script_unchanged(shell, script):
 
 
 def test_encode_command_rejects_nul():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a shell script cannot contain NUL bytes"):
         encode_command("echo \0")
 
 
@@ -248,7 +256,8 @@ def test_command_line_sets_exactly_the_environment_and_directory(tmp_path):
 
 @pytest.mark.parametrize("bad", [{"": "x"}, {"A=B": "x"}])
 def test_command_line_rejects_bad_names(bad):
-    with pytest.raises(ValueError):
+    (name,) = bad
+    with pytest.raises(ValueError, match=f"invalid environment variable name {name!r}"):
         command_line(["true"], bad, "/")
 
 
@@ -325,11 +334,15 @@ def test_settings_from_env(environ, expected):
 
 
 @pytest.mark.parametrize(
-    "environ",
-    [{"TERMGYM_DAYTONA_PER_SECOND": "six"}, {"TERMGYM_DAYTONA_PER_SECOND": "0"}, {"TERMGYM_DAYTONA_TTL_MINUTES": "0"}],
+    ("environ", "message"),
+    [
+        ({"TERMGYM_DAYTONA_PER_SECOND": "six"}, "TERMGYM_DAYTONA_PER_SECOND must be a number, got 'six'"),
+        ({"TERMGYM_DAYTONA_PER_SECOND": "0"}, "daytona pacing and limits must be at least 1"),
+        ({"TERMGYM_DAYTONA_TTL_MINUTES": "0"}, "daytona timeouts must be positive"),
+    ],
 )
-def test_settings_reject_bad_values(environ):
-    with pytest.raises(ValueError):
+def test_settings_reject_bad_values(environ, message):
+    with pytest.raises(ValueError, match=message):
         DaytonaSettings.from_env(environ)
 
 

@@ -12,6 +12,7 @@ import textwrap
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -212,8 +213,8 @@ def processes_of_containers(container_ids: set[str]) -> list[str]:
         if not pid.isdigit():
             continue
         try:
-            cgroup = open(f"/proc/{pid}/cgroup").read()
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            cgroup = Path(f"/proc/{pid}/cgroup").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
         if any(container_id in cgroup for container_id in container_ids):

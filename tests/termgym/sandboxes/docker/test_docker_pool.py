@@ -288,7 +288,7 @@ async def test_a_take_cancelled_while_checking_discards_the_container_it_held():
 
 
 async def test_failed_creations_leave_the_pool_short_without_raising():
-    pool, engine = fake_pool(2, 2, FakeEngine(fail=True))
+    pool, _engine = fake_pool(2, 2, FakeEngine(fail=True))
     assert await pool.prewarm([recipe()]) == 0
     assert pool.held() == 0 and await pool.take(recipe()) is None
 
@@ -554,6 +554,8 @@ async def test_the_pool_of_a_sigkilled_process_is_removed_by_the_next_and_by_gc(
         finally:
             child.send_signal(signal.SIGKILL)
             child.wait()
+            if child.stdout is not None:
+                child.stdout.close()
         assert len(client.api.containers(filters={"label": f"{POOL_LABEL}={owner}"})) == 2, "it left nothing to test"
         return ids
 

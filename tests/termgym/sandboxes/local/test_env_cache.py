@@ -226,7 +226,7 @@ async def test_gc_removes_unused_entries_and_what_a_killed_process_left(tmp_path
         pass
     holder = child(task, "hold")
     assert holder.stdout is not None
-    stamp, host_dir = holder.stdout.readline().split()
+    _stamp, host_dir = holder.stdout.readline().split()
     (entry,) = cache(cache_dir).entries()
     assert str(entry.tree) in mounted_lower_dirs()
     staging = cache_dir / "envs" / f".staging-{holder.pid}-deadbeef"
@@ -240,6 +240,8 @@ async def test_gc_removes_unused_entries_and_what_a_killed_process_left(tmp_path
         Path(procs).write_text(str(outlived.pid))
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=30)
+    assert holder.stdout is not None
+    holder.stdout.close()
     # The killed process's sandbox still has the entry mounted: gc removes the sandbox, then the entry.
     line = await remove_leftovers("local")
     assert line == "removed 1 leftover local sandbox(es) and 1 prepared environment(s)", line

@@ -5,6 +5,7 @@ outside the tree is read, written or removed, and what is made belongs to the sa
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -54,10 +55,11 @@ def test_write_files_owns_and_modes_them_and_refuses_paths_out(tree: Path):
     assert script.read_bytes() == b"#!/bin/sh\n" and script.stat().st_mode & 0o777 == 0o755
     assert script.stat().st_uid == OWNER and (tree / "tests" / "data").stat().st_uid == OWNER
     assert (tree / "tests" / "data" / "in.txt").stat().st_mode & 0o777 == 0o644
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match=re.escape("not a relative path: ../escape")):
         host.write_files("/tests", [("../escape", b"x", 0o644)])
     assert not (tree / "escape").exists()
-    with pytest.raises(OSError):  # nothing is overwritten: tests go into a fresh directory
+    # nothing is overwritten: tests go into a fresh directory
+    with pytest.raises(FileExistsError, match=re.escape("'test.sh'")):
         host.write_files("/tests", [("test.sh", b"again", 0o755)])
 
 

@@ -123,7 +123,7 @@ async def test_kept_sandbox_survives_its_process(no_leaks: Path) -> None:
         await second.stop()
         assert not (no_leaks / kept["id"]).exists()
         assert not alive(bwrap)
-        with pytest.raises(ConfigError, match="^no kept sandbox "):
+        with pytest.raises(ConfigError, match=r"^no kept sandbox "):
             await attach_sandbox("local", kept["id"])
     finally:
         collect_garbage(no_leaks)
@@ -153,7 +153,7 @@ async def test_reused_pid_is_never_killed(no_leaks: Path) -> None:
     me, started = os.getpid(), start_time(os.getpid())
     assert started is not None
     (directory / KEPT_STATE).write_text(json.dumps({"bwrap": [me, started + 1], "keeper": me, "keeper_start": started}))
-    with pytest.raises(ConfigError, match="^no kept sandbox tg-stale-abc "):
+    with pytest.raises(ConfigError, match=r"^no kept sandbox tg-stale-abc "):
         await attach_sandbox("local", "tg-stale-abc")
     assert collect_garbage(no_leaks) == 1  # and this process lives on to see it
     assert not directory.exists()
