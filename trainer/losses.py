@@ -51,19 +51,37 @@ def masked_gae(
     return advantages, returns
 
 
+def group_members(groups: Sequence[Hashable]) -> list[list[int]]:
+    """The indices of each group's members, groups in order of first appearance."""
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for index, group in enumerate(groups):
+        members[group].append(index)
+    return list(members.values())
+
+
 def leave_one_out_advantages(rewards: torch.Tensor, groups: Sequence[Hashable]) -> torch.Tensor:
     """Per-episode advantage without a critic (RLOO): each episode's reward minus the mean reward of
     the *other* episodes of its group (the same task in the same batch). An episode alone in its
     group gets 0: there is nothing to compare it with. ``rewards`` is ``[episodes]``."""
-    members: dict[Hashable, list[int]] = defaultdict(list)
-    for index, group in enumerate(groups):
-        members[group].append(index)
     advantages = torch.zeros_like(rewards)
-    for indices in members.values():
+    for indices in group_members(groups):
         if len(indices) > 1:
             r = rewards[indices]
             advantages[indices] = r - (r.sum() - r) / (len(indices) - 1)
     return advantages
+
+
+def equal_reward_share(rewards: torch.Tensor, groups: Sequence[Hashable]) -> float:
+    """The share of the groups (episodes of the same task in the batch) that hold at least 2
+    episodes, all with exactly the same reward: groups that tell a group baseline nothing (every
+    episode of the task passed, or every one failed). Counted over all groups, singletons included
+    (a singleton never counts as equal); 0.0 when there is no group. ``rewards`` is ``[episodes]``,
+    one group name per episode."""
+    if len(groups) != rewards.shape[0]:
+        raise ValueError(f"{rewards.shape[0]} rewards for {len(groups)} group names")
+    members = group_members(groups)
+    equal = sum(1 for indices in members if len(indices) > 1 and bool((rewards[indices] == rewards[indices[0]]).all()))
+    return equal / len(members) if members else 0.0
 
 
 def scale_to_unit(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -90,6 +108,15 @@ def policy_loss(
     loss = masked_mean(torch.maximum(unclipped, clipped), mask)
     clip_fraction = masked_mean((clipped > unclipped).float(), mask)
     return loss, clip_fraction.detach()
+
+
+def approx_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """CleanRL's ``approx_kl``: the token mean over the mask of ``(ratio - 1) - log(ratio)``, with
+    ``log(ratio) = logp - old_logp``: the "k3" estimate of KL(old || new) from tokens the old policy
+    sampled (never negative, 0 exactly where the two agree). How far an update has moved the policy
+    on its own batch; detached (a diagnostic, never a loss)."""
+    logratio = (logp - old_logp).detach()
+    return masked_mean(torch.expm1(logratio) - logratio, mask)
 
 
 def kl_to_reference(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

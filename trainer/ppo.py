@@ -138,11 +138,19 @@ def ppo_update(
         "kl_to_reference": float(losses.masked_mean(losses.kl_to_reference(b_logp, b_ref_logp), b_mask))
         if b_ref_logp is not None  # set exactly when anchored
         else None,
+        # the batch's reward signal: groups (tasks) whose episodes all scored alike, and the spread
+        "equal_reward_share": losses.equal_reward_share(batch["episode_rewards"], batch["groups"]),
+        "reward_std": float(batch["episode_rewards"].std(correction=0)),  # population std; 0 for one episode
     }
     rank, size = world()
     order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
     b_loss_mask = b_mask * batch["weights"][:, None]  # the scheduler's reweighting, per trajectory
-    minibatch_losses: dict[str, list[float]] = {"policy_loss": [], "value_loss": [], "clip_fraction": []}
+    minibatch_losses: dict[str, list[float]] = {
+        "policy_loss": [],
+        "value_loss": [],
+        "clip_fraction": [],
+        "approx_kl": [],  # CleanRL's: how far the policy has moved from b_logp when the minibatch starts
+    }
     for _ in range(cfg.update_epochs):
         permutation = torch.randperm(len(b_ids), generator=order)
         for start in range(0, len(b_ids), cfg.minibatch_size):
@@ -170,6 +178,7 @@ def ppo_update(
                 if counted:
                     minibatch_losses["policy_loss"].append(float(pg_loss.detach()))
                     minibatch_losses["clip_fraction"].append(float(clip_fraction))
+                    minibatch_losses["approx_kl"].append(float(losses.approx_kl(mb_logp, b_logp[mine], mb_mask)))
                 sync_gradients(policy)
                 torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
                 actor_opt.step()
@@ -244,10 +253,11 @@ def progress_line(m: dict, steps: int) -> str:
         f"turns {m['turns']:.1f} tokens {m['tokens']} "
         + (f"ev {ev:.2f} " if ev is not None else "")
         + f"clip {m['clip_fraction'] or 0:.2f} "
-        f"entropy {m['entropy']:.2f} gap {m['logprob_gap']:.2e} drift {m['token_drift']} "
+        + (f"kl {m['approx_kl']:.1e} " if m.get("approx_kl") is not None else "")  # none during the warm-up
+        + f"entropy {m['entropy']:.2f} gap {m['logprob_gap']:.2e} drift {m['token_drift']} "
         f"breaks {m['bridge_break_rate']:.2f} segs {m['segments_per_episode']:.2f} "
         + (f"agree {m['routing_agreement']:.3f} " if m.get("routing_agreement") is not None else "")
-        + (f"kl {m['kl_to_reference']:.4f} " if m.get("kl_to_reference") is not None else "")
+        + (f"ref_kl {m['kl_to_reference']:.4f} " if m.get("kl_to_reference") is not None else "")
         + f"stale {m['staleness_max']} ({m['rollout_seconds']:.1f}s rollout, {m['update_seconds']:.1f}s update)"
     )
 

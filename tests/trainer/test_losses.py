@@ -153,3 +153,58 @@ def test_scale_to_unit_keeps_zeros_and_signs():
     y = losses.scale_to_unit(x, mask)
     assert abs(float(losses.masked_mean(y**2, mask)) - 1.0) < 1e-6
     assert y[0, 2] == 0 and y[1, 0] == 0 and y[1, 2] == 0 and y[1, 1] < 0 < y[0, 0]
+
+
+LN2 = math.log(2.0)
+APPROX_KL_CASES = [
+    # (logp - old_logp per token, CleanRL's approx_kl: token mean of (ratio - 1) - log ratio)
+    ([0.0, 0.0], 0.0),  # nothing moved
+    ([LN2, 0.0], (1.0 - LN2) / 2),  # ratio 2: 1 - ln 2 = 0.307, averaged with a token that did not move
+    ([-LN2, -LN2], LN2 - 0.5),  # ratio 1/2: -0.5 + ln 2 = 0.193 on both tokens
+    ([LN2, -LN2], 0.5 * (1.0 - LN2) + 0.5 * (LN2 - 0.5)),  # moving up and down does not cancel: 0.25
+]
+
+
+@pytest.mark.parametrize(("deltas", "expected"), APPROX_KL_CASES)
+def test_approx_kl_is_cleanrls_estimate_over_the_mask(deltas, expected):
+    old = T([[-1.0, -2.0, -3.0]])
+    logp = old + T([[*deltas, 5.0]])  # the third token is masked out: its absurd move must not count
+    got = losses.approx_kl(logp, old, T([[1.0, 1.0, 0.0]]))
+    assert float(got) == pytest.approx(expected, abs=1e-6)
+    assert float(got) >= 0.0
+
+
+def test_approx_kl_is_detached_and_estimates_kl_old_to_new_from_samples_of_old():
+    logp = T([[0.3, -0.2]]).requires_grad_(True)
+    assert not losses.approx_kl(logp, T([[0.0, 0.0]]), T([[1.0, 1.0]])).requires_grad
+    old, new = torch.tensor([0.6, 0.3, 0.1]), torch.tensor([0.2, 0.5, 0.3])
+    exact = float((old * (old / new).log()).sum())  # KL(old || new)
+    tokens = torch.multinomial(old, 200_000, replacement=True, generator=torch.Generator().manual_seed(0))
+    estimate = float(losses.approx_kl(new.log()[tokens][None], old.log()[tokens][None], torch.ones(1, len(tokens))))
+    assert estimate == pytest.approx(exact, rel=0.02)
+
+
+EQUAL_SHARE_CASES = [
+    # (episode rewards, their groups, share of groups with >= 2 episodes all of equal reward)
+    ([1.0, 1.0, 0.0, 0.0], ["a", "a", "b", "b"], 1.0),  # a all passed, b all failed: both tell nothing
+    ([1.0, 0.0, 0.5, 0.5], ["a", "a", "b", "b"], 0.5),  # a differs; b is equal at 0.5
+    ([1.0, 0.0, 0.3], ["a", "a", "b"], 0.0),  # b is alone: never counted as equal, but counted as a group
+    ([0.2, 0.2, 0.2, 0.7], ["a", "b", "a", "b"], 0.5),  # groups need not be contiguous
+    ([0.0, 0.0, 0.0, 0.0, 1.0], ["a", "a", "a", "b", "c"], 1 / 3),
+    ([0.25], ["a"], 0.0),
+    ([], [], 0.0),  # no group at all
+]
+
+
+@pytest.mark.parametrize(("rewards", "groups", "expected"), EQUAL_SHARE_CASES)
+def test_equal_reward_share(rewards, groups, expected):
+    assert losses.equal_reward_share(T(rewards), groups) == pytest.approx(expected)
+
+
+def test_equal_reward_share_needs_one_group_per_reward():
+    with pytest.raises(ValueError, match="3 rewards for 2 group names"):
+        losses.equal_reward_share(T([0.0, 1.0, 1.0]), ["a", "a"])
+
+
+def test_group_members_in_order_of_first_appearance():
+    assert losses.group_members(["b", "a", "b", "c", "a"]) == [[0, 2], [1, 4], [3]]
