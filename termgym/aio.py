@@ -11,6 +11,10 @@ is lost; ``wait_for`` here does not.
 Some operations must not be cancelled half-way either: on CPython 3.11, a cancellation that lands
 inside ``asyncio.create_subprocess_exec`` (while it connects the pipes) kills only the direct
 child and then waits for pipes that a surviving grandchild holds open, for ever.
+
+Nor is ``asyncio.shield`` the way to make cleanup survive a cancellation: the cancellation reaches
+the caller at once, while the shielded work (stopping a sandbox, removing its directory) goes on
+unawaited, so a cancelled trial returned before its sandbox was gone; ``run_to_end`` waits for it.
 """
 
 from __future__ import annotations
@@ -56,6 +60,20 @@ async def uninterrupted(work: Awaitable[T], undo: Callable[[T], Awaitable[None]]
         await _wait_out(cleanup)
         if not cleanup.cancelled():
             cleanup.exception()  # retrieved: the cancellation is what propagates
+    raise asyncio.CancelledError
+
+
+async def run_to_end(work: Awaitable[T]) -> T:
+    """The result of ``work`` (cleanup: a sandbox's stop, a shell's close), which a cancellation of
+    the caller never interrupts and never leaves running behind it: if the caller is cancelled
+    meanwhile, ``work`` is waited for to its end and the cancellation then propagates (whatever
+    ``work`` raised is retrieved and dropped for it). Unlike ``asyncio.shield``, which propagates
+    the cancellation at once and leaves ``work`` running unawaited."""
+    task = asyncio.ensure_future(work)
+    if not await _wait_out(task):
+        return task.result()
+    if not task.cancelled():
+        task.exception()  # retrieved: the cancellation is what propagates
     raise asyncio.CancelledError
 
 

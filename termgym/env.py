@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from termgym.aio import run_to_end
 from termgym.episode.options import DEFAULT_COMMAND_TIMEOUT, DEFAULT_MAX_TURNS, EnvOptions
 from termgym.episode.outcomes import fault, fault_stop_reason, verification_error
 from termgym.episode.overrides import apply_overrides
@@ -185,7 +186,7 @@ class AsyncTerminalEnv:
             self._shell = self._new_shell()
             await self._shell.start()
         except BaseException:
-            await asyncio.shield(self.close())
+            await self.close()
             raise
         self.timings["setup"] = time.monotonic() - started
         phase_warnings = self.warnings
@@ -284,22 +285,30 @@ class AsyncTerminalEnv:
     async def close(self) -> None:
         """End the episode and stop its sandbox; with ``EnvOptions.keep`` the sandbox is left
         running instead and ``self.kept`` says how to enter and remove it (a backend that cannot
-        keep one stops it and says so in the warnings)."""
+        keep one stops it and says so in the warnings). A cancellation meanwhile never cuts it short:
+        it propagates once the sandbox is stopped (``run_to_end``), so a cancelled trial leaves
+        nothing running or on disk when it returns."""
+        await run_to_end(self._close())
+
+    async def _close(self) -> None:
         await self._end_without_verification()
-        if self.sandbox is not None:
-            sandbox, self.sandbox = self.sandbox, None
+        if self.sandbox is None:
+            return
+        sandbox, self.sandbox = self.sandbox, None
+        try:
             if self.options.keep and self.kept is None:
                 try:
-                    self.kept = await asyncio.shield(sandbox.keep())
+                    self.kept = await sandbox.keep()
                 except SandboxError as exc:
                     self.warnings.append(f"--keep: {exc}")
-            await asyncio.shield(sandbox.stop())
+        finally:
+            await sandbox.stop()
 
     async def __aenter__(self) -> AsyncTerminalEnv:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await asyncio.shield(self.close())
+        await self.close()
 
     async def _finish(
         self, obs: str, *, terminated: bool, truncated: bool, info: dict
@@ -390,7 +399,7 @@ class AsyncTerminalEnv:
         next one (a fresh shell, the agent phase's network, the step's own agent timeout)."""
         assert self.sandbox is not None and self._shell is not None
         shell, self._shell = self._shell, None
-        await asyncio.shield(shell.close())
+        await run_to_end(shell.close())
         started = time.monotonic()
         try:
             try:
@@ -455,7 +464,7 @@ class AsyncTerminalEnv:
         self.done = True
         if self._shell is not None:
             shell, self._shell = self._shell, None
-            await asyncio.shield(shell.close())
+            await run_to_end(shell.close())
 
     def _agent_env(self) -> dict[str, str]:
         assert self.sandbox is not None

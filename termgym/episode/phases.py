@@ -15,12 +15,12 @@ goes to the episode through ``warn``.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
+from termgym.aio import run_to_end
 from termgym.episode.artifacts import DROPPED, MAX_ARTIFACT_BYTES, artifact_paths, export_artifacts, safe_artifacts
 from termgym.episode.healthcheck import wait_healthy
 from termgym.episode.options import EnvOptions
@@ -150,7 +150,7 @@ class Phases:
         finally:
             for line in await fresh.limit_warnings():
                 self._warn(line)
-            await asyncio.shield(fresh.stop())
+            await run_to_end(fresh.stop())
 
     async def export_artifacts(self, sandbox: Sandbox, trial_dir: Path | None) -> list[str]:
         """The task's artifacts (and ``/logs/artifacts``) copied into ``trial_dir/artifacts``: the

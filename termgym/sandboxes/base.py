@@ -21,7 +21,6 @@ working from inside); ``stop`` runs on every path out of ``async with``, includi
 from __future__ import annotations
 
 import abc
-import asyncio
 import base64
 import binascii
 import io
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from termgym.aio import run_to_end
 from termgym.errors import SandboxBroken, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 
@@ -274,12 +274,12 @@ class Sandbox(abc.ABC):
         try:
             await self.start()
         except BaseException:
-            await asyncio.shield(self.stop())
+            await run_to_end(self.stop())
             raise
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await asyncio.shield(self.stop())
+        await run_to_end(self.stop())
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Cancellation that is neither lost nor leaves things half done: ``cancel_and_wait`` (a
 cancellation aimed at the caller while it waits is never swallowed: the bug behind Ctrl-C being
-ignored), ``wait_for``, ``uninterrupted``, and the embedded backend's spawning of processes (the
-hang behind a trial that never ended after the scheduler cancelled it)."""
+ignored), ``wait_for``, ``uninterrupted``, ``run_to_end`` (cleanup that a cancelled caller waits
+for: the sandbox directories a cancelled trial left), and the embedded backend's spawning of
+processes (the hang behind a trial that never ended after the scheduler cancelled it)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from termgym.aio import cancel_and_wait, uninterrupted, wait_for
+from termgym.aio import cancel_and_wait, run_to_end, uninterrupted, wait_for
 from termgym.sandboxes.host_processes import end_entered as _end_entered
 from termgym.sandboxes.host_processes import spawn as _spawn
 from tests.helpers import pids_matching
@@ -115,6 +116,36 @@ async def test_uninterrupted_without_cancellation_returns_and_keeps_errors():
 
     with pytest.raises(OSError, match="no such program"):
         await uninterrupted(fails(), undo)
+
+
+# -- run_to_end: cleanup the cancelled caller waits for (asyncio.shield leaves it running) ---------
+
+
+async def test_run_to_end_finishes_the_work_before_the_cancellation_propagates():
+    finished = []
+
+    async def cleanup():
+        await asyncio.sleep(0.3)
+        finished.append("cleaned up")
+
+    task = asyncio.create_task(run_to_end(cleanup()))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    task.cancel()  # a second cancellation does not cut the work short either
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert finished == ["cleaned up"]  # asyncio.shield: the caller is cancelled first, the work still running
+
+
+async def test_run_to_end_without_cancellation_returns_and_raises_as_the_work_does():
+    assert await run_to_end(asyncio.sleep(0.01, "value")) == "value"
+
+    async def fails():
+        raise OSError("busy")
+
+    with pytest.raises(OSError, match="busy"):
+        await run_to_end(fails())
 
 
 # -- the embedded backend's processes: a cancelled spawn leaves nothing behind ----------------------

@@ -11,6 +11,7 @@ import termgym
 from termgym.agents import ScriptedAgent
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.errors import EpisodeError
+from termgym.sandboxes.local.sandbox import LocalSandbox
 from termgym.tasks import load_task
 from termgym.trial import run_trial
 
@@ -94,6 +95,33 @@ async def test_cancellation_mid_step_removes_the_sandbox(task_dir, no_leaks):
     with pytest.raises(asyncio.CancelledError):
         await job
     assert env.sandbox is None
+
+
+async def test_a_cancellation_while_the_sandbox_stops_propagates_only_once_it_is_removed(
+    task_dir, no_leaks, monkeypatch
+):
+    # asyncio.shield around the close let the cancellation through at once and left the stop
+    # running unawaited: the cancelled episode returned with its sandbox still on disk.
+    stopping = asyncio.Event()
+    stop = LocalSandbox.stop
+
+    async def slow_stop(self):
+        stopping.set()
+        await asyncio.sleep(0.5)
+        await stop(self)
+
+    monkeypatch.setattr(LocalSandbox, "stop", slow_stop)
+
+    async def episode():
+        async with termgym.make(str(task_dir)) as env:
+            await env.reset()
+
+    job = asyncio.create_task(episode())
+    await stopping.wait()  # the episode is over; its sandbox is being stopped
+    job.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await job
+    assert [p.name for p in no_leaks.iterdir()] == []
 
 
 async def test_exception_inside_async_with_removes_the_sandbox(task_dir, no_leaks):
