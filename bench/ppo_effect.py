@@ -34,7 +34,7 @@ from termgym.tasks import load_task
 from termgym.trainer.config import PRESETS, Config
 from termgym.trainer.evaluate import evaluate, paired_change
 from termgym.trainer.models import load_policy, policy_renderer
-from termgym.trainer.pipeline import reinforce
+from termgym.trainer.pipeline import kept_for_ppo, reinforce
 from termgym.trainer.rollout import rollout_options, rollout_settings
 
 
@@ -68,10 +68,13 @@ async def main_async(args) -> int:
     out = Path(args.out or time.strftime("runs/ppo-effect-%Y%m%d-%H%M%S", time.gmtime()))
     if out.exists() and any(out.iterdir()):
         raise ValueError(f"{out} already holds a run; choose another --out")
-    selection = [Path(line) for line in (run / "selection.txt").read_text().split()]
-    await reinforce(cfg, run / "sft" / "policy", [load_task(p) for p in selection], out)
+    selection = [load_task(Path(line)) for line in (run / "selection.txt").read_text().split()]
+    await reinforce(cfg, run / "sft" / "policy", kept_for_ppo(selection, cfg.ppo_pool)[1], out)
     split = json.loads((run / "tasks" / "train" / "split.json").read_text())
-    validation = generate_split(out / "validation", "train", args.validation, split["seed"], first=split["count"])
+    family_set = split.get("family_set", "short")
+    validation = generate_split(
+        out / "validation", "train", args.validation, split["seed"], first=split["count"], family_set=family_set
+    )
     sets = {
         f"validation ({len(validation)} tasks)": [load_task(p) for p in validation],
         "held-out set": [load_task(p) for p in sorted((run / "tasks" / "heldout").iterdir()) if p.is_dir()],

@@ -76,10 +76,19 @@ def commands_of(record: TrialRecord) -> list[str]:
     return [*(t["action"]["command"] for t in turns if t["action"]["kind"] == "command"), record.stop_reason or ""]
 
 
+# the comparison's own start: a tiny policy built here (head_dim 64 for vLLM) on the short families' references
+THREE_WAYS_START = dict(init="", families="short", demonstrations="reference", ppo_pool=0)
+
+
 async def main_async(args) -> int:
     console = Console(file=sys.stderr, width=None if sys.stderr.isatty() else 140)
     cfg = replace(
-        Config(**PRESETS["tiny"]), pool=args.pool, heldout=args.heldout, sft_steps=args.sft_steps, generator="vllm"
+        Config(**PRESETS["tiny"]),
+        pool=args.pool,
+        heldout=args.heldout,
+        sft_steps=args.sft_steps,
+        generator="vllm",
+        **THREE_WAYS_START,
     )  # generator vllm: the tiny policy is built with head_dim 64
     out = Path(args.out or time.strftime("runs/three-ways-%Y%m%d-%H%M%S", time.gmtime()))
     if args.policy:
@@ -143,7 +152,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pool", type=int, default=PRESETS["tiny"]["pool"])
     parser.add_argument("--heldout", type=int, default=PRESETS["tiny"]["heldout"])
-    parser.add_argument("--sft-steps", type=int, default=PRESETS["tiny"]["sft_steps"])
+    parser.add_argument("--sft-steps", type=int, default=450)  # a fresh tiny policy needs its 450 steps
     parser.add_argument("--policy", default=None, help="a supervised policy directory (head_dim >= 64)")
     parser.add_argument("--heldout-dir", default=None, help="with --policy: the held-out tasks")
     parser.add_argument("--out", default=None)

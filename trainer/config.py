@@ -20,6 +20,7 @@ import re
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal, Union, get_args, get_origin, get_type_hints
 
 from termgym.agents.actions import ActionFormat
@@ -34,8 +35,9 @@ GeneratorName = Literal["torch", "vllm", "server"]
 SamplerDtype = Literal["float32", "bfloat16"]
 Advantage = Literal["gae", "group"]
 RewardKind = Literal["dense", "binary"]
+DemonstrationSource = Literal["reference", "teacher"]
 RendererName = Literal["auto", "chatml", "qwen-xml", "llama3", "template"]  # termgym.agents.renderers.RENDERER_NAMES
-FamilySetName = Literal["short", "long"]  # the keys of termgym.envs.families.FAMILY_SETS
+FamilySetName = Literal["short", "long", "explore"]  # the keys of termgym.envs.families.FAMILY_SETS
 
 DEFAULT_MAX_CONTEXT = 1024  # tokens per segment: the tiny policy's, and a model's whose config states none
 
@@ -80,7 +82,7 @@ class Config:
     pool: int = 0
     """generate a training pool of this many tasks (envs/families) and a held-out set, audit the pool and train on the accepted tasks: supervised warm start, held-out evaluation, critic warm-up and PPO, evaluation again, plots and a final table. 0: PPO alone on --tasks"""
     families: FamilySetName = "short"
-    """with --pool: the family set the pool and the held-out set are drawn from (envs/families): short (1 to 3 turns, 3 to 6 assertions a task) or long (4 to 8 turns, 8 to 20 assertions; for the recipe's comparisons, bench/recipe.py)"""
+    """with --pool: the family set the pool and the held-out set are drawn from (envs/families): short (1 to 3 turns, 3 to 6 assertions a task), long (4 to 8 turns, 8 to 20 assertions; for the recipe's comparisons, bench/recipe.py) or explore (the main job's: 1 or 2 turns, each family with the scripted teacher's systematic mistake, two that must look before acting; envs/families/explore)"""
     audit_k: int = 1
     """oracle runs per task when auditing the pool (flaky: rejected)"""
     audit_cache: str = ""
@@ -167,6 +169,12 @@ class Config:
     # -- supervised start (with --pool) ------------------------------------------------------------
     sft_steps: int = 0
     """supervised warm-start steps on the reference trajectories of the audited pool (with --pool)"""
+    init: str = ""
+    """with --pool: the model directory the policy starts from (its tokenizer included) instead of a freshly built tiny one; "bundled": the tiny base shipped in trainer/tiny_base (scripts/build_tiny_base.py: the tiny architecture after 750 supervised steps on the short families' reference solutions, seed 0; it copies names from an instruction as a pretrained model does, and has seen no explore family and no held-out name)"""
+    ppo_pool: int = 0
+    """with --pool: this many accepted tasks, spread evenly over the audit's order, are kept for PPO: the supervised start never sees them, so PPO's tasks are as new to the policy as the held-out set's names (a policy that memorised its demonstrations would sample nothing else on them); 0: PPO draws from every accepted task"""
+    demonstrations: DemonstrationSource = "reference"
+    """with --pool: what the supervised start imitates: reference (the reference solutions; only resolved episodes) or teacher (the scripted teacher of envs/families/teacher.py: the reference with each family's systematic mistakes at their stated rates, every episode kept, as a real model's distilled trajectories are; its held-out resolved rate is measured and printed beside the policy's)"""
     sft_batch_size: int = 32
     """demonstrations per supervised step"""
     sft_lr: float = 3e-3
@@ -191,22 +199,28 @@ class Config:
     """with --pool: besides the greedy evaluation, this many episodes per held-out task sampled at temperature 1 (the distribution PPO trains; the same draws before and after); 0: greedy only"""
 
 
-# The main job on a 2-core CPU (make demo): a generated, audited pool; a supervised start; PPO with
-# the dense reward in the bias-correcting scheduler mode, anchored to the supervised start by a KL
-# penalty (without it, 30 steps cost 10 points on the validation set); held-out evaluation before
-# and after.
+# The main job on a 2-core CPU (make demo): the explore families, whose scripted teacher makes a
+# systematic mistake in each (envs/families/explore); a generated, audited pool, 300 of its tasks
+# kept for PPO; a supervised start from the shipped tiny base (scripts/build_tiny_base.py) on the
+# teacher's demonstrations, mistakes included; PPO with the dense reward in the bias-correcting
+# scheduler mode, anchored to the supervised start by a KL penalty; held-out evaluation before and
+# after, the teacher's beside them. docs/results/main-job.md has the measured runs.
 TINY: dict = dict(
     pool=1200,
     heldout=192,
+    families="explore",
     audit_k=1,
     audit_cache="bundled",
-    sft_steps=450,
+    init="bundled",
+    demonstrations="teacher",
+    ppo_pool=300,
+    sft_steps=200,
     sft_batch_size=32,
     sft_lr=3e-3,
     hidden=128,
     layers=3,
     experts=8,
-    steps=10,
+    steps=24,
     batch_size=32,
     concurrency=8,
     mode="reweight",
@@ -232,6 +246,10 @@ PRESETS: dict[str, dict] = {
     "tiny-long": {
         **TINY,
         "families": "long",
+        "init": "",  # built fresh, with the short set's references first
+        "demonstrations": "reference",
+        "ppo_pool": 0,
+        "steps": 10,
         "pool": 600,
         "heldout": 100,
         "sft_steps": 300,
@@ -404,6 +422,14 @@ def max_context_of(cfg: Config) -> int:
     return DEFAULT_MAX_CONTEXT if cfg.max_context is None else cfg.max_context
 
 
+TINY_BASE = Path(__file__).resolve().parent / "tiny_base"  # --init bundled (scripts/build_tiny_base.py)
+
+
+def init_dir(cfg: Config) -> Path:
+    """The model directory ``--init`` names (``bundled``: the shipped tiny base)."""
+    return TINY_BASE if cfg.init == "bundled" else Path(cfg.init)
+
+
 def check_config(cfg: Config) -> None:
     """One ``ValueError`` line for a value no phase could use, before any work starts."""
     for name, allowed in FIELD_CHOICES.items():
@@ -431,6 +457,10 @@ def check_config(cfg: Config) -> None:
     ):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.pool and cfg.init and not (init_dir(cfg) / "config.json").is_file():
+        raise ConfigError(f"--init {cfg.init}: {init_dir(cfg)} is not a model directory (no config.json)")
+    if cfg.pool and cfg.ppo_pool < 0:
+        raise ConfigError(f"--ppo-pool must be at least 0, got {cfg.ppo_pool}")
     if cfg.pool and cfg.families not in FAMILY_SETS:
         raise ConfigError(f"--families must be one of {', '.join(FAMILY_SETS)}, got {cfg.families!r}")
     if (

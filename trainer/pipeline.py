@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -42,12 +43,13 @@ from termgym.audit.cache import AuditCache
 from termgym.audit.rubric import select_order, with_audited_count
 from termgym.audit.runner import audit_tasks
 from termgym.envs.families import bundled_audit_cache, generate_split, reference_commands
+from termgym.envs.families.teacher import teacher_commands
 from termgym.errors import ConfigError, TermgymError
 from termgym.progress import progress_bar
 from termgym.records import TrialRecord, append_record
 from termgym.tasks import Task, load_task
-from termgym.trainer.config import Config, resolve_max_context, warmup_steps
-from termgym.trainer.evaluate import EvalSummary, evaluate, paired_change
+from termgym.trainer.config import Config, init_dir, resolve_max_context, warmup_steps
+from termgym.trainer.evaluate import EvalSummary, evaluate, paired_change, summarise_records
 from termgym.trainer.models import build_tiny_policy, load_policy, policy_renderer
 from termgym.trainer.plots import write_plots
 from termgym.trainer.ppo import train
@@ -71,8 +73,9 @@ def _sampled(before: HeldOut, after: HeldOut) -> tuple[EvalSummary, EvalSummary]
     return before.sampled, after.sampled
 
 
-def result_table(before: HeldOut, after: HeldOut) -> Table:
-    """The final table: held-out results of the supervised start against after PPO."""
+def result_table(before: HeldOut, after: HeldOut, teacher: EvalSummary | None = None) -> Table:
+    """The final table: held-out results of the supervised start against after PPO (and the
+    scripted teacher's, when the demonstrations were its)."""
     sampled = _sampled(before, after)
     table = Table(title=f"held-out set ({before.greedy.tasks} tasks)", title_justify="left")
     for column in (
@@ -92,10 +95,13 @@ def result_table(before: HeldOut, after: HeldOut) -> Table:
             f"{g.reward:.3f}",
             *([f"{sampled[i].resolved:.1%}"] if sampled else []),
         )
+    if teacher is not None:
+        row = ["teacher (scripted)", f"{teacher.resolved:.1%}", f"{teacher.passed:.2f}", f"{teacher.reward:.3f}"]
+        table.add_row(*row, *([""] if sampled else []))
     return table
 
 
-def family_table(before: HeldOut, after: HeldOut, trained: set[str]) -> Table:
+def family_table(before: HeldOut, after: HeldOut, trained: set[str], teacher: EvalSummary | None = None) -> Table:
     sampled = _sampled(before, after)
     table = Table(title="held-out resolved rate per family", title_justify="left")
     for column in (
@@ -104,9 +110,10 @@ def family_table(before: HeldOut, after: HeldOut, trained: set[str]) -> Table:
         "supervised start",
         "after PPO",
         *(("sampled: start", "sampled: after PPO") if sampled else ()),
+        *(("teacher",) if teacher is not None else ()),
     ):
         table.add_column(column, justify="left" if column == "family" else "right")
-    summaries = (before.greedy, after.greedy, *(sampled or ()))
+    summaries = (before.greedy, after.greedy, *(sampled or ()), *((teacher,) if teacher is not None else ()))
     for family, b in before.greedy.families.items():
         name = family if family in trained else f"{family} (never trained on)"
         rates = [s.families.get(family, {"resolved": float("nan")})["resolved"] for s in summaries]
@@ -171,6 +178,15 @@ async def prepare_pool(run: Path, cfg: Config, console: Console) -> Pool:
     return Pool(train_tasks, heldout, selection, verdicts, validation)
 
 
+def kept_for_ppo(selection: list[Task], count: int) -> tuple[list[Task], list[Task]]:
+    """Pure: ``selection`` as (the supervised start's tasks, PPO's): ``count`` tasks spread evenly
+    over it are PPO's (every task both's when ``count`` is 0 or leaves the start none)."""
+    if count <= 0 or count >= len(selection):
+        return selection, selection
+    chosen = {int(i * len(selection) / count) for i in range(count)}
+    return [t for i, t in enumerate(selection) if i not in chosen], [t for i, t in enumerate(selection) if i in chosen]
+
+
 def validation_split(run: Path, cfg: Config) -> list[Task]:
     """``cfg.sft_validation`` tasks of the training split's name space that follow the pool's
     (``generate_split``'s ``first``: none of them is in the pool), in ``run/tasks/validation``; not
@@ -182,10 +198,17 @@ def validation_split(run: Path, cfg: Config) -> list[Task]:
 
 
 def build_policy(run: Path, cfg: Config, console: Console):
-    """Phase 3: the tiny MoE policy in ``run/init``. Its tokenizer is trained on the bundled
-    tasks' text, never on the generated pool or the held-out set: names then split into generic
-    pieces that the policy can learn to copy, instead of pool names merged into tokens that no
-    held-out name uses."""
+    """Phase 3: the policy in ``run/init``: a copy of ``--init``'s model, or a freshly built tiny
+    MoE. Its tokenizer is trained on the bundled tasks' text, never on the generated pool or the
+    held-out set: names then split into generic pieces that the policy can learn to copy, instead
+    of pool names merged into tokens that no held-out name uses."""
+    if cfg.init:
+        source = init_dir(cfg)  # a model directory: check_config saw its config.json
+        shutil.copytree(source, run / "init")
+        policy, tokenizer = load_policy(run / "init")
+        params = sum(p.numel() for p in policy.parameters())
+        console.print(f"[bold]3/7 policy[/]: {source.name} ({source}), {params / 1e3:.0f}k parameters")
+        return policy, tokenizer
     init = build_tiny_policy(
         run / "init",
         seed=cfg.seed,
@@ -203,31 +226,68 @@ def build_policy(run: Path, cfg: Config, console: Console):
     return policy, tokenizer
 
 
+def demonstrated_commands(cfg: Config) -> Callable[[Task], tuple[str, ...]]:
+    """What a demonstration of a task types: its reference commands, or the scripted teacher's."""
+    if cfg.demonstrations == "teacher":
+        return lambda task: teacher_commands(task.path, cfg.seed).commands
+    return lambda task: tuple(reference_commands(task.path))
+
+
 async def record_demonstrations(
     run: Path, cfg: Config, selection: list[Task], renderer, console: Console
 ) -> list[Demonstration]:
-    """Phase 4a: the reference trajectories of ``selection`` (resolved ones only), recorded in
-    fresh sandboxes; ``run/sft/demonstrations.jsonl`` and every trial's record in ``run/sft/records.jsonl``."""
+    """Phase 4a: the demonstrations of ``selection`` (the reference's, resolved ones only, or the
+    scripted teacher's, every one), recorded in fresh sandboxes; ``run/sft/demonstrations.jsonl``
+    and every trial's record in ``run/sft/records.jsonl``."""
+    records, found = await demonstrate(run / "sft" / "records.jsonl", cfg, selection, renderer, console)
+    if cfg.demonstrations == "teacher":
+        taught = summarise_records(records)
+        console.print(
+            f"  the teacher resolved {taught.resolved:.1%} of the pool (its mistakes are in the demonstrations)"
+        )
+    save_demonstrations(run / "sft" / "demonstrations.jsonl", found.demonstrations)
+    return found.demonstrations
+
+
+async def demonstrate(records_file: Path, cfg: Config, tasks: list[Task], renderer, console: Console, what: str = ""):
+    """Run the demonstrations of ``tasks`` (``demonstrated_commands``); every trial's record goes
+    to ``records_file``. Returns the records in task order and the demonstrations."""
+    records: list[TrialRecord] = []
+    teacher = cfg.demonstrations == "teacher"
     with progress_bar(console) as progress:
-        bar = progress.add_task("4/7 reference trajectories", total=len(selection))
+        label = what or ("4/7 the teacher's trajectories" if teacher else "4/7 reference trajectories")
+        bar = progress.add_task(label, total=len(tasks))
 
         def recorded(record: TrialRecord) -> None:
-            append_record(run / "sft" / "records.jsonl", record)
+            append_record(records_file, record)
+            records.append(record)
             progress.advance(bar)
 
         found = await collect_demonstrations(
-            selection,
-            lambda task: reference_commands(task.path),
-            rollout_options(cfg, f"reference-{run.name}"),
+            tasks,
+            demonstrated_commands(cfg),
+            rollout_options(cfg, f"reference-{records_file.parent.parent.name}"),
             renderer,
             rollout_settings(cfg),
             concurrency=cfg.concurrency,
             on_record=recorded,
+            resolved_only=not teacher,
         )
     if found.problems:
         raise ConfigError(f"{found.problems[0]}: the policy could never complete that task (raise the budget)")
-    save_demonstrations(run / "sft" / "demonstrations.jsonl", found.demonstrations)
-    return found.demonstrations
+    order = {task.name: i for i, task in enumerate(tasks)}
+    return sorted(records, key=lambda r: order.get(r.task, len(order))), found
+
+
+async def teacher_held_out(run: Path, cfg: Config, renderer, tasks: list[Task], console: Console) -> EvalSummary:
+    """The scripted teacher on the held-out set, through the same loop (records in
+    ``run/eval/teacher.jsonl``): the rate the policy's is measured against."""
+    records, _ = await demonstrate(
+        run / "eval" / "teacher.jsonl", cfg, tasks, renderer, console, "the teacher on the held-out set"
+    )
+    summary = summarise_records(records)
+    console.print(f"  teacher: resolved {summary.resolved:.1%}, mean assertions passed {summary.passed:.2f}")
+    return summary
 
 
 async def first_demonstrations(run: Path, cfg: Config, renderer, console: Console) -> list[Demonstration]:
@@ -384,19 +444,23 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     renderer = policy_renderer(run / "init", tokenizer, cfg)
     began = time.monotonic()
     first = await first_demonstrations(run, cfg, renderer, console)
-    demos = await record_demonstrations(run, cfg, pool.selection, renderer, console)
+    supervised, reinforced = kept_for_ppo(pool.selection, cfg.ppo_pool)
+    demos = await record_demonstrations(run, cfg, supervised, renderer, console)
     stop = validation_share_reached(run, cfg, policy, renderer, pool.validation, console) if pool.validation else None
     losses = await warm_start(run, cfg, demos, policy, tokenizer, console, first, stop)
     timings["supervised"] = time.monotonic() - began
     began = time.monotonic()
     before = await held_out(run, cfg, "sft", policy, renderer, pool.heldout, console)
+    teacher = (
+        await teacher_held_out(run, cfg, renderer, pool.heldout, console) if cfg.demonstrations == "teacher" else None
+    )
     timings["evaluation"] = time.monotonic() - began
     began = time.monotonic()
     console.print(
         f"[bold]6/7 PPO[/]: {warmup_steps(cfg)} critic warm-up steps, then {cfg.steps - warmup_steps(cfg)} "
         f"policy updates, {cfg.batch_size} trajectories per step ({cfg.mode}, {cfg.reward} reward)"
     )
-    metrics = await reinforce(cfg, run / "sft" / "policy", pool.selection, run / "ppo")
+    metrics = await reinforce(cfg, run / "sft" / "policy", reinforced, run / "ppo")
     timings["ppo"] = time.monotonic() - began
     began = time.monotonic()
     trained, _ = load_policy(run / "ppo" / "policy")
@@ -405,6 +469,8 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     plots = write_plots(run / "plots", metrics, sft_losses=losses, warmup_steps=warmup_steps(cfg))
     change = paired_change(before.greedy, after.greedy)
     heldout = {"sft": before.greedy.to_dict(), "ppo": after.greedy.to_dict(), "change": asdict(change)}
+    if teacher is not None:
+        heldout["teacher"] = teacher.to_dict()
     if before.sampled and after.sampled:
         sampled_change = paired_change(before.sampled, after.sampled)
         heldout["sampled"] = {
@@ -424,13 +490,13 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
         "plots": [str(p) for p in plots],
     }
     (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    console.print(result_table(before, after))
+    console.print(result_table(before, after, teacher))
     console.print(f"  after PPO against the supervised start, greedy: {change.describe(before.greedy.tasks)}")
     if before.sampled and after.sampled:
         console.print(
             f"  sampled ({before.sampled.samples} per task; a task gains when its rate rises): "
             f"{sampled_change.describe(before.sampled.tasks)}"
         )
-    console.print(family_table(before, after, {t.family for t in pool.selection}))
+    console.print(family_table(before, after, {t.family for t in pool.selection}, teacher))
     console.print(f"run directory: [bold]{run}[/] (summary.json, plots/, eval/, ppo/checkpoint.pt, ppo/policy/)")
     return summary

@@ -232,6 +232,10 @@ def summarise(step: int, kept: Sequence[KeptTrial[Trajectory]], update: dict, re
         "resolved": sum(r.resolved for r in records) / n,
         "passed": sum(r.passed for r in records) / n,
         "turns": sum(r.turns for r in records) / n,
+        # does a batch hold two different outcomes for the same kind of task? (the issue-32 question)
+        "equal_reward_families": losses.equal_reward_share(
+            torch.tensor([t.reward for t in trajectories], dtype=torch.float64), [r.family for r in records]
+        ),
         "tokens": sum(len(s.ids) for s in samples),
         "action_tokens": action_tokens,
         "token_drift": sum(token_drift(t) for t in trajectories),

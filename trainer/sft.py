@@ -10,8 +10,10 @@ renderer as a rollout. The loss covers only the replies (mask 1, close tokens in
 prompt or the observations, so supervised training and PPO train the same positions.
 
 Guarantees: a demonstration's ids are what a rollout whose policy sampled those replies would hold
-(``tests/trainer/test_sft.py``); only episodes the verifier resolved in one segment become
-demonstrations, so a broken reference never teaches; a reference the rollout's budgets could not
+(``tests/trainer/test_sft.py``); by default only episodes the verifier resolved in one segment
+become demonstrations, so a broken reference never teaches (``resolved_only=False`` keeps every
+submitted one-segment episode: a scripted teacher's, mistakes included, as a distilled model's
+trajectories are unfiltered); a reference the rollout's budgets could not
 reproduce (a reply longer than ``max_new_tokens``, an episode beyond the context) is reported in
 ``DemonstrationSet.problems``; ``supervised_train`` is deterministic in its seed on CPU.
 """
@@ -110,9 +112,11 @@ async def collect_demonstrations(
     *,
     concurrency: int = 4,
     on_record: Callable[[TrialRecord], None] | None = None,
+    resolved_only: bool = True,
 ) -> DemonstrationSet:
     """One reference episode per task (``commands(task)``: its reference commands), in task order;
-    only resolved episodes become demonstrations. Every trial's record goes to ``on_record``."""
+    only resolved episodes become demonstrations, or with ``resolved_only=False`` every episode
+    that submitted. Every trial's record goes to ``on_record``."""
     jobs = []
     for task in tasks:
         typed = tuple(commands(task))
@@ -129,7 +133,7 @@ async def collect_demonstrations(
     for (_, agent), record in zip(jobs, records):
         if (problem := agent.problem()) is not None:
             result.problems.append(problem)
-        elif record.resolved and agent.stop_reason == "submitted" and agent.segments == 1:
+        elif (record.resolved or not resolved_only) and agent.stop_reason == "submitted" and agent.segments == 1:
             result.demonstrations.append(Demonstration(agent.task, agent.commands, agent.ids, agent.mask))
     return result
 

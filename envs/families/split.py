@@ -22,13 +22,15 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
 from termgym.envs.families import copy_file, dir_and_file, dir_file_copy, make_dir, two_files, write_file
+from termgym.envs.families.explore import find_file, flawed, make_path, read_config
 from termgym.envs.families.long import copy_chain, dir_files, file_set, nested_tree, two_dirs
-from termgym.envs.families.names import SPLITS, NamePool
+from termgym.envs.families.names import MAX_LENGTH, SPLITS, NamePool
 from termgym.envs.families.spec import TaskSpec
 from termgym.envs.families.writer import write_task
 from termgym.errors import ConfigError
@@ -37,18 +39,32 @@ MAX_COUNT = 100_000
 
 
 @dataclass(frozen=True)
+class Family:
+    """A family's name and its pure generator."""
+
+    name: str
+    make: Callable[[random.Random, NamePool], TaskSpec]
+
+    @classmethod
+    def of(cls, module: ModuleType) -> Family:
+        """A family module's (its ``FAMILY`` and ``make``)."""
+        return cls(module.FAMILY, module.make)
+
+
+@dataclass(frozen=True)
 class FamilySet:
-    """Families drawn together, round-robin in ``modules``' order; ``heldout_only`` never trains;
+    """Families drawn together, round-robin in ``members``' order; ``heldout_only`` never trains;
     every task of the set has ``assertions[0]`` to ``assertions[1]`` assertions."""
 
     name: str
-    modules: tuple[ModuleType, ...]
+    members: tuple[Family, ...]
     heldout_only: tuple[str, ...]
     assertions: tuple[int, int]
+    longest_name: int = MAX_LENGTH  # letters in the longest name or word a task of the set draws
 
     @property
-    def families(self) -> dict[str, ModuleType]:
-        return {m.FAMILY: m for m in self.modules}
+    def families(self) -> dict[str, Family]:
+        return {f.name: f for f in self.members}
 
     @property
     def train_families(self) -> tuple[str, ...]:
@@ -65,14 +81,37 @@ class FamilySet:
         return f"{scope}/{split}/{seed}/{index}"
 
 
+def _of(*modules: ModuleType) -> tuple[Family, ...]:
+    return tuple(Family.of(m) for m in modules)
+
+
 FAMILY_SETS: dict[str, FamilySet] = {
     # Shortest first, so that stragglers are visible.
     "short": FamilySet(
-        "short", (write_file, make_dir, copy_file, dir_and_file, dir_file_copy, two_files), (two_files.FAMILY,), (3, 6)
+        "short",
+        _of(write_file, make_dir, copy_file, dir_and_file, dir_file_copy, two_files),
+        (two_files.FAMILY,),
+        (3, 6),
     ),
-    "long": FamilySet("long", (file_set, dir_files, nested_tree, copy_chain, two_dirs), (two_dirs.FAMILY,), (8, 20)),
+    "long": FamilySet("long", _of(file_set, dir_files, nested_tree, copy_chain, two_dirs), (two_dirs.FAMILY,), (8, 20)),
+    # The main job's: each family with the scripted teacher's systematic mistake (explore/__init__).
+    "explore": FamilySet(
+        "explore",
+        (
+            Family(write_file.FAMILY, flawed.write_file_with_flaw),
+            *_of(make_path),
+            Family(copy_file.FAMILY, flawed.copy_file_with_flaw),
+            Family(dir_and_file.FAMILY, flawed.dir_and_file_with_flaw),
+            *_of(read_config, find_file),
+            Family(two_files.FAMILY, flawed.two_files_with_flaw),
+        ),
+        (two_files.FAMILY,),
+        (3, 6),
+        # names of 3 to 5 letters: the main job's budget goes to what reward teaches, not to copying
+        longest_name=5,
+    ),
 }
-FAMILIES: dict[str, ModuleType] = FAMILY_SETS["short"].families
+FAMILIES: dict[str, Family] = FAMILY_SETS["short"].families
 HELDOUT_ONLY: tuple[str, ...] = FAMILY_SETS["short"].heldout_only
 TRAIN_FAMILIES: tuple[str, ...] = FAMILY_SETS["short"].train_families
 
@@ -88,7 +127,8 @@ def make_task(split: str, seed: int, index: int, family_set: str = "short") -> T
     chosen = family_set_named(family_set)
     families = chosen.split_families(split)
     family = families[index % len(families)]
-    spec = chosen.families[family].make(random.Random(chosen.seed_text(split, seed, index)), NamePool(split))
+    names = NamePool(split, chosen.longest_name)
+    spec = chosen.families[family].make(random.Random(chosen.seed_text(split, seed, index)), names)
     low, high = chosen.assertions
     if not low <= len(spec.assertions) <= high:
         raise ValueError(f"{spec.name}: {len(spec.assertions)} assertions, the {chosen.name} set needs {low} to {high}")

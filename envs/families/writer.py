@@ -5,7 +5,8 @@ split and the generation seed), ``instruction.md``, ``environment/Dockerfile`` (
 debian:bookworm-slim``, ``WORKDIR /app``, and one ``RUN`` writing the initial files when there are
 any: cheap on the embedded backend, where each step is one command in the sandbox),
 ``solution/solve.sh`` (``#!/bin/sh`` then exactly the reference commands, one per line) and
-``tests/test.sh`` (the assertion kit, one ``tg_check_sh`` per assertion). The verifier declares its
+``tests/test.sh`` (the assertion kit, one ``tg_check_sh`` per assertion), and, for a family with
+teacher's mistakes, ``solution/teacher.json`` (its flaws: ``termgym.envs.families.teacher``). The verifier declares its
 report (``ctrf``, the kit's) and its number of assertions, so no other report and no other count is
 ever graded.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import shlex
 from pathlib import Path
 
@@ -64,7 +66,9 @@ def _write_file(path: str, content: str) -> str:
     if not content.endswith("\n"):
         raise ValueError(f"initial file {path}: content must end with a newline")
     words = " ".join(shlex.quote(line) for line in content[:-1].split("\n"))
-    return f"printf '%s\\n' {words} > {shlex.quote(path)}"
+    parent = posixpath.dirname(path)
+    made = f"mkdir -p {shlex.quote(parent)} && " if parent != "/app" else ""
+    return f"{made}printf '%s\\n' {words} > {shlex.quote(path)}"
 
 
 def solve_sh(spec: TaskSpec) -> str:
@@ -74,6 +78,11 @@ def solve_sh(spec: TaskSpec) -> str:
 def test_sh(spec: TaskSpec) -> str:
     checks = [f"tg_check_sh {shlex.quote(d)} {shlex.quote(check)}" for d, check in spec.assertions]
     return "\n".join(["#!/bin/sh", KIT, *checks, "tg_finish"]) + "\n"
+
+
+def teacher_json(spec: TaskSpec) -> str:
+    flaws = [{"mistake": f.mistake, "rate": f.rate, "commands": list(f.commands)} for f in spec.flaws]
+    return json.dumps({"flaws": flaws}, indent=2) + "\n"
 
 
 def write_task(spec: TaskSpec, task_dir: str | os.PathLike[str], *, split: str, seed: int, index: int) -> Path:
@@ -87,6 +96,8 @@ def write_task(spec: TaskSpec, task_dir: str | os.PathLike[str], *, split: str, 
     (root / "environment" / "Dockerfile").write_text(dockerfile(spec))
     (root / "solution" / "solve.sh").write_text(solve_sh(spec))
     (root / "tests" / "test.sh").write_text(test_sh(spec))
+    if spec.flaws:
+        (root / "solution" / "teacher.json").write_text(teacher_json(spec))
     for script in (root / "solution" / "solve.sh", root / "tests" / "test.sh"):
         script.chmod(0o755)
     return root

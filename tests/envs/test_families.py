@@ -133,15 +133,23 @@ def test_heldout_only_family_never_in_train_and_families_are_balanced(tmp_path):
         assert (meta["category"], meta["split"], meta["seed"]) == (entry["family"], "train", 0)
 
 
+VERBS = (">", "echo", "mkdir", "-p", "cp", "cat", "ls")
+
+
 @pytest.mark.parametrize("family_set", list(FAMILY_SETS))
-def test_every_command_is_copied_from_the_instruction(family_set):
+def test_every_command_is_copied_from_the_instruction_or_from_what_a_look_showed(family_set):
+    """Every word of a command is in the instruction, except after a look (``cat``, ``ls``), where
+    it may be what the look showed: a name in the environment's files."""
     for split in ("train", "heldout"):
         for i in range(60):
             spec = make_task(split, 5, i, family_set)
-            for command in spec.commands:
+            shown = " ".join(f"{path} {content}" for path, content in spec.files)
+            for index, command in enumerate(spec.commands):
+                looked = any(look < index for look in spec.looks)
                 for token in command.split():
-                    if token not in (">", "echo", "mkdir", "cp"):
-                        assert token in spec.instruction, (spec.name, token)
+                    if token in VERBS or token in spec.instruction:
+                        continue
+                    assert looked and token.removeprefix("/app/") in shown, (spec.name, token)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -247,9 +255,11 @@ async def test_oracle_resolves_null_fails_and_prefixes_earn_partial_credit(famil
     scores = [null.passed]
     for keep in range(1, len(spec.commands)):
         prefix = await run_trial(task, ScriptedAgent(spec.commands[:keep]), OPTIONS)
-        scores.append(prefix.passed)
+        looked = keep - 1 in spec.looks
+        assert not looked or prefix.passed == scores[-1], keep  # a look changes nothing
+        scores += [] if looked else [prefix.passed]
     scores.append(oracle.passed)
-    assert scores == sorted(set(scores)), scores  # every command earns more credit
+    assert scores == sorted(set(scores)), scores  # every command but a look earns more credit
 
 
 def misspell(command: str) -> str:
@@ -293,11 +303,75 @@ async def test_near_misses_are_graded_strictly(tmp_path, no_leaks):
     assert [a["passed"] for a in extra.assertions] == [True, True, True, False]
 
 
-@pytest.mark.parametrize(("family_set", "multi_turn"), [("short", 3), ("long", 5)])
+@pytest.mark.parametrize(("family_set", "multi_turn"), [("short", 3), ("long", 5), ("explore", 4)])
 async def test_the_audit_accepts_a_sample_of_every_family(family_set, multi_turn, tmp_path, no_leaks):
     paths = generate_split(tmp_path / "h", "heldout", len(FAMILY_SETS[family_set].families), 11, family_set=family_set)
     verdicts = await audit_tasks([load_task(p) for p in paths], OPTIONS, k=2, concurrency=3)
     assert all(v.accepted for v in verdicts), [v.to_dict() for v in verdicts if not v.accepted]
-    assert all(not v.flags for v in verdicts)
-    multi = [v for v in verdicts if v.checks["partial"] != "n/a"]
-    assert len(multi) == multi_turn and all(v.scores["granularity"] > 0.5 for v in multi)
+    # a family that looks first earns its credit in its last command: the audit flags (does not
+    # reject) that no prefix earns any; no other family is flagged
+    looking = {f for f, spec in one_of_each(family_set=family_set).items() if spec.looks}
+    for verdict in verdicts:
+        family = load_task(paths[verdicts.index(verdict)]).family
+        expected = ["binary_in_disguise"] if family in looking else []
+        assert [flag.kind for flag in verdict.flags] == expected, (family, verdict.flags)
+    multi = [v for v in verdicts if v.checks["partial"] != "n/a" and not v.flags]
+    assert len(multi) == multi_turn - len(looking) and all(v.scores["granularity"] > 0.5 for v in multi)
+
+
+# -- the scripted teacher (the explore set's flaws) ----------------------------------------------
+
+
+def test_the_explore_set_gives_every_family_one_flaw_at_its_stated_rate_and_two_must_look():
+    explore = FAMILY_SETS["explore"]
+    specs = one_of_each(family_set="explore")
+    assert set(specs) == set(explore.families) and explore.heldout_only == ("two-files",)
+    rates = {family: [f.rate for f in spec.flaws] for family, spec in specs.items()}
+    assert rates == {
+        "write-file": [0.3],
+        "make-path": [0.6],
+        "copy-file": [0.6],
+        "dir-and-file": [0.6],
+        "read-config": [0.6],
+        "find-file": [0.6],
+        "two-files": [0.6],
+    }
+    assert {f for f, spec in specs.items() if spec.looks} == {"read-config", "find-file"}
+    # the short set is unchanged: no flaws, and the same tasks as before the explore set
+    assert all(not spec.flaws and not spec.looks for spec in one_of_each().values())
+
+
+def test_the_teacher_makes_each_mistake_at_its_rate_deterministically_per_seed(tmp_path):
+    from termgym.envs.families.teacher import teacher_commands
+
+    paths = generate_split(tmp_path / "t", "train", 600, seed=0, family_set="explore")
+    choices = [teacher_commands(p, 0) for p in paths]
+    assert choices == [teacher_commands(p, 0) for p in reversed(paths)][::-1]  # order-free
+    assert choices != [teacher_commands(p, 1) for p in paths]  # another seed, other draws
+    by_family: dict[str, list[bool]] = {}
+    for path, choice in zip(paths, choices):
+        spec_flaws = json.loads((path / "solution" / "teacher.json").read_text())["flaws"]
+        flawed = choice.mistake is not None
+        assert choice.commands == (tuple(spec_flaws[0]["commands"]) if flawed else tuple(reference_commands(path)))
+        by_family.setdefault(path.name.rsplit("-", 1)[0], []).append(flawed)
+    for family, flags in by_family.items():
+        rate = FAMILY_SETS["explore"].families[family].make(random.Random(0), NamePool("train")).flaws[0].rate
+        assert abs(sum(flags) / len(flags) - rate) < 0.12, (family, sum(flags) / len(flags))
+    # a task of a family without flaws: the reference, always
+    plain = generate_split(tmp_path / "s", "train", 1, seed=0)[0]
+    assert teacher_commands(plain, 0).commands == tuple(reference_commands(plain))
+    (paths[0] / "solution" / "teacher.json").write_text("{}")
+    with pytest.raises(ValueError, match="not a teacher's list of flaws"):
+        teacher_commands(paths[0], 0)
+
+
+@pytest.mark.parametrize("family", list(FAMILY_SETS["explore"].families))
+async def test_every_mistake_of_the_teacher_costs_assertions_and_never_resolves(family, tmp_path, no_leaks):
+    spec = one_of_each(family_set="explore")[family]
+    task = load_task(write_task(spec, tmp_path / spec.name, split="heldout", seed=0, index=0))
+    for flaw in spec.flaws:
+        flawed, right = await asyncio.gather(
+            run_trial(task, ScriptedAgent(flaw.commands), OPTIONS),
+            run_trial(task, ScriptedAgent(spec.commands), OPTIONS),
+        )
+        assert flawed.error is None and not flawed.resolved and flawed.passed < right.passed == right.total

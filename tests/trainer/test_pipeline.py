@@ -183,7 +183,7 @@ def test_shortened_demo_end_to_end(tmp_path, no_leaks, capsys):
         "--pool",
         "10",
         "--heldout",
-        "6",
+        "7",
         "--sft-steps",
         "20",
         "--sft-batch-size",
@@ -206,12 +206,14 @@ def test_shortened_demo_end_to_end(tmp_path, no_leaks, capsys):
         "1",
         "--eval-samples",
         "2",
+        "--ppo-pool",
+        "3",
     ]
     assert termgym_main(args) == 0
     err = capsys.readouterr().err
     assert "supervised start" in err and "after PPO" in err and f"run directory: {run}" in err
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["heldout"]["sft"]["tasks"] == summary["heldout"]["ppo"]["tasks"] == 6
+    assert summary["heldout"]["sft"]["tasks"] == summary["heldout"]["ppo"]["tasks"] == 7
     sft, ppo = ({t for t, rate in summary["heldout"][label]["task_rates"].items() if rate} for label in ("sft", "ppo"))
     change = summary["heldout"]["change"]
     assert (change["gained"], change["lost"]) == (len(ppo - sft), len(sft - ppo)) and 0 < change["p_value"] <= 1
@@ -231,10 +233,15 @@ def test_shortened_demo_end_to_end(tmp_path, no_leaks, capsys):
         json.loads(line)["task"] for line in (run / "sft" / "demonstrations.jsonl").read_text().splitlines()
     }
     assert trained | demonstrated <= accepted
+    assert trained and demonstrated and not trained & demonstrated  # PPO's tasks were never demonstrated
+    # the scripted teacher's demonstrations, and its own held-out rate beside the policy's
+    teacher = summary["heldout"]["teacher"]
+    assert teacher["tasks"] == 7 and "teacher (scripted)" in err and "the teacher resolved" in err
+    assert len((run / "eval" / "teacher.jsonl").read_text().splitlines()) == 7
     heldout = json.loads((run / "tasks" / "heldout" / "split.json").read_text())
     assert "two-files" in {t["family"] for t in heldout["tasks"]}
     evaluated = [json.loads(line)["task"] for line in (run / "eval" / "ppo.jsonl").read_text().splitlines()]
-    assert len(evaluated) == 6 and not set(evaluated) & (trained | demonstrated)
+    assert len(evaluated) == 7 and not set(evaluated) & (trained | demonstrated)
     metrics = [json.loads(line) for line in (run / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert [m["warmup"] for m in metrics] == [True, False, False]
     assert (run / "ppo" / "checkpoint.pt").exists() and (run / "sft" / "policy" / "config.json").exists()
@@ -426,3 +433,25 @@ def test_a_supervised_start_that_cannot_run_is_one_line(changes, flag):
     with pytest.raises(ConfigError, match=flag) as caught:
         check_config(replace(Config(**PRESETS["tiny-long"]), **changes))
     assert "\n" not in str(caught.value)
+
+
+def test_an_init_that_is_no_model_or_a_negative_ppo_pool_is_one_line(tmp_path):
+    from dataclasses import replace
+
+    from termgym.errors import ConfigError
+    from termgym.trainer.config import PRESETS, TINY_BASE, Config, check_config
+
+    assert (TINY_BASE / "config.json").is_file() and (TINY_BASE / "tokenizer.json").is_file()  # shipped
+    for changes, said in (({"init": str(tmp_path)}, "not a model directory"), ({"ppo_pool": -1}, "--ppo-pool")):
+        with pytest.raises(ConfigError, match=said) as caught:
+            check_config(replace(Config(**PRESETS["tiny"]), **changes))
+        assert "\n" not in str(caught.value)
+
+
+def test_ppo_keeps_its_share_of_the_pool_spread_over_the_audit_order():
+    from termgym.trainer.pipeline import kept_for_ppo
+
+    tasks = [f"t{i}" for i in range(10)]
+    supervised, reinforced = kept_for_ppo(tasks, 3)  # type: ignore[arg-type]  # only ordered here
+    assert reinforced == ["t0", "t3", "t6"] and supervised == [t for t in tasks if t not in reinforced]
+    assert kept_for_ppo(tasks, 0) == (tasks, tasks) == kept_for_ppo(tasks, 10)  # type: ignore[arg-type]
