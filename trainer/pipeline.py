@@ -51,7 +51,7 @@ from termgym.tasks import Task, load_task
 from termgym.trainer.config import Config, init_dir, resolve_max_context, warmup_steps
 from termgym.trainer.evaluate import EvalSummary, evaluate, paired_change, summarise_records
 from termgym.trainer.models import build_tiny_policy, load_policy, policy_renderer
-from termgym.trainer.plots import write_plots
+from termgym.trainer.plots import write_family_plot, write_plots
 from termgym.trainer.ppo import train
 from termgym.trainer.rollout import rollout_options, rollout_settings
 from termgym.trainer.sft import Demonstration, collect_demonstrations, save_demonstrations, supervised_steps
@@ -467,6 +467,11 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     after = await held_out(run, cfg, "ppo", trained, renderer, pool.heldout, console)
     timings["evaluation"] += time.monotonic() - began
     plots = write_plots(run / "plots", metrics, sft_losses=losses, warmup_steps=warmup_steps(cfg))
+    evaluations = {"supervised start": before.greedy, "after PPO": after.greedy}
+    if teacher is not None:
+        evaluations["teacher"] = teacher
+    families = {label: summary.families for label, summary in evaluations.items()}
+    plots.append(write_family_plot(run / "plots" / "heldout_families.png", families))
     change = paired_change(before.greedy, after.greedy)
     heldout = {"sft": before.greedy.to_dict(), "ppo": after.greedy.to_dict(), "change": asdict(change)}
     if teacher is not None:

@@ -2,12 +2,13 @@
 
 ``curves`` is pure (metrics in, named series out); ``write_plots`` draws one PNG per curve and
 returns the paths it wrote. A metric missing from every step gives no plot rather than an empty one.
+``write_family_plot`` draws the held-out resolved rate per family, before and after PPO.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 # (file stem, title, y label, how to read it from one step's metrics)
@@ -34,6 +35,38 @@ def curves(metrics: Sequence[dict]) -> dict[str, tuple[list[int], list[float]]]:
         if points:
             out[stem] = ([s for s, _ in points], [v for _, v in points])
     return out
+
+
+def family_bars(heldout: Mapping[str, Mapping[str, Mapping[str, float]]]) -> tuple[list[str], dict[str, list[float]]]:
+    """Pure: the families of the first evaluation in ``heldout`` (label -> family -> its
+    ``resolved``) and, per label, each family's resolved rate (NaN where a label lacks it)."""
+    families = list(next(iter(heldout.values()), {}))
+    rates = {label: [float(by.get(f, {}).get("resolved", math.nan)) for f in families] for label, by in heldout.items()}
+    return families, rates
+
+
+def write_family_plot(path: Path, heldout: Mapping[str, Mapping[str, Mapping[str, float]]]) -> Path:
+    """Grouped bars of the held-out resolved rate per family, one bar per evaluation (e.g.
+    supervised start, after PPO, teacher)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    families, rates = family_bars(heldout)
+    figure, axes = plt.subplots(figsize=(7, 3.8), dpi=100)
+    width = 0.8 / max(len(rates), 1)
+    for i, (label, values) in enumerate(rates.items()):
+        axes.bar([x + i * width for x in range(len(families))], values, width, label=label)
+    axes.set_xticks([x + width * (len(rates) - 1) / 2 for x in range(len(families))], families, rotation=20, fontsize=8)
+    axes.set(title="Held-out resolved rate per family (greedy)", ylabel="resolved", ylim=(0, 1))
+    axes.legend(loc="best", fontsize=8)
+    axes.grid(alpha=0.3, axis="y")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return path
 
 
 def write_plots(

@@ -34,10 +34,11 @@ from termgym.envs.families.writer import reference_commands, write_task
 
 def bundled_audit_cache() -> Path:
     """Verdicts of ``termgym audit --k 1`` on the pools of the presets that draw one (``--preset
-    tiny``, the short set; ``--preset tiny-long``, the long set), keyed by task content.
+    tiny``, the explore set, seeds 0, 1 and 2; ``--preset tiny-long``, the long set and its first
+    stage's short set, seed 0), keyed by task content.
     Regenerate it after changing a family (a test fails until then)::
 
-        python -m termgym.envs.families /tmp/pool --split train --count POOL --seed 0 [--families long]
+        python -m termgym.envs.families /tmp/pool --split train --count POOL --seed 0 [--families explore]
         termgym audit /tmp/pool --k 1 -n 6 --cache envs/families/audit-cache.json
     """
     return Path(__file__).resolve().parent / "audit-cache.json"

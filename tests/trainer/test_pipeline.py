@@ -253,6 +253,7 @@ def test_shortened_demo_end_to_end(tmp_path, no_leaks, capsys):
         "logprob_gap.png",
         "straggler_bias.png",
         "sft_loss.png",
+        "heldout_families.png",
     } | ({"explained_variance.png"} if finite_ev else set())
     # the same directory again: one line, exit 2, the first run untouched
     assert termgym_main(args) == 2
@@ -455,3 +456,17 @@ def test_ppo_keeps_its_share_of_the_pool_spread_over_the_audit_order():
     supervised, reinforced = kept_for_ppo(tasks, 3)  # type: ignore[arg-type]  # only ordered here
     assert reinforced == ["t0", "t3", "t6"] and supervised == [t for t in tasks if t not in reinforced]
     assert kept_for_ppo(tasks, 0) == (tasks, tasks) == kept_for_ppo(tasks, 10)  # type: ignore[arg-type]
+
+
+def test_the_family_plot_groups_each_evaluation_by_family(tmp_path):
+    from termgym.trainer.plots import family_bars, write_family_plot
+
+    heldout = {
+        "supervised start": {"a": {"resolved": 0.25}, "b": {"resolved": 0.0}},
+        "after PPO": {"a": {"resolved": 0.75}},
+    }
+    families, rates = family_bars(heldout)
+    assert families == ["a", "b"] and rates["supervised start"] == [0.25, 0.0]
+    assert rates["after PPO"][0] == 0.75 and rates["after PPO"][1] != rates["after PPO"][1]  # NaN: not evaluated
+    path = write_family_plot(tmp_path / "plots" / "f.png", heldout)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
