@@ -208,6 +208,10 @@ def test_shortened_demo_end_to_end(tmp_path, no_leaks, capsys):
         "2",
         "--ppo-pool",
         "3",
+        "--start-floor",
+        "0.99",
+        "--sft-validation",
+        "3",
     ]
     assert termgym_main(args) == 0
     err = capsys.readouterr().err
@@ -238,6 +242,10 @@ def test_shortened_demo_end_to_end(tmp_path, no_leaks, capsys):
     teacher = summary["heldout"]["teacher"]
     assert teacher["tasks"] == 7 and "teacher (scripted)" in err and "the teacher resolved" in err
     assert len((run / "eval" / "teacher.jsonl").read_text().splitlines()) == 7
+    # a 20-step start cannot pass 99% of the validation split's assertions: said, and the job goes on
+    check = summary["start_check"]
+    assert check["floor"] == 0.99 and not check["within"] and "fell short of its band" in err
+    assert len((run / "eval" / "validation-start.jsonl").read_text().splitlines()) == 3
     heldout = json.loads((run / "tasks" / "heldout" / "split.json").read_text())
     assert "two-files" in {t["family"] for t in heldout["tasks"]}
     evaluated = [json.loads(line)["task"] for line in (run / "eval" / "ppo.jsonl").read_text().splitlines()]
@@ -436,14 +444,18 @@ def test_a_supervised_start_that_cannot_run_is_one_line(changes, flag):
     assert "\n" not in str(caught.value)
 
 
-def test_an_init_that_is_no_model_or_a_negative_ppo_pool_is_one_line(tmp_path):
+def test_an_init_that_is_no_model_a_negative_ppo_pool_or_a_floor_above_one_is_one_line(tmp_path):
     from dataclasses import replace
 
     from termgym.errors import ConfigError
     from termgym.trainer.config import PRESETS, TINY_BASE, Config, check_config
 
     assert (TINY_BASE / "config.json").is_file() and (TINY_BASE / "tokenizer.json").is_file()  # shipped
-    for changes, said in (({"init": str(tmp_path)}, "not a model directory"), ({"ppo_pool": -1}, "--ppo-pool")):
+    for changes, said in (
+        ({"init": str(tmp_path)}, "not a model directory"),
+        ({"ppo_pool": -1}, "--ppo-pool"),
+        ({"start_floor": 1.5}, "--start-floor"),
+    ):
         with pytest.raises(ConfigError, match=said) as caught:
             check_config(replace(Config(**PRESETS["tiny"]), **changes))
         assert "\n" not in str(caught.value)
