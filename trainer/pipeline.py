@@ -4,11 +4,13 @@
    held-out names are never used in training, and one held-out family is never trained on;
 2. audit the pool (``termgym audit``'s mechanical checks); only accepted tasks train, in the
    audit's score order, which the task pool reshuffles every epoch;
-3. build the tiny MoE policy (its tokenizer trained on the bundled tasks' text, not on the pool);
-4. record the reference solutions of the accepted tasks in real sandboxes and train on them
-   (the supervised warm start);
+3. copy the ``--init`` model (the tiny preset's: the shipped tiny base) or build a tiny MoE
+   policy (its tokenizer trained on the bundled tasks' text, not on the pool);
+4. record the demonstrations of the accepted tasks (all but the ``--ppo-pool`` ones kept for PPO)
+   in real sandboxes, the reference solutions or the scripted teacher's commands, and train on
+   them (the supervised warm start); with ``--start-floor``, check the start on a validation split;
 5. evaluate on the held-out set: greedily, and with ``--eval-samples`` episodes per task sampled at
-   temperature 1;
+   temperature 1; with the teacher's demonstrations, the teacher on the same tasks;
 6. critic warm-up, then PPO with the dense per-assertion reward through the scheduler
    (``trainer/ppo.py``);
 7. evaluate again; write the curves as PNG files, ``summary.json``, and print the final table.
@@ -16,7 +18,7 @@
 The run directory holds everything: ``tasks/{train,heldout}/`` (with ``split.json``: the held-out
 set is fixed by the seed and listed there), ``audit.json`` and ``selection.txt``, ``init/`` and
 ``sft/policy/`` (model directories), ``sft/demonstrations.jsonl`` and ``sft/records.jsonl``,
-``eval/{sft,ppo}.jsonl`` (one trial record per held-out task) and ``eval/{sft,ppo}-sampled.jsonl``
+``eval/{sft,ppo,teacher}.jsonl`` (one trial record per held-out task) and ``eval/{sft,ppo}-sampled.jsonl``
 (one per sampled episode), ``ppo/`` (metrics, trajectories, records, checkpoint, policy),
 ``plots/*.png``, ``summary.json``.
 

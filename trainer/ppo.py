@@ -232,7 +232,7 @@ def summarise(step: int, kept: Sequence[KeptTrial[Trajectory]], update: dict, re
         "resolved": sum(r.resolved for r in records) / n,
         "passed": sum(r.passed for r in records) / n,
         "turns": sum(r.turns for r in records) / n,
-        # does a batch hold two different outcomes for the same kind of task? (the issue-32 question)
+        # families whose episodes all got the same reward: no two outcomes of that kind of task to learn from
         "equal_reward_families": losses.equal_reward_share(
             torch.tensor([t.reward for t in trajectories], dtype=torch.float64), [r.family for r in records]
         ),

@@ -70,6 +70,7 @@ def test_two_steps_end_to_end_with_warmup_metrics_and_checkpoint(tmp_path, tiny_
     assert first["policy_loss"] is None and second["policy_loss"] is not None  # warm-up: the critic alone
     assert first["approx_kl"] is None and second["approx_kl"] >= 0.0  # CleanRL's, policy updates only
     assert all(0.0 <= m["equal_reward_share"] <= 1.0 and m["reward_std"] >= 0.0 for m in (first, second))
+    assert all(0.0 <= m["equal_reward_families"] <= 1.0 for m in (first, second))
     err = capsys.readouterr().err
     assert "step 2/2 reward" in err
     assert re.search(r"step 1/2 reward .* clip 0\.00 entropy", err)  # the warm-up: no approx_kl
