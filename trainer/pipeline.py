@@ -367,12 +367,16 @@ def validation_share_reached(
     ``cfg.sft_stop_share`` of their assertions on average."""
 
     async def reached(steps: int) -> bool:
-        greedy = replace(cfg, eval_samples=0)
-        label, what = f"validation-{steps}", "the validation split"
-        summary = (await held_out(run, greedy, label, policy, renderer, tasks, console, what)).greedy
+        summary = await on_validation(run, cfg, f"validation-{steps}", policy, renderer, tasks, console)
         return summary.passed_share >= cfg.sft_stop_share
 
     return reached
+
+
+async def on_validation(run: Path, cfg: Config, label: str, policy, renderer, tasks: list[Task], console: Console):
+    """``policy`` greedy on the validation split ``tasks`` (records in ``run/eval/LABEL.jsonl``)."""
+    greedy = replace(cfg, eval_samples=0)
+    return (await held_out(run, greedy, label, policy, renderer, tasks, console, "the validation split")).greedy
 
 
 async def check_start(run: Path, cfg: Config, policy, renderer, tasks: list[Task], console: Console) -> dict:
@@ -380,10 +384,7 @@ async def check_start(run: Path, cfg: Config, policy, renderer, tasks: list[Task
     ``run/eval/validation-start.jsonl``) against ``cfg.start_floor``: the share of its assertions
     passed, the floor, and whether the start is within its band; a start below it is said in one
     line (the job goes on: what PPO does from there is still measured, but it is not the claim)."""
-    greedy = replace(cfg, eval_samples=0)
-    summary = (
-        await held_out(run, greedy, "validation-start", policy, renderer, tasks, console, "the validation split")
-    ).greedy
+    summary = await on_validation(run, cfg, "validation-start", policy, renderer, tasks, console)
     within = summary.passed_share >= cfg.start_floor
     if not within:
         console.print(

@@ -337,6 +337,10 @@ def test_the_explore_set_gives_every_family_one_flaw_at_its_stated_rate_and_two_
         "two-files": [0.6],
     }
     assert {f for f, spec in specs.items() if spec.looks} == {"read-config", "find-file"}
+    from termgym.envs.families.explore import find_file, read_config
+    from termgym.envs.families.names import RESERVED
+
+    assert {read_config.KEY, find_file.GUESS} <= RESERVED  # what the teacher guesses is never a drawn name
     # the short set is unchanged: no flaws, and the same tasks as before the explore set
     assert all(not spec.flaws and not spec.looks for spec in one_of_each().values())
 

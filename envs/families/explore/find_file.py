@@ -12,15 +12,13 @@ from termgym.envs.families.names import NamePool
 from termgym.envs.families.spec import Flaw, TaskSpec, holds_exactly, is_file, only
 
 FAMILY = "find-file"
-INBOX, GUESS = "/app/inbox", "file"
+INBOX, GUESS = "/app/inbox", "file"  # never drawn as a name (names.RESERVED): the guess stays wrong
 GUESSES = 0.6
 
 
 def make(rng: random.Random, names: NamePool) -> TaskSpec:
     """Four assertions; doing nothing, listing alone, or the flawed guess pass none."""
     name, dest, word = names.draw(rng, 3)
-    if name == GUESS:  # the guess must stay wrong
-        name += "s"
     found, copy = f"{INBOX}/{name}.txt", f"/app/{dest}.txt"
     return TaskSpec(
         name=f"{FAMILY}-{dest}",

@@ -11,15 +11,13 @@ from termgym.envs.families.names import NamePool
 from termgym.envs.families.spec import Flaw, TaskSpec, is_dir, only
 
 FAMILY = "read-config"
-CONFIG, KEY = "/app/settings.conf", "target"
+CONFIG, KEY = "/app/settings.conf", "target"  # never drawn as a name (names.RESERVED): the guess stays wrong
 GUESSES = 0.6
 
 
 def make(rng: random.Random, names: NamePool) -> TaskSpec:
     """Four assertions; doing nothing, reading the file alone, or the flawed guess pass none."""
     name, mode = names.draw(rng, 2)
-    if name == KEY:  # the guess must stay wrong
-        name += "s"
     path = f"/app/{name}"
     unchanged = f"grep -qx {KEY}={name} {CONFIG}"
     return TaskSpec(
