@@ -15,6 +15,10 @@ One ``turns`` entry per agent turn, in order::
      "observation": "what the agent was shown next" | null,
      "segment": 0}
 
+An agent harness behind the recording gateway adds ``harness`` (its name, exit status and own
+messages) and ``calls`` (every model call as the gateway saw it: request, status, reply, token
+ids, log-probs, usage, timing; ``termgym.gateway.calls.Call``).
+
 ``reply`` is null for agents without a model. ``result`` is null for a submit or an invalid reply
 (nothing ran). Token ids and log-probs appear only where the model's server returned them.
 """
@@ -35,7 +39,8 @@ FILENAME = "trajectory.json"
 # replies in a row that did not parse): truncated, then verified. model_error: the model could not
 # be reached (no verification). sandbox_error: the sandbox failed (the infrastructure);
 # broken_by_agent: the agent's commands broke it (as the record's error kind says). cancelled: the trial was stopped.
-# internal_error: termgym itself failed (a bug; the record carries the traceback).
+# internal_error: termgym itself failed (a bug; the record carries the traceback). harness_exit: an
+# agent harness (termgym.integrations) ended its loop without submitting, for a reason of its own (verified).
 StopReason = Literal[
     "submitted",
     "max_turns",
@@ -47,6 +52,7 @@ StopReason = Literal[
     "broken_by_agent",
     "cancelled",
     "internal_error",
+    "harness_exit",
 ]
 
 
@@ -96,6 +102,9 @@ class Transcript:
     summaries_failed: int = 0
     usage: Usage = field(default_factory=Usage)
     notes: list[str] = field(default_factory=list)  # what the client learned (a field the server rejects...)
+    # an agent harness's episode (termgym.integrations): its own account, and every gateway call
+    harness: dict[str, Any] | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
     _pending_reply: dict[str, Any] | None = field(default=None, repr=False)
 
     # -- what the agent adds -------------------------------------------------------------------

@@ -15,7 +15,7 @@ from termgym.agents import AGENTS, ModelConfig, make_agent
 from termgym.agents.actions import ACTION_FORMATS
 from termgym.agents.model import CONTEXT_POLICIES
 from termgym.agents.renderers.base import THINKING_RETENTIONS
-from termgym.agents.settings import CLIENTS, build_model_agent
+from termgym.agents.settings import CLIENTS, HARNESS_MODEL_SETTINGS, HARNESSES, build_harness_agent, build_model_agent
 from termgym.cli.summary import INFRASTRUCTURE
 from termgym.env import EnvOptions
 from termgym.episode.overrides import NETWORK_CHOICES, override_fields
@@ -129,7 +129,14 @@ def agent_options(sub: argparse.ArgumentParser) -> None:
         "--agent",
         default=None,
         choices=AGENTS,
-        help="oracle = reference solution, null = submit at once, model = an LLM (default: model with --model, else oracle)",
+        help="oracle = reference solution, null = submit at once, model = an LLM (default: model with --model, "
+        "else oracle), mini-swe-agent = the mini-swe-agent harness behind the recording gateway",
+    )
+    sub.add_argument(
+        "--agent-config",
+        default=None,
+        metavar="YAML",
+        help="--agent mini-swe-agent: its configuration file (default: its own mini.yaml)",
     )
     sub.add_argument("--max-turns", type=int, default=50, help="turns per episode (default 50)")
     group = sub.add_argument_group("model agent (--agent model)")
@@ -176,6 +183,19 @@ def agent_from_args(args: argparse.Namespace, *, connections: int = 1) -> Agent:
     """The agent the options name; model settings given to another agent are a usage error."""
     given = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name, None) is not None}
     name = args.agent or ("model" if given.get("model") else "oracle")
+    agent_config = getattr(args, "agent_config", None)
+    if agent_config is not None and name not in HARNESSES:
+        raise UsageError(f"--agent-config applies to --agent {' or '.join(HARNESSES)} only")
+    if name in HARNESSES:
+        extra = [n for n in given if n not in HARNESS_MODEL_SETTINGS]
+        if extra:
+            flags = ", ".join("--" + n.replace("_", "-") for n in extra)
+            raise UsageError(f"{flags}: the model agent's settings; --agent {name} takes only --model, --base-url, --api-key-env, --temperature")
+        config = ModelConfig.from_mapping({k: v for k, v in given.items() if k != "temperature"})
+        return build_harness_agent(
+            name, config, environ=os.environ, agent_config=agent_config,
+            max_turns=args.max_turns, temperature=given.get("temperature"),
+        )
     if name != "model":
         if given:
             flags = ", ".join("--" + n.replace("_", "-") for n in given)

@@ -1,0 +1,260 @@
+"""An unchanged agent harness as a termgym agent: the harness runs its own loop in a thread of its
+own, reaches its model through a session of the recording gateway (``termgym.gateway``) and the
+trial's sandbox through ``EnvBridge``; termgym verifies when it ends, as for any agent.
+
+``HarnessAgent`` implements termgym's ``Agent``. Per trial it opens a gateway session bounded by the
+episode's agent time, with the upstream ``upstream(env)`` gives (a server over HTTP, or a model
+session in this process), runs ``harness.run(base_url, bridge, instruction, info)`` in a thread,
+and when that returns, raises or is cancelled, closes the session and records in the transcript
+the harness's own account (``harness``: its name, exit status, messages) and every gateway call
+(``calls``); with an HTTP upstream the token samples are merged from the calls
+(``termgym.gateway.calls.merge_calls``), an in-process one wrote them already.
+
+How the episode ends, when the harness itself did not submit: a session past its deadline is
+``agent_timeout``; a harness that gave up after model calls failed is a ``ModelError`` (the trial's
+``model_error``, as for the model agent); the harness's own limits map to ``max_turns``
+(``LimitsExceeded``), ``parse_errors`` (``RepeatedFormatError``), ``context_exhausted`` (a
+context-window error), and anything else to ``harness_exit``, each verified.
+
+Guaranteed: the harness's thread has ended when ``run`` returns or raises (a cancelled trial ends
+the session and the bridge, so the harness's next call or command stops it); the bridge refuses
+every command once the episode is over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from termgym.env import SUBMIT, AsyncTerminalEnv
+from termgym.errors import ModelError
+from termgym.gateway import Gateway, GatewaySession, Upstream
+from termgym.transcript import StopReason
+from termgym.trial import StepReturn
+
+JOIN_GRACE = 90.0  # seconds a harness may take to notice its session ended (a retry's sleep is at most 60)
+
+
+class HarnessStopped(Exception):
+    """The episode is over (or the trial was cancelled): the harness must stop."""
+
+
+@dataclass
+class HarnessResult:
+    """How the harness's own loop ended: its exit status (``Submitted``, ``LimitsExceeded``, an
+    exception's type name...), a one-line error when it raised, and its messages (JSON)."""
+
+    exit_status: str
+    error: str | None = None
+    messages: list[Any] = field(default_factory=list)
+    context_error: bool = False  # the harness stopped on a context-window error
+
+
+class Harness(Protocol):
+    """An agent harness run in a thread: it drives ``bridge`` with a model at ``base_url``."""
+
+    name: str
+
+    def run(self, base_url: str, model: str, bridge: EnvBridge, instruction: str, info: dict) -> HarnessResult: ...
+
+
+class EnvBridge:
+    """The trial's environment as a harness thread uses it (blocking calls, run on the trial's loop)."""
+
+    def __init__(self, env: AsyncTerminalEnv, loop: asyncio.AbstractEventLoop, info: dict) -> None:
+        self.env, self.loop, self.info = env, loop, info
+        self.last: StepReturn | None = None
+        self.closed = False
+
+    @property
+    def done(self) -> bool:
+        return self.closed or self.env.done
+
+    def step(self, command: str, timeout: float | None = None) -> StepReturn:
+        """Run ``command`` in the sandbox; ``HarnessStopped`` once the episode is over."""
+        return self._call(lambda: self.env.step(command, timeout=timeout))
+
+    def submit(self) -> StepReturn:
+        """Submit (verify, or hand over a multi-step task's next step)."""
+        return self._call(lambda: self.env.step(SUBMIT))
+
+    def _call(self, make: Callable[[], Any]) -> StepReturn:
+        if self.done:
+            raise HarnessStopped("the episode is over")
+        future = asyncio.run_coroutine_threadsafe(self._guarded(make), self.loop)
+        step = future.result()
+        self.last = step
+        return step
+
+    async def _guarded(self, make: Callable[[], Any]) -> StepReturn:
+        if self.done:  # re-checked on the loop: the trial may have ended meanwhile
+            raise HarnessStopped("the episode is over")
+        return await make()
+
+
+UpstreamFactory = Callable[[AsyncTerminalEnv], Upstream]
+
+
+@dataclass
+class Forwarding:
+    """The upstream factory of a server over HTTP: every trial's session forwards to ``base_url``
+    through one shared connection pool (made on first use, closed by ``aclose``), with the run's
+    ``forced`` request fields."""
+
+    base_url: str
+    api_key: str | None = None
+    forced: dict[str, Any] = field(default_factory=dict)
+    _http: Any = None
+    _dropped: set[str] = field(default_factory=set)
+
+    def __call__(self, env: AsyncTerminalEnv) -> Upstream:
+        from termgym.gateway import ForwardUpstream
+
+        if self._http is None:
+            import aiohttp
+
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1000, force_close=False))
+        return ForwardUpstream(self.base_url, self._http, self.api_key, dict(self.forced), self._dropped)
+
+    async def aclose(self) -> None:
+        http, self._http = self._http, None
+        if http is not None:
+            await http.close()
+
+
+@dataclass
+class HarnessAgent:
+    """termgym's ``Agent`` around a harness (module docstring). The gateway is shared by the
+    agent's trials, started on the first and closed by ``aclose``."""
+
+    harness: Harness
+    upstream: UpstreamFactory
+    model: str
+    name: str = ""
+    gateway: Gateway | None = None
+    _starting: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.harness.name
+
+    async def started_gateway(self) -> Gateway:
+        async with self._starting:
+            if self.gateway is None:
+                self.gateway = await Gateway().start()
+            return self.gateway
+
+    async def aclose(self) -> None:
+        gateway, self.gateway = self.gateway, None
+        if gateway is not None:
+            await gateway.aclose()
+        close = getattr(self.upstream, "aclose", None)
+        if close is not None:
+            await close()
+
+    async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> StepReturn | None:
+        gateway = await self.started_gateway()
+        transcript = env.transcript
+        transcript.model = self.model
+        session_id = uuid.uuid4().hex[:16]
+        deadline = time.monotonic() + env.remaining_time
+        session = gateway.open(
+            session_id, self.upstream(env), model=self.model, deadline=deadline, transcript=transcript
+        )
+        bridge = EnvBridge(env, asyncio.get_running_loop(), info)
+        result: HarnessResult | None = None
+        try:
+            result = await _in_thread(
+                lambda: self.harness.run(gateway.base_url(session_id), self.model, bridge, instruction, info),
+                on_cancel=lambda: _stop(gateway, session_id, bridge),
+                name=f"harness-{session_id}",
+            )
+        finally:
+            if session_id in gateway.sessions:
+                gateway.close(session_id, "trial_ended")
+            bridge.closed = True
+            _record(transcript, self.harness.name, session, result)
+        if env.done:
+            return bridge.last
+        return await env.truncate(_stop_reason(session, result))
+
+
+def _stop(gateway: Gateway, session_id: str, bridge: EnvBridge) -> None:
+    bridge.closed = True
+    if session_id in gateway.sessions:
+        gateway.close(session_id, "cancelled")
+
+
+async def _in_thread(work: Callable[[], HarnessResult], *, on_cancel: Callable[[], None], name: str) -> HarnessResult:
+    """``work()`` in a thread of its own; when the caller is cancelled, ``on_cancel`` tells the
+    harness to stop and the thread is waited for (up to ``JOIN_GRACE``) before the cancellation
+    propagates."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[HarnessResult] = loop.create_future()
+
+    def settle(outcome: HarnessResult | BaseException) -> None:
+        if done.done():
+            return
+        if isinstance(outcome, BaseException):
+            done.set_exception(outcome)
+        else:
+            done.set_result(outcome)
+
+    def target() -> None:
+        try:
+            outcome: HarnessResult | BaseException = work()
+        except BaseException as exc:
+            outcome = exc
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(settle, outcome)
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        on_cancel()
+        await asyncio.wait({done}, timeout=JOIN_GRACE)
+        if done.done() and not done.cancelled():
+            done.exception()  # retrieved
+        raise
+
+
+def _record(transcript: Any, name: str, session: GatewaySession, result: HarnessResult | None) -> None:
+    transcript.calls = [call.to_dict() for call in session.calls]
+    transcript.harness = {
+        "name": name,
+        "exit_status": result.exit_status if result else "cancelled",
+        "error": result.error if result else None,
+        "messages": json.loads(json.dumps(result.messages, default=str)) if result else [],
+        "gateway_end": session.end_reason,
+    }
+    if not session.upstream.records_segments:
+        merged = session.merged()
+        transcript.segments = merged.segments
+        if merged.untracked:
+            transcript.notes.append(f"{merged.untracked} call(s) came back without token ids")
+        if merged.without_logprobs:
+            transcript.notes.append(f"{merged.without_logprobs} call(s) came back without log-probs")
+
+
+def _stop_reason(session: GatewaySession, result: HarnessResult | None) -> StopReason:
+    """Why the episode ended, when the harness stopped without the episode ending (module docstring)."""
+    if session.end_reason == "deadline":
+        return "agent_timeout"
+    status = result.exit_status if result else ""
+    answered = [call for call in session.calls if call.status]
+    if result is not None and result.error is not None and answered and answered[-1].status >= 500:
+        raise ModelError(f"the harness stopped after a failed model call: {answered[-1].error or result.error}")
+    if result is not None and result.context_error:
+        return "context_exhausted"
+    if status in ("LimitsExceeded", "TimeExceeded"):
+        return "agent_timeout" if status == "TimeExceeded" else "max_turns"
+    if status == "RepeatedFormatError":
+        return "parse_errors"
+    return "harness_exit"
