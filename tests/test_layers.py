@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     ("agents", ("termgym.agents",)),
+    ("harnesses", ("termgym.gateway", "termgym.integrations")),
     ("scheduling", ("termgym.scheduling",)),
     ("audit", ("termgym.audit",)),
     ("cli", ("termgym.cli", "termgym.__main__")),

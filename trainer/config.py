@@ -37,6 +37,7 @@ Advantage = Literal["gae", "group"]
 RewardKind = Literal["dense", "binary"]
 DemonstrationSource = Literal["reference", "teacher"]
 RendererName = Literal["auto", "chatml", "qwen-xml", "llama3", "template"]  # termgym.agents.renderers.RENDERER_NAMES
+AgentName = Literal["model", "mini-swe-agent"]  # who drives an episode (termgym.agents.settings.AGENTS' trainable ones)
 FamilySetName = Literal["short", "long", "explore"]  # the keys of termgym.envs.families.FAMILY_SETS
 
 DEFAULT_MAX_CONTEXT = 1024  # tokens per segment: the tiny policy's, and a model's whose config states none
@@ -101,6 +102,10 @@ class Config:
     """episodes launched per task in a step (one task drawn, launched this many times); the group advantage needs at least 2"""
 
     # -- episodes (the model agent's loop) ---------------------------------------------------------
+    agent: AgentName = "model"
+    """who drives each episode (rollouts, evaluation, demonstrations): model (termgym's model agent loop) or mini-swe-agent (the unchanged mini-swe-agent harness, its model calls through the recording gateway to the policy; needs the harnesses extra and --action-format tool)"""
+    agent_config: str = ""
+    """with --agent mini-swe-agent: its configuration (a YAML path, or a name in termgym/integrations/configs: tiny, short prompts for a small context); empty: mini-swe-agent's own mini.yaml"""
     max_turns: int = 4
     """commands per episode before the environment truncates it"""
     command_timeout: float = 10.0
@@ -445,6 +450,10 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(
             "--generator server needs --base-url URL and --served-model NAME (the vllm serve that samples the policy)"
         )
+    if cfg.agent != "model" and cfg.action_format != "tool":
+        raise ConfigError(f"--agent {cfg.agent} calls its bash tool: give --action-format tool")
+    if cfg.agent_config and cfg.agent == "model":
+        raise ConfigError("--agent-config applies to a harness (--agent mini-swe-agent), not the model agent")
     if cfg.advantage == "group" and cfg.group_size < 2:
         raise ConfigError("--advantage group compares episodes of the same task: give --group-size 2 or more")
     for name in (

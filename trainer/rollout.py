@@ -39,9 +39,11 @@ from pathlib import Path
 
 import torch
 
+from termgym.agents.client import ModelClient
 from termgym.agents.model import AgentEnv, LoopSettings, ModelAgent
 from termgym.agents.renderers import Renderer
 from termgym.env import AsyncTerminalEnv, EnvOptions, SandboxFactory, prewarm_sandboxes
+from termgym.integrations.harness import Harness, HarnessAgent, client_upstream
 from termgym.records import TrialRecord
 from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling.pool import Node
@@ -69,6 +71,7 @@ class RolloutSettings:
     max_context: int = 512  # tokens per segment, prompt and observations included
     observation_tokens: int = 64  # per observation (head and tail)
     retokenize: bool = False  # demonstration only: decode and re-encode each sample (token drift)
+    harness: Harness | None = None  # an agent harness behind the gateway instead of the model agent's loop
 
 
 def loop_settings(cfg: Config) -> LoopSettings:
@@ -85,7 +88,28 @@ def loop_settings(cfg: Config) -> LoopSettings:
 
 def rollout_settings(cfg: Config) -> RolloutSettings:
     """The episode settings ``cfg`` sets (every rollout, evaluation and demonstration of a run)."""
-    return RolloutSettings(loop_settings(cfg), max_context_of(cfg), cfg.observation_tokens, cfg.retokenize)
+    harness = None
+    if cfg.agent == "mini-swe-agent":
+        from termgym.integrations.mini_swe_agent import MiniSweAgent, load_config
+
+        harness = MiniSweAgent(load_config(cfg.agent_config or None), max_turns=cfg.max_turns)
+    return RolloutSettings(loop_settings(cfg), max_context_of(cfg), cfg.observation_tokens, cfg.retokenize, harness)
+
+
+async def run_client_episode(
+    env: AgentEnv, instruction: str, info: dict, client: ModelClient, settings: RolloutSettings, name: str
+) -> StepReturn | None:
+    """One episode with ``client`` as the model: the model agent's loop, or with ``settings.harness``
+    the harness's own loop behind a gateway whose sessions are ``client``'s (token-exact: the
+    samples are the sampler's ids, bridged while the harness's history extends them)."""
+    if settings.harness is None:
+        return await ModelAgent(client, settings.loop, name=name).run(env, instruction, info)
+    assert isinstance(env, AsyncTerminalEnv)
+    agent = HarnessAgent(settings.harness, client_upstream(client, settings.loop.max_tokens), client.model, name=name)
+    try:
+        return await agent.run(env, instruction, info)
+    finally:
+        await agent.aclose()
 
 
 def rollout_options(cfg: Config, run_id: str) -> EnvOptions:
@@ -155,9 +179,8 @@ async def run_policy_episode(
     """Run the policy on ``env`` (already reset) through the model agent until the episode ends,
     filling ``trajectory`` (its samples, with routing when the sampler records it), whatever ends it."""
     client = PolicyClient(sampler, renderer, generator, settings.max_context, settings.observation_tokens)
-    agent = ModelAgent(client, settings.loop, name="policy")
     try:
-        return await agent.run(env, instruction, info)
+        return await run_client_episode(env, instruction, info, client, settings, "policy")
     finally:
         transcript = env.transcript
         shape = sampler.routing_shape if sampler.records_routing else None

@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 
 from termgym.agents.actions import Command, Submit, action_message
-from termgym.agents.model import ModelAgent
 from termgym.agents.renderers import Renderer
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.errors import TrainingError
@@ -38,7 +37,7 @@ from termgym.tasks import Task
 from termgym.trainer import losses
 from termgym.trainer.batch import forward_logp, pad_batch
 from termgym.trainer.policy_client import TeacherClient
-from termgym.trainer.rollout import RolloutSettings
+from termgym.trainer.rollout import RolloutSettings, run_client_episode
 from termgym.trial import StepReturn, run_trials
 
 
@@ -60,6 +59,9 @@ class DemonstrationSet:
 
 def reference_replies(renderer: Renderer, settings: RolloutSettings, commands: Sequence[str]) -> list[list[int]]:
     """Pure: the canonical ids of each reply of a reference episode: every command, then the submit."""
+    if settings.harness is not None:  # the harness calls its bash tool, and submits by a command
+        typed = [*commands, settings.harness.submit_command]
+        return [renderer.render_assistant(action_message("tool", Command(c))) for c in typed]
     fmt = settings.loop.action_format
     actions = [*(Command(c) for c in commands), Submit()]
     return [renderer.render_assistant(action_message(fmt, action)) for action in actions]
@@ -81,7 +83,7 @@ class _ReferenceAgent:
 
     async def run(self, env: AsyncTerminalEnv, instruction: str, info: dict) -> StepReturn | None:
         try:
-            return await ModelAgent(self.client, self.settings.loop, name=self.name).run(env, instruction, info)
+            return await run_client_episode(env, instruction, info, self.client, self.settings, self.name)
         finally:
             transcript = env.transcript
             self.stop_reason = transcript.stop_reason

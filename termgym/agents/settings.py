@@ -61,21 +61,11 @@ class ModelConfig:
         return cls(**{k: v for k, v in values.items() if v is not None})
 
 
-def make_agent(
-    name: str,
-    model: ModelConfig | None = None,
-    *,
-    environ: Mapping[str, str] | None = None,
-    agent_config: str | None = None,
-    max_turns: int = 50,
-) -> Agent:
-    """The agent ``name``; ``model`` configures the model agent or a harness's model (and is
-    refused for the others); ``agent_config``: a harness's own configuration file."""
+def make_agent(name: str, model: ModelConfig | None = None, *, environ: Mapping[str, str] | None = None) -> Agent:
+    """The agent ``name``; ``model`` configures the model agent (and is refused for the others). A
+    harness (``HARNESSES``) sits a layer above: ``termgym.integrations.settings.build_harness_agent``."""
     if name in HARNESSES:
-        return build_harness_agent(
-            name, model or ModelConfig(), environ=os.environ if environ is None else environ,
-            agent_config=agent_config, max_turns=max_turns,
-        )
+        raise ConfigError(f"--agent {name} is a harness: termgym.integrations.settings.build_harness_agent builds it")
     if name == "oracle":
         return OracleAgent()
     if name == "null":
@@ -127,29 +117,3 @@ def build_model_agent(config: ModelConfig, *, environ: Mapping[str, str], connec
     else:
         client = ChatClient(server, temperature=config.temperature, logprobs=config.logprobs)
     return ModelAgent(client, loop)
-
-
-def build_harness_agent(
-    name: str,
-    config: ModelConfig,
-    *,
-    environ: Mapping[str, str],
-    agent_config: str | None = None,
-    max_turns: int = 50,
-    temperature: float | None = None,
-) -> Agent:
-    """The harness ``name`` behind the recording gateway, forwarding to ``config``'s server (its
-    base URL and key); ``temperature``, when given, is forced on every call (else the harness's own)."""
-    from termgym.integrations.harness import Forwarding, HarnessAgent
-    from termgym.integrations.mini_swe_agent import MiniSweAgent, load_config
-
-    if not config.model:
-        raise ConfigError(f"--agent {name} needs --model NAME")
-    if config.base_url is None:
-        raise ConfigError(f"--agent {name} needs --base-url URL (the model's OpenAI-compatible server)")
-    if temperature is not None and not 0 <= temperature <= 2:
-        raise ConfigError(f"temperature must be in [0, 2], got {temperature}")
-    endpoint = Endpoint(base_url=config.base_url, model=config.model, api_key=resolve_api_key(config.api_key_env, dict(environ)))
-    forced = {} if temperature is None else {"temperature": temperature}
-    harness = MiniSweAgent(load_config(agent_config), max_turns=max_turns)
-    return HarnessAgent(harness, Forwarding(endpoint.base_url, endpoint.api_key, forced), config.model)

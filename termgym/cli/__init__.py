@@ -1,4 +1,4 @@
-"""The ``termgym`` command line: check, shell, run, replay, report, audit, list, demo, gc, images, train.
+"""The ``termgym`` command line: check, shell, run, replay, report, audit, list, demo, gc, images, gateway, train.
 
 Exit codes: 0 when the trials ran (whatever they scored), 2 for bad usage or an invalid task (one
 line on stderr, no traceback), 1 for an infrastructure failure (the trial's record says which).
@@ -25,6 +25,7 @@ from termgym.cli.common import (
     tamper_option,
 )
 from termgym.cli.episodes import cmd_check, cmd_replay
+from termgym.cli.gateway import cmd_gateway, gateway_options
 from termgym.cli.maintenance import cmd_audit, cmd_gc, cmd_images, cmd_list
 from termgym.cli.report import cmd_report
 from termgym.cli.runs import cmd_demo, cmd_run
@@ -147,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     images = commands.add_parser("images", help="manage the Docker backend's images")
     images.add_argument("action", choices=["bootstrap"], help="bootstrap: build termgym/base:bookworm with debootstrap")
     images.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+    gateway = commands.add_parser(
+        "gateway", help="the recording model gateway in front of an OpenAI-compatible server (for any harness)"
+    )
+    gateway_options(gateway)
     # Listed here for --help; main() hands everything after "train" to the trainer's own parser.
     commands.add_parser(
         "train", help="train an agent with PPO (termgym train --help; needs the train extra)", add_help=False
@@ -198,6 +203,7 @@ def _dispatch(argv: list[str]) -> int:
         "images": cmd_images,
         "audit": cmd_audit,
         "report": cmd_report,
+        "gateway": cmd_gateway,
     }
     return asyncio.run(_closing_backends(handler[args.command](args)))
 

@@ -15,7 +15,7 @@ from termgym.agents import AGENTS, ModelConfig, make_agent
 from termgym.agents.actions import ACTION_FORMATS
 from termgym.agents.model import CONTEXT_POLICIES
 from termgym.agents.renderers.base import THINKING_RETENTIONS
-from termgym.agents.settings import CLIENTS, HARNESS_MODEL_SETTINGS, HARNESSES, build_harness_agent, build_model_agent
+from termgym.agents.settings import CLIENTS, HARNESS_MODEL_SETTINGS, HARNESSES, build_model_agent
 from termgym.cli.summary import INFRASTRUCTURE
 from termgym.env import EnvOptions
 from termgym.episode.overrides import NETWORK_CHOICES, override_fields
@@ -23,6 +23,7 @@ from termgym.episode.tamper import TAMPER_POLICIES
 from termgym.errors import ConfigError
 from termgym.images.build import CONFIG_FILES, load_aliases, read_config_file
 from termgym.images.pull import PULL_POLICIES
+from termgym.integrations.settings import build_harness_agent
 from termgym.sandboxes import BACKENDS
 from termgym.trial import Agent
 from termgym.verifiers import DEFAULT_SCALE
@@ -190,11 +191,17 @@ def agent_from_args(args: argparse.Namespace, *, connections: int = 1) -> Agent:
         extra = [n for n in given if n not in HARNESS_MODEL_SETTINGS]
         if extra:
             flags = ", ".join("--" + n.replace("_", "-") for n in extra)
-            raise UsageError(f"{flags}: the model agent's settings; --agent {name} takes only --model, --base-url, --api-key-env, --temperature")
+            raise UsageError(
+                f"{flags}: the model agent's settings; --agent {name} takes only --model, --base-url, --api-key-env, --temperature"
+            )
         config = ModelConfig.from_mapping({k: v for k, v in given.items() if k != "temperature"})
         return build_harness_agent(
-            name, config, environ=os.environ, agent_config=agent_config,
-            max_turns=args.max_turns, temperature=given.get("temperature"),
+            name,
+            config,
+            environ=os.environ,
+            agent_config=agent_config,
+            max_turns=args.max_turns,
+            temperature=given.get("temperature"),
         )
     if name != "model":
         if given:

@@ -70,7 +70,9 @@ def token_fields(path: str, body: dict[str, Any]) -> tuple[list[int] | None, lis
     logprobs: list[float] | None = None
     if isinstance(scores, dict):
         if path == CHAT_PATH and isinstance(scores.get("content"), list):
-            logprobs = [float(item.get("logprob", 0.0)) if isinstance(item, dict) else 0.0 for item in scores["content"]]
+            logprobs = [
+                float(item.get("logprob", 0.0)) if isinstance(item, dict) else 0.0 for item in scores["content"]
+            ]
         elif isinstance(scores.get("token_logprobs"), list):
             logprobs = [float(x) if isinstance(x, (int, float)) else 0.0 for x in scores["token_logprobs"]]
     if logprobs is not None and (completion is None or len(logprobs) != len(completion)):
@@ -120,10 +122,11 @@ def merge_calls(calls: Sequence[Call]) -> Merged:
             current.logprobs += [0.0] * len(bridge)
             current.bridges += 1
         else:
+            broke = current is not None
             if current is not None:
                 current.bridge_breaks += 1
                 breaks += 1
-            current = Segment(len(segments), "start" if not segments else "bridge_break")
+            current = Segment(len(segments), "bridge_break" if broke else "start")
             current.ids, current.mask, current.logprobs = list(prompt), [0] * len(prompt), [0.0] * len(prompt)
             segments.append(current)
         current.ids += completion

@@ -11,7 +11,8 @@ Guaranteed:
 
 * a request never outlives its session's deadline (the trial's agent time): when the deadline
   passes, or the session is closed, while a call waits, the call is answered at once with a 404
-  ``session_ended`` error, as is every later call of that session. Harnesses treat a 404 as final
+  ``session_ended`` error, as is every later call of that session (``session_not_found`` once
+  ``close`` has forgotten it: a 404 either way). Harnesses treat a 404 as final
   (litellm's ``NotFoundError``; mini-swe-agent aborts on it), so a harness never waits out its
   retries on a finished trial;
 * an unknown session is a 404 ``session_not_found`` (unless the gateway opens sessions on demand,
@@ -36,7 +37,7 @@ from termgym.aio import cancel_and_wait
 from termgym.errors import AgentDeadline, ModelError
 from termgym.gateway.calls import CHAT_PATH, COMPLETIONS_PATH, Call, Merged, merge_calls, token_fields
 from termgym.gateway.shapes import error_body
-from termgym.gateway.upstreams import Answer, Upstream
+from termgym.gateway.upstreams import Answer, ForwardUpstream, Upstream
 from termgym.transcript import Transcript
 
 SESSION_HEADER = "X-Termgym-Session"
@@ -181,7 +182,9 @@ class Gateway:
         session = self._session(request)
         if session is None:
             sid = request.match_info.get("sid") or request.headers.get(SESSION_HEADER)
-            said = f"no open termgym session {sid!r}" if sid else f"no session: use /sessions/<id>/v1 or {SESSION_HEADER}"
+            said = (
+                f"no open termgym session {sid!r}" if sid else f"no session: use /sessions/<id>/v1 or {SESSION_HEADER}"
+            )
             return _reply(Answer.failure(404, said, "session_not_found"))
         try:
             body = json.loads(await request.read())
@@ -205,7 +208,9 @@ class Gateway:
 
     async def _answer(self, session: GatewaySession, path: str, body: dict[str, Any]) -> Answer:
         if body.get("stream"):
-            return Answer.failure(400, "the termgym gateway does not stream: send stream=false", "invalid_request_error")
+            return Answer.failure(
+                400, "the termgym gateway does not stream: send stream=false", "invalid_request_error"
+            )
         ended = _ended(session)
         if ended is not None:
             return ended
@@ -213,7 +218,9 @@ class Gateway:
         sending = asyncio.ensure_future(session.upstream.send(path, body, deadline))
         waiting = asyncio.ensure_future(session.ended.wait())
         try:
-            await asyncio.wait({sending, waiting}, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {sending, waiting}, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             if not sending.done():
                 await cancel_and_wait(sending)
@@ -248,8 +255,8 @@ class Gateway:
 
 def recorded_request(path: str, body: dict[str, Any], session: GatewaySession) -> dict[str, Any]:
     """The request as recorded: what the harness sent, with what a forwarding upstream forces."""
-    request_body = getattr(session.upstream, "request_body", None)
-    return request_body(path, body) if callable(request_body) else body
+    upstream = session.upstream
+    return upstream.request_body(path, body) if isinstance(upstream, ForwardUpstream) else body
 
 
 def _ended(session: GatewaySession) -> Answer | None:

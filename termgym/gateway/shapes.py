@@ -112,7 +112,9 @@ def chat_response(completion: Completion, model: str, *, created: int | None = N
     if completion.completion_ids is not None:
         choice["token_ids"] = list(completion.completion_ids)
     if completion.logprobs is not None:
-        choice["logprobs"] = {"content": [{"token": "", "logprob": lp, "top_logprobs": []} for lp in completion.logprobs]}
+        choice["logprobs"] = {
+            "content": [{"token": "", "logprob": lp, "top_logprobs": []} for lp in completion.logprobs]
+        }
     body: dict[str, Any] = {
         "id": f"chatcmpl-termgym-{time.monotonic_ns():x}",
         "object": "chat.completion",

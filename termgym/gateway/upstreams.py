@@ -22,6 +22,7 @@ one it ended. The session writes its segments into the trial's transcript itself
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -155,7 +156,9 @@ class SessionUpstream:
 
     async def send(self, path: str, body: dict[str, Any], deadline: float) -> Answer:
         if path != CHAT_PATH:
-            return Answer.failure(400, f"this gateway session serves {CHAT_PATH} only, not {path}", "invalid_request_error")
+            return Answer.failure(
+                400, f"this gateway session serves {CHAT_PATH} only, not {path}", "invalid_request_error"
+            )
         raw_messages = body.get("messages")
         if not isinstance(raw_messages, list) or not raw_messages:
             return Answer.failure(400, "messages must be a non-empty list", "invalid_request_error")
@@ -204,11 +207,12 @@ def _error_message(data: dict[str, Any] | None, raw: bytes) -> str:
 
 
 def _rejected_field(answer: Answer, asked: list[str]) -> str | None:
-    """The token field a 400 complains about, when the gateway added it (not the harness)."""
+    """The token field a 400 complains about, when the gateway added it (not the harness); named as
+    a whole word (a complaint about ``top_logprobs`` is not one about ``logprobs``)."""
     if answer.status != 400 or not asked:
         return None
     message = _error_message(answer.data, answer.body)
-    return next((name for name in asked if name in message), None)
+    return next((name for name in asked if re.search(rf"\b{re.escape(name)}\b", message)), None)
 
 
 __all__ = ["COMPLETIONS_PATH", "Answer", "ForwardUpstream", "SessionUpstream", "Upstream"]

@@ -57,9 +57,11 @@ class HarnessResult:
 
 
 class Harness(Protocol):
-    """An agent harness run in a thread: it drives ``bridge`` with a model at ``base_url``."""
+    """An agent harness run in a thread: it drives ``bridge`` with a model at ``base_url``.
+    ``submit_command``: the command by which it submits (a scripted teacher types it last)."""
 
     name: str
+    submit_command: str
 
     def run(self, base_url: str, model: str, bridge: EnvBridge, instruction: str, info: dict) -> HarnessResult: ...
 
@@ -101,6 +103,18 @@ class EnvBridge:
 UpstreamFactory = Callable[[AsyncTerminalEnv], Upstream]
 
 
+def client_upstream(client: Any, max_tokens: int) -> UpstreamFactory:
+    """The upstream factory of a termgym ``ModelClient`` in this process (the trainer's samplers,
+    the scripted teacher, the tokens client): each trial's gateway session is one of its sessions
+    (``SessionUpstream``), writing the token segments into the trial's transcript."""
+    from termgym.gateway import SessionUpstream
+
+    def make(env: AsyncTerminalEnv) -> Upstream:
+        return SessionUpstream(client.session(env.transcript), env.transcript, client.model, max_tokens)
+
+    return make
+
+
 @dataclass
 class Forwarding:
     """The upstream factory of a server over HTTP: every trial's session forwards to ``base_url``
@@ -113,7 +127,7 @@ class Forwarding:
     _http: Any = None
     _dropped: set[str] = field(default_factory=set)
 
-    def __call__(self, env: AsyncTerminalEnv) -> Upstream:
+    def __call__(self, env: AsyncTerminalEnv | None = None) -> Upstream:
         from termgym.gateway import ForwardUpstream
 
         if self._http is None:

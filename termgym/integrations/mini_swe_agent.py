@@ -91,6 +91,7 @@ class MiniSweAgent:
     config: dict[str, Any]
     max_turns: int = 50
     name: str = NAME
+    submit_command: str = f"echo {SUBMIT_LINE}"
 
     def run(self, base_url: str, model: str, bridge: EnvBridge, instruction: str, info: dict) -> HarnessResult:
         require()
@@ -100,7 +101,11 @@ class MiniSweAgent:
         config = copy.deepcopy(self.config)
         model_config = dict(config.get("model") or {})
         model_config["model_name"] = f"openai/{model}"
-        model_config["model_kwargs"] = {**(model_config.get("model_kwargs") or {}), "api_base": base_url, "api_key": "termgym"}
+        model_config["model_kwargs"] = {
+            **(model_config.get("model_kwargs") or {}),
+            "api_base": base_url,
+            "api_key": "termgym",
+        }
         model_config["cost_tracking"] = "ignore_errors"  # a local model has no price
         environment = dict(config.get("environment") or {})
         environment.pop("environment_class", None)
@@ -152,7 +157,9 @@ class TermgymEnvironment:
         self._own: _OwnEpisode | None = None
         if bridge is None:
             if not self.config.task:
-                raise ConfigError("TermgymEnvironment needs a task (environment: task: PATH) when termgym does not run it")
+                raise ConfigError(
+                    "TermgymEnvironment needs a task (environment: task: PATH) when termgym does not run it"
+                )
             self._own = _OwnEpisode.start(self.config.task, self.config.backend, self.config.max_turns)
             bridge = self._own.bridge
         self.bridge = bridge
@@ -175,11 +182,21 @@ class TermgymEnvironment:
         except HarnessStopped:
             raise LimitsExceeded(_exit("LimitsExceeded", "the termgym episode is over")) from None
         if terminated or truncated:
-            raise LimitsExceeded(_exit("LimitsExceeded", f"the termgym episode ended ({info.get('stop_reason') or 'its budget ran out'})"))
-        output = {"output": str(info.get("output", "")), "returncode": int(info.get("exit_code", -1)), "exception_info": ""}
+            raise LimitsExceeded(
+                _exit(
+                    "LimitsExceeded", f"the termgym episode ended ({info.get('stop_reason') or 'its budget ran out'})"
+                )
+            )
+        output = {
+            "output": str(info.get("output", "")),
+            "returncode": int(info.get("exit_code", -1)),
+            "exception_info": "",
+        }
         if info.get("timed_out"):
             output["returncode"] = -1
-            output["exception_info"] = f"An error occurred while executing the command: Command timed out after {seconds} seconds"
+            output["exception_info"] = (
+                f"An error occurred while executing the command: Command timed out after {seconds} seconds"
+            )
         lines = output["output"].lstrip().splitlines(keepends=True)
         if lines and lines[0].strip() == SUBMIT_LINE and output["returncode"] == 0:
             submission = "".join(lines[1:])
@@ -189,7 +206,10 @@ class TermgymEnvironment:
                 raise LimitsExceeded(_exit("LimitsExceeded", "the termgym episode is over")) from None
             if not (terminated or truncated):  # a multi-step task: its next step's instruction
                 return {"output": observation, "returncode": 0, "exception_info": ""}
-            self.result = {"reward": reward, **{k: step_info.get(k) for k in ("resolved", "passed", "total") if k in step_info}}
+            self.result = {
+                "reward": reward,
+                **{k: step_info.get(k) for k in ("resolved", "passed", "total") if k in step_info},
+            }
             exit_message = _exit("Submitted", submission)
             exit_message["extra"]["termgym"] = self.result
             raise Submitted(exit_message)
@@ -235,7 +255,11 @@ class TermgymEnvironment:
 
 
 def _exit(status: str, content: str) -> dict[str, Any]:
-    return {"role": "exit", "content": content, "extra": {"exit_status": status, "submission": content if status == "Submitted" else ""}}
+    return {
+        "role": "exit",
+        "content": content,
+        "extra": {"exit_status": status, "submission": content if status == "Submitted" else ""},
+    }
 
 
 def _name_ok(name: str) -> bool:
@@ -255,10 +279,9 @@ class _OwnEpisode:
 
     @classmethod
     def start(cls, task_path: str, backend: str, max_turns: int) -> _OwnEpisode:
-        from termgym.env import AsyncTerminalEnv, EnvOptions
-        from termgym.tasks import load_task
+        from termgym.env import AsyncTerminalEnv, EnvOptions, resolve_task
 
-        task = load_task(task_path)
+        task = resolve_task(task_path)
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="termgym-environment", daemon=True)
         thread.start()

@@ -127,3 +127,53 @@ async def _tokens_trials(config: ModelConfig, tmp_path: Path, count: int):
         )
     finally:
         await agent.aclose()
+
+
+def test_mini_swe_agent_through_the_gateway_records_exact_tokens_and_the_servers_log_probs(
+    server, trained_chat_model, tmp_path, no_leaks
+):
+    """``termgym run --agent mini-swe-agent`` against ``vllm serve``: the unchanged harness, its calls
+    through the recording gateway. Each merged sample is exactly the first prompt's ids, then each
+    call's sampled ids and the bridge its next prompt added; a prompt that did not extend the sample
+    (mini-swe-agent drops a reply it could not parse) started a new one, counted; the served
+    log-probs match a recompute by the model."""
+    pytest.importorskip("minisweagent", reason="the harnesses extra")
+    out = tmp_path / "run"
+    argv = ["run", *TASKS, "--agent", "mini-swe-agent", "--agent-config", "tiny", "--max-turns", "3"]
+    argv += ["--model", MODEL, "--base-url", server.base_url, "--temperature", "1", "-n", "3", "--out", str(out)]
+    assert main(argv) == 0
+    records = read_records(out / "trials.jsonl")
+    assert len(records) == 3 and json.loads((out / "summary.json").read_text())["records"] == 3
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(trained_chat_model, dtype=torch.float32).eval()
+    sampled = 0
+    for record in records:
+        assert record["agent"] == "mini-swe-agent" and record["error"] is None, record["error"]
+        data = read_transcript(record["transcript"])
+        calls = [c for c in data["calls"] if c["status"] == 200]
+        assert calls and all(c["prompt_ids"] and c["completion_ids"] for c in calls)
+        assert all(len(c["logprobs"]) == len(c["completion_ids"]) for c in calls)
+        assert all(c["request"]["temperature"] == 1 for c in calls)  # forced by the gateway
+        # rebuild the samples from the calls alone: extend while the prompt extends, else a new one
+        rebuilt: list[list[int]] = []
+        for call in calls:
+            prompt = call["prompt_ids"]
+            if rebuilt and prompt[: len(rebuilt[-1])] == rebuilt[-1]:
+                rebuilt[-1] = prompt + call["completion_ids"]
+            else:
+                rebuilt.append(prompt + call["completion_ids"])
+        segments = data["segments"]
+        assert [s["ids"] for s in segments] == rebuilt
+        assert sum(s["bridge_breaks"] for s in segments) == len(segments) - 1
+        assert sum(sum(s["mask"]) for s in segments) == sum(len(c["completion_ids"]) for c in calls)
+        for segment in segments:
+            ids = torch.tensor([segment["ids"]])
+            with torch.no_grad():
+                logits = model(ids).logits[0, :-1]
+            recomputed = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+            positions = [p for p, m in enumerate(segment["mask"]) if m]
+            served = torch.tensor([segment["logprobs"][p] for p in positions])
+            assert torch.max(torch.abs(served - recomputed[[p - 1 for p in positions]])) < LOGPROB_TOLERANCE
+            sampled += len(positions)
+    assert sampled > 0

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from termgym.agents import ModelConfig
-from termgym.agents.settings import build_harness_agent
 from termgym.env import EnvOptions, resolve_task
 from termgym.integrations.harness import HarnessAgent
+from termgym.integrations.settings import build_harness_agent
 from termgym.records import TrialRecord
 from termgym.transcript import read_transcript
 from termgym.trial import run_trial
@@ -42,14 +42,14 @@ async def server():
 
 
 def harness(server: FaultServer, **kw: Any) -> HarnessAgent:
-    agent = build_harness_agent(
-        "mini-swe-agent", ModelConfig(model=MODEL, base_url=server.base_url), environ={}, **kw
-    )
+    agent = build_harness_agent("mini-swe-agent", ModelConfig(model=MODEL, base_url=server.base_url), environ={}, **kw)
     assert isinstance(agent, HarnessAgent)
     return agent
 
 
-async def trial(agent: HarnessAgent, tmp_path: Path, *, task: str = TASK, bound: float = BOUND, **options: Any) -> TrialRecord:
+async def trial(
+    agent: HarnessAgent, tmp_path: Path, *, task: str = TASK, bound: float = BOUND, **options: Any
+) -> TrialRecord:
     try:
         return await asyncio.wait_for(
             run_trial(resolve_task(task), agent, EnvOptions(trials_dir=str(tmp_path / "trials"), **options)), bound
@@ -63,10 +63,13 @@ def transcript(record: TrialRecord) -> dict[str, Any]:
     return read_transcript(record.transcript)
 
 
-async def test_reference_commands_through_the_harness_resolve_the_task_and_every_call_is_recorded(server, tmp_path):
+async def test_reference_commands_through_the_harness_resolve_the_task_and_every_call_is_recorded(
+    server, tmp_path, backend
+):
     server.add(bash(f"bash {SOLUTION.parent}/solve.sh"))  # a path the sandbox cannot see: fails, exit 127
     server.add(bash(SOLUTION.read_text()), bash("ls /app/reports"), bash(SUBMIT))
-    record = await trial(harness(server), tmp_path)
+    record = await trial(harness(server), tmp_path, backend=backend, bound=300 if backend == "docker" else BOUND)
+    assert record.backend == backend
     assert record.error is None, record.error
     assert record.resolved and record.reward > 0
     assert record.agent == "mini-swe-agent" and record.stop_reason == "submitted"
@@ -129,8 +132,7 @@ async def test_an_upstream_that_keeps_failing_is_a_model_error_not_a_hang(server
 
 async def test_a_hung_upstream_ends_at_the_agent_timeout(server, tmp_path):
     server.add(bash("echo first"), hang())
-    options = {"agent_timeout": 4.0}
-    record = await trial(harness(server), tmp_path, bound=40, **options)
+    record = await trial(harness(server), tmp_path, bound=40, agent_timeout=4.0)
     assert record.stop_reason == "agent_timeout"
     data = transcript(record)
     assert data["harness"]["gateway_end"] == "deadline"
@@ -151,3 +153,28 @@ async def test_the_teacher_and_a_rewritten_history_count_breaks(tmp_path):
     assert merged.breaks == 1 and len(merged.segments) == 2
     assert merged.segments[0].ids == [1, 2, 3, 4, 5] and merged.segments[0].mask == [0, 0, 1, 0, 1]
     assert json.dumps(merged.segments[1].ids) == "[9, 9, 6]"
+
+
+def test_the_environment_class_runs_a_users_own_mini_swe_agent_in_a_termgym_sandbox(no_leaks):
+    """``environment_class: termgym.integrations.mini_swe_agent.TermgymEnvironment`` as
+    mini-swe-agent's own loader builds it from a config: commands in the task's sandbox, the submit
+    verified, the reward in the exit message, the sandbox gone after ``close``."""
+    from minisweagent.environments import get_environment
+    from minisweagent.exceptions import Submitted
+
+    environment: Any = get_environment(
+        {"environment_class": "termgym.integrations.mini_swe_agent.TermgymEnvironment", "task": TASK, "timeout": 20}
+    )
+    try:
+        assert "Rename every file" in environment.instruction
+        assert environment.get_template_vars()["system"] == "Linux"
+        listing = environment.execute({"command": "ls"}, cwd="/app/reports")
+        assert listing["returncode"] == 0 and "sales_report_20240115.csv" in listing["output"]
+        assert environment.execute({"command": SOLUTION.read_text()})["returncode"] == 0
+        with pytest.raises(Submitted) as submitted:
+            environment.execute({"command": SUBMIT})
+        (exit_message,) = submitted.value.messages
+        assert exit_message["extra"]["exit_status"] == "Submitted"
+        assert exit_message["extra"]["termgym"]["resolved"] is True and exit_message["extra"]["termgym"]["reward"] > 0
+    finally:
+        environment.close()
