@@ -40,6 +40,7 @@ bench: engine
 	$(VENV_BIN)/python bench/r3_gap.py
 	$(VENV_BIN)/python bench/recipe.py
 	$(VENV_BIN)/python bench/model_agent.py
+	$(VENV_BIN)/python bench/gateway.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache

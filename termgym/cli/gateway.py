@@ -14,6 +14,7 @@ import re
 import signal
 from pathlib import Path
 
+from termgym.agents.heap import settled_heap
 from termgym.agents.transport import check_base_url, resolve_api_key
 from termgym.cli.common import UsageError, out
 from termgym.gateway import SESSION_HEADER, Gateway
@@ -49,7 +50,8 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     out.print(f"termgym gateway on {gateway.url}: base URL {gateway.url}/sessions/<id>/v1 (or header {SESSION_HEADER})")
     try:
-        await stop.wait()
+        with settled_heap():  # many live sessions: rare, short garbage collections (termgym.agents.heap)
+            await stop.wait()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

@@ -21,6 +21,7 @@ from termgym.cli import common
 from termgym.cli.common import UsageError, agent_from_args, close_agent, env_options
 from termgym.cli.summary import is_scored, summarize
 from termgym.env import EnvOptions, resolve_task
+from termgym.integrations.harness import HarnessAgent
 from termgym.output import plain_text as plain
 from termgym.progress import progress_bar
 from termgym.records import TrialRecord, append_record, read_records
@@ -100,7 +101,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         pool = TaskPool(jobs, shuffle=args.batch is not None, seed=args.seed)
         schedule = run_steps(args, agent, config, pool, run_id, out_dir)
         # many live model episodes: rare, short garbage collections (termgym.agents.heap)
-        with settled_heap() if isinstance(agent, ModelAgent) else contextlib.nullcontext():
+        with settled_heap() if isinstance(agent, (ModelAgent, HarnessAgent)) else contextlib.nullcontext():
             # A simulation runs on its own virtual-time loop, in a thread, so the real clock is not involved.
             records, run_report, short = await (
                 asyncio.to_thread(simclock.run, schedule) if args.simulate else schedule

@@ -16,9 +16,11 @@ How the episode ends, when the harness itself did not submit: a session past its
 (``LimitsExceeded``), ``parse_errors`` (``RepeatedFormatError``), ``context_exhausted`` (a
 context-window error), and anything else to ``harness_exit``, each verified.
 
-Guaranteed: the harness's thread has ended when ``run`` returns or raises (a cancelled trial ends
-the session and the bridge, so the harness's next call or command stops it); the bridge refuses
-every command once the episode is over.
+Guaranteed: no trial outlives its agent time by more than ``DEADLINE_GRACE`` plus ``JOIN_GRACE``:
+at the deadline (or when the trial is cancelled) the session and the bridge end, so the harness's
+next call or command stops it, and its thread is waited for; a harness that neither calls nor acts
+by then is left to end on its own (a daemon thread holding no session and no sandbox) and recorded
+as ``Unresponsive``. The bridge refuses every command once the episode is over.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from termgym.transcript import StopReason
 from termgym.trial import StepReturn
 
 JOIN_GRACE = 90.0  # seconds a harness may take to notice its session ended (a retry's sleep is at most 60)
+DEADLINE_GRACE = 10.0  # past the agent time, seconds before a harness that neither calls nor acts is stopped
 
 
 class HarnessStopped(Exception):
@@ -181,33 +184,36 @@ class HarnessAgent:
             session_id, self.upstream(env), model=self.model, deadline=deadline, transcript=transcript
         )
         bridge = EnvBridge(env, asyncio.get_running_loop(), info)
+
+        def stop(reason: str) -> None:
+            bridge.closed = True
+            if session_id in gateway.sessions:
+                gateway.close(session_id, reason)
+
         result: HarnessResult | None = None
         try:
             result = await _in_thread(
                 lambda: self.harness.run(gateway.base_url(session_id), self.model, bridge, instruction, info),
-                on_cancel=lambda: _stop(gateway, session_id, bridge),
+                limit=env.remaining_time + DEADLINE_GRACE,
+                stop=stop,
                 name=f"harness-{session_id}",
             )
         finally:
-            if session_id in gateway.sessions:
-                gateway.close(session_id, "trial_ended")
-            bridge.closed = True
+            stop("trial_ended")
             _record(transcript, self.harness.name, session, result)
         if env.done:
             return bridge.last
         return await env.truncate(_stop_reason(session, result))
 
 
-def _stop(gateway: Gateway, session_id: str, bridge: EnvBridge) -> None:
-    bridge.closed = True
-    if session_id in gateway.sessions:
-        gateway.close(session_id, "cancelled")
-
-
-async def _in_thread(work: Callable[[], HarnessResult], *, on_cancel: Callable[[], None], name: str) -> HarnessResult:
-    """``work()`` in a thread of its own; when the caller is cancelled, ``on_cancel`` tells the
-    harness to stop and the thread is waited for (up to ``JOIN_GRACE``) before the cancellation
-    propagates."""
+async def _in_thread(
+    work: Callable[[], HarnessResult], *, limit: float, stop: Callable[[str], None], name: str
+) -> HarnessResult:
+    """``work()`` in a thread of its own, waited for up to ``limit`` seconds. Past the limit,
+    ``stop("deadline")`` tells the harness to stop (its next model call or command ends it) and the
+    thread gets ``JOIN_GRACE`` more; a harness that still runs then is left to end on its own (a
+    daemon thread, with no session and no sandbox left to it) and the result says so. When the
+    caller is cancelled: ``stop("cancelled")``, the same wait, then the cancellation propagates."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[HarnessResult] = loop.create_future()
 
@@ -227,16 +233,24 @@ async def _in_thread(work: Callable[[], HarnessResult], *, on_cancel: Callable[[
         if not loop.is_closed():
             loop.call_soon_threadsafe(settle, outcome)
 
-    thread = threading.Thread(target=target, name=name, daemon=True)
-    thread.start()
+    threading.Thread(target=target, name=name, daemon=True).start()
     try:
-        return await asyncio.shield(done)
+        await asyncio.wait({done}, timeout=max(0.0, limit))
     except asyncio.CancelledError:
-        on_cancel()
+        stop("cancelled")
         await asyncio.wait({done}, timeout=JOIN_GRACE)
-        if done.done() and not done.cancelled():
+        if done.done():
             done.exception()  # retrieved
         raise
+    if not done.done():
+        stop("deadline")
+        await asyncio.wait({done}, timeout=JOIN_GRACE)
+        if not done.done():
+            done.cancel()
+            return HarnessResult(
+                "Unresponsive", error=f"the harness did not stop within {JOIN_GRACE:g} s of its deadline"
+            )
+    return done.result()
 
 
 def _record(transcript: Any, name: str, session: GatewaySession, result: HarnessResult | None) -> None:

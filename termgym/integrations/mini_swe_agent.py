@@ -49,6 +49,9 @@ def require() -> None:
     extra when it is not installed."""
     os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price list
+    # mini-swe-agent retries a failed model call 10 times, waiting up to 60 s between tries; in an RL
+    # run a trial that long is lost anyway, so 3 unless the user says (litellm retries within each)
+    os.environ.setdefault("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "3")
     try:
         import litellm
         import minisweagent  # noqa: F401
@@ -189,7 +192,7 @@ class TermgymEnvironment:
             )
         output = {
             "output": str(info.get("output", "")),
-            "returncode": int(info.get("exit_code", -1)),
+            "returncode": code if isinstance(code := info.get("exit_code"), int) else -1,  # None: timed out
             "exception_info": "",
         }
         if info.get("timed_out"):

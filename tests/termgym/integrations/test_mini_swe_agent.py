@@ -160,7 +160,7 @@ def test_the_environment_class_runs_a_users_own_mini_swe_agent_in_a_termgym_sand
     mini-swe-agent's own loader builds it from a config: commands in the task's sandbox, the submit
     verified, the reward in the exit message, the sandbox gone after ``close``."""
     from minisweagent.environments import get_environment
-    from minisweagent.exceptions import Submitted
+    from minisweagent.exceptions import LimitsExceeded, Submitted
 
     environment: Any = get_environment(
         {"environment_class": "termgym.integrations.mini_swe_agent.TermgymEnvironment", "task": TASK, "timeout": 20}
@@ -170,6 +170,8 @@ def test_the_environment_class_runs_a_users_own_mini_swe_agent_in_a_termgym_sand
         assert environment.get_template_vars()["system"] == "Linux"
         listing = environment.execute({"command": "ls"}, cwd="/app/reports")
         assert listing["returncode"] == 0 and "sales_report_20240115.csv" in listing["output"]
+        slow = environment.execute({"command": "sleep 5"}, timeout=1)
+        assert slow["returncode"] == -1 and "timed out after 1 seconds" in slow["exception_info"]
         assert environment.execute({"command": SOLUTION.read_text()})["returncode"] == 0
         with pytest.raises(Submitted) as submitted:
             environment.execute({"command": SUBMIT})
@@ -178,3 +180,6 @@ def test_the_environment_class_runs_a_users_own_mini_swe_agent_in_a_termgym_sand
         assert exit_message["extra"]["termgym"]["resolved"] is True and exit_message["extra"]["termgym"]["reward"] > 0
     finally:
         environment.close()
+    environment.close()  # twice: nothing to do
+    with pytest.raises(LimitsExceeded):  # the episode is over: the harness is told so
+        environment.execute({"command": "ls"})
