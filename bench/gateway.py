@@ -42,10 +42,11 @@ around the opening: RSS is too coarse for it).
         [--think 1.0] [--jitter 0.5] [--single-think 0.02] [--memory-sessions 1000] [--memory-calls 10]
         [--settled-heap] [--record-on-close] [--profile N] [--quick]
 
-``--settled-heap`` runs the gateway process under ``termgym.agents.heap.settled_heap`` (what
-``termgym run`` does for the model agent's episodes, not for a harness's). ``--record-on-close``
-does at each session's close what ``HarnessAgent.run`` does when its trial ends, in the same event
-loop: the transcript's record of the session's calls (``Call.to_dict`` of each, the merged samples).
+By default the gateway runs as shipped: under ``termgym.agents.heap.settled_heap`` (what ``termgym
+run`` and ``termgym gateway`` do; ``--no-settled-heap``: CPython's thresholds), and at each
+session's close doing what ``HarnessAgent.run`` does when its trial ends, in the same event loop:
+the transcript's record of the session's calls (``Call.to_dict`` of each, the merged samples;
+``--no-record-on-close`` leaves it out).
 ``--profile N`` runs N sessions once more afterwards with cProfile on in the gateway process and
 prints the top functions by own time (cProfile slows the gateway: those latencies are not the
 table's). ``--quick`` is a smoke run of about 10 seconds. The whole run with the defaults: about
@@ -692,13 +693,15 @@ def main() -> int:
     parser.add_argument(
         "--settled-heap",
         dest="settle_heap",
-        action="store_true",
-        help="run the gateway process under termgym.agents.heap.settled_heap (raised GC thresholds)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the gateway process under termgym.agents.heap.settled_heap, as termgym run and termgym gateway do (default; --no-settled-heap: CPython's thresholds)",
     )
     parser.add_argument(
         "--record-on-close",
-        action="store_true",
-        help="at a session's close, also build its transcript's record as HarnessAgent does (calls' to_dict, merge)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="at a session's close, build its transcript's record as HarnessAgent does (calls' to_dict, merge; default)",
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run of about 10 seconds")
     args = parser.parse_args()
