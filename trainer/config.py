@@ -454,6 +454,10 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"--agent {cfg.agent} calls its bash tool: give --action-format tool")
     if cfg.agent_config and cfg.agent == "model":
         raise ConfigError("--agent-config applies to a harness (--agent mini-swe-agent), not the model agent")
+    if cfg.agent == "mini-swe-agent":  # the extra installed and its configuration readable, before any work
+        from termgym.integrations.mini_swe_agent import load_config
+
+        load_config(cfg.agent_config or None)
     if cfg.advantage == "group" and cfg.group_size < 2:
         raise ConfigError("--advantage group compares episodes of the same task: give --group-size 2 or more")
     for name in (

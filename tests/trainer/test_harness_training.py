@@ -105,7 +105,22 @@ def test_a_harness_needs_the_tool_format_and_the_model_agent_takes_no_harness_co
     check_config(Config(agent="mini-swe-agent", action_format="tool", agent_config="tiny"))
 
 
-def test_an_unknown_agent_config_is_one_line(tmp_path):
+def test_an_unknown_agent_config_is_one_line_before_any_work(tmp_path, capsys):
     missing = Path(tmp_path) / "nope.yaml"
     with pytest.raises(ConfigError, match="no such file"):
         load_config(missing)
+    out = tmp_path / "run"
+    argv = [
+        "train",
+        "--agent",
+        "mini-swe-agent",
+        "--action-format",
+        "tool",
+        "--agent-config",
+        str(missing),
+        "--out",
+        str(out),
+    ]
+    assert termgym_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and len(err.strip().splitlines()) == 1 and not out.exists()
