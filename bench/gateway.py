@@ -74,6 +74,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.model_agent import pin
+
 MODEL = "bench-model"
 EPISODE_TURNS = 10  # a trial's calls: then a new gateway session from the opening messages
 COMPLETION_TOKENS = 20
@@ -556,18 +558,6 @@ async def measure_memory(bench: Bench, args: argparse.Namespace) -> dict[str, An
 # -- the run ----------------------------------------------------------------------------------
 
 
-def pin() -> tuple[int | None, int | None]:
-    """The gateway's core and the one the client (this process) and the upstream share."""
-    try:
-        cores = sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return None, None
-    if len(cores) < 2:
-        return None, None
-    os.sched_setaffinity(0, {cores[-1]})
-    return cores[0], cores[-1]
-
-
 async def start_gateway(
     context: Any, core: int | None, upstream_port: int, args: argparse.Namespace
 ) -> tuple[Any, Bench]:
@@ -578,7 +568,7 @@ async def start_gateway(
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    gateway_core, client_core = pin()
+    client_core, gateway_core = pin()  # the client (this process) and the upstream share a core
     context = multiprocessing.get_context("spawn")
     processes: list[Any] = []
     bench: Bench | None = None

@@ -158,21 +158,28 @@ def _completion(parsed: ParsedReply, finish_reason: str, tool_format: bool) -> C
         message["reasoning_content"] = parsed.reasoning
     if calls:
         message["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name or "", "arguments": _arguments(c.arguments)}}
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name or "", "arguments": template_arguments(c.arguments)},
+            }
             for c in calls
         ]
     return Completion(content, calls, finish_reason, message, reasoning=parsed.reasoning)
 
 
-def _arguments(text: str) -> Any:
-    """Arguments as chat templates expect them: a mapping when they parse, else the raw text."""
+def template_arguments(value: Any) -> Any:
+    """Tool-call arguments as chat templates expect them: a mapping when they are JSON text of an
+    object, else as they are (other text, or arguments already a mapping)."""
     import json
 
+    if not isinstance(value, str):
+        return value
     try:
-        value = json.loads(text)
+        parsed = json.loads(value)
     except json.JSONDecodeError:
-        return text
-    return value if isinstance(value, dict) else text
+        return value
+    return parsed if isinstance(parsed, dict) else value
 
 
 # -- the tokens client: a server's /v1/completions with token-id prompts ---------------------------

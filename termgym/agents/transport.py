@@ -150,21 +150,33 @@ def prompt_length(message: str) -> int | None:
 
 
 def _error_message(exc: Any) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return " ".join(str(inner["message"]).split())[:500]
-        if isinstance(body.get("message"), str):
-            return " ".join(body["message"].split())[:500]
-    return " ".join(str(getattr(exc, "message", exc)).split())[:500]
+    said = envelope_message(getattr(exc, "body", None))
+    return said if said is not None else " ".join(str(getattr(exc, "message", exc)).split())[:500]
 
 
 def rejected_field(exc: BaseException, fields: Sequence[str]) -> str | None:
     """The optional request field a 400 complains about, if it names one of ``fields``."""
     cause = exc.__cause__
-    message = _error_message(cause) if cause is not None else str(exc)
-    return next((name for name in fields if name in message), None)
+    return named_field(_error_message(cause) if cause is not None else str(exc), fields)
+
+
+def named_field(message: str, fields: Sequence[str]) -> str | None:
+    """The first of ``fields`` that ``message`` names as a whole word (a complaint about
+    ``top_logprobs`` is not one about ``logprobs``)."""
+    return next((name for name in fields if re.search(rf"\b{re.escape(name)}\b", message)), None)
+
+
+def envelope_message(body: object, limit: int = 500) -> str | None:
+    """The message of an error body in the OpenAI envelope (``{"error": {"message"}}``) or a bare
+    ``{"message"}``, on one line and cut at ``limit`` characters; None when it has none."""
+    if not isinstance(body, dict):
+        return None
+    inner = body.get("error", body)
+    if isinstance(inner, dict) and inner.get("message"):
+        return " ".join(str(inner["message"]).split())[:limit]
+    if isinstance(body.get("message"), str):
+        return " ".join(body["message"].split())[:limit]
+    return None
 
 
 async def served_context_window(client: Any, model: str, deadline: float) -> int | None:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from termgym.agents.transport import int_list
 from termgym.transcript import Segment
 
 CHAT_PATH = "/chat/completions"
@@ -52,13 +53,6 @@ class Call:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def int_ids(value: object) -> list[int] | None:
-    """``value`` when it is a list of ints (bools excluded), else None."""
-    if isinstance(value, list) and set(map(type, value)) <= {int}:  # at C speed: prompts are long
-        return value
-    return None
-
-
 def token_fields(path: str, body: dict[str, Any]) -> tuple[list[int] | None, list[int] | None, list[float] | None]:
     """The prompt ids, completion ids and per-token log-probs of a response ``body`` in vLLM's
     shapes: chat puts the prompt's ids at the top level and the completion's in
@@ -67,8 +61,8 @@ def token_fields(path: str, body: dict[str, Any]) -> tuple[list[int] | None, lis
     log-probs whose count differs from the completion ids are None (they cannot be aligned)."""
     choices = body.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    prompt = int_ids(body.get("prompt_token_ids")) or int_ids(choice.get("prompt_token_ids"))
-    completion = int_ids(choice.get("token_ids"))
+    prompt = int_list(body.get("prompt_token_ids")) or int_list(choice.get("prompt_token_ids"))
+    completion = int_list(choice.get("token_ids"))
     scores = choice.get("logprobs")
     logprobs: list[float] | None = None
     if isinstance(scores, dict):

@@ -37,7 +37,7 @@ from termgym.aio import cancel_and_wait
 from termgym.errors import AgentDeadline, ModelError
 from termgym.gateway.calls import CHAT_PATH, COMPLETIONS_PATH, Call, Merged, merge_calls, token_fields
 from termgym.gateway.shapes import error_body
-from termgym.gateway.upstreams import Answer, ForwardUpstream, Upstream
+from termgym.gateway.upstreams import Answer, Upstream
 from termgym.transcript import Transcript
 
 SESSION_HEADER = "X-Termgym-Session"
@@ -195,7 +195,7 @@ class Gateway:
         call = Call(len(session.calls), path, body, started=arrived - session.opened)
         session.calls.append(call)
         answer = await self._answer(session, path, body)
-        call.request = recorded_request(path, body, session)
+        call.request = answer.sent if answer.sent is not None else body
         call.status, call.error, call.notes = answer.status, answer.error, answer.notes
         call.latency = time.monotonic() - arrived
         if answer.data is not None:
@@ -251,12 +251,6 @@ class Gateway:
 
     async def _health(self, request: Any) -> Any:
         return _reply(Answer.of_json(200, {"sessions": len(self.sessions)}))
-
-
-def recorded_request(path: str, body: dict[str, Any], session: GatewaySession) -> dict[str, Any]:
-    """The request as recorded: what the harness sent, with what a forwarding upstream forces."""
-    upstream = session.upstream
-    return upstream.request_body(path, body) if isinstance(upstream, ForwardUpstream) else body
 
 
 def _ended(session: GatewaySession) -> Answer | None:

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from termgym.agents.client import Completion
+from termgym.agents.tokens import template_arguments
 
 _KEPT_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")
 
@@ -35,17 +36,6 @@ def text_of(content: Any) -> str:
     return ""
 
 
-def _arguments(value: Any) -> Any:
-    """Tool-call arguments as a mapping when they parse as a JSON object, else as they are."""
-    if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
-            return value
-        return parsed if isinstance(parsed, dict) else value
-    return value
-
-
 def clean_message(message: Any) -> dict[str, Any]:
     """A request message as a renderer takes it: role, text, tool calls (arguments as a mapping
     when they parse), ``tool_call_id``; anything else a harness carries (``extra``,
@@ -63,7 +53,7 @@ def clean_message(message: Any) -> dict[str, Any]:
                 "type": "function",
                 "function": {
                     "name": str((call.get("function") or {}).get("name") or ""),
-                    "arguments": _arguments((call.get("function") or {}).get("arguments")),
+                    "arguments": template_arguments((call.get("function") or {}).get("arguments")),
                 },
             }
             for i, call in enumerate(c for c in calls if isinstance(c, dict))

@@ -22,12 +22,12 @@ one it ended. The session writes its segments into the trial's transcript itself
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from termgym.agents.client import Completion, Session
+from termgym.agents.transport import envelope_message, named_field
 from termgym.errors import AgentDeadline, ContextExceeded, ModelError
 from termgym.gateway.calls import CHAT_PATH, COMPLETIONS_PATH
 from termgym.gateway.shapes import chat_response, clean_message, error_body, extends
@@ -51,6 +51,7 @@ class Answer:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     completion: Completion | None = None
+    sent: dict[str, Any] | None = None  # the body sent upstream, when it differs from the harness's
 
     @classmethod
     def of_json(cls, status: int, data: dict[str, Any], *, error: str | None = None) -> Answer:
@@ -107,6 +108,7 @@ class ForwardUpstream:
             rejected = _rejected_field(answer, [k for k in TOKEN_FIELDS if k in request and k not in body])
             if rejected is None:
                 answer.notes += notes
+                answer.sent = request
                 return answer
             self.dropped.add(rejected)
             notes.append(f"the upstream rejects {rejected}: asked again without it")
@@ -198,12 +200,8 @@ def _json_object(raw: bytes) -> dict[str, Any] | None:
 
 
 def _error_message(data: dict[str, Any] | None, raw: bytes) -> str:
-    inner = data.get("error", data) if isinstance(data, dict) else None
-    if isinstance(inner, dict) and inner.get("message"):
-        return " ".join(str(inner["message"]).split())[:300]
-    if isinstance(data, dict) and isinstance(data.get("message"), str):
-        return " ".join(data["message"].split())[:300]
-    return " ".join(raw[:300].decode("utf-8", "replace").split())
+    said = envelope_message(data, 300)
+    return said if said is not None else " ".join(raw[:300].decode("utf-8", "replace").split())
 
 
 def _rejected_field(answer: Answer, asked: list[str]) -> str | None:
@@ -211,8 +209,7 @@ def _rejected_field(answer: Answer, asked: list[str]) -> str | None:
     a whole word (a complaint about ``top_logprobs`` is not one about ``logprobs``)."""
     if answer.status != 400 or not asked:
         return None
-    message = _error_message(answer.data, answer.body)
-    return next((name for name in asked if re.search(rf"\b{re.escape(name)}\b", message)), None)
+    return named_field(_error_message(answer.data, answer.body), asked)
 
 
 __all__ = ["COMPLETIONS_PATH", "Answer", "ForwardUpstream", "SessionUpstream", "Upstream"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from termgym.agents.transport import prompt_length
+from termgym.agents.transport import envelope_message, named_field, prompt_length, rejected_field
 from termgym.errors import AgentDeadline, ContextExceeded, ModelError, TermgymError
 
 
@@ -32,3 +32,30 @@ def test_a_full_context_is_a_model_error_and_the_deadline_is_not():
     deadline = AgentDeadline("out of time")
     assert isinstance(deadline, TermgymError) and not isinstance(deadline, (ModelError, TimeoutError))
     assert deadline.kind == "agent_timeout"
+
+
+def test_a_rejected_field_is_named_as_a_whole_word():
+    fields = ("return_token_ids", "logprobs")
+    assert named_field("Unrecognized request argument supplied: return_token_ids", fields) == "return_token_ids"
+    assert named_field("logprobs is not supported", fields) == "logprobs"
+    assert named_field("top_logprobs must be at most 20", fields) is None  # not a complaint about logprobs
+    rejection = ModelError("HTTP 400")
+    rejection.__cause__ = _Rejection({"error": {"message": "top_logprobs must be <= 20"}})
+    assert rejected_field(rejection, fields) is None
+    rejection.__cause__ = _Rejection({"error": {"message": "logprobs are not supported"}})
+    assert rejected_field(rejection, fields) == "logprobs"
+
+
+def test_the_error_envelope_is_read_in_both_shapes():
+    assert envelope_message({"error": {"message": "  too\n many  "}}) == "too many"
+    assert envelope_message({"message": "bare"}) == "bare"
+    assert envelope_message({"error": "text"}) is None and envelope_message(b"raw") is None
+    assert envelope_message({"error": {"message": "x" * 900}}, 300) == "x" * 300
+
+
+class _Rejection(Exception):
+    """What the SDK raises: an error carrying the server's JSON body."""
+
+    def __init__(self, body: dict) -> None:
+        super().__init__("rejected")
+        self.body = body

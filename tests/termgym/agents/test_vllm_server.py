@@ -107,15 +107,22 @@ def test_tokens_mode_ids_are_exactly_what_was_sampled(server, trained_chat_model
         opening = segment["messages"][:2]
         assert replies[0]["prompt_ids"] == render_ids(tokenizer, opening, generation_prompt=True)
         # the server's log-probs are the model's, tempered, for every sampled id
-        ids = torch.tensor([segment["ids"]])
-        with torch.no_grad():
-            logits = model(ids).logits[0, :-1] / temperature
-        recomputed = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
-        positions = [p for p, m in enumerate(segment["mask"]) if m]
-        served = torch.tensor([segment["logprobs"][p] for p in positions])
-        assert torch.max(torch.abs(served - recomputed[[p - 1 for p in positions]])) < LOGPROB_TOLERANCE
-        sampled += len(positions)
+        gap, count = served_logprob_gap(model, segment, temperature)
+        assert gap < LOGPROB_TOLERANCE
+        sampled += count
     assert sampled > 0
+
+
+def served_logprob_gap(model, segment: dict, temperature: float) -> tuple[float, int]:
+    """The largest difference between the server's log-prob of each sampled id of ``segment`` and
+    the model's own (its logits over ``temperature``), and how many sampled ids there are."""
+    ids = torch.tensor([segment["ids"]])
+    with torch.no_grad():
+        logits = model(ids).logits[0, :-1] / temperature
+    recomputed = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+    positions = [p for p, m in enumerate(segment["mask"]) if m]
+    served = torch.tensor([segment["logprobs"][p] for p in positions])
+    return float(torch.max(torch.abs(served - recomputed[[p - 1 for p in positions]]))), len(positions)
 
 
 async def _tokens_trials(config: ModelConfig, tmp_path: Path, count: int):
@@ -168,12 +175,7 @@ def test_mini_swe_agent_through_the_gateway_records_exact_tokens_and_the_servers
         assert sum(s["bridge_breaks"] for s in segments) == len(segments) - 1
         assert sum(sum(s["mask"]) for s in segments) == sum(len(c["completion_ids"]) for c in calls)
         for segment in segments:
-            ids = torch.tensor([segment["ids"]])
-            with torch.no_grad():
-                logits = model(ids).logits[0, :-1]
-            recomputed = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
-            positions = [p for p, m in enumerate(segment["mask"]) if m]
-            served = torch.tensor([segment["logprobs"][p] for p in positions])
-            assert torch.max(torch.abs(served - recomputed[[p - 1 for p in positions]])) < LOGPROB_TOLERANCE
-            sampled += len(positions)
+            gap, count = served_logprob_gap(model, segment, 1.0)
+            assert gap < LOGPROB_TOLERANCE
+            sampled += count
     assert sampled > 0
