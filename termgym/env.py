@@ -160,6 +160,12 @@ class AsyncTerminalEnv:
         return step_task(self.task, self.task.steps[min(self.step_index, len(self.task.steps) - 1)])
 
     @property
+    def agent_user(self) -> str | None:
+        """Who the agent's commands run as in this episode (the task's ``[agent].user`` where the
+        backend supports users); None: the sandbox's default user."""
+        return self._phases.agent_user
+
+    @property
     def remaining_time(self) -> float:
         """Seconds of the agent timeout left in this episode (0 once it has run out)."""
         return max(0.0, self._deadline - time.monotonic()) if not self.done else 0.0
@@ -259,6 +265,13 @@ class AsyncTerminalEnv:
             self.transcript.stop("max_turns")
             return await self._finish(obs, terminated=False, truncated=True, info=info)
         return obs, 0.0, False, False, info
+
+    def count_outside_command(self) -> None:
+        """Count a command the agent runs through an outside framework's own exec (inspect's sandbox
+        API) instead of ``step``, before it runs: a turn, so that a sandbox it breaks is the agent's
+        doing (``broken_by_agent``), as after ``step``. No effect between episodes."""
+        if not self.done:
+            self.turns += 1
 
     async def truncate(self, reason: StopReason) -> tuple[str, float, bool, bool, dict]:
         """End the episode as truncated (the agent ran out of a budget of its own: turns, context,
@@ -372,7 +385,7 @@ class AsyncTerminalEnv:
         assert self.sandbox is not None
         return PersistentShell(
             self.sandbox,
-            env=self._agent_env(),
+            env=self.agent_env(),
             cwd=self.sandbox.workdir,
             output_limit=self.options.output_limit,
             user=self._phases.agent_user,
@@ -466,7 +479,9 @@ class AsyncTerminalEnv:
             shell, self._shell = self._shell, None
             await run_to_end(shell.close())
 
-    def _agent_env(self) -> dict[str, str]:
+    def agent_env(self) -> dict[str, str]:
+        """The environment the agent's commands run with: the sandbox's own, and a home, a locale
+        and a dumb terminal. Only during an episode."""
         assert self.sandbox is not None
         return {"HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", **self.sandbox.env}
 

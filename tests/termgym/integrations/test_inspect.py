@@ -1,0 +1,328 @@
+"""termgym as an inspect-ai sandbox provider and scorer, through the real ``inspect-ai`` package (PyPI,
+pinned in the ``integrations`` extra): ``inspect eval`` (its CLI) of the example eval with inspect's
+scripted ``mockllm`` model, the provider's sandbox API on the embedded backend and on Docker, bad
+input, and ``inspect sandbox cleanup termgym`` after a killed eval."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import REPO_ROOT, sandbox_processes, termgym, termgym_containers, write_task
+
+pytest.importorskip("inspect_ai", reason="the integrations extra")
+from inspect_ai.log import read_eval_log
+from inspect_ai.util import (
+    OutputLimitExceededError,
+    SandboxUnavailableError,
+    SandboxUserUnsupportedError,
+)
+from inspect_ai.util._sandbox.limits import override_max_exec_output_size, override_max_read_file_size
+
+from termgym.integrations.inspect import (
+    TermgymSandboxConfig,
+    TermgymSandboxEnvironment,
+    clean_up,
+    read_config,
+)
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+TASK = "file-ops/bulk-rename"
+INSPECT = str(Path(sys.executable).parent / "inspect")
+
+
+def inspect_cli(*args: str, cwd: Path = REPO_ROOT, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([INSPECT, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def eval_log(log_dir: Path) -> Any:
+    logs = sorted(log_dir.glob("*.eval"))
+    assert len(logs) == 1, logs
+    return read_eval_log(str(logs[0]))
+
+
+def check(task: str, agent: str, backend: str) -> dict[str, Any]:
+    result = termgym("check", task, "--agent", agent, "--backend", backend, "--json", timeout=600)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+# -- inspect eval, the example ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_example_eval_resolves_with_the_reference_solution_and_not_without(tmp_path, backend):
+    for solve, agent in (("true", "oracle"), ("false", "null")):
+        log_dir = tmp_path / solve
+        result = inspect_cli(
+            "eval", "examples/inspect_eval.py", "--display", "plain", "--log-dir", str(log_dir),
+            "-T", f"backend={backend}", "-T", f"solve={solve}",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        log = eval_log(log_dir)
+        assert log.status == "success", log.error
+        (sample,) = log.samples
+        score = sample.scores["termgym_scorer"]
+        expected = check(TASK, agent, backend)
+        assert score.value == {"resolved": int(expected["resolved"]), "reward": expected["reward"]}
+        assert score.metadata["passed"] == expected["passed"] and score.metadata["total"] == expected["total"]
+        assert len(score.metadata["assertions"]) == expected["total"]
+        assert score.metadata["stop_reason"] == "submitted" and score.metadata["error"] is None
+        tool_output = [m.text for m in sample.messages if m.role == "tool"]
+        assert "sales_report_20240115.csv" in tool_output[0]  # the agent's bash ran in the task's sandbox
+
+
+# -- the sandbox API -------------------------------------------------------------------------------
+
+
+async def start(task: str | Path, backend: str) -> TermgymSandboxEnvironment:
+    config = TermgymSandboxConfig(task=str(task), backend=backend)
+    await TermgymSandboxEnvironment.task_init("test", config)
+    environments = await TermgymSandboxEnvironment.sample_init("test", config, {})
+    return environments["default"].as_type(TermgymSandboxEnvironment)
+
+
+async def stop(box: TermgymSandboxEnvironment) -> None:
+    await TermgymSandboxEnvironment.sample_cleanup("test", None, {"default": box}, False)
+
+
+async def test_exec_keeps_streams_apart_and_takes_input_cwd_env_and_path_as_inspect_documents(task_dir, backend):
+    box = await start(task_dir, backend)
+    try:
+        result = await box.exec(["sh", "-c", "echo out; echo err >&2; exit 3"])
+        assert (result.success, result.returncode, result.stdout, result.stderr) == (False, 3, "out\n", "err\n")
+        assert (await box.exec(["cat"], input="line one\nline two")).stdout == "line one\nline two"
+        assert (await box.exec(["wc", "-c"], input=b"\x00\xff\x01")).stdout.strip() == "3"
+        assert (await box.exec(["pwd"])).stdout == "/app\n"
+        await box.exec(["mkdir", "-p", "sub/dir"])
+        assert (await box.exec(["pwd"], cwd="sub/dir")).stdout == "/app/sub/dir\n"
+        assert (await box.exec(["sh", "-c", 'echo "$FOO"'], env={"FOO": "bar baz"})).stdout == "bar baz\n"
+        missing = await box.exec(["no-such-command"])
+        assert missing.returncode == 127 and not missing.success
+        assert (await box.exec(["true"])).stdout == ""
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await box.exec(["sleep", "30"], timeout=1)
+        assert time.monotonic() - started < 15
+        with override_max_exec_output_size(1000):
+            with pytest.raises(OutputLimitExceededError) as caught:
+                await box.exec(["sh", "-c", "head -c 5000 /dev/zero | tr '\\0' x"])
+            assert caught.value.truncated_output == "x" * 1000
+            assert (await box.exec(["sh", "-c", "head -c 1000 /dev/zero | tr '\\0' y"])).stdout == "y" * 1000
+    finally:
+        await stop(box)
+
+
+async def test_files_are_written_and_read_as_text_and_bytes_with_inspects_errors(task_dir, backend):
+    box = await start(task_dir, backend)
+    try:
+        await box.write_file("notes/a.txt", "first\r\nsecond\n")
+        assert await box.read_file("/app/notes/a.txt") == "first\r\nsecond\n"  # relative to the workdir; CRLF kept
+        blob = bytes(range(256)) * 3
+        await box.write_file("/tmp/deep/er/blob.bin", blob)
+        assert await box.read_file("/tmp/deep/er/blob.bin", text=False) == blob
+        assert (await box.exec(["wc", "-c", "/tmp/deep/er/blob.bin"])).stdout.split()[0] == "768"
+        with pytest.raises(UnicodeDecodeError):
+            await box.read_file("/tmp/deep/er/blob.bin")
+        with pytest.raises(FileNotFoundError):
+            await box.read_file("/app/nothing-here")
+        with pytest.raises(IsADirectoryError):
+            await box.read_file("/app/notes")
+        with pytest.raises(IsADirectoryError):
+            await box.write_file("/app/notes", "x")
+        with override_max_read_file_size(10):
+            with pytest.raises(OutputLimitExceededError):
+                await box.read_file("/app/notes/a.txt")
+        leftovers = (await box.exec(["sh", "-c", "ls -a /tmp | grep termgym || true"])).stdout.split()
+        # staged input and the earlier commands' wrapper files are gone: only this command's is there
+        assert len(leftovers) == 1 and leftovers[0].startswith(".termgym-exec."), leftovers
+    finally:
+        await stop(box)
+
+
+async def test_users_as_the_backend_allows(task_dir, backend):
+    box = await start(task_dir, backend)
+    try:
+        assert (await box.exec(["id", "-u"], user="root")).stdout == "0\n"
+        if backend == "local":
+            with pytest.raises(SandboxUserUnsupportedError):
+                await box.exec(["id", "-u"], user="nobody")
+        else:
+            assert (await box.exec(["id", "-un"], user="nobody")).stdout == "nobody\n"
+    finally:
+        await stop(box)
+
+
+@pytest.mark.docker
+async def test_a_task_agent_user_is_the_default_user_and_permissions_are_inspects_errors(tmp_path, no_leaks):
+    from tests.helpers import require_docker
+
+    require_docker()
+    task = write_task(tmp_path)
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text().replace("[agent]\n", '[agent]\nuser = "nobody"\n'))
+    box = await start(task, "docker")
+    try:
+        assert (await box.exec(["id", "-un"])).stdout == "nobody\n"
+        with pytest.raises(PermissionError):
+            await box.write_file("/root/owned-by-root", "x")
+        with pytest.raises(PermissionError):
+            await box.read_file("/etc/shadow")
+        await box.write_file("/tmp/mine", "x")
+        assert (await box.exec(["stat", "-c", "%U", "/tmp/mine"])).stdout == "nobody\n"
+    finally:
+        await stop(box)
+
+
+async def test_the_scorer_path_verifies_once_and_the_sandbox_is_then_unavailable(task_dir, backend):
+    box = await start(task_dir, backend)
+    try:
+        await box.exec(["sh", "-c", "echo done > /app/result.txt"])
+        verdict = await box.verify()
+        assert (verdict["resolved"], verdict["passed"], verdict["total"]) == (1, 2, 2)
+        assert verdict["stop_reason"] == "submitted" and verdict["reward"] > 0
+        assert await box.verify() is verdict
+        with pytest.raises(SandboxUnavailableError):
+            await box.exec(["true"])
+    finally:
+        await stop(box)
+
+
+async def test_a_sandbox_that_dies_mid_sample_is_unavailable_and_scores_zero_as_the_agents_doing(task_dir):
+    box = await start(task_dir, "local")
+    try:
+        with pytest.raises(SandboxUnavailableError):
+            await box.exec(["sh", "-c", "kill -9 -1; sleep 5"])
+        with pytest.raises(SandboxUnavailableError):
+            await box.exec(["true"])
+        verdict = await box.verify()
+        assert verdict["resolved"] == 0 and verdict["reward"] == 0.0
+        assert verdict["error"]["kind"] == "broken_by_agent"
+    finally:
+        await stop(box)
+
+
+# -- configuration and bad input -------------------------------------------------------------------
+
+
+def test_the_config_is_a_task_or_a_config_object():
+    assert read_config("file-ops/bulk-rename") == TermgymSandboxConfig(task="file-ops/bulk-rename")
+    assert read_config(TermgymSandboxConfig(task="x", backend="docker")).backend == "docker"
+    assert TermgymSandboxEnvironment.config_deserialize({"task": "x", "tamper": "warn"}) == TermgymSandboxConfig(
+        task="x", tamper="warn"
+    )
+    with pytest.raises(ValueError, match="needs a task"):
+        read_config(None)
+    with pytest.raises(ValueError, match="extra"):
+        TermgymSandboxConfig(task="x", bakend="docker")  # type: ignore[call-arg]
+
+
+BAD_EVAL = textwrap.dedent("""\
+    from inspect_ai import Task, task
+    from inspect_ai.dataset import Sample
+    from inspect_ai.solver import generate
+    from termgym.integrations.inspect import TermgymSandboxConfig
+
+    @task
+    def bad(task_name: str = "no/such-task", backend: str = "local"):
+        config = TermgymSandboxConfig(task=task_name, backend=backend)
+        return Task(dataset=[Sample(input="hi")], solver=generate(), sandbox=("termgym", config))
+    """)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        ((), "termgym sandbox: "),
+        (("-T", f"task_name={TASK}", "-T", "backend=daytona"), "daytona"),
+        (("-T", f"task_name={TASK}", "-T", "backend=nowhere"), "unknown backend 'nowhere'"),
+    ],
+)
+def test_a_task_that_cannot_run_fails_the_eval_at_its_start_in_one_line(tmp_path, args, said):
+    (tmp_path / "bad.py").write_text(BAD_EVAL)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("DAYTONA_")}
+    result = subprocess.run(
+        [INSPECT, "eval", "bad.py", "--model", "mockllm/model", "--display", "plain", "--log-dir", "logs", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "HOME": str(tmp_path)},
+    )
+    assert result.returncode != 0
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if "termgym sandbox" in line]
+    assert len(lines) == 1 and said in lines[0], result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+# -- a killed eval ---------------------------------------------------------------------------------
+
+HANGING_EVAL = textwrap.dedent("""\
+    from inspect_ai import Task, task
+    from inspect_ai.model import ModelOutput, ModelUsage, get_model
+    from inspect_ai.solver import basic_agent
+    from inspect_ai.tool import bash
+    from termgym.integrations.inspect import termgym_samples, termgym_scorer
+
+    @task
+    def hangs(backend: str = "local"):
+        outputs = [ModelOutput.for_tool_call("mockllm/model", "bash", {"command": "sleep 600"})]
+        outputs[0].usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
+        return Task(
+            dataset=termgym_samples(["file-ops/bulk-rename"], backend=backend),
+            solver=basic_agent(tools=[bash(timeout=900)]),
+            scorer=termgym_scorer(),
+            model=get_model("mockllm/model", custom_outputs=outputs),
+        )
+    """)
+
+
+def _sandbox_running(backend: str, sandbox_dir: Path) -> bool:
+    if backend == "docker":
+        return bool(termgym_containers())
+    return any(line for line in sandbox_processes() if "sleep 600" in line or str(sandbox_dir) in line)
+
+
+@pytest.mark.slow
+def test_inspect_sandbox_cleanup_removes_what_a_killed_eval_left(tmp_path, backend, sandbox_dir):
+    (tmp_path / "hangs.py").write_text(HANGING_EVAL)
+    process = subprocess.Popen(
+        [INSPECT, "eval", "hangs.py", "--display", "none", "--log-dir", "logs", "-T", f"backend={backend}"],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (_sandbox_running(backend, sandbox_dir) and _sleeping(backend)):
+            assert process.poll() is None, "the eval ended before its sandbox ran the command"
+            assert time.monotonic() < deadline, "the eval's sandbox never started"
+            time.sleep(0.5)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    assert list(sandbox_dir.glob("tg-*")) or termgym_containers()  # the kill left something behind
+    result = inspect_cli("sandbox", "cleanup", "termgym", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{backend}: removed 1 leftover" in result.stdout
+    assert not list(sandbox_dir.glob("tg-*")) and not termgym_containers()
+    assert not [line for line in sandbox_processes() if str(sandbox_dir) in line]
+
+
+def _sleeping(backend: str) -> bool:
+    return bool(subprocess.run(["pgrep", "-f", "^sleep 600"], capture_output=True).stdout)
+
+
+async def test_cleanup_of_an_id_no_backend_keeps_is_one_line():
+    assert await clean_up("tg-no-such-sandbox") == ["no kept termgym sandbox 'tg-no-such-sandbox' on any backend here"]
