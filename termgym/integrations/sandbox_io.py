@@ -5,11 +5,12 @@ and read as the task's agent user, on every backend.
 termgym's ``Sandbox.exec`` interleaves stdout and stderr and not every backend takes stdin (Docker's
 exec does not), so a command runs under a small ``/bin/sh`` wrapper: each stream goes through
 ``head -c`` (at most the cap plus one byte is kept, the rest is drained, so a command that writes
-too much is neither killed nor stalled) into a private directory under ``/tmp``, and comes back
-base64-encoded with the command's status. The wrapper's own tools are found on the system
-directories only; the command itself is looked up on its own ``PATH``, with its environment as
-given. Standard input and a written file's contents travel as a staged file (``upload_tar``, which
-every backend implements natively), removed afterwards.
+too much is neither killed nor stalled) into private files under ``/tmp`` (made with umask 077; the
+command keeps its own umask), and comes back base64-encoded with the command's status; the files
+are removed, by the wrapper or, after a timeout, by termgym. The wrapper's own tools are found on
+the system directories only; the command itself is looked up on its own ``PATH``, with its
+environment as given. Standard input and a written file's contents travel as a staged file
+(``upload_tar``, which every backend implements natively), removed afterwards.
 
 Guarantees: ``run`` never raises for the command's own failure (that is data in ``Output``);
 ``SandboxError`` propagates for the sandbox's own faults; a timeout is ``Output.timed_out``.
@@ -31,14 +32,13 @@ STAGE_ROOT = "/tmp"
 FILE_TIMEOUT = 600.0  # seconds for a file written or read
 _SEPARATOR = b"--\n"  # between the two streams: never inside base64 text
 
-_RUN = f"""n=$1; input=$2; shift 2
-p=$PATH; PATH={DEFAULT_PATH}
-d=$(mktemp -d {STAGE_ROOT}/.termgym-exec.XXXXXX) || exit 125
-{{ {{ (PATH=$p; exec "$@") <"$input" 2>&1 1>&3 3>&-; echo $? >"$d/rc"; }} | \
-{{ head -c "$n" >"$d/e"; cat >/dev/null; }}; }} 3>&1 | {{ head -c "$n" >"$d/o"; cat >/dev/null; }}
-cat "$d/rc" 2>/dev/null || echo 126
-base64 "$d/o"; printf -- '--\\n'; base64 "$d/e"
-rm -rf "$d"
+_RUN = f"""n=$1; input=$2; d=$3; shift 3
+p=$PATH; PATH={DEFAULT_PATH}; m=$(umask); umask 077
+{{ {{ (umask "$m"; PATH=$p; exec "$@") <"$input" 2>&1 1>&3 3>&-; echo $? >"$d.rc"; }} | \
+{{ head -c "$n" >"$d.e"; cat >/dev/null; }}; }} 3>&1 | {{ head -c "$n" >"$d.o"; cat >/dev/null; }}
+read rc <"$d.rc"; echo "${{rc:-126}}"
+[ -s "$d.o" ] && base64 "$d.o"; echo --; [ -s "$d.e" ] && base64 "$d.e"
+rm -f "$d.o" "$d.e" "$d.rc"
 """
 
 _WRITE = f"""PATH={DEFAULT_PATH}
@@ -103,16 +103,18 @@ async def run(
     stdin: bytes | None = None,
 ) -> Output:
     """``argv`` as ``user`` (None: the sandbox's default) in ``cwd`` with exactly ``env``."""
+    scratch = f"{STAGE_ROOT}/.termgym-exec-{uuid.uuid4().hex}"
     async with _staged(sandbox, stdin) as input_path:
         result = await sandbox.exec_as(
             user,
-            ["/bin/sh", "-c", _RUN, "sh", str(cap + 1), input_path, *argv],
+            ["/bin/sh", "-c", _RUN, "sh", str(cap + 1), input_path, scratch, *argv],
             timeout=timeout,
             env=env,
             cwd=cwd,
             output_limit=2 * _base64_size(cap + 1) + 64,
         )
-    if result.timed_out:
+    if result.timed_out:  # the wrapper was killed with the command: its files are left to remove
+        await _remove(sandbox, *(f"{scratch}.{suffix}" for suffix in ("o", "e", "rc")))
         return Output(None, b"", b"", timed_out=True)
     if result.exit_code != 0:
         raise WrapperFailed(f"the command's wrapper failed (exit {result.exit_code}): {_last_line(result.output)}")
@@ -166,10 +168,13 @@ async def _staged(sandbox: Sandbox, data: bytes | None) -> AsyncIterator[str]:
     try:
         yield f"{directory}/data"
     finally:
-        root = "0" if sandbox.supports_users else None  # the image's default user may not be root
-        await sandbox.exec_as(
-            root, ["/bin/rm", "-rf", "--", directory], timeout=60.0, cwd="/", env={"PATH": DEFAULT_PATH}
-        )
+        await _remove(sandbox, directory)
+
+
+async def _remove(sandbox: Sandbox, *paths: str) -> None:
+    """Remove what termgym made under ``/tmp``, as root (the image's default user may not be)."""
+    root = "0" if sandbox.supports_users else None
+    await sandbox.exec_as(root, ["/bin/rm", "-rf", "--", *paths], timeout=60.0, cwd="/", env={"PATH": DEFAULT_PATH})
 
 
 def _base64_size(size: int) -> int:

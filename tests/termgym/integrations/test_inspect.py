@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import REPO_ROOT, sandbox_processes, termgym, termgym_containers, write_task
+from tests.termgym.sandboxes.daytona.conftest import daytona, faults  # noqa: F401  (fixtures)
 
 pytest.importorskip("inspect_ai", reason="the integrations extra")
 from inspect_ai.log import read_eval_log
@@ -99,53 +100,81 @@ async def stop(box: TermgymSandboxEnvironment) -> None:
 async def test_exec_keeps_streams_apart_and_takes_input_cwd_env_and_path_as_inspect_documents(task_dir, backend):
     box = await start(task_dir, backend)
     try:
-        result = await box.exec(["sh", "-c", "echo out; echo err >&2; exit 3"])
-        assert (result.success, result.returncode, result.stdout, result.stderr) == (False, 3, "out\n", "err\n")
-        assert (await box.exec(["cat"], input="line one\nline two")).stdout == "line one\nline two"
-        assert (await box.exec(["wc", "-c"], input=b"\x00\xff\x01")).stdout.strip() == "3"
-        assert (await box.exec(["pwd"])).stdout == "/app\n"
-        await box.exec(["mkdir", "-p", "sub/dir"])
-        assert (await box.exec(["pwd"], cwd="sub/dir")).stdout == "/app/sub/dir\n"
-        assert (await box.exec(["sh", "-c", 'echo "$FOO"'], env={"FOO": "bar baz"})).stdout == "bar baz\n"
-        missing = await box.exec(["no-such-command"])
-        assert missing.returncode == 127 and not missing.success
-        assert (await box.exec(["true"])).stdout == ""
-        started = time.monotonic()
-        with pytest.raises(TimeoutError):
-            await box.exec(["sleep", "30"], timeout=1)
-        assert time.monotonic() - started < 15
-        with override_max_exec_output_size(1000):
-            with pytest.raises(OutputLimitExceededError) as caught:
-                await box.exec(["sh", "-c", "head -c 5000 /dev/zero | tr '\\0' x"])
-            assert caught.value.truncated_output == "x" * 1000
-            assert (await box.exec(["sh", "-c", "head -c 1000 /dev/zero | tr '\\0' y"])).stdout == "y" * 1000
+        await exercise_exec(box)
     finally:
         await stop(box)
+
+
+async def exercise_exec(box: TermgymSandboxEnvironment) -> None:
+    result = await box.exec(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert (result.success, result.returncode, result.stdout, result.stderr) == (False, 3, "out\n", "err\n")
+    assert (await box.exec(["cat"], input="line one\nline two")).stdout == "line one\nline two"
+    assert (await box.exec(["wc", "-c"], input=b"\x00\xff\x01")).stdout.strip() == "3"
+    assert (await box.exec(["pwd"])).stdout == "/app\n"
+    await box.exec(["mkdir", "-p", "sub/dir"])
+    assert (await box.exec(["pwd"], cwd="sub/dir")).stdout == "/app/sub/dir\n"
+    assert (await box.exec(["sh", "-c", 'echo "$FOO"'], env={"FOO": "bar baz"})).stdout == "bar baz\n"
+    assert (await box.exec(["sh", "-c", "umask"])).stdout == "0022\n"  # not the wrapper's private 077
+    missing = await box.exec(["no-such-command"])
+    assert missing.returncode == 127 and not missing.success
+    assert (await box.exec(["true"])).stdout == ""
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await box.exec(["sleep", "30"], timeout=1)
+    assert time.monotonic() - started < 15
+    assert await termgym_files(box) == [".termgym-exec-"]  # the timed-out command's files went too
+    with override_max_exec_output_size(1000):
+        with pytest.raises(OutputLimitExceededError) as caught:
+            await box.exec(["sh", "-c", "head -c 5000 /dev/zero | tr '\\0' x"])
+        assert caught.value.truncated_output == "x" * 1000
+        assert (await box.exec(["sh", "-c", "head -c 1000 /dev/zero | tr '\\0' y"])).stdout == "y" * 1000
 
 
 async def test_files_are_written_and_read_as_text_and_bytes_with_inspects_errors(task_dir, backend):
     box = await start(task_dir, backend)
     try:
-        await box.write_file("notes/a.txt", "first\r\nsecond\n")
-        assert await box.read_file("/app/notes/a.txt") == "first\r\nsecond\n"  # relative to the workdir; CRLF kept
-        blob = bytes(range(256)) * 3
-        await box.write_file("/tmp/deep/er/blob.bin", blob)
-        assert await box.read_file("/tmp/deep/er/blob.bin", text=False) == blob
-        assert (await box.exec(["wc", "-c", "/tmp/deep/er/blob.bin"])).stdout.split()[0] == "768"
-        with pytest.raises(UnicodeDecodeError):
-            await box.read_file("/tmp/deep/er/blob.bin")
-        with pytest.raises(FileNotFoundError):
-            await box.read_file("/app/nothing-here")
-        with pytest.raises(IsADirectoryError):
-            await box.read_file("/app/notes")
-        with pytest.raises(IsADirectoryError):
-            await box.write_file("/app/notes", "x")
-        with override_max_read_file_size(10):
-            with pytest.raises(OutputLimitExceededError):
-                await box.read_file("/app/notes/a.txt")
-        leftovers = (await box.exec(["sh", "-c", "ls -a /tmp | grep termgym || true"])).stdout.split()
-        # staged input and the earlier commands' wrapper files are gone: only this command's is there
-        assert len(leftovers) == 1 and leftovers[0].startswith(".termgym-exec."), leftovers
+        await exercise_files(box)
+    finally:
+        await stop(box)
+
+
+async def exercise_files(box: TermgymSandboxEnvironment) -> None:
+    await box.write_file("notes/a.txt", "first\r\nsecond\n")
+    assert await box.read_file("/app/notes/a.txt") == "first\r\nsecond\n"  # relative to the workdir; CRLF kept
+    blob = bytes(range(256)) * 3
+    await box.write_file("/tmp/deep/er/blob.bin", blob)
+    assert await box.read_file("/tmp/deep/er/blob.bin", text=False) == blob
+    assert (await box.exec(["wc", "-c", "/tmp/deep/er/blob.bin"])).stdout.split()[0] == "768"
+    with pytest.raises(UnicodeDecodeError):
+        await box.read_file("/tmp/deep/er/blob.bin")
+    with pytest.raises(FileNotFoundError):
+        await box.read_file("/app/nothing-here")
+    with pytest.raises(IsADirectoryError):
+        await box.read_file("/app/notes")
+    with pytest.raises(IsADirectoryError):
+        await box.write_file("/app/notes", "x")
+    with override_max_read_file_size(10):
+        with pytest.raises(OutputLimitExceededError):
+            await box.read_file("/app/notes/a.txt")
+    # staged input and the earlier commands' wrapper files are gone: only the listing's own is there
+    assert await termgym_files(box) == [".termgym-exec-"]
+
+
+async def termgym_files(box: TermgymSandboxEnvironment) -> list[str]:
+    """What termgym left under /tmp, as name prefixes (the listing command's own wrapper included)."""
+    listing = await box.exec(["sh", "-c", "ls -a /tmp | grep -e '^.termgym-exec' -e '^.termgym-stage' || true"])
+    return sorted({name[: name.index("-", 9) + 1] for name in listing.stdout.split()})
+
+
+async def test_the_provider_runs_on_daytona_through_its_sdk(daytona, task_dir):  # noqa: F811
+    """The Daytona backend, the real SDK over HTTP against the local API server (each sandbox there a
+    real embedded sandbox): the same exec and file behaviour, and the scorer's verification."""
+    box = await start(task_dir, "daytona")
+    try:
+        await exercise_exec(box)
+        await exercise_files(box)
+        await box.exec(["sh", "-c", "echo done > /app/result.txt"])
+        assert (await box.verify())["resolved"] == 1
     finally:
         await stop(box)
 

@@ -245,3 +245,12 @@ def test_a_killed_skyrl_process_leaves_what_termgym_gc_removes(tmp_path, backend
     assert not [line for line in sandbox_processes() if str(os.environ["TERMGYM_SANDBOX_DIR"]) in line]
     if backend == "docker":
         assert not termgym_containers()
+
+
+def test_settings_come_from_skyrls_omegaconf_env_config_and_the_row_extras_win():
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create({"max_turns": 4, "action_format": "tool", "agent_timeout": 30})
+    settings = skyrl.read_settings(config, {"task": TASK, "max_turns": 7, "reward_spec": {"method": "x"}})
+    assert (settings.task, settings.max_turns, settings.action_format) == (TASK, 7, "tool")
+    assert settings.agent_timeout == 30.0 and settings.env_options().agent_timeout == 30.0
