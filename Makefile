@@ -41,6 +41,7 @@ bench: engine
 	$(VENV_BIN)/python bench/recipe.py
 	$(VENV_BIN)/python bench/model_agent.py
 	$(VENV_BIN)/python bench/gateway.py
+	$(VENV_BIN)/python bench/frameworks.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache

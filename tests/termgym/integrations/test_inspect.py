@@ -83,6 +83,49 @@ def test_the_example_eval_resolves_with_the_reference_solution_and_not_without(t
         assert "sales_report_20240115.csv" in tool_output[0]  # the agent's bash ran in the task's sandbox
 
 
+TOOLS_EVAL = textwrap.dedent("""\
+    import sys
+    from inspect_ai import Task, task
+    from inspect_ai.model import ModelOutput, ModelUsage, get_model
+    from inspect_ai.solver import basic_agent
+    from inspect_ai.tool import bash_session, text_editor
+    from termgym.integrations.inspect import termgym_samples, termgym_scorer
+
+    @task
+    def tools(task_dir: str, backend: str = "local"):
+        calls = [
+            ("text_editor", {"command": "create", "path": "/app/result.txt", "file_text": "done\\n"}),
+            ("bash_session", {"action": "type_submit", "input": "cat /app/result.txt"}),
+            ("submit", {"answer": "done"}),
+        ]
+        outputs = [ModelOutput.for_tool_call("mockllm/model", name, arguments) for name, arguments in calls]
+        for output in outputs:
+            output.usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
+        return Task(
+            dataset=termgym_samples([task_dir], backend=backend),
+            solver=basic_agent(tools=[text_editor(), bash_session()]),
+            scorer=termgym_scorer(),
+            model=get_model("mockllm/model", custom_outputs=outputs),
+        )
+    """)
+
+
+@pytest.mark.slow
+def test_inspects_injected_tools_run_in_a_termgym_sandbox(tmp_path, task_dir, backend):
+    """text_editor and bash_session: inspect copies its tool binary in (write_file, 14 MB) and runs
+    it as root behind exec_remote; the scorer then grades what they did."""
+    (tmp_path / "tools.py").write_text(TOOLS_EVAL)
+    args = ["-T", f"task_dir={task_dir}", "-T", f"backend={backend}"]
+    result = inspect_cli("eval", "tools.py", "--display", "plain", "--log-dir", "logs", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = eval_log(tmp_path / "logs")
+    assert log.status == "success", log.error
+    (sample,) = log.samples
+    tool_output = [m.text for m in sample.messages if m.role == "tool"]
+    assert tool_output[0].startswith("File created successfully") and "done" in tool_output[1]
+    assert sample.scores["termgym_scorer"].value["resolved"] == 1
+
+
 # -- the sandbox API -------------------------------------------------------------------------------
 
 
