@@ -26,6 +26,7 @@ Bad input (an unknown task, an unavailable backend, a bad setting) raises ``Term
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
@@ -87,6 +88,24 @@ class Settings:
 
 
 SETTINGS = tuple(field.name for field in fields(Settings))
+_INTEGERS = ("max_turns", "max_output_chars", "max_parse_errors", "reward_scale")
+_NUMBERS = ("command_timeout", "agent_timeout")
+_OPTIONAL = ("agent_timeout", "reward_scale")
+
+
+def _checked(key: str, value: Any) -> Any:
+    """``value`` as setting ``key`` takes it (an integer, a float, a string, None where allowed);
+    ``ConfigError`` for another type. numpy scalars from a parquet file count as numbers."""
+    if value is None and key in _OPTIONAL:
+        return None
+    if key in _INTEGERS and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if key in _NUMBERS and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    if key not in _INTEGERS + _NUMBERS and isinstance(value, str):
+        return value
+    kind = "an integer" if key in _INTEGERS else "a number" if key in _NUMBERS else "a string"
+    raise ConfigError(f"termgym setting {key}: expected {kind}, got {value!r}")
 
 
 def read_settings(env_config: Any, extras: Mapping[str, Any] | None) -> Settings:
@@ -98,26 +117,7 @@ def read_settings(env_config: Any, extras: Mapping[str, Any] | None) -> Settings
     if unknown:
         raise ConfigError(f"termgym env_config: unknown key(s) {', '.join(unknown)}; known: {', '.join(SETTINGS)}")
     values = {**config, **{key: value for key, value in (extras or {}).items() if key in SETTINGS}}
-    defaults = Settings()
-    checked: dict[str, Any] = {}
-    for key, value in values.items():
-        default = getattr(defaults, key)
-        if value is None and default is None:
-            checked[key] = None
-        elif isinstance(default, bool) or isinstance(value, bool):
-            raise ConfigError(f"termgym setting {key}: expected a {type(default).__name__}, got {value!r}")
-        elif isinstance(default, str) or key == "task":
-            if not isinstance(value, str):
-                raise ConfigError(f"termgym setting {key}: expected a string, got {value!r}")
-            checked[key] = value
-        elif key in ("max_turns", "max_output_chars", "max_parse_errors", "reward_scale"):
-            if not isinstance(value, int):
-                raise ConfigError(f"termgym setting {key}: expected an integer, got {value!r}")
-            checked[key] = value
-        else:
-            if not isinstance(value, (int, float)):
-                raise ConfigError(f"termgym setting {key}: expected a number, got {value!r}")
-            checked[key] = float(value)
+    checked = {key: _checked(key, value) for key, value in values.items()}
     settings = Settings(**checked)
     if not settings.task:
         raise ConfigError('termgym needs a task: extras={"task": NAME_OR_DIR} (or env_config.task)')

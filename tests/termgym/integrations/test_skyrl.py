@@ -152,6 +152,9 @@ def test_the_dataset_rows_name_the_env_and_make_it_from_their_extras(tmp_path, t
         ({}, {"task": TASK, "action_format": "xml"}, "action_format must be one of tool, text"),
         ({}, {"task": TASK, "backend": "nowhere"}, "unknown backend 'nowhere'"),
         ({}, {"task": TASK, "max_turns": 0}, "max_turns"),
+        ({}, {"task": TASK, "max_turns": True}, "max_turns: expected an integer, got True"),
+        ({"agent_timeout": "soon"}, {"task": TASK}, "agent_timeout: expected a number"),
+        ({}, {"task": 7}, "task: expected a string"),
     ],
 )
 def test_bad_input_is_one_skyrl_error_line_before_any_sandbox(env_config, extras, said):
@@ -254,3 +257,6 @@ def test_settings_come_from_skyrls_omegaconf_env_config_and_the_row_extras_win()
     settings = skyrl.read_settings(config, {"task": TASK, "max_turns": 7, "reward_spec": {"method": "x"}})
     assert (settings.task, settings.max_turns, settings.action_format) == (TASK, 7, "tool")
     assert settings.agent_timeout == 30.0 and settings.env_options().agent_timeout == 30.0
+    import numpy
+
+    assert skyrl.read_settings(None, {"task": TASK, "max_turns": numpy.int64(5)}).max_turns == 5  # from parquet
