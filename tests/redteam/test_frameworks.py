@@ -13,7 +13,7 @@ from tests.helpers import write_task
 from tests.redteam.helpers import FORGED_CTRF
 
 pytest.importorskip("inspect_ai", reason="the integrations extra")
-from termgym.integrations.inspect import TermgymSandboxConfig, TermgymSandboxEnvironment  # noqa: E402
+from termgym.integrations.inspect import TermgymSandboxConfig, TermgymSandboxEnvironment
 
 pytestmark = [pytest.mark.redteam]
 
