@@ -115,6 +115,7 @@ def row(backend: str, way: str, samples: list[float], baseline: float) -> str:
 
 
 def main() -> int:
+    assert __doc__ is not None  # the module docstring: the description
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commands", type=int, default=200, help="commands per way on the embedded backend")
     parser.add_argument("--docker-commands", type=int, default=40, help="commands per way on Docker")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas
 import skyrl_gym
+from skyrl_gym.envs.base_text_env import BaseTextEnv
 
 from termgym.integrations.skyrl import write_dataset
 from termgym.tasks.bundled import resolve_task
@@ -38,6 +39,7 @@ def scripted_replies(task_name: str) -> list[str]:
 
 
 def main() -> int:
+    assert __doc__ is not None  # the module docstring: the description
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="local", choices=["local", "docker", "daytona"])
     parser.add_argument("--dataset", help="where to write the SkyRL dataset (default: a temporary file)")
@@ -49,6 +51,7 @@ def main() -> int:
     for row in rows:
         extras = {key: value for key, value in row.items() if key not in ("prompt", "env_class")}
         env = skyrl_gym.make(row["env_class"], env_config={}, extras=extras)
+        assert isinstance(env, BaseTextEnv)  # what SkyRL's generator drives
         try:
             _prompt, info = env.init(list(row["prompt"]))
             output = None
