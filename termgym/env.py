@@ -129,6 +129,7 @@ class AsyncTerminalEnv:
         self.warnings: list[str] = []
         self.system_changes: list[str] | None = None
         self.image: dict[str, str] = {}  # the image the episode's sandbox ran (Sandbox.image)
+        self.node = ""  # the cluster node the episode's sandbox ran on (Sandbox.node_name; '' here)
         self.kept: dict[str, str] | None = None  # --keep: the sandbox left running (Sandbox.keep)
         # Harbor's task features (the episode runtime section of the module docstring)
         self.trial_dir: Path | None = None  # set by run_trial before reset(): where artifacts are copied to
@@ -199,6 +200,7 @@ class AsyncTerminalEnv:
         self.warnings = [*self._override_warnings, *self.task.warnings, *self.sandbox.warnings]
         self.warnings += [w for w in phase_warnings if w not in self.warnings]
         self.image = dict(self.sandbox.image)
+        self.node = self.sandbox.node_name
         self._deadline = time.monotonic() + self.agent_timeout
         info = {
             "task": self.task.name,

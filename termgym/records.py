@@ -72,6 +72,7 @@ class TrialRecord:
     network: dict[str, bool] = field(default_factory=dict)  # per phase: what the task asked, what it got
     artifacts: list[str] = field(default_factory=list)  # files copied out of the sandbox, relative to the trial dir
     steps: list[dict[str, Any]] = field(default_factory=list)  # multi-step tasks: one result per [[steps]] entry
+    node: str = ""  # where it ran: the Ray node (--cluster), else the scheduler's node, else ''
     kept: dict[str, str] | None = None  # --keep: the sandbox left running (backend, id, attach and remove commands)
 
     def to_json(self) -> str:

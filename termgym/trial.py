@@ -29,6 +29,7 @@ from termgym.env import AsyncTerminalEnv, EnvOptions, SandboxFactory, fault, fau
 from termgym.errors import ConfigError, EnvironmentBuildError, ModelError, SandboxError
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
+from termgym.sandboxes.placement import current_node
 from termgym.tasks import Task
 from termgym.transcript import write_transcript
 
@@ -97,6 +98,7 @@ async def run_trial(
     record.timings = {**env.timings, "total": time.monotonic() - started}
     record.system_changes = env.system_changes
     record.image = dict(env.image)
+    record.node = env.node or current_node.get() or ""  # the Ray node, else the scheduler's
     record.kept = env.kept
     record.network = dict(env.network)
     record.artifacts = list(env.artifacts)

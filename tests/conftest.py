@@ -69,3 +69,13 @@ def backend(request: pytest.FixtureRequest) -> str:
     if request.param == "docker":
         require_docker()
     return request.param
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real Ray cluster on 127.0.0.1 (tests/ray_cluster.py): a head and two nodes, for the session."""
+    pytest.importorskip("ray", reason="the ray extra")
+    from tests.ray_cluster import started_cluster
+
+    with started_cluster() as cluster:
+        yield cluster

@@ -80,6 +80,10 @@ class Config:
     """task directories or bundled task names; empty: every bundled task"""
     backend: str = "local"
     """sandbox backend (local = the embedded one)"""
+    cluster: str = ""
+    """run the sandboxes on the nodes of a Ray cluster: ray://HOST:PORT, HOST:PORT, or ray (RAY_ADDRESS, else the cluster started on this machine); the ray extra. Each node is one of the scheduler's nodes, with its CPUs / --cpus-per-sandbox at once. "": this machine"""
+    cpus_per_sandbox: float = 1.0
+    """with --cluster: the CPUs one sandbox takes on its node"""
     pool: int = 0
     """generate a training pool of this many tasks (envs/families) and a held-out set, audit the pool and train on the accepted tasks: supervised warm start, held-out evaluation, critic warm-up and PPO, evaluation again, plots and a final table. 0: PPO alone on --tasks"""
     families: FamilySetName = "short"
@@ -458,6 +462,8 @@ def check_config(cfg: Config) -> None:
         from termgym.integrations.mini_swe_agent import load_config
 
         load_config(cfg.agent_config or None)
+    if cfg.cluster and cfg.cpus_per_sandbox <= 0:
+        raise ConfigError(f"--cpus-per-sandbox must be positive, got {cfg.cpus_per_sandbox}")
     if cfg.advantage == "group" and cfg.group_size < 2:
         raise ConfigError("--advantage group compares episodes of the same task: give --group-size 2 or more")
     for name in (

@@ -33,6 +33,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,7 +45,7 @@ from termgym.errors import ConfigError, TrainingError
 from termgym.progress import progress_bar
 from termgym.records import append_record
 from termgym.sandboxes.pacing import Pacer
-from termgym.scheduling.pool import TaskPool, make_nodes
+from termgym.scheduling.pool import Node, TaskPool, make_nodes
 from termgym.scheduling.scheduler import (
     BatchResult,
     KeptTrial,
@@ -283,6 +284,18 @@ def make_sampler(cfg: Config, policy, model_dir: Path, pad_id: int, rank: int) -
     return BatchedSampler(sampler_model, pad_id=pad_id)
 
 
+def rollout_nodes(cfg: Config) -> dict[str, Any]:
+    """The scheduler's nodes: one of ``cfg.concurrency`` trials on this machine, or with
+    ``cfg.cluster`` the Ray cluster's nodes, each with its own cap, and their liveness."""
+    if not cfg.cluster:
+        return {"nodes": make_nodes([cfg.concurrency])}
+    from termgym.sandboxes.ray.cluster import connect
+
+    cluster = connect(cfg.cluster, cfg.backend, cpus_per_sandbox=cfg.cpus_per_sandbox)
+    nodes = tuple(Node(node.name, node.cap) for node in cluster.list() if not node.down)
+    return {"nodes": nodes, "node_up": cluster.up}
+
+
 def bundled_tasks() -> list[Task]:
     """The bundled tasks: what trains when neither ``--tasks`` nor ``--pool`` says otherwise."""
     return [load_task(path) for path in bundled_task_paths()]
@@ -348,7 +361,7 @@ async def train(cfg: Config) -> list[dict]:
         batch_size=cfg.batch_size,
         launch=cfg.launch,
         mode=cfg.mode,
-        nodes=make_nodes([cfg.concurrency]),
+        **rollout_nodes(cfg),
     )
     history: list[dict] = []
     progress = progress_bar(Console(file=sys.stderr), disable=rank != 0)

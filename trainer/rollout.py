@@ -116,6 +116,7 @@ def rollout_options(cfg: Config, run_id: str) -> EnvOptions:
     """The environment options ``cfg`` sets, for the trials labelled ``run_id``."""
     return EnvOptions(
         backend=cfg.backend,
+        cluster=cfg.cluster or None,
         max_turns=cfg.max_turns,
         command_timeout=cfg.command_timeout,
         run_id=run_id,

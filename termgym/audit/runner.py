@@ -255,9 +255,15 @@ async def run_audit(args, tasks: list[Task], console) -> int:
         if args.judge_url
         else None
     )
-    await asyncio.to_thread(preflight, args.backend)
+    if args.cluster:
+        from termgym.sandboxes.ray.cluster import connect
+
+        connect(args.cluster, args.backend, cpus_per_sandbox=args.cpus_per_sandbox)
+    else:
+        await asyncio.to_thread(preflight, args.backend)
     options = EnvOptions(
         backend=args.backend,
+        cluster=args.cluster,
         run_id=f"audit-{uuid.uuid4().hex[:8]}",
         image_aliases=load_aliases(args.image_alias),
         **override_fields(args),

@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     shell = commands.add_parser("shell", help="step a task's environment interactively")
     shell.add_argument("task", nargs="?", help="task directory or bundled task name (not with --attach)")
-    backend_option(shell)
+    backend_option(shell, cluster=False)
     run_overrides_options(shell)
     shell.add_argument("--max-turns", type=int, default=1000)
     shell.add_argument("--attach", default=None, metavar="ID", help="enter a sandbox kept by check --keep")

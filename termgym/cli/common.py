@@ -64,8 +64,10 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
-def backend_option(sub: argparse.ArgumentParser) -> None:
+def backend_option(sub: argparse.ArgumentParser, *, cluster: bool = True) -> None:
     sub.add_argument("--backend", default="local", choices=BACKENDS, help="sandbox backend (default: local)")
+    if cluster:
+        cluster_options(sub)
     sub.add_argument(
         "--image-alias",
         action="append",
@@ -73,6 +75,34 @@ def backend_option(sub: argparse.ArgumentParser) -> None:
         metavar="NAME=IMAGE",
         help="build FROM IMAGE where the Dockerfile names NAME and NAME is absent (docker; repeatable)",
     )
+
+
+def cluster_options(sub: argparse.ArgumentParser) -> None:
+    """``--cluster``: the sandboxes on the nodes of a Ray cluster (docs/guides/cluster.md)."""
+    sub.add_argument(
+        "--cluster",
+        default=None,
+        metavar="ADDRESS",
+        help="run the sandboxes (local or docker backend) on the nodes of a Ray cluster: ray://HOST:PORT, "
+        "HOST:PORT, or ray (RAY_ADDRESS, else the cluster started on this machine); needs the ray extra",
+    )
+    sub.add_argument(
+        "--cpus-per-sandbox",
+        type=float,
+        default=1.0,
+        metavar="N",
+        help="--cluster: the CPUs one sandbox takes on its node; a node runs its CPUs / N at once (default 1)",
+    )
+
+
+def connect_cluster(args: argparse.Namespace, node_cap: int | None = None) -> Any:
+    """The Ray cluster ``--cluster`` names, joined with ``--cpus-per-sandbox`` (``node_cap``: every
+    node's cap instead); None without ``--cluster``. ``BackendUnavailable`` when it cannot be joined."""
+    if not getattr(args, "cluster", None):
+        return None
+    from termgym.sandboxes.ray.cluster import connect
+
+    return connect(args.cluster, args.backend, cpus_per_sandbox=args.cpus_per_sandbox, node_cap=node_cap)
 
 
 def run_overrides_options(sub: argparse.ArgumentParser, *, build: bool = True) -> None:
@@ -222,6 +252,7 @@ def env_options(args: argparse.Namespace, run_id: str, trials_dir: Path) -> EnvO
         max_turns=args.max_turns,
         trials_dir=str(trials_dir),
         keep=getattr(args, "keep", False),
+        cluster=getattr(args, "cluster", None),
         **override_fields(args),
     )
 

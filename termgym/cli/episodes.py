@@ -30,7 +30,10 @@ async def cmd_check(args: argparse.Namespace) -> int:
     assertions (``--json``: the record alone)."""
     task = resolve_task(args.task)
     agent = agent_from_args(args)
-    await asyncio.to_thread(preflight, args.backend)
+    if args.cluster:  # a cluster's nodes run the backend, not this machine
+        common.connect_cluster(args)
+    else:
+        await asyncio.to_thread(preflight, args.backend)
     run_id = f"check-{uuid.uuid4().hex[:8]}"
     options = env_options(args, run_id, Path("runs") / run_id / "trials")
     try:

@@ -44,6 +44,14 @@ async def cmd_list(args: argparse.Namespace) -> int:
 async def cmd_gc(args: argparse.Namespace) -> int:
     """Without ids: every leftover of ``args.backend``, kept sandboxes included (named). With ids:
     only those kept sandboxes, each entered and stopped (``ConfigError`` for one that is not kept)."""
+    if args.cluster:
+        if args.ids:
+            raise common.UsageError(
+                "gc --cluster removes every node's leftovers; kept sandboxes are removed on their node"
+            )
+        for line in await common.connect_cluster(args).gc():
+            common.out.print(plain(line))
+        return 0
     if not args.ids:
         common.out.print(await remove_leftovers(args.backend, images=args.images))
         return 0

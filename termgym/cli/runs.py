@@ -29,7 +29,7 @@ from termgym.sandboxes import preflight
 from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling import simclock
 from termgym.scheduling.bias import TABLE_COLUMNS, BiasReport, summary_line, table_rows
-from termgym.scheduling.pool import TaskPool, make_nodes
+from termgym.scheduling.pool import Node, TaskPool, make_nodes
 from termgym.scheduling.runners import TrialRunner
 from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig, step_metrics
 from termgym.scheduling.simulated import SimulatedAgent, SimulatedBackend
@@ -96,7 +96,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
             common.err.print(f"nothing to run: {out_dir} has {len(kept)} finished trials", markup=False)
             return _report(out_dir, kept)
         config = run_config(args, len(jobs))
-        if not args.simulate:
+        if not args.simulate and not args.cluster:  # a cluster's nodes run the backend, not this machine
             await asyncio.to_thread(preflight, args.backend)
         pool = TaskPool(jobs, shuffle=args.batch is not None, seed=args.seed)
         schedule = run_steps(args, agent, config, pool, run_id, out_dir)
@@ -198,16 +198,25 @@ def run_config(args: argparse.Namespace, jobs: int) -> SchedulerConfig:
         caps = [int(c) for c in caps_text.split(",")]
     except ValueError:
         raise UsageError(f"--node-cap takes whole numbers, got {caps_text!r}") from None
-    if len(caps) == 1:
-        caps *= args.nodes
-    if len(caps) != args.nodes or min(caps) < 1:
-        raise UsageError(f"--node-cap needs one cap or {args.nodes} caps (one per node), each at least 1")
+    cluster = None
+    if getattr(args, "cluster", None):  # the nodes are the cluster's, each with its own cap
+        if args.node_cap and "," in args.node_cap:
+            raise UsageError("with --cluster, --node-cap takes one cap for every node")
+        cluster = common.connect_cluster(args, node_cap=int(caps[0]) if args.node_cap else None)
+        nodes = tuple(Node(node.name, node.cap) for node in cluster.list() if not node.down)
+    else:
+        if len(caps) == 1:
+            caps *= args.nodes
+        if len(caps) != args.nodes or min(caps) < 1:
+            raise UsageError(f"--node-cap needs one cap or {args.nodes} caps (one per node), each at least 1")
+        nodes = make_nodes(caps)
     try:
         return SchedulerConfig(
             batch_size=args.batch if args.batch is not None else jobs,
             launch=args.oversample,
             mode=args.mode or ("cancel" if args.batch is not None else "wait"),
-            nodes=make_nodes(caps),
+            nodes=nodes,
+            node_up=cluster.up if cluster is not None else None,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -34,6 +34,7 @@ class EnvOptions:
     overrides: RunOverrides = field(default_factory=RunOverrides)  # Harbor's run overrides (termgym.episode.overrides)
     pull: str = "missing"  # registry images (docker): missing, never, always
     build: bool = False  # build the Dockerfile even when the task names a docker_image
+    cluster: str | None = None  # a Ray cluster's address (--cluster): sandboxes run on its nodes
     keep: bool = False  # leave the sandbox running after the episode (record.kept says how to enter it)
 
     def __post_init__(self) -> None:

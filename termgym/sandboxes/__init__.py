@@ -118,6 +118,10 @@ async def close_backends() -> None:
             close = hooks(name).close_shared
             if close is not None:
                 await close()
+    if "termgym.sandboxes.ray.cluster" in sys.modules:  # --cluster: leave the Ray cluster
+        from termgym.sandboxes.ray.cluster import close_clusters
+
+        await close_clusters()
 
 
 __all__ = [

@@ -167,6 +167,11 @@ class Sandbox(abc.ABC):
     async def kill_agent_processes(self) -> None:
         """Kill every process started in the sandbox since ``start``; files stay as they are."""
 
+    @property
+    def node_name(self) -> str:
+        """The cluster node the sandbox runs on (``--cluster``: ``termgym.sandboxes.ray``); '' on this machine."""
+        return ""
+
     def host_files(self) -> HostFiles | None:
         """The sandbox's files reached from the host, where the backend can (embedded) and none
         of its processes runs (after ``kill_agent_processes``); None otherwise: use commands."""

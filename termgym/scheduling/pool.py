@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from termgym.errors import ConfigError
@@ -44,23 +44,29 @@ def pick_node(busy: Sequence[int], caps: Sequence[int]) -> int | None:
 
 
 class NodePool:
-    """Hands out node slots; when every node is full, trials wait first come, first served."""
+    """Hands out node slots; when every node is full, trials wait first come, first served. With
+    ``is_up`` (a Ray cluster's liveness), a node that is down takes no trial until it is up again;
+    waiters are then re-examined every ``poll`` seconds as well as on each release."""
 
-    def __init__(self, nodes: Sequence[Node]) -> None:
+    def __init__(self, nodes: Sequence[Node], *, is_up: Callable[[str], bool] | None = None, poll: float = 1.0) -> None:
         self.nodes = tuple(nodes)
         self.busy = [0] * len(self.nodes)
         self.peak = [0] * len(self.nodes)  # the most ever running at once on each node
         self._index = {node.name: i for i, node in enumerate(self.nodes)}
         self._waiters: deque[asyncio.Future[int]] = deque()
+        self._is_up, self._poll = is_up, poll
+        self._poller: asyncio.Task[None] | None = None
 
     async def acquire(self) -> Node:
         if not self._waiters:
-            index = pick_node(self.busy, [n.cap for n in self.nodes])
+            index = self._pick()
             if index is not None:
                 self._take(index)
                 return self.nodes[index]
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        if self._is_up is not None and (self._poller is None or self._poller.done()):
+            self._poller = asyncio.create_task(self._watch(), name="node pool: nodes back up")
         try:
             return self.nodes[await waiter]
         except asyncio.CancelledError:
@@ -71,14 +77,29 @@ class NodePool:
             raise
 
     def release(self, node: Node) -> None:
-        index = self._index[node.name]
-        self.busy[index] -= 1
-        while self._waiters:  # waiters exist only while every node is full: this slot is the one
+        self.busy[self._index[node.name]] -= 1
+        self._dispatch()
+
+    def _pick(self) -> int | None:
+        """The node for the next trial (``pick_node`` over the nodes that are up), or None."""
+        caps = [node.cap if self._is_up is None or self._is_up(node.name) else 0 for node in self.nodes]
+        return pick_node(self.busy, caps)
+
+    def _dispatch(self) -> None:
+        """Hand free slots to the waiters, in their order."""
+        while self._waiters:
+            index = self._pick()
+            if index is None:
+                return
             waiter = self._waiters.popleft()
             if not waiter.done():
                 self._take(index)
                 waiter.set_result(index)
-                return
+
+    async def _watch(self) -> None:
+        while self._waiters:
+            await asyncio.sleep(self._poll)
+            self._dispatch()
 
     def _take(self, index: int) -> None:
         self.busy[index] += 1

@@ -52,6 +52,7 @@ from termgym.aio import cancel_and_wait
 from termgym.errors import ConfigError, SandboxError
 from termgym.records import ErrorKind, TrialRecord
 from termgym.sandboxes.pacing import Pacer
+from termgym.sandboxes.placement import placed_on
 from termgym.scheduling import bias
 from termgym.scheduling.bias import Fate
 from termgym.scheduling.pool import Node, NodePool, TaskPool
@@ -75,6 +76,8 @@ class SchedulerConfig:
     mode: SchedulerMode = "cancel"
     nodes: tuple[Node, ...] = (Node("node-0", 64),)
     retries: int = 2  # replacements per launch after sandbox errors
+    # whether a node takes trials now (a Ray cluster's node that died does not); None: every node
+    node_up: Callable[[str], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -160,7 +163,7 @@ class RolloutScheduler(Generic[T]):
     ) -> None:
         self.runner, self.pool, self.config, self.pacer = runner, pool, config, pacer
         self.on_record = on_record  # called with (fate, record) as soon as each trial is decided
-        self.nodes = NodePool(config.nodes)
+        self.nodes = NodePool(config.nodes, is_up=config.node_up)
         self.steps = 0
         self._carried: list[_Trial] = []
         self._done: asyncio.Queue[_Trial] = asyncio.Queue()  # trials in the order they ended
@@ -253,7 +256,8 @@ class RolloutScheduler(Generic[T]):
         node = await self.nodes.acquire()
         trial.node = node
         try:
-            return await self.runner.run_one(trial.task, node, trial.version, trial.progress)
+            with placed_on(node.name):
+                return await self.runner.run_one(trial.task, node, trial.version, trial.progress)
         finally:
             self.nodes.release(node)
             trial.ended_at = asyncio.get_running_loop().time()

@@ -197,13 +197,14 @@ def _remove_pool_at_exit() -> None:  # a process that never called close_shared 
                 client.api.remove_container(container, force=True)
 
 
-def collect_garbage(remove_images: bool = False) -> tuple[int, int]:
-    """Remove every container labelled ``termgym=1`` (and, if asked, every cached task image);
-    returns (containers, images) removed."""
+def collect_garbage(remove_images: bool = False, *, label: str | None = None) -> tuple[int, int]:
+    """Remove every container labelled ``termgym=1`` (and ``label`` too where given: one Ray node's,
+    ``termgym.node=<id>``) and, if asked, every cached task image; returns (containers, images) removed."""
     import docker.errors
 
     client = docker_client()
-    containers = client.api.containers(all=True, filters={"label": "termgym=1"})
+    labels = ["termgym=1", *([label] if label else [])]
+    containers = client.api.containers(all=True, filters={"label": labels})
     for container in containers:
         with contextlib.suppress(docker.errors.NotFound):
             client.api.remove_container(container["Id"], force=True)

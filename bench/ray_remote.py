@@ -1,0 +1,162 @@
+"""The cost of sandboxes on a Ray node (``--cluster``) against the same backend on this machine,
+measured side by side in one run on a one-node cluster on loopback.
+
+1. A step: ``env.step("true")`` through the persistent shell, local and remote (every read and write
+   of the shell a call on the node's actor): median and p90, and the added latency.
+2. A trivial trial (the oracle on a two-assertion task): wall time and the driver's CPU per trial
+   (this process's CPU time, Ray's threads included; the sandboxes' own processes are not the driver's).
+3. Memory on the driver per live remote sandbox: the driver's RSS growth over ``--live`` sandboxes
+   started and held at once, divided by their number.
+
+Targets (issue 35): added latency per command at most 1 ms median; the driver's CPU per remote
+trial at most 2x the local one; at most 2 MiB per live remote sandbox on the driver.
+
+    .venv/bin/python bench/ray_remote.py [--steps 300] [--trials 20] [--live 32] [--address HOST:PORT]
+
+Without ``--address`` it starts a one-node cluster itself (``ray start --head`` on 127.0.0.1) and
+stops it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from termgym.agents import OracleAgent
+from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.tasks import load_task
+from termgym.trial import run_trial
+from tests.helpers import write_task
+from tests.ray_cluster import free_port
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+@contextlib.contextmanager
+def one_node_cluster(address: str | None) -> Iterator[str]:
+    if address:
+        yield address
+        return
+    port, temp = free_port(), f"/tmp/tg-ray-bench-{os.getpid()}"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    start = [RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2"]
+    start += ["--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}", "--object-store-memory=80000000"]
+    subprocess.run(start, check=True, capture_output=True, env=env, timeout=180)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, env=env, timeout=120)
+        subprocess.run(["rm", "-rf", temp], check=False)
+
+
+async def step_times(task_dir: Path, options: EnvOptions, steps: int) -> list[float]:
+    env = AsyncTerminalEnv(load_task(task_dir), options)
+    async with env:
+        await env.reset()
+        for _ in range(20):
+            await env.step("true")
+        samples = []
+        for _ in range(steps):
+            started = time.perf_counter()
+            await env.step("true")
+            samples.append(time.perf_counter() - started)
+    return samples
+
+
+async def trial_costs(task_dir: Path, options: EnvOptions, trials: int) -> tuple[float, float]:
+    """Median wall seconds and mean driver CPU seconds per trial."""
+    task = load_task(task_dir)
+    await run_trial(task, OracleAgent(), options)  # warm: the environment prepared, the files shipped
+    walls, cpu_start = [], time.process_time()
+    for _ in range(trials):
+        started = time.perf_counter()
+        record = await run_trial(task, OracleAgent(), options)
+        assert record.resolved, record.error
+        walls.append(time.perf_counter() - started)
+    return statistics.median(walls), (time.process_time() - cpu_start) / trials
+
+
+def rss_mib() -> float:
+    with open(f"/proc/{os.getpid()}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def memory_per_sandbox(task_dir: Path, options: EnvOptions, live: int) -> float:
+    """The driver's RSS growth per live remote sandbox (started, shell open), in MiB."""
+    envs = [AsyncTerminalEnv(load_task(task_dir), options) for _ in range(live)]
+    warm = AsyncTerminalEnv(load_task(task_dir), options)
+    async with warm:
+        await warm.reset()
+    before = rss_mib()
+    try:
+        for env in envs:
+            await env.reset()
+        after = rss_mib()
+    finally:
+        await asyncio.gather(*(env.close() for env in envs))
+    return (after - before) / live
+
+
+def stats(samples: list[float]) -> tuple[float, float]:
+    return statistics.median(samples) * 1000, statistics.quantiles(samples, n=10)[-1] * 1000
+
+
+async def measure(address: str, args: argparse.Namespace) -> None:
+    from termgym.sandboxes import close_backends
+
+    task_dir = write_task(Path(tempfile.mkdtemp(prefix="termgym-bench-")))
+    local = EnvOptions(max_turns=args.steps + 100)
+    remote = EnvOptions(max_turns=args.steps + 100, cluster=address)
+    try:
+        local_steps = await step_times(task_dir, local, args.steps)
+        remote_steps = await step_times(task_dir, remote, args.steps)
+        (lm, lp), (rm, rp) = stats(local_steps), stats(remote_steps)
+        print("| what | local | remote (Ray, loopback) | remote - local | remote / local |")
+        print("|---|---|---|---|---|")
+        print(f"| step median, ms | {lm:.2f} | {rm:.2f} | {rm - lm:.2f} | {rm / lm:.1f} |")
+        print(f"| step p90, ms | {lp:.2f} | {rp:.2f} | {rp - lp:.2f} | {rp / lp:.1f} |", flush=True)
+        local_wall, local_cpu = await trial_costs(task_dir, local, args.trials)
+        remote_wall, remote_cpu = await trial_costs(task_dir, remote, args.trials)
+        print(
+            f"| trial wall median, ms | {local_wall * 1000:.1f} | {remote_wall * 1000:.1f} | "
+            f"{(remote_wall - local_wall) * 1000:.1f} | {remote_wall / local_wall:.2f} |"
+        )
+        print(
+            f"| driver CPU per trial, ms | {local_cpu * 1000:.1f} | {remote_cpu * 1000:.1f} | "
+            f"{(remote_cpu - local_cpu) * 1000:.1f} | {remote_cpu / local_cpu:.2f} |",
+            flush=True,
+        )
+        per_sandbox = await memory_per_sandbox(task_dir, remote, args.live)
+        print(f"| driver RSS per live remote sandbox, MiB ({args.live} live) | | {per_sandbox:.2f} | | |")
+    finally:
+        await close_backends()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="remote (Ray) against local sandboxes: step, trial, driver CPU and memory")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--live", type=int, default=32)
+    parser.add_argument("--address", default=None, help="an existing cluster (default: start a one-node one)")
+    args = parser.parse_args()
+    with one_node_cluster(args.address) as address:
+        asyncio.run(measure(address, args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

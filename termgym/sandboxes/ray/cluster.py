@@ -1,0 +1,266 @@
+"""A Ray cluster as where sandboxes run: its alive nodes, one ``SandboxHost`` actor pinned to each, and
+a sandbox factory that places each trial's sandbox on a node.
+
+``connect(address, backend)`` joins the cluster (``ray://HOST:PORT``, ``HOST:PORT``, or ``ray``: the
+``RAY_ADDRESS`` variable, else a cluster started on this machine with ``ray start``) and returns the
+process's one ``Cluster`` for that backend. Its nodes are the cluster's alive nodes, each with a
+sandbox capacity: the node's CPUs divided by ``cpus_per_sandbox`` (at least 1), or ``node_cap``.
+A sandbox goes to the node the scheduler placed its trial on (``termgym.sandboxes.placement``),
+else to the least loaded node that is up. A node is down once a call to it failed because it is
+gone; it is up again when Ray reports it alive with a new actor there (``refresh``).
+
+Files: a task's environment files (its build context, Dockerfile and compose file) travel to a node
+once per content hash (``ClusterNode.ship``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import tarfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from termgym.errors import BackendUnavailable, ConfigError, SandboxGone
+from termgym.sandboxes.base import SandboxSpec
+from termgym.sandboxes.placement import current_node
+from termgym.sandboxes.ray.host import SandboxHost
+from termgym.sandboxes.ray.remote import RemoteSandbox, remote
+
+NAMESPACE = "termgym"
+CLUSTER_BACKENDS = ("local", "docker")
+
+
+@dataclass
+class ClusterNode:
+    """One Ray node: its name in records (``ray-<address>-<id>``), its capacity and its actor."""
+
+    node_id: str
+    address: str
+    cpus: float
+    cap: int
+    backend: str
+    actor: Any = None
+    down: bool = False
+    busy: int = 0
+    _shipped: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def name(self) -> str:
+        return f"ray-{self.address}-{self.node_id[:8]}"
+
+    async def ship(self, spec: SandboxSpec) -> str | None:
+        """Make the spec's files present on the node (once per content hash); their hash, or None
+        for a spec without files (an image by name)."""
+        packed = pack_files(spec)
+        if packed is None:
+            return None
+        digest, archive = packed
+        if digest in self._shipped:
+            return digest
+        if not await remote(self, self.actor.has_files.remote(digest)):
+            await remote(self, self.actor.put_files.remote(digest, archive))
+        self._shipped.add(digest)
+        return digest
+
+
+_packed: dict[tuple[str, ...], tuple[str, bytes]] = {}
+
+
+def pack_files(spec: SandboxSpec) -> tuple[str, bytes] | None:
+    """The spec's build context (``context/``), Dockerfile and compose file as one tar, and its
+    content hash (names, modes and bytes; not times or owners). Packed once per set of paths."""
+    paths = (spec.context_dir, spec.dockerfile, spec.compose_file)
+    if all(path is None for path in paths):
+        return None
+    key = tuple(str(path) for path in paths)
+    if key not in _packed:
+        _packed[key] = _pack(*paths)
+    return _packed[key]
+
+
+def _pack(context: Path | None, dockerfile: Path | None, compose: Path | None) -> tuple[str, bytes]:
+    entries: list[tuple[str, Path]] = []
+    if context is not None and context.is_dir():
+        entries += [(f"context/{p.relative_to(context).as_posix()}", p) for p in sorted(context.rglob("*"))]
+    for name, path in (("Dockerfile", dockerfile), ("compose.yaml", compose)):
+        if path is not None and path.is_file():
+            entries.append((name, path))
+    buffer, digest = io.BytesIO(), hashlib.sha256()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, path in entries:
+            info = archive.gettarinfo(str(path), arcname=name)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            info.mtime = 0
+            digest.update(f"{name}\0{info.mode}\0{info.type!r}\0{info.linkname}\0".encode())
+            if info.isfile():
+                data = path.read_bytes()
+                digest.update(data)
+                archive.addfile(info, io.BytesIO(data))
+            else:
+                archive.addfile(info)
+    return digest.hexdigest()[:32], buffer.getvalue()
+
+
+class Cluster:
+    """The cluster's nodes for one backend, and the factory of ``RemoteSandbox``es on them."""
+
+    def __init__(self, backend: str, *, cpus_per_sandbox: float = 1.0, node_cap: int | None = None) -> None:
+        if backend not in CLUSTER_BACKENDS:
+            raise ConfigError(f"--cluster runs the {' or '.join(CLUSTER_BACKENDS)} backend on its nodes, not {backend}")
+        if cpus_per_sandbox <= 0 or (node_cap is not None and node_cap < 1):
+            raise ConfigError("--cpus-per-sandbox must be positive and --node-cap at least 1")
+        self.backend, self.cpus_per_sandbox, self.node_cap = backend, cpus_per_sandbox, node_cap
+        self.nodes: dict[str, ClusterNode] = {}
+        self.refresh()
+
+    def refresh(self) -> list[ClusterNode]:
+        """Read the alive nodes from Ray: new ones get an actor; gone ones are down; a node back up
+        gets a fresh actor (which removes what the old one left). The nodes, in a stable order."""
+        import ray
+
+        alive = {node["NodeID"]: node for node in ray.nodes() if node.get("Alive")}
+        for node_id, node in self.nodes.items():
+            if node_id not in alive:
+                node.down = True
+        for node_id, info in alive.items():
+            node = self.nodes.get(node_id)
+            if node is None or node.down:
+                cpus = float((info.get("Resources") or {}).get("CPU", 1.0))
+                cap = self.node_cap or max(1, int(cpus // self.cpus_per_sandbox))
+                node = ClusterNode(node_id, str(info.get("NodeManagerAddress", "?")), cpus, cap, self.backend)
+                node.actor = _host_actor(node_id, self.backend)
+                self.nodes[node_id] = node
+        return self.list()
+
+    def list(self) -> list[ClusterNode]:
+        return sorted(self.nodes.values(), key=lambda node: node.name)
+
+    def up(self, name: str) -> bool:
+        """Whether the node named ``name`` takes trials now."""
+        return any(node.name == name and not node.down for node in self.nodes.values())
+
+    def place(self) -> ClusterNode:
+        """The node for the next sandbox: the scheduler's choice when it made one, else the least
+        loaded node that is up; ``SandboxGone`` when that node is down or none is up."""
+        wanted = current_node.get()
+        nodes = [node for node in self.list() if not node.down]
+        if wanted is not None:
+            named = [node for node in self.nodes.values() if node.name == wanted]
+            if named and not named[0].down:
+                return named[0]
+            if named:
+                raise SandboxGone(f"node {wanted} is gone")
+        if not nodes:
+            raise SandboxGone("no node of the Ray cluster is alive")
+        return min(nodes, key=lambda node: (node.busy / node.cap, node.name))
+
+    def sandbox(self, spec: SandboxSpec) -> RemoteSandbox:
+        return _Counted(spec, self.place())
+
+    async def gc(self) -> list[str]:
+        """``termgym gc --cluster``: on every alive node, its actor stops its sandboxes and removes
+        what earlier ones left. One line per node."""
+        lines = []
+        for node in self.refresh():
+            if node.down:
+                continue
+            removed = await remote(node, node.actor.gc.remote())
+            lines.append(f"{node.name}: removed {removed} leftover {self.backend} sandbox(es)")
+        return lines
+
+    async def info(self) -> list[dict[str, Any]]:
+        return [await remote(node, node.actor.info.remote()) for node in self.list() if not node.down]
+
+
+class _Counted(RemoteSandbox):
+    """A ``RemoteSandbox`` counted in its node's load from ``start`` to ``stop``."""
+
+    _counted = False
+
+    async def start(self) -> None:
+        self.node.busy += 1
+        self._counted = True
+        await super().start()
+
+    async def stop(self) -> None:
+        if self._counted:
+            self._counted = False
+            self.node.busy -= 1
+        await super().stop()
+
+
+def _host_actor(node_id: str, backend: str) -> Any:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    actor_class = ray.remote(SandboxHost)
+    return actor_class.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        num_cpus=0,
+        max_restarts=-1,
+        max_concurrency=1000,
+    ).remote(node_id, backend, os.environ.get("TERMGYM_SANDBOX_DIR"), os.environ.get("TERMGYM_ENV_CACHE_DIR"))
+
+
+_clusters: dict[tuple[str, str], Cluster] = {}
+
+
+def connect(address: str, backend: str, *, cpus_per_sandbox: float = 1.0, node_cap: int | None = None) -> Cluster:
+    """The process's ``Cluster`` for ``backend`` on the Ray cluster at ``address`` (joined on first
+    use); ``BackendUnavailable`` in one line when Ray is not installed or the cluster cannot be reached."""
+    key = (address, backend)
+    if key not in _clusters:
+        join(address)
+        _clusters[key] = Cluster(backend, cpus_per_sandbox=cpus_per_sandbox, node_cap=node_cap)
+    return _clusters[key]
+
+
+def join(address: str) -> None:
+    """``ray.init`` for ``address`` (``ray``: ``RAY_ADDRESS`` or the local cluster), once per process."""
+    try:
+        import ray
+    except ImportError:
+        raise BackendUnavailable("--cluster needs Ray: pip install -e '.[ray]'") from None
+    if ray.is_initialized():
+        return
+    target = None if address == "ray" else address
+    if target is None and not os.environ.get("RAY_ADDRESS"):
+        target = "auto"
+    try:
+        ray.init(
+            address=target,
+            namespace=NAMESPACE,
+            log_to_driver=False,
+            logging_level="ERROR",
+        )
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise BackendUnavailable(f"cannot join the Ray cluster at {address}: {_first_line(exc)}") from None
+
+
+async def close_clusters() -> None:
+    """Leave the cluster: every node's actor ends (the sandboxes of the trials still running with it)."""
+    if not _clusters:
+        return
+    import ray
+
+    clusters = list(_clusters.values())
+    _clusters.clear()
+    _packed.clear()
+    for cluster in clusters:
+        for node in cluster.list():
+            if not node.down:
+                with contextlib.suppress(SandboxGone):
+                    await remote(node, node.actor.leave.remote())
+    ray.shutdown()
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(exc).__name__

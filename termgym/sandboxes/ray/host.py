@@ -1,0 +1,250 @@
+"""The node's side of a Ray cluster: one ``SandboxHost`` actor per node owns that node's sandboxes.
+
+The actor runs the sandbox contract (``termgym.sandboxes.base.Sandbox``) of its backend (``local``
+or ``docker``) for the driver's ``RemoteSandbox``es, by sandbox id, and the process channels they
+open, by channel id. Commands and files stay on the node; the agent loop, the scheduler and
+verification's orchestration stay on the driver.
+
+Each actor keeps its sandboxes apart from other actors on the same host (several Ray nodes on one
+machine, as the tests run them): the embedded backend's state directory is one per node
+(``<root>/node-<id>``), and Docker containers carry the label ``termgym.node=<id>``. Its start
+removes what an earlier actor of its node left (a driver killed, an actor restarted): that node's
+``gc``. A task's environment files come from the driver once per content hash and are cached on the
+node (``ray-files`` beside its prepared-environment cache), so that cache works per node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tarfile
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+
+NODE_LABEL = "termgym.node"
+FILES_DIR = "ray-files"  # under the node's prepared-environment cache: the task files shipped to it, by hash
+
+
+class SandboxHost:
+    """The sandboxes of one node (wrapped as a Ray actor by ``termgym.sandboxes.ray.cluster``)."""
+
+    def __init__(self, node_id: str, backend: str, root: str | None = None, cache: str | None = None) -> None:
+        from termgym.sandboxes.local.env_cache import cache_root
+        from termgym.sandboxes.local.host import sandbox_root_dir
+
+        self.node_id, self.backend = node_id, backend
+        base = Path(root) if root else sandbox_root_dir()
+        # the driver's cache, else the host's (shared by the nodes on one host; it is safe to share)
+        os.environ["TERMGYM_ENV_CACHE_DIR"] = cache or os.environ.get("TERMGYM_ENV_CACHE_DIR") or str(base / "cache")
+        self.state = base / f"node-{node_id[:12]}"
+        os.environ["TERMGYM_SANDBOX_DIR"] = str(self.state)  # this actor's process only
+        self.files = cache_root() / FILES_DIR
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.channels: dict[str, ProcessChannel] = {}
+        self.collected = self._collect()
+
+    # -- the node ---------------------------------------------------------------------------------
+
+    def _collect(self) -> int:
+        """Remove what earlier actors of this node left: its sandbox directories (and their
+        processes and cgroups) and its labelled containers; then its directory, when empty. How
+        many sandboxes went."""
+        if self.backend == "docker":
+            from termgym.sandboxes.docker.containers import collect_garbage
+
+            removed = collect_garbage(label=f"{NODE_LABEL}={self.node_id}")[0]
+        else:
+            from termgym.sandboxes.local.leftovers import collect_garbage as collect_local
+
+            removed = collect_local(self.state) if self.state.is_dir() else 0
+        with contextlib.suppress(OSError):
+            self.state.rmdir()
+        return removed
+
+    async def info(self) -> dict[str, Any]:
+        """Who this actor is: its node, backend, state directory, live sandboxes and what its start removed."""
+        return {
+            "node_id": self.node_id,
+            "backend": self.backend,
+            "state": str(self.state),
+            "sandboxes": len(self.sandboxes),
+            "collected": self.collected,
+            "pid": os.getpid(),
+        }
+
+    async def gc(self) -> int:
+        """``termgym gc --cluster`` on this node: stop this actor's sandboxes, then remove leftovers
+        (with what its start removed: how many in all)."""
+        for sandbox_id in list(self.sandboxes):
+            await self.stop(sandbox_id)
+        removed, self.collected = self.collected + self._collect(), 0
+        return removed
+
+    async def leave(self) -> None:
+        """The driver is leaving: stop this actor's sandboxes and remove its directory when empty."""
+        for sandbox_id in list(self.sandboxes):
+            await self.stop(sandbox_id)
+        with contextlib.suppress(OSError):
+            self.state.rmdir()
+
+    async def has_files(self, digest: str) -> bool:
+        return (self.files / digest / ".complete").exists()
+
+    async def put_files(self, digest: str, archive: bytes) -> None:
+        """Unpack a task's environment files (a tar the driver made) under their content hash."""
+        target = self.files / digest
+        if (target / ".complete").exists():
+            return
+        staging = target.with_name(f".{digest}.{uuid.uuid4().hex[:8]}")
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(staging, filter="data")
+        (staging / ".complete").touch()
+        try:
+            staging.rename(target)
+        except OSError:  # another call put them first
+            import shutil
+
+            shutil.rmtree(staging, ignore_errors=True)
+
+    # -- sandboxes --------------------------------------------------------------------------------
+
+    async def start(self, spec: SandboxSpec, digest: str | None) -> tuple[str, dict[str, Any]]:
+        """Create and start a sandbox for ``spec`` (its files' paths rewritten to the node's copy
+        under ``digest``); its id and what the driver mirrors (env, workdir, warnings, image)."""
+        from termgym.sandboxes import create_sandbox
+
+        self.state.mkdir(parents=True, exist_ok=True)
+        spec = self._local_spec(spec, digest)
+        sandbox = create_sandbox(self.backend, spec)
+        sandbox_id = uuid.uuid4().hex
+        self.sandboxes[sandbox_id] = sandbox
+        try:
+            await sandbox.start()
+        except BaseException:
+            self.sandboxes.pop(sandbox_id, None)
+            await sandbox.stop()
+            raise
+        return sandbox_id, self._mirror(sandbox)
+
+    def _local_spec(self, spec: SandboxSpec, digest: str | None) -> SandboxSpec:
+        labels = {**spec.labels, NODE_LABEL: self.node_id}
+        if digest is None:
+            return replace(spec, labels=labels)
+        files = self.files / digest
+
+        def here(name: str) -> Path | None:
+            path = files / name
+            return path if path.exists() else None
+
+        return replace(
+            spec,
+            labels=labels,
+            context_dir=here("context"),
+            dockerfile=here("Dockerfile"),
+            compose_file=here("compose.yaml"),
+        )
+
+    @staticmethod
+    def _mirror(sandbox: Sandbox) -> dict[str, Any]:
+        return {
+            "env": dict(sandbox.env),
+            "workdir": sandbox.workdir,
+            "warnings": list(sandbox.warnings),
+            "image": dict(sandbox.image),
+        }
+
+    def _sandbox(self, sandbox_id: str) -> Sandbox:
+        from termgym.errors import SandboxGone
+
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            raise SandboxGone(f"no sandbox {sandbox_id[:12]} on node {self.node_id[:12]} (its actor restarted?)")
+        return sandbox
+
+    async def stop(self, sandbox_id: str) -> None:
+        sandbox = self.sandboxes.pop(sandbox_id, None)
+        for channel_id in [c for c in self.channels if c.startswith(sandbox_id)]:
+            await self.channels.pop(channel_id).close()
+        if sandbox is not None:
+            await sandbox.stop()
+
+    async def keep(self, sandbox_id: str) -> dict[str, str]:
+        return await self._sandbox(sandbox_id).keep()
+
+    async def exec_as(
+        self,
+        sandbox_id: str,
+        user: str | None,
+        argv: Sequence[str],
+        timeout: float,
+        stdin: bytes | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        output_limit: int,
+    ) -> ExecResult:
+        sandbox = self._sandbox(sandbox_id)
+        if user is None:
+            return await sandbox.exec(argv, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
+        return await sandbox.exec_as(user, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit)
+
+    async def call(self, sandbox_id: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """One of the contract's other coroutines, by name (``CALLS``), and what it returns."""
+        if method not in CALLS:
+            raise ValueError(f"not a sandbox call: {method}")
+        result = await getattr(self._sandbox(sandbox_id), method)(*args, **kwargs)
+        return result
+
+    async def mirror(self, sandbox_id: str) -> dict[str, Any]:
+        return self._mirror(self._sandbox(sandbox_id))
+
+    # -- process channels -------------------------------------------------------------------------
+
+    async def open_process(
+        self, sandbox_id: str, user: str | None, argv: Sequence[str], env: Mapping[str, str], cwd: str
+    ) -> str:
+        channel = await self._sandbox(sandbox_id).open_process_as(user, argv, env=env, cwd=cwd)
+        channel_id = f"{sandbox_id}:{uuid.uuid4().hex[:12]}"
+        self.channels[channel_id] = channel
+        return channel_id
+
+    def _channel(self, channel_id: str) -> ProcessChannel:
+        from termgym.errors import SandboxGone
+
+        channel = self.channels.get(channel_id)
+        if channel is None:
+            raise SandboxGone(f"no process channel {channel_id} on node {self.node_id[:12]}")
+        return channel
+
+    async def write(self, channel_id: str, data: bytes) -> None:
+        await self._channel(channel_id).write(data)
+
+    async def read(self, channel_id: str, max_bytes: int) -> bytes:
+        return await self._channel(channel_id).read(max_bytes)
+
+    async def wait(self, channel_id: str) -> int | None:
+        return await self._channel(channel_id).wait()
+
+    async def close(self, channel_id: str) -> None:
+        channel = self.channels.pop(channel_id, None)
+        if channel is not None:
+            await channel.close()
+
+
+# The contract's coroutines ``call`` forwards as they are (the others have methods of their own).
+CALLS = frozenset(
+    {
+        "kill_agent_processes",
+        "upload_tar",
+        "download_tar",
+        "check_alive",
+        "changed_system_paths",
+        "limit_warnings",
+        "set_network",
+    }
+)

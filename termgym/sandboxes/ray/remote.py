@@ -1,0 +1,193 @@
+"""The driver's side of a Ray cluster: a ``Sandbox`` whose every call runs on its node's actor.
+
+``RemoteSandbox`` forwards the whole contract (``start``, ``exec`` and ``exec_as``, the process
+channel, uploads and downloads, the kill step, the reports, ``set_network``, ``stop``, ``keep``) to
+the ``SandboxHost`` of its node, by sandbox id, over the Ray API. It has no host files
+(``host_files`` is None), so verification reads and writes through commands, as on Docker.
+
+Faults: an exception the actor raised comes back as itself (a ``SandboxError`` stays one); a node
+or actor that is gone (``RayActorError``, an unavailable actor, a dead node) is ``SandboxGone``, and
+the node is marked down (``ClusterNode.down``) so that the scheduler stops placing trials there.
+``stop`` on a gone node returns: what the node left is its next actor's, or ``termgym gc --cluster``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from termgym.errors import SandboxGone
+from termgym.output import DEFAULT_OUTPUT_LIMIT
+from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+
+if TYPE_CHECKING:
+    from termgym.sandboxes.ray.cluster import ClusterNode
+
+
+async def remote(node: ClusterNode, call: Awaitable[Any]) -> Any:
+    """The result of a call on ``node``'s actor, with the faults mapped as the module docstring says."""
+    import ray.exceptions
+
+    try:
+        return await call
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause
+        if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
+            raise cause from None
+        raise SandboxGone(f"node {node.name}: {_first_line(exc)}") from None
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.NodeDiedError) as exc:
+        node.down = True
+        raise SandboxGone(f"node {node.name} is gone: {_first_line(exc)}") from None
+
+
+class RemoteSandbox(Sandbox):
+    """A sandbox of ``node``'s backend, running on that node (the module docstring says how)."""
+
+    def __init__(self, spec: SandboxSpec, node: ClusterNode) -> None:
+        super().__init__(spec)
+        self.node = node
+        self.backend = node.backend
+        self.supports_users = node.backend == "docker"
+        self._id: str | None = None
+
+    @property
+    def node_name(self) -> str:
+        return self.node.name
+
+    async def start(self) -> None:
+        digest = await self.node.ship(self.spec)
+        self._id, mirror = await remote(self.node, self.node.actor.start.remote(self.spec, digest))
+        self._apply(mirror)
+
+    def _apply(self, mirror: dict[str, Any]) -> None:
+        self.env, self.workdir = mirror["env"], mirror["workdir"]
+        self.warnings, self.image = mirror["warnings"], mirror["image"]
+
+    def _sandbox_id(self) -> str:
+        if self._id is None:
+            raise SandboxGone(f"the sandbox on node {self.node.name} was not started, or was stopped")
+        return self._id
+
+    async def stop(self) -> None:
+        sandbox_id, self._id = self._id, None
+        if sandbox_id is None or self.node.down:
+            return
+        try:
+            await remote(self.node, self.node.actor.stop.remote(sandbox_id))
+        except SandboxGone:
+            pass  # the node went with it: its next actor, or termgym gc --cluster, removes what is left
+
+    async def keep(self) -> dict[str, str]:
+        kept = await remote(self.node, self.node.actor.keep.remote(self._sandbox_id()))
+        self._id = None  # stop() leaves a kept sandbox alone
+        return {**kept, "node": self.node.name}
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
+        return await self._exec(None, argv, timeout, stdin, env, cwd, output_limit)
+
+    async def exec_as(
+        self,
+        user: str | None,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult:
+        return await self._exec(user, argv, timeout, None, env, cwd, output_limit)
+
+    async def _exec(
+        self,
+        user: str | None,
+        argv: Sequence[str],
+        timeout: float,
+        stdin: bytes | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        output_limit: int,
+    ) -> ExecResult:
+        call = self.node.actor.exec_as.remote(
+            self._sandbox_id(),
+            user,
+            list(argv),
+            timeout,
+            stdin,
+            dict(env) if env is not None else None,
+            cwd,
+            output_limit,
+        )
+        return await remote(self.node, call)
+
+    async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
+        return await self.open_process_as(None, argv, env=env, cwd=cwd)
+
+    async def open_process_as(
+        self, user: str | None, argv: Sequence[str], *, env: Mapping[str, str], cwd: str
+    ) -> ProcessChannel:
+        call = self.node.actor.open_process.remote(self._sandbox_id(), user, list(argv), dict(env), cwd)
+        return RemoteChannel(self.node, await remote(self.node, call))
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await remote(self.node, self.node.actor.call.remote(self._sandbox_id(), method, *args, **kwargs))
+
+    async def kill_agent_processes(self) -> None:
+        await self._call("kill_agent_processes")
+
+    async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
+        await self._call("upload_tar", archive, dest, timeout=timeout)
+
+    async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
+        return await self._call("download_tar", list(paths), limit=limit, timeout=timeout)
+
+    async def check_alive(self) -> None:
+        await self._call("check_alive")
+
+    async def changed_system_paths(self) -> list[str] | None:
+        return await self._call("changed_system_paths")
+
+    async def limit_warnings(self) -> list[str]:
+        return await self._call("limit_warnings")
+
+    async def set_network(self, enabled: bool) -> str | None:
+        return await self._call("set_network", enabled)
+
+
+class RemoteChannel(ProcessChannel):
+    """A process in a remote sandbox: each call is one call on the node's actor."""
+
+    def __init__(self, node: ClusterNode, channel_id: str) -> None:
+        self.node, self.channel_id = node, channel_id
+        self._closed = False
+
+    async def write(self, data: bytes) -> None:
+        await remote(self.node, self.node.actor.write.remote(self.channel_id, data))
+
+    async def read(self, max_bytes: int) -> bytes:
+        return await remote(self.node, self.node.actor.read.remote(self.channel_id, max_bytes))
+
+    async def wait(self) -> int | None:
+        return await remote(self.node, self.node.actor.wait.remote(self.channel_id))
+
+    async def close(self) -> None:
+        if self._closed or self.node.down:
+            return
+        self._closed = True
+        try:
+            await remote(self.node, self.node.actor.close.remote(self.channel_id))
+        except SandboxGone:
+            pass
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(exc).__name__

@@ -1,0 +1,141 @@
+"""The remote sandbox's contract without a cluster: ``RemoteSandbox`` forwarding to a ``SandboxHost``
+in this process through an adapter that has the actor handle's shape (``handle.method.remote(...)``
+awaitable), so every call crosses the same boundary as over Ray, only without the network. Plus the
+pure parts: the files' content hash, the node pool's liveness, the placement."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from termgym.agents import OracleAgent
+from termgym.env import EnvOptions
+from termgym.errors import SandboxGone
+from termgym.scheduling.pool import Node, NodePool
+from termgym.sandboxes.base import SandboxSpec
+from termgym.sandboxes.placement import current_node, placed_on
+from termgym.sandboxes.ray.cluster import ClusterNode, pack_files
+from termgym.sandboxes.ray.host import SandboxHost
+from termgym.sandboxes.ray.remote import RemoteSandbox
+from termgym.tasks import load_task
+from termgym.trial import run_trial
+from tests.helpers import sandbox_processes
+
+
+class _Method:
+    def __init__(self, host: SandboxHost, name: str) -> None:
+        self.host, self.name = host, name
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return asyncio.ensure_future(getattr(self.host, self.name)(*args, **kwargs))
+
+
+class InProcessActor:
+    """An actor handle's shape over a ``SandboxHost`` in this process."""
+
+    def __init__(self, host: SandboxHost) -> None:
+        self.host = host
+
+    def __getattr__(self, name: str) -> _Method:
+        return _Method(self.host, name)
+
+
+@pytest.fixture
+async def node(sandbox_dir: Path, no_leaks):
+    """A node whose actor lives in this process; it leaves (as at a run's end) before the leak check."""
+    host = SandboxHost("a1b2c3d4e5f6a7b8", "local", str(sandbox_dir))
+    yield ClusterNode("a1b2c3d4e5f6a7b8", "127.0.0.1", 2.0, 2, "local", actor=InProcessActor(host))
+    await host.leave()
+
+
+def remote_factory(node: ClusterNode):
+    from termgym.episode.spec import options_sandbox_spec
+
+    return lambda task, options: RemoteSandbox(options_sandbox_spec(task, options), node)
+
+
+async def test_a_whole_trial_runs_through_the_remote_contract_and_records_its_node(task_dir, node):
+    record = await run_trial(load_task(task_dir), OracleAgent(), EnvOptions(), sandbox_factory=remote_factory(node))
+    assert record.error is None and record.resolved and record.passed == 2, record
+    assert record.node == node.name == "ray-127.0.0.1-a1b2c3d4"
+    host: SandboxHost = node.actor.host
+    assert host.sandboxes == {} and host.channels == {}  # stopped, its shell's channel closed
+    assert not list(host.state.glob("tg-*"))
+
+
+async def test_files_go_once_per_content_hash_and_the_node_builds_from_its_copy(task_dir, node):
+    task = load_task(task_dir)
+    factory = remote_factory(node)
+    for _ in range(2):
+        record = await run_trial(task, OracleAgent(), EnvOptions(), sandbox_factory=factory)
+        assert record.resolved
+    host: SandboxHost = node.actor.host
+    (digest,) = node._shipped
+    assert (host.files / digest / "context").is_dir() and (host.files / digest / "Dockerfile").is_file()
+
+
+async def test_a_node_that_is_gone_is_sandbox_gone_and_marked_down(task_dir, node):
+    sandbox = RemoteSandbox(SandboxSpec(name="x", context_dir=None, dockerfile=None), node)
+    with pytest.raises(SandboxGone, match="was not started"):
+        await sandbox.exec(["true"], timeout=5)
+    host: SandboxHost = node.actor.host
+    with pytest.raises(SandboxGone, match="no sandbox"):
+        await host.exec_as("nope", None, ["true"], 5, None, None, None, 100)
+    await sandbox.stop()  # idempotent, never started
+
+
+def test_the_content_hash_ignores_times_and_follows_the_bytes(tmp_path):
+    context = tmp_path / "env"
+    context.mkdir()
+    (context / "Dockerfile").write_text("FROM debian:bookworm-slim\n")
+    (context / "data.txt").write_text("one")
+    spec = SandboxSpec(name="t", context_dir=context, dockerfile=context / "Dockerfile")
+    first = pack_files(spec)
+    assert first is not None
+    import os
+
+    os.utime(context / "data.txt", (1, 1))
+    other = SandboxSpec(name="t", context_dir=Path(str(context) + "/"), dockerfile=context / "Dockerfile")
+    assert pack_files(other)[0] == first[0]  # type: ignore[index]
+    (context / "data.txt").write_text("two")
+    changed = SandboxSpec(name="t", context_dir=context, dockerfile=context / "Dockerfile", image="x")
+    from termgym.sandboxes.ray import cluster
+
+    cluster._packed.clear()
+    assert pack_files(changed)[0] != first[0]  # type: ignore[index]
+    assert pack_files(SandboxSpec(name="t", context_dir=None, dockerfile=None, image="debian")) is None
+
+
+async def test_the_node_pool_skips_nodes_that_are_down_and_takes_them_back_when_up():
+    up = {"a": True, "b": False}
+    pool = NodePool([Node("a", 1), Node("b", 2)], is_up=lambda name: up[name], poll=0.05)
+    first = await pool.acquire()
+    assert first.name == "a"
+    waiting = asyncio.ensure_future(pool.acquire())
+    await asyncio.sleep(0.1)
+    assert not waiting.done()  # a is full and b is down
+    up["b"] = True
+    second = await asyncio.wait_for(waiting, 2)
+    assert second.name == "b"  # the pool noticed b up without any release
+    pool.release(first)
+    pool.release(second)
+    assert pool.busy == [0, 0]
+
+
+async def test_the_placement_is_the_schedulers_node_within_the_block():
+    assert current_node.get() is None
+    with placed_on("ray-x"):
+        assert current_node.get() == "ray-x"
+        assert await asyncio.ensure_future(_read()) == "ray-x"  # tasks started inside see it
+    assert current_node.get() is None
+
+
+async def _read() -> str | None:
+    return current_node.get()
+
+
+def test_no_sandbox_process_is_left_by_this_module():
+    assert not [line for line in sandbox_processes() if "a1b2c3d4" in line]
