@@ -51,7 +51,12 @@ def one_node_cluster(address: str | None) -> Iterator[str]:
     port, temp = free_port(), f"/tmp/tg-ray-bench-{os.getpid()}"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     start = [RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2"]
-    start += ["--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}", "--object-store-memory=80000000"]
+    start += [
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--temp-dir={temp}",
+        "--object-store-memory=80000000",
+    ]
     subprocess.run(start, check=True, capture_output=True, env=env, timeout=180)
     try:
         yield f"127.0.0.1:{port}"
@@ -147,7 +152,9 @@ async def measure(address: str, args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="remote (Ray) against local sandboxes: step, trial, driver CPU and memory")
+    parser = argparse.ArgumentParser(
+        description="remote (Ray) against local sandboxes: step, trial, driver CPU and memory"
+    )
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--live", type=int, default=32)

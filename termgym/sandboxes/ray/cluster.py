@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import logging
 import os
 import tarfile
 import threading
@@ -238,7 +239,7 @@ def join(address: str) -> None:
             address=target,
             namespace=NAMESPACE,
             log_to_driver=False,
-            logging_level="ERROR",
+            logging_level=logging.ERROR,
         )
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise BackendUnavailable(f"cannot join the Ray cluster at {address}: {_first_line(exc)}") from None

@@ -14,12 +14,12 @@ import pytest
 from termgym.agents import OracleAgent
 from termgym.env import EnvOptions
 from termgym.errors import SandboxGone
-from termgym.scheduling.pool import Node, NodePool
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.placement import current_node, placed_on
 from termgym.sandboxes.ray.cluster import ClusterNode, pack_files
 from termgym.sandboxes.ray.host import SandboxHost
 from termgym.sandboxes.ray.remote import RemoteSandbox
+from termgym.scheduling.pool import Node, NodePool
 from termgym.tasks import load_task
 from termgym.trial import run_trial
 from tests.helpers import sandbox_processes
