@@ -7,7 +7,8 @@ process's one ``Cluster`` for that backend. Its nodes are the cluster's alive no
 sandbox capacity: the node's CPUs divided by ``cpus_per_sandbox`` (at least 1), or ``node_cap``.
 A sandbox goes to the node the scheduler placed its trial on (``termgym.sandboxes.placement``),
 else to the least loaded node that is up. A node is down once a call to it failed because it is
-gone; it is up again when Ray reports it alive with a new actor there (``refresh``).
+gone, or when Ray no longer reports it alive; it is up again when Ray reports it alive and its
+actor answers (``watch``, every ``WATCH_SECONDS``).
 
 Files: a task's environment files (its build context, Dockerfile and compose file) travel to a node
 once per content hash (``ClusterNode.ship``).
@@ -15,6 +16,7 @@ once per content hash (``ClusterNode.ship``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import io
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from termgym.aio import cancel_and_wait
 from termgym.errors import BackendUnavailable, ConfigError, SandboxGone
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.placement import current_node
@@ -33,6 +36,7 @@ from termgym.sandboxes.ray.host import SandboxHost
 from termgym.sandboxes.ray.remote import RemoteSandbox, remote
 
 NAMESPACE = "termgym"
+WATCH_SECONDS = 2.0  # how often the cluster's liveness is read
 CLUSTER_BACKENDS = ("local", "docker")
 
 
@@ -119,11 +123,12 @@ class Cluster:
             raise ConfigError("--cpus-per-sandbox must be positive and --node-cap at least 1")
         self.backend, self.cpus_per_sandbox, self.node_cap = backend, cpus_per_sandbox, node_cap
         self.nodes: dict[str, ClusterNode] = {}
+        self._watch: asyncio.Task[None] | None = None
         self.refresh()
 
     def refresh(self) -> list[ClusterNode]:
-        """Read the alive nodes from Ray: new ones get an actor; gone ones are down; a node back up
-        gets a fresh actor (which removes what the old one left). The nodes, in a stable order."""
+        """Read the alive nodes from Ray: a new node gets an actor; a node Ray no longer reports
+        alive is down. The nodes, in a stable order."""
         import ray
 
         alive = {node["NodeID"]: node for node in ray.nodes() if node.get("Alive")}
@@ -131,14 +136,26 @@ class Cluster:
             if node_id not in alive:
                 node.down = True
         for node_id, info in alive.items():
-            node = self.nodes.get(node_id)
-            if node is None or node.down:
+            if node_id not in self.nodes:
                 cpus = float((info.get("Resources") or {}).get("CPU", 1.0))
                 cap = self.node_cap or max(1, int(cpus // self.cpus_per_sandbox))
                 node = ClusterNode(node_id, str(info.get("NodeManagerAddress", "?")), cpus, cap, self.backend)
                 node.actor = _host_actor(node_id, self.backend)
                 self.nodes[node_id] = node
         return self.list()
+
+    async def watch(self) -> None:
+        """Every ``WATCH_SECONDS``: nodes Ray no longer reports alive go down; a node that is down
+        but alive (its actor crashed and Ray restarted it: the new one removed what the old one
+        left) comes back up once its actor answers."""
+        while True:
+            await asyncio.to_thread(self.refresh)
+            for node in self.list():
+                if node.down and node.node_id in await asyncio.to_thread(_alive_ids):
+                    with contextlib.suppress(SandboxGone, TimeoutError):
+                        await asyncio.wait_for(remote(node, node.actor.info.remote()), WATCH_SECONDS)
+                        node.down = False
+            await asyncio.sleep(WATCH_SECONDS)
 
     def list(self) -> list[ClusterNode]:
         return sorted(self.nodes.values(), key=lambda node: node.name)
@@ -163,6 +180,9 @@ class Cluster:
         return min(nodes, key=lambda node: (node.busy / node.cap, node.name))
 
     def sandbox(self, spec: SandboxSpec) -> RemoteSandbox:
+        """A sandbox on the node ``place`` chooses; the first one starts the liveness watch."""
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.get_running_loop().create_task(self.watch(), name="ray cluster: node liveness")
         return _Counted(spec, self.place())
 
     async def gc(self) -> list[str]:
@@ -195,6 +215,12 @@ class _Counted(RemoteSandbox):
             self._counted = False
             self.node.busy -= 1
         await super().stop()
+
+
+def _alive_ids() -> set[str]:
+    import ray
+
+    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
 
 
 def _host_actor(node_id: str, backend: str) -> Any:
@@ -255,6 +281,8 @@ async def close_clusters() -> None:
     _clusters.clear()
     _packed.clear()
     for cluster in clusters:
+        if cluster._watch is not None:
+            await cancel_and_wait(cluster._watch)
         for node in cluster.list():
             if not node.down:
                 with contextlib.suppress(SandboxGone):
