@@ -217,6 +217,12 @@ def collect_garbage(remove_images: bool = False, *, label: str | None = None) ->
     return len(containers), images
 
 
+def node_labels() -> list[str]:
+    """The Ray nodes (``termgym.node`` labels) this engine's termgym containers belong to."""
+    containers = docker_client().api.containers(all=True, filters={"label": ["termgym=1", "termgym.node"]})
+    return sorted({str((c.get("Labels") or {}).get("termgym.node")) for c in containers} - {"None"})
+
+
 def kept_names() -> list[str]:
     """The names of the containers ``keep`` left running."""
     containers = docker_client().api.containers(all=True, filters={"label": "termgym=1", "name": KEPT_PREFIX})

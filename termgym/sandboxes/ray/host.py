@@ -20,7 +20,7 @@ import io
 import os
 import tarfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -52,19 +52,25 @@ class SandboxHost:
     # -- the node ---------------------------------------------------------------------------------
 
     def _collect(self) -> int:
-        """Remove what earlier actors of this node left: its sandbox directories (and their
-        processes and cgroups) and its labelled containers; then its directory, when empty. How
-        many sandboxes went."""
+        """Remove what earlier actors of this node left, and what nodes Ray no longer reports alive
+        left on this host: their sandbox directories (with their processes and cgroups) or their
+        labelled containers; then their directories, when empty. How many sandboxes went."""
+        dead = _dead_nodes(self.node_id)
         if self.backend == "docker":
-            from termgym.sandboxes.docker.containers import collect_garbage
+            from termgym.sandboxes.docker.containers import collect_garbage, node_labels
 
-            removed = collect_garbage(label=f"{NODE_LABEL}={self.node_id}")[0]
-        else:
-            from termgym.sandboxes.local.leftovers import collect_garbage as collect_local
+            labels = [self.node_id, *(node for node in node_labels() if dead(node))]
+            return sum(collect_garbage(label=f"{NODE_LABEL}={node}")[0] for node in labels)
+        from termgym.sandboxes.local.leftovers import collect_garbage as collect_local
 
-            removed = collect_local(self.state) if self.state.is_dir() else 0
-        with contextlib.suppress(OSError):
-            self.state.rmdir()
+        removed = 0
+        for directory in [self.state, *self.state.parent.glob("node-*")]:
+            if directory != self.state and not dead(directory.name.removeprefix("node-")):
+                continue
+            if directory.is_dir():
+                removed += collect_local(directory)
+            with contextlib.suppress(OSError):
+                directory.rmdir()
         return removed
 
     async def info(self) -> dict[str, Any]:
@@ -234,6 +240,20 @@ class SandboxHost:
         channel = self.channels.pop(channel_id, None)
         if channel is not None:
             await channel.close()
+
+
+def _dead_nodes(own: str) -> Callable[[str], bool]:
+    """Whether a node id (or its first 12 characters, as directory names hold it) is one Ray no
+    longer reports alive; outside a Ray worker (the in-process tests) every other node counts as alive."""
+    try:
+        import ray
+
+        alive = [node["NodeID"] for node in ray.nodes() if node.get("Alive")] if ray.is_initialized() else None
+    except Exception:
+        alive = None
+    if alive is None:
+        return lambda node: False
+    return lambda node: not node.startswith(own[: len(node)]) and not any(a.startswith(node) for a in alive)
 
 
 # The contract's coroutines ``call`` forwards as they are (the others have methods of their own).

@@ -7,7 +7,8 @@ the ``SandboxHost`` of its node, by sandbox id, over the Ray API. It has no host
 
 Faults: an exception the actor raised comes back as itself (a ``SandboxError`` stays one); a node
 or actor that is gone (``RayActorError``, an unavailable actor, a dead node) is ``SandboxGone``, and
-the node is marked down (``ClusterNode.down``) so that the scheduler stops placing trials there.
+the node is marked down (``ClusterNode.down``) so that the scheduler stops placing trials there;
+so is every other failure of Ray itself (an actor its node could no longer schedule, say).
 ``stop`` on a gone node returns: what the node left is its next actor's, or ``termgym gc --cluster``'s.
 """
 
@@ -33,9 +34,10 @@ async def remote(node: ClusterNode, call: Awaitable[Any]) -> Any:
     except ray.exceptions.RayTaskError as exc:
         cause = exc.cause
         if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
-            raise cause from None
+            raise cause from None  # what the sandbox itself raised, a SandboxError among them
+        node.down = True
         raise SandboxGone(f"node {node.name}: {_first_line(exc)}") from None
-    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.NodeDiedError) as exc:
+    except ray.exceptions.RayError as exc:  # the actor or its node is gone, or never came up there
         node.down = True
         raise SandboxGone(f"node {node.name} is gone: {_first_line(exc)}") from None
 

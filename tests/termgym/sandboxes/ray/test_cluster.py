@@ -79,15 +79,22 @@ def test_a_node_killed_mid_run_gives_replaced_sandbox_errors_and_no_lost_record(
             assert time.monotonic() < deadline, "no trial started"
             time.sleep(0.5)
         ray_cluster.kill_node(port)
-        assert run.wait(timeout=300) == 0
+        run.wait(timeout=300)
     trials = records(out)
     failed = [t for t in trials if t["error"] is not None]
-    assert failed and all(t["error"]["kind"] == "sandbox_error" for t in failed), failed
+    why = [(t["error"], t["logs"].get("traceback", "")[-1500:]) for t in failed]
+    assert failed and all(t["error"]["kind"] == "sandbox_error" for t in failed), why
+    assert run.returncode == 0
     assert len({t["node"] for t in failed}) == 1  # the killed node's
     resolved = [t for t in trials if t["resolved"]]
     assert len(resolved) == 8 and failed[0]["node"] not in {t["node"] for t in resolved}  # replaced elsewhere
     ray_cluster.node_ports.remove(port)
     ray_cluster.wait_nodes(len(ray_cluster.node_ports))
+    # the killed node's sandboxes died with it; their directories are the next actor's to remove
+    root = Path(os.environ["TERMGYM_SANDBOX_DIR"])
+    assert list(root.glob("node-*/tg-*"))
+    assert termgym_cli(ray_cluster, "gc", "--cluster", ray_cluster.address).returncode == 0
+    assert not list(root.glob("node-*"))
 
 
 def _running_on_extra_node(out: Path) -> bool:
