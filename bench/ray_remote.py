@@ -2,7 +2,8 @@
 measured side by side in one run on a one-node cluster on loopback.
 
 1. A step: ``env.step("true")`` through the persistent shell, local and remote (every read and write
-   of the shell a call on the node's actor): median and p90, and the added latency.
+   of the shell a call on the node's actor): median and p90, and the added latency; beside it, the
+   round trip of the cheapest call on the node's actor, the floor of any remote operation.
 2. A trivial trial (the oracle on a two-assertion task): wall time and the driver's CPU per trial
    (this process's CPU time, Ray's threads included; the sandboxes' own processes are not the driver's).
 3. Memory on the driver per live remote sandbox: the driver's RSS growth over ``--live`` sandboxes
@@ -116,6 +117,20 @@ async def memory_per_sandbox(task_dir: Path, options: EnvOptions, live: int) -> 
     return (after - before) / live
 
 
+async def ping_times(address: str, count: int) -> list[float]:
+    """Round trips of the cheapest call on a node's actor: what any remote operation costs at least."""
+    from termgym.sandboxes.ray.cluster import connect
+
+    node = connect(address, "local").list()[0]
+    samples = []
+    for index in range(count + 20):
+        started = time.perf_counter()
+        await node.actor.info.remote()
+        if index >= 20:
+            samples.append(time.perf_counter() - started)
+    return samples
+
+
 def stats(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples) * 1000, statistics.quantiles(samples, n=10)[-1] * 1000
 
@@ -130,10 +145,15 @@ async def measure(address: str, args: argparse.Namespace) -> None:
         local_steps = await step_times(task_dir, local, args.steps)
         remote_steps = await step_times(task_dir, remote, args.steps)
         (lm, lp), (rm, rp) = stats(local_steps), stats(remote_steps)
+        pm, pp = stats(await ping_times(address, args.steps))
         print("| what | local | remote (Ray, loopback) | remote - local | remote / local |")
         print("|---|---|---|---|---|")
         print(f"| step median, ms | {lm:.2f} | {rm:.2f} | {rm - lm:.2f} | {rm / lm:.1f} |")
-        print(f"| step p90, ms | {lp:.2f} | {rp:.2f} | {rp - lp:.2f} | {rp / lp:.1f} |", flush=True)
+        print(f"| step p90, ms | {lp:.2f} | {rp:.2f} | {rp - lp:.2f} | {rp / lp:.1f} |")
+        print(
+            f"| one call on the node's actor (the floor of a remote step), median / p90 ms | | {pm:.2f} / {pp:.2f} | | |",
+            flush=True,
+        )
         local_wall, local_cpu = await trial_costs(task_dir, local, args.trials)
         remote_wall, remote_cpu = await trial_costs(task_dir, remote, args.trials)
         print(

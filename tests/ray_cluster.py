@@ -60,7 +60,9 @@ class RayCluster:
 
     def alive(self) -> int:
         probe = "import ray; ray.init(log_to_driver=False); print('alive', sum(n['Alive'] for n in ray.nodes()))"
-        result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=self.env(), timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, env=self.env(), timeout=60
+        )
         counts = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("alive ")]
         return int(counts[-1]) if counts else 0
 
