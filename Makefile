@@ -42,6 +42,7 @@ bench: engine
 	$(VENV_BIN)/python bench/model_agent.py
 	$(VENV_BIN)/python bench/gateway.py
 	$(VENV_BIN)/python bench/frameworks.py
+	$(VENV_BIN)/python bench/ray_remote.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache
