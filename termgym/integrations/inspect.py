@@ -49,6 +49,7 @@ from termgym.agents.prompts import task_prompt
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.errors import BackendUnavailable, ConfigError, SandboxError, TermgymError
 from termgym.integrations import sandbox_io
+from termgym.integrations.outcome import outcome
 from termgym.sandboxes import BACKENDS, attach_sandbox, close_backends, preflight, remove_leftovers
 from termgym.tasks import Task
 from termgym.tasks.bundled import resolve_task
@@ -243,17 +244,7 @@ class TermgymSandboxEnvironment(SandboxEnvironment):
         if self.env.done:
             raise SandboxUnavailableError("termgym sandbox: the episode has already ended")
         _, reward, _, _, info = await self.env.step(SUBMIT)
-        self.verdict = {
-            "resolved": int(bool(info.get("resolved"))),
-            "reward": float(reward),
-            "passed": info.get("passed", 0),
-            "total": info.get("total", 0),
-            "assertions": info.get("assertions", []),
-            "stop_reason": self.env.transcript.stop_reason,
-            "error": info.get("error"),
-            "warnings": info.get("warnings", []),
-            "verifier_output": info.get("verifier_output", ""),
-        }
+        self.verdict = outcome(reward, info, self.env.transcript.stop_reason)
         return self.verdict
 
     # -- helpers -----------------------------------------------------------------------------------

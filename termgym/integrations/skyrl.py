@@ -49,6 +49,7 @@ from termgym.agents.prompts import observation, system_prompt, task_prompt
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.errors import ConfigError, TermgymError
 from termgym.integrations import sync_loop
+from termgym.integrations.outcome import outcome
 from termgym.sandboxes import preflight
 from termgym.tasks import Task
 from termgym.tasks.bundled import bundled_task_path, resolve_task
@@ -247,17 +248,7 @@ class TermgymEnv(BaseTextEnv):
 
     def _ended(self, step: tuple[str, float, bool, bool, dict]) -> BaseTextEnvStepOutput:
         _, reward, _, _, info = step
-        metadata = {
-            "task": self.task.name,
-            "reward": float(reward),
-            "resolved": int(bool(info.get("resolved"))),
-            "passed": info.get("passed", 0),
-            "total": info.get("total", 0),
-            "assertions": info.get("assertions", []),
-            "stop_reason": self._env.transcript.stop_reason,
-            "error": info.get("error"),
-            "warnings": info.get("warnings", []),
-        }
+        metadata = {"task": self.task.name, **outcome(reward, info, self._env.transcript.stop_reason)}
         self.final = metadata
         return BaseTextEnvStepOutput(
             observations=[], reward=float(reward), done=True, metadata=metadata, postprocessed_action=None
