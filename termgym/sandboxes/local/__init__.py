@@ -48,10 +48,18 @@ owned by ``nobody`` as the sandbox sees them.
 from __future__ import annotations
 
 from termgym.sandboxes.base import BackendHooks
+from termgym.sandboxes.local import pool
 from termgym.sandboxes.local.host import sandbox_root_dir
 from termgym.sandboxes.local.leftovers import attach, close_shared, collect_garbage, preflight, remove_leftovers
 from termgym.sandboxes.local.sandbox import LocalSandbox
 
-HOOKS = BackendHooks(preflight=preflight, remove_leftovers=remove_leftovers, close_shared=close_shared, attach=attach)
+HOOKS = BackendHooks(
+    preflight=preflight,
+    remove_leftovers=remove_leftovers,
+    close_shared=close_shared,
+    attach=attach,
+    prewarm=pool.prewarm,
+    warm_pool_on=pool.warm_pool_on,
+)
 
 __all__ = ["HOOKS", "LocalSandbox", "collect_garbage", "sandbox_root_dir"]

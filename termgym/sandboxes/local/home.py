@@ -36,8 +36,13 @@ def make_home(name: str, labels: Mapping[str, str], *, private_user: bool) -> Pa
         require_searchable(root.resolve())
     home = Path(tempfile.mkdtemp(prefix=f"tg-{_slug(name)}-", dir=root))
     home.chmod(0o711)  # the sandbox's user must reach its directories; nobody may list them
-    (home / "labels.json").write_text(json.dumps({"termgym": "1", **dict(labels), "termgym.task": name}))
+    write_labels(home, name, labels)
     return home
+
+
+def write_labels(home: Path, name: str, labels: Mapping[str, str]) -> None:
+    """The sandbox's ``labels.json``: what ``termgym gc`` recognises a sandbox directory by."""
+    (home / "labels.json").write_text(json.dumps({"termgym": "1", **dict(labels), "termgym.task": name}))
 
 
 async def make_file_system(

@@ -64,8 +64,12 @@ def collect_sandboxes(root: Path | None = None) -> list[tuple[str, bool]]:
 
 
 def preflight() -> None:
-    """``BackendUnavailable`` unless this machine can make embedded sandboxes (``require_tools``)."""
+    """``BackendUnavailable`` unless this machine can make embedded sandboxes (``require_tools``);
+    ``ConfigError`` for a warm pool size that is not a count (``TERMGYM_LOCAL_POOL``)."""
+    from termgym.sandboxes.local import pool
+
     require_tools()
+    pool.settings()
 
 
 async def remove_leftovers(images: bool = False) -> str:
@@ -103,4 +107,7 @@ async def attach(sandbox_id: str) -> LocalSandbox:
 
 
 async def close_shared() -> None:
-    """Nothing is shared between this backend's sandboxes."""
+    """Stop the warm pool's idle sandboxes (``termgym.sandboxes.local.pool``), when it is on."""
+    from termgym.sandboxes.local import pool
+
+    await pool.close()

@@ -34,7 +34,7 @@ from termgym.sandboxes.host_processes import (
 from termgym.sandboxes.limits import SandboxCgroup
 from termgym.sandboxes.local.commands import enter_argv, keeper_argv, within_limits
 from termgym.sandboxes.local.env_cache import Entry, EnvCache, cache_enabled, copy_tree, environment_key
-from termgym.sandboxes.local.home import make_file_system, make_home, overlay_prepared, remove_home
+from termgym.sandboxes.local.home import make_file_system, make_home, overlay_prepared, remove_home, write_labels
 from termgym.sandboxes.local.host import (
     BASE_WRITABLE,
     host_link_exits,
@@ -61,8 +61,9 @@ class Processes(enum.Enum):
 class LocalSandbox(Sandbox):
     backend = "local"
 
-    def __init__(self, spec: SandboxSpec) -> None:
+    def __init__(self, spec: SandboxSpec, *, pooled: bool = False) -> None:
         super().__init__(spec)
+        self._pooled = pooled  # made by the warm pool (termgym.sandboxes.local.pool): never takes from it
         self._dir: Path | None = None
         self._roots: list[str] = list(BASE_WRITABLE)
         self._keeper: Keeper | None = None  # made with the sandbox's directory
@@ -78,10 +79,28 @@ class LocalSandbox(Sandbox):
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if not self._pooled:
+            from termgym.sandboxes.local import pool
+
+            ready = await pool.take(self.spec)
+            if ready is not None:
+                self._adopt(ready)
+                return
         await self._start()
         watched = self._watched_here()
         if watched:  # what the tamper check compares against: the tree before the agent's first command
             self._baseline = await asyncio.to_thread(LocalHostFiles(self.files_dir, self.owner).manifest, watched)
+
+    def _adopt(self, ready: LocalSandbox) -> None:
+        """Become the pooled sandbox ``ready`` (started from a spec of this one's recipe): its
+        directory, keeper, cgroup, file system, environment, warnings and tamper baseline; its
+        directory's labels become this spec's. ``ready`` is left as an empty shell."""
+        for name, value in vars(ready).items():
+            if name not in ("spec", "_pooled"):
+                setattr(self, name, value)
+        ready._dir, ready._keeper, ready._channels = None, None, []
+        assert self._dir is not None
+        write_labels(self._dir, self.spec.name, self.spec.labels)
 
     def _watched_here(self) -> list[str]:
         """What the tamper check watches that this sandbox can change: the spec's watched paths

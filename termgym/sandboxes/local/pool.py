@@ -1,0 +1,169 @@
+"""The embedded backend's warm pool: started sandboxes per recipe, so that a trial's ``start`` takes
+one whose keeper already runs, with the guarantees of ``termgym.sandboxes.warm_pool`` (identical or
+nothing, once, running, bounded, clean).
+
+On with ``TERMGYM_LOCAL_POOL=N`` (N ready per recipe; ``TERMGYM_LOCAL_POOL_TOTAL``, default 32, over
+all; ``TERMGYM_LOCAL_POOL_FILLERS``, default 2, started at once). A recipe (``recipe_of``) is
+everything of a spec a started sandbox depends on, names and labels aside: the environment's files
+by content (the Dockerfile's bytes, the build context's names, sizes and change times), the image,
+the resources, the network, the environment, the build timeout, the image aliases and the watched
+paths. A pooled sandbox is started in full, the prepared-environment cache used as for any trial,
+the tamper check's baseline taken; the trial adopts it (its directory's labels rewritten to the
+trial's) and it never goes back. The pool is filled in the background after each take, and ahead
+of a step by the scheduler's prewarm (``HOOKS.prewarm``). Pooled sandboxes end with the process
+(their keepers run with ``--die-with-parent``), so ``termgym gc`` removes what a killed run's pool
+left like any other leftover; ``close_shared`` (a run's end) stops the idle ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from termgym.errors import SandboxError
+from termgym.sandboxes.base import SandboxSpec
+from termgym.sandboxes.warm_pool import PoolSettings, WarmPool, settings_from_env
+
+if TYPE_CHECKING:
+    from termgym.sandboxes.local.sandbox import LocalSandbox
+
+ENV_PREFIX = "TERMGYM_LOCAL_POOL"
+Recipe = tuple[object, ...]
+
+
+def recipe_of(spec: SandboxSpec) -> Recipe:
+    """What a started sandbox of ``spec`` depends on, as a hashable value (the module docstring)."""
+    return (
+        _files_digest(spec.context_dir, spec.dockerfile),
+        spec.image,
+        spec.resources,
+        spec.network,
+        tuple(sorted(spec.env.items())),
+        spec.build_timeout_sec,
+        tuple(sorted(spec.image_aliases.items())),
+        spec.pull,
+        spec.prefer_build,
+        spec.watched,
+    )
+
+
+def _files_digest(context: Path | None, dockerfile: Path | None) -> str:
+    digest = hashlib.sha256()
+    if dockerfile is not None and dockerfile.is_file():
+        digest.update(dockerfile.read_bytes())
+    if context is not None and context.is_dir():
+        for path in sorted(context.rglob("*")):
+            info = path.lstat()
+            digest.update(f"{path.relative_to(context)}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+    return digest.hexdigest()
+
+
+class _Engine:
+    """``termgym.sandboxes.warm_pool.PoolEngine`` over embedded sandboxes: the spec a recipe was
+    first seen with is the one its pooled sandboxes are made from."""
+
+    def __init__(self) -> None:
+        self.specs: dict[Recipe, SandboxSpec] = {}
+        self._removals: set[asyncio.Task[None]] = set()
+
+    async def create_started(self, recipe: Recipe, labels: Mapping[str, str]) -> LocalSandbox:
+        from termgym.sandboxes.local.sandbox import LocalSandbox
+
+        spec = self.specs[recipe]
+        sandbox = LocalSandbox(replace(spec, labels={**spec.labels, **labels}), pooled=True)
+        try:
+            await sandbox.start()
+        except BaseException:
+            await sandbox.stop()
+            raise
+        return sandbox
+
+    async def is_running(self, item: LocalSandbox) -> bool:
+        try:
+            await item.check_alive()
+        except SandboxError:
+            return False
+        return True
+
+    def discard(self, item: LocalSandbox) -> None:
+        task = asyncio.get_running_loop().create_task(item.stop())
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
+
+    async def drain(self) -> None:
+        while self._removals:
+            await asyncio.gather(*list(self._removals), return_exceptions=True)
+
+
+_pool: tuple[asyncio.AbstractEventLoop, WarmPool[Recipe, LocalSandbox], _Engine] | None = None
+
+
+def settings() -> PoolSettings:
+    return settings_from_env(os.environ, ENV_PREFIX)
+
+
+def warm_pool_on() -> bool:
+    """Whether ``TERMGYM_LOCAL_POOL`` turns the pool on."""
+    return settings().enabled
+
+
+def _current() -> tuple[WarmPool[Recipe, LocalSandbox], _Engine] | None:
+    """The process's pool on this event loop, made on first use; None while it is off. A pool an
+    earlier loop left is abandoned (its idle sandboxes end with their keepers' process)."""
+    global _pool
+    loop = asyncio.get_running_loop()
+    if _pool is not None and _pool[0] is not loop:
+        _pool[1].abandon(discard=False)
+        _pool = None
+    if _pool is None:
+        chosen = settings()
+        if not chosen.enabled:
+            return None
+        engine = _Engine()
+        _pool = (loop, WarmPool(engine, chosen, name_of=lambda sandbox: str(sandbox.files_dir.parent)), engine)
+    return _pool[1], _pool[2]
+
+
+async def take(spec: SandboxSpec) -> LocalSandbox | None:
+    """A started sandbox for ``spec`` from the pool (None: off, or none ready); the pool refills."""
+    current = _current()
+    if current is None:
+        return None
+    pool, engine = current
+    recipe = recipe_of(spec)
+    engine.specs.setdefault(recipe, spec)
+    return await pool.take(recipe)
+
+
+async def prewarm(specs: Sequence[SandboxSpec], count: int | None = None) -> int:
+    """Fill the pool for ``specs`` (up to ``count`` each) and wait until it is; how many are ready."""
+    current = _current()
+    if current is None:
+        return 0
+    pool, engine = current
+    recipes = []
+    for spec in specs:
+        recipe = recipe_of(spec)
+        engine.specs.setdefault(recipe, spec)
+        recipes.append(recipe)
+    return await pool.prewarm(recipes, count)
+
+
+async def close() -> None:
+    """Stop the idle pooled sandboxes and those being made (a run's end); the next use makes a new pool."""
+    global _pool
+    if _pool is None or _pool[0] is not asyncio.get_running_loop():
+        return
+    _, pool, _ = _pool
+    _pool = None
+    await pool.close()
+
+
+def held() -> int:
+    """Pooled sandboxes idle or being made, for reports and tests."""
+    return _pool[1].held() if _pool is not None else 0
