@@ -23,7 +23,6 @@ import io
 import logging
 import os
 import tarfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +52,6 @@ class ClusterNode:
     down: bool = False
     busy: int = 0
     _shipped: set[str] = field(default_factory=set)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def name(self) -> str:
@@ -149,9 +147,13 @@ class Cluster:
         but alive (its actor crashed and Ray restarted it: the new one removed what the old one
         left) comes back up once its actor answers."""
         while True:
-            await asyncio.to_thread(self.refresh)
+            try:
+                await asyncio.to_thread(self.refresh)
+                alive = await asyncio.to_thread(_alive_ids)
+            except Exception:  # Ray's control plane did not answer: the nodes stay as they were
+                alive = set()
             for node in self.list():
-                if node.down and node.node_id in await asyncio.to_thread(_alive_ids):
+                if node.down and node.node_id in alive:
                     with contextlib.suppress(SandboxGone, TimeoutError):
                         await asyncio.wait_for(remote(node, node.actor.info.remote()), WATCH_SECONDS)
                         node.down = False
@@ -195,10 +197,6 @@ class Cluster:
             removed = await remote(node, node.actor.gc.remote())
             lines.append(f"{node.name}: removed {removed} leftover {self.backend} sandbox(es)")
         return lines
-
-    async def info(self) -> list[dict[str, Any]]:
-        return [await remote(node, node.actor.info.remote()) for node in self.list() if not node.down]
-
 
 class _Counted(RemoteSandbox):
     """A ``RemoteSandbox`` counted in its node's load from ``start`` to ``stop``."""
