@@ -66,6 +66,19 @@ class RayCluster:
         counts = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("alive ")]
         return int(counts[-1]) if counts else 0
 
+    def node_id(self, port: int) -> str:
+        """The Ray node id of the node whose node manager listens on ``port``."""
+        probe = (
+            "import ray, sys; ray.init(log_to_driver=False); "
+            f"print('node', *[n['NodeID'] for n in ray.nodes() if n['Alive'] and n['NodeManagerPort'] == {port}])"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, env=self.env(), timeout=60
+        )
+        found = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("node")]
+        assert found and found[-1], f"no alive node on port {port}: {result.stderr[-500:]}"
+        return found[-1][0]
+
     def wait_nodes(self, count: int) -> None:
         deadline = time.monotonic() + START_TIMEOUT
         while self.alive() != count:

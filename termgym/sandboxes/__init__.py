@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -118,10 +118,17 @@ async def close_backends() -> None:
             close = hooks(name).close_shared
             if close is not None:
                 await close()
-    if "termgym.sandboxes.ray.cluster" in sys.modules:  # --cluster: leave the Ray cluster
-        from termgym.sandboxes.ray.cluster import close_clusters
+    for closer in list(_closers):  # what a layer over the backends shares (a Ray cluster's connection)
+        await closer()
 
-        await close_clusters()
+
+_closers: list[Callable[[], Awaitable[None]]] = []
+
+
+def on_close(closer: Callable[[], Awaitable[None]]) -> None:
+    """Have ``close_backends`` also await ``closer`` (once, however often it is registered)."""
+    if closer not in _closers:
+        _closers.append(closer)
 
 
 __all__ = [
@@ -140,6 +147,7 @@ __all__ = [
     "create_sandbox",
     "hooks",
     "keeps_warm_pool",
+    "on_close",
     "preflight",
     "prewarm",
     "remove_leftovers",

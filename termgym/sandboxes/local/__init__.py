@@ -51,14 +51,14 @@ from termgym.sandboxes.base import BackendHooks
 from termgym.sandboxes.local import pool
 from termgym.sandboxes.local.host import sandbox_root_dir
 from termgym.sandboxes.local.leftovers import attach, close_shared, collect_garbage, preflight, remove_leftovers
-from termgym.sandboxes.local.sandbox import LocalSandbox
+from termgym.sandboxes.local.sandbox import LocalSandbox, pooled_sandbox
 
 HOOKS = BackendHooks(
     preflight=preflight,
     remove_leftovers=remove_leftovers,
     close_shared=close_shared,
     attach=attach,
-    prewarm=pool.prewarm,
+    prewarm=lambda specs, count: pool.prewarm(specs, pooled_sandbox, count),
     warm_pool_on=pool.warm_pool_on,
 )
 

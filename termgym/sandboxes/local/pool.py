@@ -20,20 +20,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from termgym.errors import SandboxError
-from termgym.sandboxes.base import SandboxSpec
+from termgym.sandboxes.base import Sandbox, SandboxSpec
 from termgym.sandboxes.warm_pool import PoolSettings, WarmPool, settings_from_env
-
-if TYPE_CHECKING:
-    from termgym.sandboxes.local.sandbox import LocalSandbox
 
 ENV_PREFIX = "TERMGYM_LOCAL_POOL"
 Recipe = tuple[object, ...]
+Maker = Callable[[SandboxSpec], Sandbox]  # a pooled sandbox of a spec (the backend's, never taking from the pool)
 
 
 def recipe_of(spec: SandboxSpec) -> Recipe:
@@ -65,17 +62,16 @@ def _files_digest(context: Path | None, dockerfile: Path | None) -> str:
 
 class _Engine:
     """``termgym.sandboxes.warm_pool.PoolEngine`` over embedded sandboxes: the spec a recipe was
-    first seen with is the one its pooled sandboxes are made from."""
+    first seen with is the one its pooled sandboxes are made from, by ``make``."""
 
-    def __init__(self) -> None:
+    def __init__(self, make: Maker) -> None:
+        self.make = make
         self.specs: dict[Recipe, SandboxSpec] = {}
         self._removals: set[asyncio.Task[None]] = set()
 
-    async def create_started(self, recipe: Recipe, labels: Mapping[str, str]) -> LocalSandbox:
-        from termgym.sandboxes.local.sandbox import LocalSandbox
-
+    async def create_started(self, recipe: Recipe, labels: Mapping[str, str]) -> Sandbox:
         spec = self.specs[recipe]
-        sandbox = LocalSandbox(replace(spec, labels={**spec.labels, **labels}), pooled=True)
+        sandbox = self.make(replace(spec, labels={**spec.labels, **labels}))
         try:
             await sandbox.start()
         except BaseException:
@@ -83,14 +79,14 @@ class _Engine:
             raise
         return sandbox
 
-    async def is_running(self, item: LocalSandbox) -> bool:
+    async def is_running(self, item: Sandbox) -> bool:
         try:
             await item.check_alive()
         except SandboxError:
             return False
         return True
 
-    def discard(self, item: LocalSandbox) -> None:
+    def discard(self, item: Sandbox) -> None:
         task = asyncio.get_running_loop().create_task(item.stop())
         self._removals.add(task)
         task.add_done_callback(self._removals.discard)
@@ -100,7 +96,7 @@ class _Engine:
             await asyncio.gather(*list(self._removals), return_exceptions=True)
 
 
-_pool: tuple[asyncio.AbstractEventLoop, WarmPool[Recipe, LocalSandbox], _Engine] | None = None
+_pool: tuple[asyncio.AbstractEventLoop, WarmPool[Recipe, Sandbox], _Engine] | None = None
 
 
 def settings() -> PoolSettings:
@@ -112,9 +108,10 @@ def warm_pool_on() -> bool:
     return settings().enabled
 
 
-def _current() -> tuple[WarmPool[Recipe, LocalSandbox], _Engine] | None:
-    """The process's pool on this event loop, made on first use; None while it is off. A pool an
-    earlier loop left is abandoned (its idle sandboxes end with their keepers' process)."""
+def _current(make: Maker | None = None) -> tuple[WarmPool[Recipe, Sandbox], _Engine] | None:
+    """The process's pool on this event loop, made on first use (by a caller that says how pooled
+    sandboxes are made); None while it is off, or not made yet. A pool an earlier loop left is
+    abandoned (its idle sandboxes end with their keepers' process)."""
     global _pool
     loop = asyncio.get_running_loop()
     if _pool is not None and _pool[0] is not loop:
@@ -122,16 +119,17 @@ def _current() -> tuple[WarmPool[Recipe, LocalSandbox], _Engine] | None:
         _pool = None
     if _pool is None:
         chosen = settings()
-        if not chosen.enabled:
+        if not chosen.enabled or make is None:
             return None
-        engine = _Engine()
-        _pool = (loop, WarmPool(engine, chosen, name_of=lambda sandbox: str(sandbox.files_dir.parent)), engine)
+        engine = _Engine(make)
+        _pool = (loop, WarmPool(engine, chosen, name_of=_name), engine)
     return _pool[1], _pool[2]
 
 
-async def take(spec: SandboxSpec) -> LocalSandbox | None:
-    """A started sandbox for ``spec`` from the pool (None: off, or none ready); the pool refills."""
-    current = _current()
+async def take(spec: SandboxSpec, make: Maker) -> Sandbox | None:
+    """A started sandbox for ``spec`` from the pool (None: off, or none ready); the pool refills,
+    its sandboxes made by ``make``."""
+    current = _current(make)
     if current is None:
         return None
     pool, engine = current
@@ -140,9 +138,10 @@ async def take(spec: SandboxSpec) -> LocalSandbox | None:
     return await pool.take(recipe)
 
 
-async def prewarm(specs: Sequence[SandboxSpec], count: int | None = None) -> int:
-    """Fill the pool for ``specs`` (up to ``count`` each) and wait until it is; how many are ready."""
-    current = _current()
+async def prewarm(specs: Sequence[SandboxSpec], make: Maker, count: int | None = None) -> int:
+    """Fill the pool for ``specs`` (up to ``count`` each), its sandboxes made by ``make``, and wait
+    until it is; how many are ready."""
+    current = _current(make)
     if current is None:
         return 0
     pool, engine = current
@@ -167,3 +166,9 @@ async def close() -> None:
 def held() -> int:
     """Pooled sandboxes idle or being made, for reports and tests."""
     return _pool[1].held() if _pool is not None else 0
+
+
+def _name(sandbox: Sandbox) -> str:
+    """A pooled sandbox's name in ``WarmPool.idle``: its directory (the embedded backend's)."""
+    files_dir = getattr(sandbox, "files_dir", None)
+    return str(files_dir.parent) if isinstance(files_dir, Path) else repr(sandbox)

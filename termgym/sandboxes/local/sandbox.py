@@ -32,6 +32,7 @@ from termgym.sandboxes.host_processes import (
     spawn,
 )
 from termgym.sandboxes.limits import SandboxCgroup
+from termgym.sandboxes.local import pool
 from termgym.sandboxes.local.commands import enter_argv, keeper_argv, within_limits
 from termgym.sandboxes.local.env_cache import Entry, EnvCache, cache_enabled, copy_tree, environment_key
 from termgym.sandboxes.local.home import make_file_system, make_home, overlay_prepared, remove_home, write_labels
@@ -80,10 +81,9 @@ class LocalSandbox(Sandbox):
 
     async def start(self) -> None:
         if not self._pooled:
-            from termgym.sandboxes.local import pool
-
-            ready = await pool.take(self.spec)
+            ready = await pool.take(self.spec, pooled_sandbox)
             if ready is not None:
+                assert isinstance(ready, LocalSandbox)  # what pooled_sandbox makes
                 self._adopt(ready)
                 return
         await self._start()
@@ -524,3 +524,8 @@ def _descendants(pid: int) -> list[int]:
             found.append(child)
             queue.append(child)
     return found
+
+
+def pooled_sandbox(spec: SandboxSpec) -> LocalSandbox:
+    """A sandbox the warm pool makes (``termgym.sandboxes.local.pool``): it never takes from the pool."""
+    return LocalSandbox(spec, pooled=True)

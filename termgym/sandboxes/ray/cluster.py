@@ -18,97 +18,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import io
 import logging
 import os
-import tarfile
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from termgym.aio import cancel_and_wait
 from termgym.errors import BackendUnavailable, ConfigError, SandboxGone
+from termgym.sandboxes import on_close
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.placement import current_node
 from termgym.sandboxes.ray.host import SandboxHost
-from termgym.sandboxes.ray.remote import RemoteSandbox, remote
+from termgym.sandboxes.ray.node import ClusterNode, forget_packed, remote
+from termgym.sandboxes.ray.remote import RemoteSandbox
 
 NAMESPACE = "termgym"
 WATCH_SECONDS = 2.0  # how often the cluster's liveness is read
 CLUSTER_BACKENDS = ("local", "docker")
-
-
-@dataclass
-class ClusterNode:
-    """One Ray node: its name in records (``ray-<address>-<id>``), its capacity and its actor."""
-
-    node_id: str
-    address: str
-    cpus: float
-    cap: int
-    backend: str
-    actor: Any = None
-    down: bool = False
-    busy: int = 0
-    _shipped: set[str] = field(default_factory=set)
-
-    @property
-    def name(self) -> str:
-        return f"ray-{self.address}-{self.node_id[:8]}"
-
-    async def ship(self, spec: SandboxSpec) -> str | None:
-        """Make the spec's files present on the node (once per content hash); their hash, or None
-        for a spec without files (an image by name)."""
-        packed = pack_files(spec)
-        if packed is None:
-            return None
-        digest, archive = packed
-        if digest in self._shipped:
-            return digest
-        if not await remote(self, self.actor.has_files.remote(digest)):
-            await remote(self, self.actor.put_files.remote(digest, archive))
-        self._shipped.add(digest)
-        return digest
-
-
-_packed: dict[tuple[str, ...], tuple[str, bytes]] = {}
-
-
-def pack_files(spec: SandboxSpec) -> tuple[str, bytes] | None:
-    """The spec's build context (``context/``), Dockerfile and compose file as one tar, and its
-    content hash (names, modes and bytes; not times or owners). Packed once per set of paths."""
-    paths = (spec.context_dir, spec.dockerfile, spec.compose_file)
-    if all(path is None for path in paths):
-        return None
-    key = tuple(str(path) for path in paths)
-    if key not in _packed:
-        _packed[key] = _pack(*paths)
-    return _packed[key]
-
-
-def _pack(context: Path | None, dockerfile: Path | None, compose: Path | None) -> tuple[str, bytes]:
-    entries: list[tuple[str, Path]] = []
-    if context is not None and context.is_dir():
-        entries += [(f"context/{p.relative_to(context).as_posix()}", p) for p in sorted(context.rglob("*"))]
-    for name, path in (("Dockerfile", dockerfile), ("compose.yaml", compose)):
-        if path is not None and path.is_file():
-            entries.append((name, path))
-    buffer, digest = io.BytesIO(), hashlib.sha256()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for name, path in entries:
-            info = archive.gettarinfo(str(path), arcname=name)
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            info.mtime = 0
-            digest.update(f"{name}\0{info.mode}\0{info.type!r}\0{info.linkname}\0".encode())
-            if info.isfile():
-                data = path.read_bytes()
-                digest.update(data)
-                archive.addfile(info, io.BytesIO(data))
-            else:
-                archive.addfile(info)
-    return digest.hexdigest()[:32], buffer.getvalue()
 
 
 class Cluster:
@@ -198,6 +123,7 @@ class Cluster:
             lines.append(f"{node.name}: removed {removed} leftover {self.backend} sandbox(es)")
         return lines
 
+
 class _Counted(RemoteSandbox):
     """A ``RemoteSandbox`` counted in its node's load from ``start`` to ``stop``."""
 
@@ -277,7 +203,7 @@ async def close_clusters() -> None:
 
     clusters = list(_clusters.values())
     _clusters.clear()
-    _packed.clear()
+    forget_packed()
     for cluster in clusters:
         if cluster._watch is not None:
             await cancel_and_wait(cluster._watch)
@@ -291,3 +217,6 @@ async def close_clusters() -> None:
 def _first_line(exc: BaseException) -> str:
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return lines[0][:300] if lines else type(exc).__name__
+
+
+on_close(close_clusters)  # close_backends (a run's end) leaves the cluster

@@ -14,32 +14,13 @@ so is every other failure of Ray itself (an actor its node could no longer sched
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from termgym.errors import SandboxGone
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
-
-if TYPE_CHECKING:
-    from termgym.sandboxes.ray.cluster import ClusterNode
-
-
-async def remote(node: ClusterNode, call: Awaitable[Any]) -> Any:
-    """The result of a call on ``node``'s actor, with the faults mapped as the module docstring says."""
-    import ray.exceptions
-
-    try:
-        return await call
-    except ray.exceptions.RayTaskError as exc:
-        cause = exc.cause
-        if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
-            raise cause from None  # what the sandbox itself raised, a SandboxError among them
-        node.down = True
-        raise SandboxGone(f"node {node.name}: {_first_line(exc)}") from None
-    except ray.exceptions.RayError as exc:  # the actor or its node is gone, or never came up there
-        node.down = True
-        raise SandboxGone(f"node {node.name} is gone: {_first_line(exc)}") from None
+from termgym.sandboxes.ray.node import ClusterNode, remote
 
 
 class RemoteSandbox(Sandbox):
@@ -188,8 +169,3 @@ class RemoteChannel(ProcessChannel):
             await remote(self.node, self.node.actor.close.remote(self.channel_id))
         except SandboxGone:
             pass
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return lines[0][:300] if lines else type(exc).__name__

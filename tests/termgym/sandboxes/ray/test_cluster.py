@@ -68,13 +68,14 @@ def test_trials_spread_over_every_node_within_its_cap(ray_cluster, tmp_path):
 
 def test_a_node_killed_mid_run_gives_replaced_sandbox_errors_and_no_lost_record(ray_cluster, tmp_path):
     port = ray_cluster.start_node(2)  # this test's own node: the others stay for the rest of the session
+    doomed = Path(os.environ["TERMGYM_SANDBOX_DIR"]) / f"node-{ray_cluster.node_id(port)[:12]}"
     task = write_task(tmp_path / "tasks", solve_sh=SLOW_SOLVE.format(seconds=6))
     out = tmp_path / "run"
     command = [sys.executable, "-m", "termgym", "run", str(task), "--agent", "oracle", "-k", "8"]
     command += ["--cluster", ray_cluster.address, "--out", str(out)]
     with subprocess.Popen(command, env=ray_cluster.env(), cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True) as run:
         deadline = time.monotonic() + 120
-        while not _running_on_extra_node(out):
+        while not list(doomed.glob("tg-*")):  # trials running on the node about to die
             assert run.poll() is None, run.stderr.read() if run.stderr else ""
             assert time.monotonic() < deadline, "no trial started"
             time.sleep(0.5)
@@ -91,15 +92,9 @@ def test_a_node_killed_mid_run_gives_replaced_sandbox_errors_and_no_lost_record(
     ray_cluster.node_ports.remove(port)
     ray_cluster.wait_nodes(len(ray_cluster.node_ports))
     # the killed node's sandboxes died with it; their directories are the next actor's to remove
-    root = Path(os.environ["TERMGYM_SANDBOX_DIR"])
-    assert list(root.glob("node-*/tg-*"))
+    assert list(doomed.glob("tg-*"))
     assert termgym_cli(ray_cluster, "gc", "--cluster", ray_cluster.address).returncode == 0
-    assert not list(root.glob("node-*"))
-
-
-def _running_on_extra_node(out: Path) -> bool:
-    """Whether the run has sandboxes up (any trial started: the scheduler fills every node at once)."""
-    return any(Path(os.environ["TERMGYM_SANDBOX_DIR"]).glob("node-*/tg-*"))
+    assert not list(doomed.parent.glob("node-*"))
 
 
 def test_a_driver_killed_leaves_what_gc_cluster_removes_on_every_node(ray_cluster, tmp_path):
@@ -120,3 +115,25 @@ def test_a_driver_killed_leaves_what_gc_cluster_removes_on_every_node(ray_cluste
     assert len(lines) == 3 and sum(int(line.split("removed ")[1].split()[0]) for line in lines) == 6, lines
     assert not list(root.glob("node-*/tg-*"))
     assert not [line for line in sandbox_processes() if str(root) in line]
+
+
+def test_check_run_and_gc_with_a_cluster_in_this_process(ray_cluster, tmp_path, capsys):
+    """The same commands in this process (the driver here): check on the least loaded node, a run
+    spread over the nodes, gc on every node; the cluster left at the end (close_backends)."""
+    from termgym.cli import main as termgym_main
+
+    task = write_task(tmp_path / "tasks")
+    assert termgym_main(["check", str(task), "--agent", "oracle", "--cluster", ray_cluster.address, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["resolved"] and record["node"].startswith("ray-")
+    out = tmp_path / "run"
+    argv = ["run", str(task), "--agent", "oracle", "-k", "6", "--cluster", ray_cluster.address, "--out", str(out)]
+    assert termgym_main([*argv, "--cpus-per-sandbox", "0.5"]) == 0
+    trials = records(out)
+    assert len(trials) == 6 and all(t["resolved"] for t in trials)
+    assert len({t["node"] for t in trials}) >= 2
+    capsys.readouterr()
+    assert termgym_main(["gc", "--cluster", ray_cluster.address]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all("removed 0 leftover local sandbox(es)" in line for line in lines), lines
+    assert termgym_main(["gc", "--cluster", ray_cluster.address, "some-id"]) == 2  # one line: not with ids

@@ -16,8 +16,8 @@ from termgym.env import EnvOptions
 from termgym.errors import SandboxGone
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.placement import current_node, placed_on
-from termgym.sandboxes.ray.cluster import ClusterNode, pack_files
 from termgym.sandboxes.ray.host import SandboxHost
+from termgym.sandboxes.ray.node import ClusterNode, forget_packed, pack_files
 from termgym.sandboxes.ray.remote import RemoteSandbox
 from termgym.scheduling.pool import Node, NodePool
 from termgym.tasks import load_task
@@ -102,9 +102,7 @@ def test_the_content_hash_ignores_times_and_follows_the_bytes(tmp_path):
     assert pack_files(other)[0] == first[0]  # type: ignore[index]
     (context / "data.txt").write_text("two")
     changed = SandboxSpec(name="t", context_dir=context, dockerfile=context / "Dockerfile", image="x")
-    from termgym.sandboxes.ray import cluster
-
-    cluster._packed.clear()
+    forget_packed()
     assert pack_files(changed)[0] != first[0]  # type: ignore[index]
     assert pack_files(SandboxSpec(name="t", context_dir=None, dockerfile=None, image="debian")) is None
 
