@@ -43,6 +43,7 @@ bench: engine
 	$(VENV_BIN)/python bench/gateway.py
 	$(VENV_BIN)/python bench/frameworks.py
 	$(VENV_BIN)/python bench/ray_remote.py
+	$(VENV_BIN)/python bench/warm_pool.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache
