@@ -122,7 +122,9 @@ def main() -> None:
     ):
         print(f"| {label} | {m[key] * 1000:.1f} | {m[key] / spawn:.1f} |")
     print()
-    print(f"| step of {args.step} trials, {args.concurrency} at a time, {args.ready or args.step} ready | seconds | x without |")
+    print(
+        f"| step of {args.step} trials, {args.concurrency} at a time, {args.ready or args.step} ready | seconds | x without |"
+    )
     print("|---|---|---|")
     print(f"| without the pool | {m['step_without']:.2f} | 1.00 |")
     print(f"| with the pool (target <= 0.6x) | {m['step_with']:.2f} | {m['step_with'] / m['step_without']:.2f} |")
