@@ -260,3 +260,22 @@ def test_settings_come_from_skyrls_omegaconf_env_config_and_the_row_extras_win()
     import numpy
 
     assert skyrl.read_settings(None, {"task": TASK, "max_turns": numpy.int64(5)}).max_turns == 5  # from parquet
+
+
+def test_the_example_env_loop_runs_as_the_docs_show(tmp_path):
+    """examples/skyrl_env_loop.py, as docs/guides/frameworks.md shows it: two bundled tasks, each
+    resolved through the registered id from its dataset row."""
+    dataset = tmp_path / "train.parquet"
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "skyrl_env_loop.py"), "--dataset", str(dataset)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"dataset: {dataset} (2 rows)"
+    assert lines[1].startswith("termgym/file-ops/bulk-rename: reward 0.25, resolved 1, 5/5 assertions")
+    assert lines[2].startswith("termgym/text-processing/word-frequency: reward 0.30, resolved 1, 6/6 assertions")
+    assert all(line.endswith("stop submitted, 3 turns on local") for line in lines[1:])
