@@ -12,9 +12,11 @@ Rounds interleave every kind (so a noisy neighbour slows all alike); medians:
 
 Then a step of ``--step`` trivial trials, ``--concurrency`` at a time, without the pool and with
 it: the pool holding ``--ready`` sandboxes at the step's start (default: one per trial), made
-untimed as above (the scheduler's prewarm makes them while the trainer updates), and refilled in
-the background during the step; target at most 0.6x. The prewarm's own time is reported: it is
-what the trainer's update must cover for the pool to pay.
+untimed as above (the scheduler's prewarm makes them while the trainer updates), either refilled
+in the background after each take (``TERMGYM_LOCAL_POOL_REFILL=take``, the default) or only by the
+prewarm (``=prewarm``); target at most 0.6x. The prewarm's own time is reported: it is what the
+trainer's update must cover for the pool to pay. The pooled trials above run with ``=prewarm``, so
+that no refill runs beside the trial timed.
 
     .venv/bin/python bench/warm_pool.py [--rounds 20] [--step 32] [--concurrency 8]
 """
@@ -39,11 +41,13 @@ from termgym.sandboxes import close_backends, prewarm
 from termgym.tasks import Task
 
 
-def pool(size: int) -> None:
-    """Turn the pool on with ``size`` per recipe (0: off); the next use makes a fresh one."""
+def pool(size: int, refill: str = "prewarm") -> None:
+    """Turn the pool on with ``size`` per recipe (0: off), refilled as ``refill`` says
+    (``TERMGYM_LOCAL_POOL_REFILL``); the next use makes a fresh one."""
     if size:
         os.environ["TERMGYM_LOCAL_POOL"] = str(size)
         os.environ["TERMGYM_LOCAL_POOL_TOTAL"] = str(max(size, 32))
+        os.environ["TERMGYM_LOCAL_POOL_REFILL"] = refill
     else:
         os.environ.pop("TERMGYM_LOCAL_POOL", None)
 
@@ -79,17 +83,19 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
         cold.append(await one_trial(task))
         pool(1)
         made = await ready(task, 1)
-        trial = await one_trial(task)  # adopts the ready sandbox; its take refills one in the background
+        trial = await one_trial(task)  # adopts the ready sandbox; nothing refills meanwhile
         critical.append(trial)
         whole.append(made + trial)
-        await close_backends()  # the refill stopped: the next round starts with an empty pool
+        await close_backends()
     pool(0)
     await close_backends()
     without = await step(task, args.step, args.concurrency)
-    pool(args.ready or args.step)
-    prewarmed = await ready(task, args.ready or args.step)
-    with_pool = await step(task, args.step, args.concurrency)
-    await close_backends()
+    steps = {}
+    for refill in ("take", "prewarm"):
+        pool(args.ready or args.step, refill)
+        prewarmed = await ready(task, args.ready or args.step)
+        steps[refill] = await step(task, args.step, args.concurrency)
+        await close_backends()
     pool(0)
     return {
         "spawn": statistics.median(spawns),
@@ -97,7 +103,8 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
         "critical": statistics.median(critical),
         "whole": statistics.median(whole),
         "step_without": without,
-        "step_with": with_pool,
+        "step_take": steps["take"],
+        "step_prewarm": steps["prewarm"],
         "prewarm": prewarmed,
     }
 
@@ -127,7 +134,11 @@ def main() -> None:
     )
     print("|---|---|---|")
     print(f"| without the pool | {m['step_without']:.2f} | 1.00 |")
-    print(f"| with the pool (target <= 0.6x) | {m['step_with']:.2f} | {m['step_with'] / m['step_without']:.2f} |")
+    for label, key in (
+        ("with the pool, refilled after each take (`REFILL=take`, the default)", "step_take"),
+        ("with the pool, filled by the prewarm only (`REFILL=prewarm`; target <= 0.6x)", "step_prewarm"),
+    ):
+        print(f"| {label} | {m[key]:.2f} | {m[key] / m['step_without']:.2f} |")
     print(f"| the pool's prewarm before the step (overlaps the trainer's update) | {m['prewarm']:.2f} | |")
 
 

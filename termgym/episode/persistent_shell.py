@@ -209,7 +209,7 @@ class PersistentShell:
         self._frame = _Frame("READY", OutputCapture(4096))
         self._reader = asyncio.create_task(self._pump(self._channel))
         self._exited = asyncio.create_task(self._channel.wait())
-        await self._channel.write(_BOOTSTRAP.encode())
+        await self._channel.write_expecting(_BOOTSTRAP.encode(), self._frame.end)
         try:
             await wait_for(self._wait_frame(self._frame), START_TIMEOUT_SEC)
         except TimeoutError as exc:
@@ -229,7 +229,7 @@ class PersistentShell:
         lines = f"__tg_run {bash_quote(command)}\n{frame.nonce}\n"
         timed_out = interrupted = False
         try:
-            await self._channel.write(lines.encode())
+            await self._channel.write_expecting(lines.encode(), frame.end)
             await wait_for(self._wait_command(frame, interrupt), max(timeout, 0.001))
         except (TimeoutError, _Interrupted) as exc:
             timed_out, interrupted = not isinstance(exc, _Interrupted), isinstance(exc, _Interrupted)

@@ -110,6 +110,12 @@ class ProcessChannel(abc.ABC):
     @abc.abstractmethod
     async def write(self, data: bytes) -> None: ...
 
+    async def write_expecting(self, data: bytes, end: bytes) -> None:
+        """``write``, saying that the reader next waits for output that contains ``end``. A channel
+        that relays output over a network may hold the output back until then (briefly, and bounded)
+        to send it in one piece; every byte still comes, in order. By default, a plain ``write``."""
+        await self.write(data)
+
     @abc.abstractmethod
     async def read(self, max_bytes: int) -> bytes:
         """Up to ``max_bytes``; ``b""`` once the process's output is closed."""

@@ -14,7 +14,9 @@ What it guarantees:
 - **Bounded.** Per key, idle plus being-made items never exceed ``PoolSettings.per_recipe``, and
   over all keys never ``PoolSettings.total`` (``refill_count``). A take, and a trial that found
   its key's pool empty (``want``), refill it in the background up to the bound,
-  ``PoolSettings.fillers`` makings at a time.
+  ``PoolSettings.fillers`` makings at a time; with ``PoolSettings.refill_on_take`` off, only
+  ``prewarm`` fills it (on a machine whose cores the trials already use, a refill during a step
+  only competes with them).
 - **Clean.** Every pooled item carries the label ``termgym.pool=<owner>`` (``owner_label``: host,
   pid and the pid's start time), so ``termgym gc`` removes it; ``close`` waits for makings under
   way and discards every idle item.
@@ -38,6 +40,7 @@ from termgym.sandboxes.host_processes import start_time
 POOL_LABEL = "termgym.pool"
 DEFAULT_TOTAL = 32  # <PREFIX>_TOTAL when only <PREFIX> is set
 DEFAULT_FILLERS = 2  # <PREFIX>_FILLERS: makings under way at once
+REFILL_WHEN = ("take", "prewarm")  # <PREFIX>_REFILL: after every take (the default), or only by prewarm
 
 K = TypeVar("K", bound=Hashable)
 K_in = TypeVar("K_in", bound=Hashable, contravariant=True)  # an engine only takes keys
@@ -48,11 +51,13 @@ V = TypeVar("V")
 class PoolSettings:
     """``per_recipe``: containers kept ready per recipe (0: no pool); ``total``: over all recipes;
     ``fillers``: creations under way at once (more wait their turn), so that refills leave the
-    engine to the trials running meanwhile."""
+    engine to the trials running meanwhile; ``refill_on_take``: whether a take refills, or only
+    ``prewarm`` does."""
 
     per_recipe: int = 0
     total: int = 0
     fillers: int = DEFAULT_FILLERS
+    refill_on_take: bool = True
 
     @property
     def enabled(self) -> bool:
@@ -60,9 +65,9 @@ class PoolSettings:
 
 
 def settings_from_env(environ: Mapping[str, str], prefix: str) -> PoolSettings:
-    """``<prefix>`` (per key, default 0: off), ``<prefix>_TOTAL`` (default ``DEFAULT_TOTAL``) and
-    ``<prefix>_FILLERS`` (default ``DEFAULT_FILLERS``, at least 1); ``ConfigError`` in one line for
-    a value that is not a count."""
+    """``<prefix>`` (per key, default 0: off), ``<prefix>_TOTAL`` (default ``DEFAULT_TOTAL``),
+    ``<prefix>_FILLERS`` (default ``DEFAULT_FILLERS``, at least 1) and ``<prefix>_REFILL`` (one of
+    ``REFILL_WHEN``, default ``take``); ``ConfigError`` in one line for a value that is not one."""
 
     def count(name: str, default: int, least: int = 0) -> int:
         raw = environ.get(name, "").strip()
@@ -76,10 +81,14 @@ def settings_from_env(environ: Mapping[str, str], prefix: str) -> PoolSettings:
             raise ConfigError(f"{name}={raw!r}: expected {least} or more sandboxes")
         return value
 
+    refill = environ.get(f"{prefix}_REFILL", "").strip() or REFILL_WHEN[0]
+    if refill not in REFILL_WHEN:
+        raise ConfigError(f"{prefix}_REFILL={refill!r}: expected one of {', '.join(REFILL_WHEN)}")
     return PoolSettings(
         per_recipe=count(prefix, 0),
         total=count(f"{prefix}_TOTAL", DEFAULT_TOTAL),
         fillers=count(f"{prefix}_FILLERS", DEFAULT_FILLERS, least=1),
+        refill_on_take=refill == "take",
     )
 
 
@@ -183,7 +192,8 @@ class WarmPool(Generic[K, V]):
 
     async def take(self, recipe: K) -> V | None:
         """A running container made from ``recipe``, removed from the pool for good, or None
-        (none ready: the caller creates its own). Either way the recipe's pool refills."""
+        (none ready: the caller creates its own). Either way the recipe's pool refills, unless
+        ``refill_on_take`` is off."""
         bucket = self._buckets.setdefault(recipe, _Bucket())
         try:
             while bucket.idle and not self.closed:
@@ -198,7 +208,8 @@ class WarmPool(Generic[K, V]):
                 self.engine.discard(ready)  # stopped or gone: never handed out
             return None
         finally:
-            self.want(recipe)
+            if self.settings.refill_on_take:
+                self.want(recipe)
 
     def want(self, recipe: K, count: int | None = None) -> list[asyncio.Task[None]]:
         """Start creating ``recipe``'s containers in the background, up to ``count`` held (default

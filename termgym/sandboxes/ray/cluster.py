@@ -157,6 +157,7 @@ def _host_actor(node_id: str, backend: str) -> Any:
         num_cpus=0,
         max_restarts=-1,
         max_concurrency=1000,
+        enable_task_events=False,  # no per-call record for Ray's state API: about 0.05 ms a call here
     ).remote(node_id, backend, os.environ.get("TERMGYM_SANDBOX_DIR"), os.environ.get("TERMGYM_ENV_CACHE_DIR"))
 
 

@@ -25,7 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.sandboxes.base import ExecResult, Sandbox, SandboxSpec
+from termgym.sandboxes.ray.relay import Batch, OutputRelay
 
 NODE_LABEL = "termgym.node"
 FILES_DIR = "ray-files"  # under the node's prepared-environment cache: the task files shipped to it, by hash
@@ -46,7 +47,7 @@ class SandboxHost:
         os.environ["TERMGYM_SANDBOX_DIR"] = str(self.state)  # this actor's process only
         self.files = cache_root() / FILES_DIR
         self.sandboxes: dict[str, Sandbox] = {}
-        self.channels: dict[str, ProcessChannel] = {}
+        self.channels: dict[str, OutputRelay] = {}
         self.collected = self._collect()
 
     # -- the node ---------------------------------------------------------------------------------
@@ -216,30 +217,33 @@ class SandboxHost:
     ) -> str:
         channel = await self._sandbox(sandbox_id).open_process_as(user, argv, env=env, cwd=cwd)
         channel_id = f"{sandbox_id}:{uuid.uuid4().hex[:12]}"
-        self.channels[channel_id] = channel
+        self.channels[channel_id] = OutputRelay(channel)
         return channel_id
 
-    def _channel(self, channel_id: str) -> ProcessChannel:
+    def _channel(self, channel_id: str) -> OutputRelay:
         from termgym.errors import SandboxGone
 
-        channel = self.channels.get(channel_id)
-        if channel is None:
+        relay = self.channels.get(channel_id)
+        if relay is None:
             raise SandboxGone(f"no process channel {channel_id} on node {self.node_id[:12]}")
-        return channel
+        return relay
 
     async def write(self, channel_id: str, data: bytes) -> None:
-        await self._channel(channel_id).write(data)
+        await self._channel(channel_id).channel.write(data)
 
-    async def read(self, channel_id: str, max_bytes: int) -> bytes:
-        return await self._channel(channel_id).read(max_bytes)
+    async def read(self, channel_id: str) -> Batch:
+        return await self._channel(channel_id).read()
+
+    async def exchange(self, channel_id: str, data: bytes, end: bytes) -> Batch | None:
+        return await self._channel(channel_id).exchange(data, end)
 
     async def wait(self, channel_id: str) -> int | None:
-        return await self._channel(channel_id).wait()
+        return await self._channel(channel_id).channel.wait()
 
     async def close(self, channel_id: str) -> None:
-        channel = self.channels.pop(channel_id, None)
-        if channel is not None:
-            await channel.close()
+        relay = self.channels.pop(channel_id, None)
+        if relay is not None:
+            await relay.close()
 
 
 def _dead_nodes(own: str) -> Callable[[str], bool]:

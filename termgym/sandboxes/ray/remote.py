@@ -14,13 +14,16 @@ so is every other failure of Ray itself (an actor its node could no longer sched
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
+from termgym.aio import cancel_and_wait
 from termgym.errors import SandboxGone
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
 from termgym.sandboxes.ray.node import ClusterNode, remote
+from termgym.sandboxes.ray.relay import Batch, Batches
 
 
 class RemoteSandbox(Sandbox):
@@ -146,25 +149,62 @@ class RemoteSandbox(Sandbox):
 
 
 class RemoteChannel(ProcessChannel):
-    """A process in a remote sandbox: each call is one call on the node's actor."""
+    """A process in a remote sandbox. Its output is relayed as ``termgym.sandboxes.ray.relay`` says:
+    a long poll kept outstanding while the reader waits, and ``write_expecting`` as one exchange
+    that brings the awaited output back with it. A fault of either is raised by the next ``read``."""
 
     def __init__(self, node: ClusterNode, channel_id: str) -> None:
         self.node, self.channel_id = node, channel_id
         self._closed = False
+        self._batches = Batches()
+        self._arrived = asyncio.Event()
+        self._poll: asyncio.Task[None] | None = None
+        self._exchange: asyncio.Task[None] | None = None
+        self._error: Exception | None = None
 
     async def write(self, data: bytes) -> None:
+        await self._settled()
         await remote(self.node, self.node.actor.write.remote(self.channel_id, data))
 
+    async def write_expecting(self, data: bytes, end: bytes) -> None:
+        await self._settled()
+        self._exchange = asyncio.create_task(self._deliver(self.node.actor.exchange.remote(self.channel_id, data, end)))
+
+    async def _settled(self) -> None:
+        """The last exchange answered (so its data is written): writes reach the process in order."""
+        if self._exchange is not None:
+            await asyncio.shield(self._exchange)
+
+    async def _deliver(self, call: Awaitable[Batch | None]) -> None:
+        try:
+            self._batches.add(await remote(self.node, call))
+        except Exception as exc:  # SandboxGone, or the channel's own fault on the node
+            self._error = exc
+        self._arrived.set()
+
     async def read(self, max_bytes: int) -> bytes:
-        return await remote(self.node, self.node.actor.read.remote(self.channel_id, max_bytes))
+        while True:
+            if self._batches:
+                return self._batches.take(max_bytes)
+            if self._batches.eof:
+                return b""
+            if self._error is not None:
+                raise self._error
+            if self._poll is None or self._poll.done():
+                self._poll = asyncio.create_task(self._deliver(self.node.actor.read.remote(self.channel_id)))
+            self._arrived.clear()
+            await self._arrived.wait()
 
     async def wait(self) -> int | None:
         return await remote(self.node, self.node.actor.wait.remote(self.channel_id))
 
     async def close(self) -> None:
-        if self._closed or self.node.down:
+        if self._closed:
             return
         self._closed = True
+        await cancel_and_wait(self._poll, self._exchange)
+        if self.node.down:
+            return
         try:
             await remote(self.node, self.node.actor.close.remote(self.channel_id))
         except SandboxGone:

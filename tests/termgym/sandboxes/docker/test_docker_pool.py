@@ -75,6 +75,11 @@ def recipe(**changes: object) -> Recipe:
         ({"TERMGYM_DOCKER_POOL": " 4 ", "TERMGYM_DOCKER_POOL_TOTAL": "6"}, PoolSettings(4, 6)),
         ({"TERMGYM_DOCKER_POOL": "", "TERMGYM_DOCKER_POOL_TOTAL": "0"}, PoolSettings(0, 0)),
         ({"TERMGYM_DOCKER_POOL": "2", "TERMGYM_DOCKER_POOL_FILLERS": "5"}, PoolSettings(2, DEFAULT_TOTAL, 5)),
+        ({"TERMGYM_DOCKER_POOL": "2", "TERMGYM_DOCKER_POOL_REFILL": " take "}, PoolSettings(2, DEFAULT_TOTAL)),
+        (
+            {"TERMGYM_DOCKER_POOL": "2", "TERMGYM_DOCKER_POOL_REFILL": "prewarm"},
+            PoolSettings(2, DEFAULT_TOTAL, refill_on_take=False),
+        ),
     ],
 )
 def test_settings_come_from_the_environment(environ, expected):
@@ -88,6 +93,7 @@ def test_settings_come_from_the_environment(environ, expected):
         {"TERMGYM_DOCKER_POOL": "-1"},
         {"TERMGYM_DOCKER_POOL_TOTAL": "2.5"},
         {"TERMGYM_DOCKER_POOL_FILLERS": "0"},
+        {"TERMGYM_DOCKER_POOL_REFILL": "always"},
     ],
 )
 def test_settings_that_are_not_counts_are_one_line_errors(environ):
@@ -219,6 +225,17 @@ async def test_a_take_before_anything_is_ready_returns_none_and_starts_the_refil
     assert pool.held(recipe()) == 3
     await pool.prewarm([recipe()])
     assert len(pool.idle(recipe())) == 3 and len(engine.made) == 3
+
+
+async def test_with_refill_by_prewarm_only_a_take_refills_nothing_and_the_prewarm_fills():
+    engine = FakeEngine()
+    pool = WarmPool(engine, PoolSettings(3, 10, refill_on_take=False), owner="test-owner")
+    assert await pool.take(recipe()) is None and pool.held() == 0  # found empty: still nothing made
+    assert await pool.prewarm([recipe()]) == 3
+    taken = [await pool.take(recipe()) for _ in range(3)]
+    assert all(taken) and pool.held() == 0 and len(engine.made) == 3  # three taken, none refilled
+    assert await pool.take(recipe()) is None
+    assert await pool.prewarm([recipe()], 2) == 2 and len(engine.made) == 5
 
 
 async def test_concurrent_takes_get_distinct_containers_and_the_bounds_hold_throughout():

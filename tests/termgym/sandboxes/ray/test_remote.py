@@ -12,13 +12,15 @@ from typing import Any
 import pytest
 
 from termgym.agents import OracleAgent
-from termgym.env import EnvOptions
-from termgym.errors import SandboxGone
-from termgym.sandboxes.base import SandboxSpec
+from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.errors import SandboxError, SandboxGone
+from termgym.sandboxes.base import ProcessChannel, SandboxSpec
 from termgym.sandboxes.placement import current_node, placed_on
+from termgym.sandboxes.ray import relay
 from termgym.sandboxes.ray.host import SandboxHost
 from termgym.sandboxes.ray.node import ClusterNode, forget_packed, pack_files
-from termgym.sandboxes.ray.remote import RemoteSandbox
+from termgym.sandboxes.ray.relay import Batches, OutputRelay
+from termgym.sandboxes.ray.remote import RemoteChannel, RemoteSandbox
 from termgym.scheduling.pool import Node, NodePool
 from termgym.tasks import load_task
 from termgym.trial import run_trial
@@ -26,21 +28,23 @@ from tests.helpers import sandbox_processes
 
 
 class _Method:
-    def __init__(self, host: SandboxHost, name: str) -> None:
-        self.host, self.name = host, name
+    def __init__(self, actor: InProcessActor, name: str) -> None:
+        self.actor, self.name = actor, name
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
-        return asyncio.ensure_future(getattr(self.host, self.name)(*args, **kwargs))
+        self.actor.calls.append(self.name)
+        return asyncio.ensure_future(getattr(self.actor.host, self.name)(*args, **kwargs))
 
 
 class InProcessActor:
-    """An actor handle's shape over a ``SandboxHost`` in this process."""
+    """An actor handle's shape over a ``SandboxHost`` in this process; ``calls`` names each call made."""
 
     def __init__(self, host: SandboxHost) -> None:
         self.host = host
+        self.calls: list[str] = []
 
     def __getattr__(self, name: str) -> _Method:
-        return _Method(self.host, name)
+        return _Method(self, name)
 
 
 @pytest.fixture
@@ -85,6 +89,104 @@ async def test_a_node_that_is_gone_is_sandbox_gone_and_marked_down(task_dir, nod
     with pytest.raises(SandboxGone, match="no sandbox"):
         await host.exec_as("nope", None, ["true"], 5, None, None, None, 100)
     await sandbox.stop()  # idempotent, never started
+
+
+# -- the output relay ---------------------------------------------------------------------------------
+
+
+def remote_env(task_dir: Path, node: ClusterNode) -> AsyncTerminalEnv:
+    return AsyncTerminalEnv(load_task(task_dir), EnvOptions(), sandbox_factory=remote_factory(node))
+
+
+async def test_a_step_is_one_call_on_the_node_and_brings_its_whole_output(task_dir, node):
+    actor: InProcessActor = node.actor
+    env = remote_env(task_dir, node)
+    async with env:
+        await env.reset()
+        for index in range(3):
+            actor.calls.clear()
+            observation, *_ = await env.step(f"echo out{index}; echo err{index} >&2; cd /tmp")
+            assert f"out{index}" in observation and f"err{index}" in observation
+            assert actor.calls == ["exchange"], actor.calls  # the poll stays outstanding, untouched
+
+
+async def test_output_that_outlasts_the_hold_comes_by_the_poll_in_order(task_dir, node, monkeypatch):
+    monkeypatch.setattr(relay, "HOLD_SEC", 0.05)
+    env = remote_env(task_dir, node)
+    async with env:
+        await env.reset()
+        observation, *_ = await env.step("echo first; sleep 0.3; echo second; sleep 0.2; echo third")
+        lines = [line for line in observation.splitlines() if line in ("first", "second", "third")]
+        assert lines == ["first", "second", "third"], observation
+        again, *_ = await env.step("echo next")  # the shell's frames are intact after it
+        assert "next" in again
+
+
+def test_batches_come_out_in_order_whatever_order_they_arrive():
+    batches = Batches()
+    batches.add((2, b"c", False))
+    batches.add((1, b"b", False))
+    assert not batches and batches.take(10) == b""  # 0 has not come: nothing is handed on
+    batches.add(None)  # an exchange that got nothing
+    batches.add((0, b"a", False))
+    batches.add((3, b"", True))
+    assert batches.take(2) == b"ab" and batches.take(10) == b"c" and batches.eof
+
+
+async def test_the_node_reads_no_more_than_its_bound_while_the_driver_does_not(node, monkeypatch):
+    monkeypatch.setattr(relay, "BUFFER_BYTES", 8192)
+    monkeypatch.setattr(relay, "BATCH_BYTES", 4096)
+    host: SandboxHost = node.actor.host
+    sandbox = RemoteSandbox(SandboxSpec(name="relay", context_dir=None, dockerfile=None), node)
+    async with sandbox:
+        channel = await sandbox.open_process(["/bin/sh", "-c", "head -c 200000 /dev/zero"], env={}, cwd="/")
+        assert isinstance(channel, RemoteChannel)
+        await asyncio.sleep(0.5)  # the process would have printed everything by now
+        (node_side,) = host.channels.values()
+        assert len(node_side._buffer) <= 8192 + 4096  # held at the bound, the rest still in the pipe
+        received = bytearray()
+        while data := await channel.read(1 << 16):
+            received += data
+        assert bytes(received) == b"\0" * 200000
+        await channel.close()
+
+
+async def test_closing_ends_a_waiting_poll_and_a_fault_reaches_the_reader(node):
+    host: SandboxHost = node.actor.host
+    sandbox = RemoteSandbox(SandboxSpec(name="relay", context_dir=None, dockerfile=None), node)
+    async with sandbox:
+        channel = await sandbox.open_process(["/bin/sleep", "30"], env={}, cwd="/")
+        assert isinstance(channel, RemoteChannel)
+        (channel_id,) = host.channels
+        poll = asyncio.ensure_future(host.read(channel_id))
+        await asyncio.sleep(0.05)
+        await host.close(channel_id)
+        _, data, eof = await asyncio.wait_for(poll, 5)
+        assert (data, eof) == (b"", True)
+        await channel.close()
+
+    broken = OutputRelay(_FailingChannel())
+    with pytest.raises(SandboxError, match="the pipe broke"):
+        await asyncio.wait_for(broken.read(), 5)
+    with pytest.raises(SandboxError, match="the pipe broke"):  # and to every later taker
+        await asyncio.wait_for(broken.exchange(b"x", b"END"), 5)
+    await broken.close()
+
+
+class _FailingChannel(ProcessChannel):
+    """A channel whose reading fails at once: the fault the relay must hand on, not swallow."""
+
+    async def write(self, data: bytes) -> None:
+        return None
+
+    async def read(self, max_bytes: int) -> bytes:
+        raise SandboxError("the pipe broke")
+
+    async def wait(self) -> int | None:
+        return None
+
+    async def close(self) -> None:
+        return None
 
 
 def test_the_content_hash_ignores_times_and_follows_the_bytes(tmp_path):
