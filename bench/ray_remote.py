@@ -1,9 +1,10 @@
 """The cost of sandboxes on a Ray node (``--cluster``) against the same backend on this machine,
 measured side by side in one run on a one-node cluster on loopback.
 
-1. A step: ``env.step("true")`` through the persistent shell, local and remote (every read and write
-   of the shell a call on the node's actor): median and p90, and the added latency; beside it, the
-   round trip of the cheapest call on the node's actor, the floor of any remote operation.
+1. A step: ``env.step("true")`` through the persistent shell, local and remote (one call on the
+   node's actor: the command's write, which brings the output back): median and p90, and the added
+   latency; beside it, the round trip of the cheapest calls on the node's actor, without an
+   argument and with one, the floors of any remote operation.
 2. A trivial trial (the oracle on a two-assertion task): wall time and the driver's CPU per trial
    (this process's CPU time, Ray's threads included; the sandboxes' own processes are not the driver's).
 3. Memory on the driver per live remote sandbox: the driver's RSS growth over ``--live`` sandboxes
@@ -66,6 +67,20 @@ def one_node_cluster(address: str | None) -> Iterator[str]:
         subprocess.run(["rm", "-rf", temp], check=False)
 
 
+@contextlib.contextmanager
+def without_exchange() -> Iterator[None]:
+    """Remote channels as before the relay's exchange: the command's write one call, its output
+    brought by the long poll (each batch a call): the same step, for a side-by-side row."""
+    from termgym.sandboxes.base import ProcessChannel
+    from termgym.sandboxes.ray.remote import RemoteChannel
+
+    RemoteChannel.write_expecting = ProcessChannel.write_expecting  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del RemoteChannel.write_expecting
+
+
 async def step_times(task_dir: Path, options: EnvOptions, steps: int) -> list[float]:
     env = AsyncTerminalEnv(load_task(task_dir), options)
     async with env:
@@ -117,15 +132,16 @@ async def memory_per_sandbox(task_dir: Path, options: EnvOptions, live: int) -> 
     return (after - before) / live
 
 
-async def ping_times(address: str, count: int) -> list[float]:
-    """Round trips of the cheapest call on a node's actor: what any remote operation costs at least."""
+async def ping_times(address: str, count: int, *, argument: bool) -> list[float]:
+    """Round trips of the cheapest call on a node's actor, without an argument (``info``) or with one
+    (``has_files``): what any remote operation costs at least."""
     from termgym.sandboxes.ray.cluster import connect
 
     node = connect(address, "local").list()[0]
     samples = []
     for index in range(count + 20):
         started = time.perf_counter()
-        await node.actor.info.remote()
+        await (node.actor.has_files.remote("0" * 32) if argument else node.actor.info.remote())
         if index >= 20:
             samples.append(time.perf_counter() - started)
     return samples
@@ -144,14 +160,22 @@ async def measure(address: str, args: argparse.Namespace) -> None:
     try:
         local_steps = await step_times(task_dir, local, args.steps)
         remote_steps = await step_times(task_dir, remote, args.steps)
-        (lm, lp), (rm, rp) = stats(local_steps), stats(remote_steps)
-        pm, pp = stats(await ping_times(address, args.steps))
+        with without_exchange():
+            polled_steps = await step_times(task_dir, remote, args.steps)
+        (lm, lp), (rm, rp), (om, op) = stats(local_steps), stats(remote_steps), stats(polled_steps)
+        pm, pp = stats(await ping_times(address, args.steps, argument=False))
+        am, ap = stats(await ping_times(address, args.steps, argument=True))
         print("| what | local | remote (Ray, loopback) | remote - local | remote / local |")
         print("|---|---|---|---|---|")
         print(f"| step median, ms | {lm:.2f} | {rm:.2f} | {rm - lm:.2f} | {rm / lm:.1f} |")
         print(f"| step p90, ms | {lp:.2f} | {rp:.2f} | {rp - lp:.2f} | {rp / lp:.1f} |")
         print(
-            f"| one call on the node's actor (the floor of a remote step), median / p90 ms | | {pm:.2f} / {pp:.2f} | | |",
+            f"| step median without the exchange (write, then polls), ms | {lm:.2f} | {om:.2f} | {om - lm:.2f} | {om / lm:.1f} |"
+        )
+        print(f"| step p90 without the exchange, ms | {lp:.2f} | {op:.2f} | {op - lp:.2f} | {op / lp:.1f} |")
+        print(f"| one call on the node's actor, no argument, median / p90 ms | | {pm:.2f} / {pp:.2f} | | |")
+        print(
+            f"| one call with an argument (the floor of a step's one call), median / p90 ms | | {am:.2f} / {ap:.2f} | | |",
             flush=True,
         )
         local_wall, local_cpu = await trial_costs(task_dir, local, args.trials)

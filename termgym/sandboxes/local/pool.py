@@ -3,16 +3,18 @@ one whose keeper already runs, with the guarantees of ``termgym.sandboxes.warm_p
 nothing, once, running, bounded, clean).
 
 On with ``TERMGYM_LOCAL_POOL=N`` (N ready per recipe; ``TERMGYM_LOCAL_POOL_TOTAL``, default 32, over
-all; ``TERMGYM_LOCAL_POOL_FILLERS``, default 2, started at once). A recipe (``recipe_of``) is
-everything of a spec a started sandbox depends on, names and labels aside: the environment's files
-by content (the Dockerfile's bytes, the build context's names, sizes and change times), the image,
-the resources, the network, the environment, the build timeout, the image aliases and the watched
-paths. A pooled sandbox is started in full, the prepared-environment cache used as for any trial,
-the tamper check's baseline taken; the trial adopts it (its directory's labels rewritten to the
-trial's) and it never goes back. The pool is filled in the background after each take, and ahead
-of a step by the scheduler's prewarm (``HOOKS.prewarm``). Pooled sandboxes end with the process
-(their keepers run with ``--die-with-parent``), so ``termgym gc`` removes what a killed run's pool
-left like any other leftover; ``close_shared`` (a run's end) stops the idle ones.
+all; ``TERMGYM_LOCAL_POOL_FILLERS``, default 2, started at once; ``TERMGYM_LOCAL_POOL_REFILL``,
+``take`` or ``prewarm``, when it refills). A recipe (``recipe_of``) is everything of a spec a
+started sandbox depends on, names and labels aside: the environment's files by content (the
+Dockerfile's bytes, the build context's names, sizes and change times), the image, the resources,
+the network, the environment, the build timeout, the image aliases and the watched paths. A pooled
+sandbox is started in full, the prepared-environment cache used as for any trial, the tamper
+check's baseline taken; the trial adopts it (its directory's labels rewritten to the trial's) and
+it never goes back. The pool is filled in the background after each take (unless
+``REFILL=prewarm``), and ahead of a step by the scheduler's prewarm (``HOOKS.prewarm``). Pooled
+sandboxes end with the process (their keepers run with ``--die-with-parent``), so ``termgym gc``
+removes what a killed run's pool left like any other leftover; ``close_shared`` (a run's end)
+stops the idle ones.
 """
 
 from __future__ import annotations

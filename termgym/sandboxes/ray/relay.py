@@ -30,7 +30,7 @@ HOLD_SEC = 0.25  # an exchange hands over what it has after this long; the poll 
 
 
 # One batch of output, ``(seq, data, eof)``: ``seq`` counts from 0; ``eof``, the output has ended (so
-# says every batch from then on). A plain tuple: Ray pickles a dataclass in about 0.2 ms more a call.
+# says every batch from then on). A plain tuple: a dataclass costs Ray about 0.05 ms more a call.
 Batch = tuple[int, bytes, bool]
 
 
