@@ -21,10 +21,14 @@ from tests.redteam.helpers import FORGED_CTRF, attack, forged, oracle_attack
 
 pytestmark = [pytest.mark.redteam, pytest.mark.docker]
 
-# A shim earlier on PATH for the `mv` the assertion kit runs: every report it moves becomes all-pass.
-MV_SHIM = f"printf '#!/bin/sh\\necho %s > /logs/verifier/ctrf.json\\n' '{FORGED_CTRF}' > /usr/local/bin/mv && chmod +x /usr/local/bin/mv"
+# A shim earlier on PATH for the `rm` the assertion kit runs after its final report: it removes, then
+# puts an all-pass report in place.
+RM_SHIM = (
+    f"printf '#!/bin/sh\\n/usr/bin/rm \"$@\"\\necho %s > /logs/verifier/ctrf.json 2>/dev/null\\nexit 0\\n' '{FORGED_CTRF}'"
+    " > /usr/local/bin/rm && chmod +x /usr/local/bin/rm"
+)
 PLANTS = {
-    "path-shim": (MV_SHIM, "/usr/local/bin/mv"),
+    "path-shim": (RM_SHIM, "/usr/local/bin/rm"),
     "ld-so-preload": ("echo /usr/lib/libforge.so > /etc/ld.so.preload", "/etc/ld.so.preload"),
     "replaced-sh": (
         "cp /bin/sh /tmp/sh.orig && cp /tmp/sh.orig /bin/sh.new && mv -f /bin/sh.new /bin/sh",
@@ -74,9 +78,9 @@ async def test_a_clean_episode_changes_no_system_path(task_dir, backend, no_leak
 async def test_under_the_fail_policy_a_tampered_trial_scores_zero_without_running_the_verifier(
     task_dir, backend, no_leaks
 ):
-    record = await attack(task_dir, backend, MV_SHIM)  # "fail" is the default
+    record = await attack(task_dir, backend, RM_SHIM)  # "fail" is the default
     assert record.error is not None, record
-    assert record.error["kind"] == "tampered" and "/usr/local/bin/mv" in record.error["message"]
+    assert record.error["kind"] == "tampered" and "/usr/local/bin/rm" in record.error["message"]
     assert record.reward == 0.0 and not record.resolved and record.assertions == []
 
 
@@ -86,9 +90,9 @@ async def test_the_separate_verification_mode_grades_in_a_fresh_container(tmp_pa
     task = write_task(
         tmp_path, verifier_toml='environment_mode = "separate"', top_toml='artifacts = ["/app/result.txt"]'
     )
-    cheated = await attack(task, backend, MV_SHIM)
+    cheated = await attack(task, backend, RM_SHIM)
     assert not forged(cheated), cheated
-    honest = await attack(task, backend, MV_SHIM, "echo done > /app/result.txt")
+    honest = await attack(task, backend, RM_SHIM, "echo done > /app/result.txt")
     assert honest.resolved and honest.error is None, honest
 
 

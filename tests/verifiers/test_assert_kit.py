@@ -139,6 +139,19 @@ def test_report_is_valid_after_every_assertion_and_when_killed(shell, tmp_path):
 
 
 @pytest.mark.parametrize("shell", SHELLS)
+def test_a_timeouts_term_waits_for_the_running_check_and_leaves_the_report_whole(shell, tmp_path):
+    # The TERM comes while a check runs (as the verifier's timeout sends it): the kit's trap ends the
+    # shell once that check returns (exit 143, not death by the signal mid-rewrite), and the report
+    # holds every assertion recorded before it.
+    body = "tg_check first true\ntg_check_sh second 'kill -TERM $PPID; sleep 0.3'\ntg_check never true\ntg_finish\n"
+    proc, report = run_kit(shell, tmp_path, body)
+    assert proc.returncode == 143, (proc.returncode, proc.stderr)
+    final = parse_ctrf(report.read_text())
+    assert [(a.name, a.status) for a in final.assertions] == [("first", "passed")]
+    assert sorted(p.name for p in report.parent.iterdir()) == ["ctrf.json"]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
 def test_finish_exit_status_summary_and_cleanup(shell, tmp_path):
     proc, report = run_kit(shell, tmp_path, "set -eu\ntg_check ok true\ntg_skip later 'not yet'\ntg_finish\n")
     assert proc.returncode == 0, proc.stderr

@@ -10,8 +10,11 @@
 #
 # Guarantees:
 # - every assertion is recorded in CTRF JSON at $TG_REPORT (default /logs/verifier/ctrf.json),
-#   rewritten atomically after each assertion, so a verifier killed half-way still leaves a valid
-#   report of what it checked;
+#   rewritten whole after each assertion, so a verifier killed half-way still leaves a valid report
+#   of what it checked. The rewrite is one printf builtin in place (no process forked), and the kit
+#   traps TERM, INT and HUP (exit 143, 130, 129), which the shell then handles only once a rewrite
+#   has ended: the timeout's TERM never cuts a report. Only a SIGKILL in the instant of a rewrite
+#   could, and termgym reads a cut report as no assertions: never more credit than was checked;
 # - a check runs with stdin from /dev/null and its output is kept (last lines) as the failure message;
 # - tg_finish exits 0 when every non-skipped assertion passed, 1 otherwise.
 # Names and messages are escaped for JSON; tabs, newlines and carriage returns become spaces, other
@@ -20,11 +23,10 @@
 # message is cut at 4096 bytes (a failure message holds at most 5 lines of 300 bytes anyway).
 #
 # Cost: sourcing forks three processes (`mktemp`, `date`, the subshell that prints the byte
-# classes). Besides the check itself, an assertion forks one process (the `mv` that replaces the
-# report); a failing check with output forks two more (`tail`, `cut`), a name or message over 4096
-# bytes three (to cut it). Escaping, the report text and the bookkeeping are shell builtins. The
-# clock is read when the kit is sourced and by tg_finish: summary.stop equals summary.start until
-# tg_finish writes the end time.
+# classes). Besides the check itself, an assertion forks none; a failing check with output forks
+# two (`tail`, `cut`), a name or message over 4096 bytes three (to cut it). Escaping, the report
+# text and the bookkeeping are shell builtins. The clock is read when the kit is sourced and by
+# tg_finish: summary.stop equals summary.start until tg_finish writes the end time.
 
 TG_REPORT=${TG_REPORT:-/logs/verifier/ctrf.json}
 TG__TMP=$(mktemp -d "${TMPDIR:-/tmp}/tg.XXXXXX") || {
@@ -32,6 +34,9 @@ TG__TMP=$(mktemp -d "${TMPDIR:-/tmp}/tg.XXXXXX") || {
   exit 1
 }
 TG__OUT=$TG__TMP/out
+trap 'exit 143' TERM
+trap 'exit 130' INT
+trap 'exit 129' HUP
 tg__ms() {  # sets tg__t to the milliseconds since the epoch, 0 if there is no date to tell
   tg__t=$(date +%s%3N 2>/dev/null)
   case $tg__t in
@@ -113,7 +118,7 @@ tg__utf8() {  # RUN [keep]: without keep, appends RUN to tg__j if it is all vali
 }
 
 tg__write() {
-  # The whole report into a temp file by the printf builtin, then one rename over the old one.
+  # The whole report in place by one printf builtin (the header says why that is safe).
   case $TG_REPORT in
     */*) tg__d=${TG_REPORT%/*}; tg__d=${tg__d:-/} ;;
     *) tg__d=. ;;
@@ -121,8 +126,7 @@ tg__write() {
   [ -d "$tg__d" ] || mkdir -p "$tg__d"
   printf '{"results":{"tool":{"name":"termgym-assert"},"summary":{"tests":%d,"passed":%d,"failed":%d,"skipped":%d,"pending":0,"other":0,"start":%s,"stop":%s},"tests":[%s%s]}}\n' \
     "$((TG__PASSED + TG__FAILED + TG__SKIPPED))" "$TG__PASSED" "$TG__FAILED" "$TG__SKIPPED" \
-    "$TG__START" "$TG__STOP" "$TG__ROWS" "${TG__ROWS:+$TG__NL}" > "$TG_REPORT.tmp" \
-    && mv -f "$TG_REPORT.tmp" "$TG_REPORT"
+    "$TG__START" "$TG__STOP" "$TG__ROWS" "${TG__ROWS:+$TG__NL}" > "$TG_REPORT"
 }
 
 tg__record() {  # name status message
