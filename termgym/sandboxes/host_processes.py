@@ -51,11 +51,6 @@ class HostChannel(ProcessChannel):
     async def wait(self) -> int | None:
         return await self._process.wait()
 
-    @property
-    def running(self) -> bool:
-        """Not closed, and the process has not exited."""
-        return not self.closed and self._process.returncode is None
-
     async def close(self) -> None:
         if self.closed:
             return

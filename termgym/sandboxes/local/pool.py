@@ -10,12 +10,8 @@ Dockerfile's bytes, the build context's names, sizes and change times), the imag
 the network, the environment, the build timeout, the image aliases and the watched paths. A pooled
 sandbox is started in full, the prepared-environment cache used as for any trial, the tamper
 check's baseline taken; the trial adopts it (its directory's labels rewritten to the trial's) and
-it never goes back. The first process a trial opens in its sandbox (the agent's shell: argv,
-environment and directory) is learned per recipe (``learn_opening``), and the pool opens the same
-ahead in the sandboxes it makes from then on; a trial that asks for exactly that gets it (identical
-or nothing again: any other request closes it and opens its own). The pool is filled in the
-background after each take (unless ``REFILL=prewarm``), and ahead of a step by the scheduler's
-prewarm (``HOOKS.prewarm``). Pooled
+it never goes back. The pool is filled in the background after each take (unless
+``REFILL=prewarm``), and ahead of a step by the scheduler's prewarm (``HOOKS.prewarm``). Pooled
 sandboxes end with the process (their keepers run with ``--die-with-parent``), so ``termgym gc``
 removes what a killed run's pool left like any other leftover; ``close_shared`` (a run's end)
 stops the idle ones.
@@ -29,7 +25,6 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 from termgym.errors import SandboxError
 from termgym.sandboxes.base import Sandbox, SandboxSpec
@@ -38,33 +33,6 @@ from termgym.sandboxes.warm_pool import PoolSettings, WarmPool, settings_from_en
 ENV_PREFIX = "TERMGYM_LOCAL_POOL"
 Recipe = tuple[object, ...]
 Maker = Callable[[SandboxSpec], Sandbox]  # a pooled sandbox of a spec (the backend's, never taking from the pool)
-Opening = tuple[tuple[str, ...], tuple[tuple[str, str], ...], str]  # a process: argv, environment (sorted), cwd
-MAX_OPENINGS = 1024  # recipes whose opening is remembered (the oldest forgotten first)
-_openings: dict[Recipe, Opening] = {}
-
-
-@runtime_checkable
-class OpensAhead(Protocol):
-    """A pooled sandbox that can open a trial's first process before the trial asks for it."""
-
-    async def open_ahead(self, opening: Opening) -> None: ...
-
-
-def opening_of(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> Opening:
-    return (tuple(argv), tuple(sorted(env.items())), cwd)
-
-
-def learn_opening(spec: SandboxSpec, opening: Opening) -> None:
-    """The first process a trial opened in its sandbox of ``spec`` (that the pool did not open for
-    it): the pool opens the same ahead in the sandboxes it makes of that recipe from now on. Nothing
-    while the pool is off."""
-    if not warm_pool_on():
-        return
-    recipe = recipe_of(spec)
-    _openings.pop(recipe, None)
-    while len(_openings) >= MAX_OPENINGS:
-        _openings.pop(next(iter(_openings)))
-    _openings[recipe] = opening
 
 
 def recipe_of(spec: SandboxSpec) -> Recipe:
@@ -108,9 +76,6 @@ class _Engine:
         sandbox = self.make(replace(spec, labels={**spec.labels, **labels}))
         try:
             await sandbox.start()
-            opening = _openings.get(recipe)
-            if opening is not None and isinstance(sandbox, OpensAhead):
-                await sandbox.open_ahead(opening)
         except BaseException:
             await sandbox.stop()
             raise

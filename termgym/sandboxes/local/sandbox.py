@@ -76,8 +76,6 @@ class LocalSandbox(Sandbox):
         self._view: Path | None = None  # the overlay over a prepared environment, when started from one
         self._state = Processes.RUNNING
         self._baseline: dict[str, tuple[int, ...]] = {}  # the watched paths as the agent found them
-        self._ahead: tuple[pool.Opening, HostChannel] | None = None  # opened by the pool for the trial
-        self._opened = False  # a process was opened for the trial (the first one teaches the pool)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -100,7 +98,7 @@ class LocalSandbox(Sandbox):
         for name, value in vars(ready).items():
             if name not in ("spec", "_pooled"):
                 setattr(self, name, value)
-        ready._dir, ready._keeper, ready._channels, ready._ahead = None, None, [], None
+        ready._dir, ready._keeper, ready._channels = None, None, []
         assert self._dir is not None
         write_labels(self._dir, self.spec.name, self.spec.labels)
 
@@ -493,27 +491,6 @@ class LocalSandbox(Sandbox):
         )
 
     async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
-        """The pool's process opened ahead when it is exactly what is asked (and still runs), else
-        a new one; the first a trial opens itself teaches the pool (``pool.learn_opening``)."""
-        opening = pool.opening_of(argv, env, cwd)
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            wanted, channel = ahead
-            if wanted == opening and channel.running:
-                self._opened = True
-                return channel
-            await channel.close()
-        if not self._pooled and not self._opened:
-            pool.learn_opening(self.spec, opening)
-        self._opened = True
-        return await self._open(argv, env, cwd)
-
-    async def open_ahead(self, opening: pool.Opening) -> None:
-        """Open the process ``opening`` names now, for the trial that adopts this pooled sandbox."""
-        argv, env, cwd = opening
-        self._ahead = (opening, await self._open(argv, dict(env), cwd))
-
-    async def _open(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> HostChannel:
         await self._before_command()
         process = await spawn(
             self._enter_argv(argv, env, cwd),

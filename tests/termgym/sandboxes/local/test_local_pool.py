@@ -112,66 +112,6 @@ async def test_the_schedulers_prewarm_fills_the_pool(task_dir, pool_on):
         await close_backends()
 
 
-def idle_sandboxes() -> list[LocalSandbox]:
-    current = pool._current()
-    assert current is not None
-    return [sandbox for bucket in current[0]._buckets.values() for sandbox in bucket.idle]  # type: ignore[misc]
-
-
-async def test_the_shell_a_trial_opened_is_opened_ahead_in_pooled_sandboxes_and_handed_over(
-    task_dir, pool_on, monkeypatch
-):
-    monkeypatch.setenv("TERMGYM_LOCAL_POOL_REFILL", "prewarm")  # no refill opening its own shell meanwhile
-    task = load_task(task_dir)
-    spec = options_sandbox_spec(task, EnvOptions())
-    opened: list[list[str]] = []
-    original = LocalSandbox._open
-
-    async def counting(self: LocalSandbox, argv, env, cwd):
-        opened.append(list(argv))
-        return await original(self, argv, env, cwd)
-
-    monkeypatch.setattr(LocalSandbox, "_open", counting)
-    try:
-        taught = await run_trial(task, OracleAgent(), EnvOptions())
-        assert taught.resolved and opened == [["/bin/bash", "--noprofile", "--norc"]]  # its own shell
-        await close_backends()
-        opened.clear()
-        assert await prewarm("local", [spec], 1) == 1
-        (ready,) = idle_sandboxes()
-        assert ready._ahead is not None and ready._ahead[1].running and len(opened) == 1  # opened ahead
-        opened.clear()
-        record = await run_trial(task, OracleAgent(), EnvOptions())
-        assert record.resolved and len(pool_on) == 1 and opened == [], opened  # handed over, none opened
-    finally:
-        await close_backends()
-
-
-async def test_a_process_other_than_the_one_opened_ahead_is_opened_anew_and_that_one_ends(task_dir, pool_on):
-    task = load_task(task_dir)
-    spec = options_sandbox_spec(task, EnvOptions())
-    try:
-        await run_trial(task, OracleAgent(), EnvOptions())  # teaches the pool its shell
-        await close_backends()
-        assert await prewarm("local", [spec], 1) == 1
-        sandbox = LocalSandbox(spec)
-        await sandbox.start()
-        try:
-            assert sandbox._ahead is not None
-            ahead = sandbox._ahead[1]
-            channel = await sandbox.open_process(["/bin/sh"], env={"PATH": "/usr/bin:/bin", "X": "1"}, cwd="/")
-            assert channel is not ahead and not ahead.running and sandbox._ahead is None
-            await channel.write(b'echo "x=$X"; exit\n')
-            output = b""
-            while data := await channel.read(4096):
-                output += data
-            assert output == b"x=1\n"
-        finally:
-            await sandbox.stop()
-    finally:
-        await close_backends()
-
-
 def test_off_by_default_and_a_bad_size_is_one_line(task_dir, monkeypatch):
     monkeypatch.delenv("TERMGYM_LOCAL_POOL", raising=False)
     assert not pool.warm_pool_on()
