@@ -24,11 +24,11 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.step_latency import timed
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.tasks import load_task
 from tests.helpers import write_task
@@ -36,22 +36,11 @@ from tests.helpers import write_task
 WARMUP = 10
 
 
-async def timed(run: Callable[[], Awaitable[object]], count: int) -> list[float]:
-    for _ in range(WARMUP):
-        await run()
-    samples = []
-    for _ in range(count):
-        started = time.perf_counter()
-        await run()
-        samples.append(time.perf_counter() - started)
-    return samples
-
-
 async def measure_step(task_dir: Path, backend: str, count: int) -> list[float]:
     env = AsyncTerminalEnv(load_task(task_dir), EnvOptions(backend=backend, max_turns=count + 100))
     async with env:
         await env.reset()
-        return await timed(lambda: env.step("true"), count)
+        return await timed(lambda: env.step("true"), count, warmup=WARMUP)
 
 
 def measure_skyrl(task_dir: Path, backend: str, count: int) -> list[float]:
@@ -82,7 +71,7 @@ async def measure_inspect(task_dir: Path, backend: str, count: int) -> list[floa
     environments = await TermgymSandboxEnvironment.sample_init("bench", config, {})
     try:
         box = environments["default"]
-        return await timed(lambda: box.exec(["true"]), count)
+        return await timed(lambda: box.exec(["true"]), count, warmup=WARMUP)
     finally:
         await TermgymSandboxEnvironment.sample_cleanup("bench", config, environments, False)
 
@@ -93,7 +82,7 @@ async def measure_inspect_local(count: int) -> list[float]:
     environments = await LocalSandboxEnvironment.sample_init("bench", None, {})
     try:
         box = environments["default"]
-        return await timed(lambda: box.exec(["true"]), count)
+        return await timed(lambda: box.exec(["true"]), count, warmup=WARMUP)
     finally:
         await LocalSandboxEnvironment.sample_cleanup("bench", None, environments, False)
 

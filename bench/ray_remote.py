@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.step_latency import timed
 from termgym.agents import OracleAgent
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.tasks import load_task
@@ -85,14 +86,7 @@ async def step_times(task_dir: Path, options: EnvOptions, steps: int) -> list[fl
     env = AsyncTerminalEnv(load_task(task_dir), options)
     async with env:
         await env.reset()
-        for _ in range(20):
-            await env.step("true")
-        samples = []
-        for _ in range(steps):
-            started = time.perf_counter()
-            await env.step("true")
-            samples.append(time.perf_counter() - started)
-    return samples
+        return await timed(lambda: env.step("true"), steps)
 
 
 async def trial_costs(task_dir: Path, options: EnvOptions, trials: int) -> tuple[float, float]:
@@ -138,13 +132,7 @@ async def ping_times(address: str, count: int, *, argument: bool) -> list[float]
     from termgym.sandboxes.ray.cluster import connect
 
     node = connect(address, "local").list()[0]
-    samples = []
-    for index in range(count + 20):
-        started = time.perf_counter()
-        await (node.actor.has_files.remote("0" * 32) if argument else node.actor.info.remote())
-        if index >= 20:
-            samples.append(time.perf_counter() - started)
-    return samples
+    return await timed(lambda: node.actor.has_files.remote("0" * 32) if argument else node.actor.info.remote(), count)
 
 
 def stats(samples: list[float]) -> tuple[float, float]:

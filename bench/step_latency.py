@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -27,17 +28,24 @@ from termgym.tasks import load_task
 from tests.helpers import write_task
 
 
+async def timed(run: Callable[[], Awaitable[object]], count: int, *, warmup: int = 20) -> list[float]:
+    """Seconds each of ``count`` awaits of ``run()`` took, after ``warmup`` untimed ones (the other
+    benchmarks' timing loop too)."""
+    for _ in range(warmup):
+        await run()
+    samples = []
+    for _ in range(count):
+        started = time.perf_counter()
+        await run()
+        samples.append(time.perf_counter() - started)
+    return samples
+
+
 async def measure_step(task_dir: Path, steps: int) -> tuple[float, float]:
     env = AsyncTerminalEnv(load_task(task_dir), EnvOptions(max_turns=steps + 100))
     async with env:
         await env.reset()
-        for _ in range(20):
-            await env.step("true")
-        samples = []
-        for _ in range(steps):
-            started = time.perf_counter()
-            await env.step("true")
-            samples.append(time.perf_counter() - started)
+        samples = await timed(lambda: env.step("true"), steps)
         floor = measure_floor(env)
     return statistics.median(samples), floor
 

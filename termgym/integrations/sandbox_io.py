@@ -26,7 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, tar_of_files
+from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, base64_length, tar_of_files
 
 STAGE_ROOT = "/tmp"
 FILE_TIMEOUT = 600.0  # seconds for a file written or read
@@ -111,7 +111,7 @@ async def run(
             timeout=timeout,
             env=env,
             cwd=cwd,
-            output_limit=2 * _base64_size(cap + 1) + 64,
+            output_limit=2 * base64_length(cap + 1, line=76) + 64,
         )
     if result.timed_out:  # the wrapper was killed with the command: its files are left to remove
         await _remove(sandbox, *(f"{scratch}.{suffix}" for suffix in ("o", "e", "rc")))
@@ -144,7 +144,7 @@ async def read_file(
         timeout=FILE_TIMEOUT,
         env=env,
         cwd="/",
-        output_limit=_base64_size(cap + 1) + 64,
+        output_limit=base64_length(cap + 1, line=76) + 64,
     )
     if result.timed_out:
         raise TimeoutError(f"reading {path} timed out")
@@ -175,11 +175,6 @@ async def _remove(sandbox: Sandbox, *paths: str) -> None:
     """Remove what termgym made under ``/tmp``, as root (the image's default user may not be)."""
     root = "0" if sandbox.supports_users else None
     await sandbox.exec_as(root, ["/bin/rm", "-rf", "--", *paths], timeout=60.0, cwd="/", env={"PATH": DEFAULT_PATH})
-
-
-def _base64_size(size: int) -> int:
-    """The length of ``base64``'s output for ``size`` bytes: 4 per 3, a newline per 76 characters."""
-    return (size + 2) // 3 * 4 + size // 57 + 2
 
 
 def _last_line(output: bytes) -> str:

@@ -104,6 +104,14 @@ class HostFiles(Protocol):
         ...
 
 
+def base64_length(size: int, *, line: int | None = None) -> int:
+    """How long ``base64``'s output is for ``size`` bytes: 4 characters per 3 bytes, padded; with
+    ``line`` (the tool's default is 76; ``-w 0`` is None), a newline ending each line of at most
+    ``line`` characters."""
+    encoded = (size + 2) // 3 * 4
+    return encoded if line is None else encoded + -(-encoded // line)
+
+
 class ProcessChannel(abc.ABC):
     """A running process inside the sandbox: stdin in, stdout (with stderr) out."""
 
@@ -208,7 +216,7 @@ class Sandbox(abc.ABC):
             timeout=timeout,
             cwd="/",
             env={"PATH": DEFAULT_PATH},
-            output_limit=(limit + 1) * 4 // 3 + 8,
+            output_limit=base64_length(limit + 1) + 8,
         )
         try:
             archive = base64.b64decode(result.output, validate=True) if result.exit_code == 0 else None

@@ -46,15 +46,17 @@ class Cluster:
             raise ConfigError("--cpus-per-sandbox must be positive and --node-cap at least 1")
         self.backend, self.cpus_per_sandbox, self.node_cap = backend, cpus_per_sandbox, node_cap
         self.nodes: dict[str, ClusterNode] = {}
+        self.alive: set[str] = set()  # the node ids Ray reported alive at the last refresh
         self._watch: asyncio.Task[None] | None = None
         self.refresh()
 
     def refresh(self) -> list[ClusterNode]:
-        """Read the alive nodes from Ray: a new node gets an actor; a node Ray no longer reports
-        alive is down. The nodes, in a stable order."""
+        """Read the alive nodes from Ray (``alive``): a new node gets an actor; a node Ray no longer
+        reports alive is down. The nodes, in a stable order."""
         import ray
 
         alive = {node["NodeID"]: node for node in ray.nodes() if node.get("Alive")}
+        self.alive = set(alive)
         for node_id, node in self.nodes.items():
             if node_id not in alive:
                 node.down = True
@@ -74,7 +76,7 @@ class Cluster:
         while True:
             try:
                 await asyncio.to_thread(self.refresh)
-                alive = await asyncio.to_thread(_alive_ids)
+                alive = self.alive
             except Exception:  # Ray's control plane did not answer: the nodes stay as they were
                 alive = set()
             for node in self.list():
@@ -139,12 +141,6 @@ class _Counted(RemoteSandbox):
             self._counted = False
             self.node.busy -= 1
         await super().stop()
-
-
-def _alive_ids() -> set[str]:
-    import ray
-
-    return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
 
 
 def _host_actor(node_id: str, backend: str) -> Any:
