@@ -24,6 +24,7 @@ A model that cannot be reached past the client's retries raises ``ModelError``; 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -94,6 +95,51 @@ class AgentEnv(Protocol):
 
 
 @dataclass
+class ReplyActor:
+    """Acts on an episode's parsed replies, one at a time, as the model agent does; shared with the
+    frameworks that hand termgym one reply per call (SkyRL's environment). A reply that did not
+    parse is shown its error and counts towards ``max_parse_errors`` in a row, which end the
+    episode (``parse_errors``); a submit ends it, or gives a multi-step task's next instruction; a
+    command runs, and its observation is cut to ``max_output_chars`` (and ``cut_tokens``)."""
+
+    env: AgentEnv
+    max_parse_errors: int
+    max_output_chars: int
+    cut_tokens: Callable[[str], str] | None = None
+    failures_in_a_row: int = 0
+
+    async def act(self, action: Command | Submit | ParseFailure) -> tuple[StepReturn | None, str]:
+        """(the final step, "") when the episode ended, else (None, what the model is shown next)."""
+        transcript = self.env.transcript
+        if isinstance(action, ParseFailure):
+            self.failures_in_a_row += 1
+            shown = f"Your reply was not an action: {action.message}"
+            transcript.invalid(action.message, shown)
+            if self.failures_in_a_row >= self.max_parse_errors:
+                return await self.env.truncate("parse_errors"), ""
+            return None, shown
+        self.failures_in_a_row = 0
+        if isinstance(action, Submit):
+            step = await self.env.step(SUBMIT)
+            if step[2] or step[3]:  # terminated or truncated
+                return step, ""
+            return None, step[0]  # a multi-step task's next step: its instruction (the env noted it)
+        step = await self.env.step(action.command, timeout=action.timeout)
+        _, _, terminated, truncated, info = step
+        if terminated or truncated:
+            return step, ""
+        shown = observation(
+            info["output"],
+            info["exit_code"],
+            info["timed_out"],
+            max_chars=self.max_output_chars,
+            cut_tokens=self.cut_tokens,
+        )
+        transcript.observed(shown)
+        return None, shown
+
+
+@dataclass
 class ModelAgent:
     """Drives an ``AsyncTerminalEnv`` with a model. One agent serves many concurrent episodes (each
     has its own session); ``aclose`` closes the client's connections."""
@@ -128,8 +174,12 @@ class _Episode:
     workdir: str | None
     messages: list[dict[str, Any]] = field(default_factory=list)
     replies: int = 0
-    failures_in_a_row: int = 0
     replies_at_summary: int = 0  # replies when the history was last summarized (or at the start)
+    actor: ReplyActor = field(init=False)
+
+    def __post_init__(self) -> None:
+        settings = self.agent.settings
+        self.actor = ReplyActor(self.env, settings.max_parse_errors, settings.max_output_chars, self.session.cut_tokens)
 
     @property
     def settings(self) -> LoopSettings:
@@ -195,40 +245,10 @@ class _Episode:
             action = parse_tool_calls(completion.tool_calls)
         else:
             action = parse_text(completion.content)
-        if isinstance(action, ParseFailure):
-            return await self._reject(completion, action.message)
-        self.failures_in_a_row = 0
-        if isinstance(action, Submit):
-            step = await self.env.step(SUBMIT)
-            if step[2] or step[3]:  # terminated or truncated
-                return step
-            # a multi-step task's next step: its instruction is the observation (the env noted it)
-            self.messages += self._observation_messages(completion, step[0])
-            return None
-        assert isinstance(action, Command)
-        step = await self.env.step(action.command, timeout=action.timeout)
-        _, _, terminated, truncated, info = step
-        if terminated or truncated:
-            return step
-        shown = observation(
-            info["output"],
-            info["exit_code"],
-            info["timed_out"],
-            max_chars=self.settings.max_output_chars,
-            cut_tokens=self.session.cut_tokens,
-        )
-        self.transcript.observed(shown)
-        self.messages += self._observation_messages(completion, shown)
-        return None
-
-    async def _reject(self, completion: Completion, error: str) -> StepReturn | None:
-        self.failures_in_a_row += 1
-        shown = f"Your reply was not an action: {error}"
-        self.transcript.invalid(error, shown)
-        if self.failures_in_a_row >= self.settings.max_parse_errors:
-            return await self.env.truncate("parse_errors")
-        self.messages += self._observation_messages(completion, shown)
-        return None
+        ended, shown = await self.actor.act(action)
+        if ended is None:
+            self.messages += self._observation_messages(completion, shown)
+        return ended
 
     def _observation_messages(self, completion: Completion, text: str) -> list[dict[str, Any]]:
         """Tool-role messages answering each tool call (tool format), else one user message."""

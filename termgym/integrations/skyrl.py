@@ -45,8 +45,9 @@ from termgym.agents.actions import (
     parse_text,
     parse_tool_calls,
 )
-from termgym.agents.prompts import observation, system_prompt, task_prompt
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.agents.model import ReplyActor
+from termgym.agents.prompts import system_prompt, task_prompt
+from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.errors import ConfigError, TermgymError
 from termgym.integrations import sync_loop
 from termgym.integrations.outcome import outcome
@@ -154,8 +155,8 @@ class TermgymEnv(BaseTextEnv):
             raise TermgymEnvError(str(exc)) from None
         self.max_turns = self.settings.max_turns
         self._env = AsyncTerminalEnv(self.task, options)
+        self._actor = ReplyActor(self._env, self.settings.max_parse_errors, self.settings.max_output_chars)
         self._started = False
-        self._failures_in_a_row = 0
         self.final: dict[str, Any] = {}  # the final step's metadata once the episode has ended
 
     # -- SkyRL-gym's interface --------------------------------------------------------------------
@@ -198,33 +199,10 @@ class TermgymEnv(BaseTextEnv):
     # -- the episode ------------------------------------------------------------------------------
 
     async def _step(self, reply: str) -> BaseTextEnvStepOutput:
-        env = self._env
-        if env.remaining_time <= 0:
-            return self._ended(await env.truncate("agent_timeout"))
-        action = self._parse(reply)
-        if isinstance(action, ParseFailure):
-            self._failures_in_a_row += 1
-            shown = f"Your reply was not an action: {action.message}"
-            env.transcript.invalid(action.message, shown)
-            if self._failures_in_a_row >= self.settings.max_parse_errors:
-                return self._ended(await env.truncate("parse_errors"))
-            return await self._next(shown)
-        self._failures_in_a_row = 0
-        if isinstance(action, Submit):
-            step = await env.step(SUBMIT)
-            if step[2] or step[3]:
-                return self._ended(step)
-            return await self._next(step[0])  # a multi-step task's next instruction
-        assert isinstance(action, Command)
-        step = await env.step(action.command, timeout=action.timeout)
-        _, _, terminated, truncated, info = step
-        if terminated or truncated:
-            return self._ended(step)
-        shown = observation(
-            info["output"], info["exit_code"], info["timed_out"], max_chars=self.settings.max_output_chars
-        )
-        env.transcript.observed(shown)
-        return await self._next(shown)
+        if self._env.remaining_time <= 0:
+            return self._ended(await self._env.truncate("agent_timeout"))
+        ended, shown = await self._actor.act(self._parse(reply))
+        return self._ended(ended) if ended is not None else await self._next(shown)
 
     def _parse(self, reply: str) -> Command | Submit | ParseFailure:
         if self.settings.action_format == "tool":
