@@ -45,7 +45,7 @@ from termgym.errors import ConfigError, TrainingError
 from termgym.progress import progress_bar
 from termgym.records import append_record
 from termgym.sandboxes.pacing import Pacer
-from termgym.scheduling.pool import Node, TaskPool, make_nodes
+from termgym.scheduling.pool import TaskPool, cluster_nodes, make_nodes
 from termgym.scheduling.scheduler import (
     BatchResult,
     KeptTrial,
@@ -289,11 +289,8 @@ def rollout_nodes(cfg: Config) -> dict[str, Any]:
     ``cfg.cluster`` the Ray cluster's nodes, each with its own cap, and their liveness."""
     if not cfg.cluster:
         return {"nodes": make_nodes([cfg.concurrency])}
-    from termgym.sandboxes.ray.cluster import connect
-
-    cluster = connect(cfg.cluster, cfg.backend, cpus_per_sandbox=cfg.cpus_per_sandbox)
-    nodes = tuple(Node(node.name, node.cap) for node in cluster.list() if not node.down)
-    return {"nodes": nodes, "node_up": cluster.up}
+    nodes, node_up = cluster_nodes(cfg.cluster, cfg.backend, cpus_per_sandbox=cfg.cpus_per_sandbox)
+    return {"nodes": nodes, "node_up": node_up}
 
 
 def bundled_tasks() -> list[Task]:

@@ -95,14 +95,12 @@ def cluster_options(sub: argparse.ArgumentParser) -> None:
     )
 
 
-def connect_cluster(args: argparse.Namespace, node_cap: int | None = None) -> Any:
-    """The Ray cluster ``--cluster`` names, joined with ``--cpus-per-sandbox`` (``node_cap``: every
-    node's cap instead); None without ``--cluster``. ``BackendUnavailable`` when it cannot be joined."""
-    if not getattr(args, "cluster", None):
-        return None
+def connect_cluster(args: argparse.Namespace) -> Any:
+    """The Ray cluster ``--cluster`` names, joined with ``--cpus-per-sandbox``;
+    ``BackendUnavailable`` when it cannot be joined."""
     from termgym.sandboxes.ray.cluster import connect
 
-    return connect(args.cluster, args.backend, cpus_per_sandbox=args.cpus_per_sandbox, node_cap=node_cap)
+    return connect(args.cluster, args.backend, cpus_per_sandbox=args.cpus_per_sandbox)
 
 
 def run_overrides_options(sub: argparse.ArgumentParser, *, build: bool = True) -> None:

@@ -29,7 +29,7 @@ from termgym.sandboxes import preflight
 from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling import simclock
 from termgym.scheduling.bias import TABLE_COLUMNS, BiasReport, summary_line, table_rows
-from termgym.scheduling.pool import Node, TaskPool, make_nodes
+from termgym.scheduling.pool import TaskPool, cluster_nodes, make_nodes
 from termgym.scheduling.runners import TrialRunner
 from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig, step_metrics
 from termgym.scheduling.simulated import SimulatedAgent, SimulatedBackend
@@ -198,12 +198,12 @@ def run_config(args: argparse.Namespace, jobs: int) -> SchedulerConfig:
         caps = [int(c) for c in caps_text.split(",")]
     except ValueError:
         raise UsageError(f"--node-cap takes whole numbers, got {caps_text!r}") from None
-    cluster = None
+    node_up = None
     if getattr(args, "cluster", None):  # the nodes are the cluster's, each with its own cap
         if args.node_cap and "," in args.node_cap:
             raise UsageError("with --cluster, --node-cap takes one cap for every node")
-        cluster = common.connect_cluster(args, node_cap=int(caps[0]) if args.node_cap else None)
-        nodes = tuple(Node(node.name, node.cap) for node in cluster.list() if not node.down)
+        cap = int(caps[0]) if args.node_cap else None
+        nodes, node_up = cluster_nodes(args.cluster, args.backend, cpus_per_sandbox=args.cpus_per_sandbox, node_cap=cap)
     else:
         if len(caps) == 1:
             caps *= args.nodes
@@ -216,7 +216,7 @@ def run_config(args: argparse.Namespace, jobs: int) -> SchedulerConfig:
             launch=args.oversample,
             mode=args.mode or ("cancel" if args.batch is not None else "wait"),
             nodes=nodes,
-            node_up=cluster.up if cluster is not None else None,
+            node_up=node_up,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

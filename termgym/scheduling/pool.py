@@ -37,6 +37,18 @@ def make_nodes(caps: Sequence[int]) -> tuple[Node, ...]:
     return tuple(Node(f"node-{i}", cap) for i, cap in enumerate(caps))
 
 
+def cluster_nodes(
+    address: str, backend: str, *, cpus_per_sandbox: float = 1.0, node_cap: int | None = None
+) -> tuple[tuple[Node, ...], Callable[[str], bool]]:
+    """The alive nodes of the Ray cluster at ``address`` as the scheduler's nodes (each with its own
+    cap: its CPUs / ``cpus_per_sandbox``, or ``node_cap``), and whether a node takes trials now;
+    joins the cluster (``termgym.sandboxes.ray.cluster.connect``)."""
+    from termgym.sandboxes.ray.cluster import connect
+
+    cluster = connect(address, backend, cpus_per_sandbox=cpus_per_sandbox, node_cap=node_cap)
+    return tuple(Node(node.name, node.cap) for node in cluster.list() if not node.down), cluster.up
+
+
 def pick_node(busy: Sequence[int], caps: Sequence[int]) -> int | None:
     """The node with room whose load (busy / cap) is lowest, the first on ties; None when all are full."""
     open_nodes = [i for i in range(len(caps)) if busy[i] < caps[i]]
