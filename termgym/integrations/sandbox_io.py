@@ -26,7 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, base64_length, tar_of_files
+from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, base64_length, last_line, tar_of_files
 
 STAGE_ROOT = "/tmp"
 FILE_TIMEOUT = 600.0  # seconds for a file written or read
@@ -86,7 +86,7 @@ def parse_run(output: bytes, cap: int) -> Output:
     except (ValueError, binascii.Error):
         found = b""
     if not found:
-        raise WrapperFailed(f"the command's wrapper failed: {_last_line(output)}")
+        raise WrapperFailed(f"the command's wrapper failed: {last_line(output.decode(errors='replace'))}")
     over = len(stdout) > cap or len(stderr) > cap
     return Output(returncode, stdout[:cap], stderr[:cap], over_limit=over)
 
@@ -117,7 +117,7 @@ async def run(
         await _remove(sandbox, *(f"{scratch}.{suffix}" for suffix in ("o", "e", "rc")))
         return Output(None, b"", b"", timed_out=True)
     if result.exit_code != 0:
-        raise WrapperFailed(f"the command's wrapper failed (exit {result.exit_code}): {_last_line(result.output)}")
+        raise WrapperFailed(f"the command's wrapper failed (exit {result.exit_code}): {last_line(result.text)}")
     return parse_run(result.output, cap)
 
 
@@ -175,8 +175,3 @@ async def _remove(sandbox: Sandbox, *paths: str) -> None:
     """Remove what termgym made under ``/tmp``, as root (the image's default user may not be)."""
     root = "0" if sandbox.supports_users else None
     await sandbox.exec_as(root, ["/bin/rm", "-rf", "--", *paths], timeout=60.0, cwd="/", env={"PATH": DEFAULT_PATH})
-
-
-def _last_line(output: bytes) -> str:
-    lines = [line for line in output.decode("utf-8", errors="replace").splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "no output"

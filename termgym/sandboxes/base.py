@@ -196,7 +196,7 @@ class Sandbox(abc.ABC):
         script = 'mkdir -p "$1" && exec tar -x --no-same-owner -C "$1" -f -'
         result = await self.exec(["/bin/sh", "-c", script, "sh", dest], stdin=archive, timeout=timeout, cwd="/")
         if result.exit_code != 0:
-            raise SandboxBroken(f"upload to {dest} failed: {_last_line(result.text)}")
+            raise SandboxBroken(f"upload to {dest} failed: {last_line(result.text)}")
 
     async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
         """A tar archive of those of the absolute ``paths`` that exist, named relative to ``/``
@@ -223,7 +223,7 @@ class Sandbox(abc.ABC):
         except (binascii.Error, ValueError) as exc:
             raise SandboxBroken(f"could not read {', '.join(paths)}: the archive came back garbled") from exc
         if archive is None or result.dropped_bytes or len(archive) > limit:
-            why = f"over {limit >> 20} MB" if archive is not None else f"tar failed: {_last_line(result.text)}"
+            why = f"over {limit >> 20} MB" if archive is not None else f"tar failed: {last_line(result.text)}"
             raise SandboxBroken(f"could not read {', '.join(paths)} ({why})")
         return archive
 
@@ -340,6 +340,7 @@ def tar_of_files(files: Sequence[tuple[Path, str]], blobs: Sequence[tuple[str, b
     return buffer.getvalue()
 
 
-def _last_line(text: str) -> str:
+def last_line(text: str) -> str:
+    """The last line of ``text`` that is not blank, cut at 300 characters (``no output`` when none is)."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else "no output"

@@ -28,7 +28,7 @@ from termgym.sandboxes import on_close
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.placement import current_node
 from termgym.sandboxes.ray.host import SandboxHost
-from termgym.sandboxes.ray.node import ClusterNode, forget_packed, remote
+from termgym.sandboxes.ray.node import ClusterNode, first_line, forget_packed, remote
 from termgym.sandboxes.ray.remote import RemoteSandbox
 
 NAMESPACE = "termgym"
@@ -189,7 +189,7 @@ def join(address: str) -> None:
             logging_level=logging.ERROR,
         )
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise BackendUnavailable(f"cannot join the Ray cluster at {address}: {_first_line(exc)}") from None
+        raise BackendUnavailable(f"cannot join the Ray cluster at {address}: {first_line(exc)}") from None
 
 
 async def close_clusters() -> None:
@@ -209,11 +209,6 @@ async def close_clusters() -> None:
                 with contextlib.suppress(SandboxGone):
                     await remote(node, node.actor.leave.remote())
     ray.shutdown()
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    return lines[0][:300] if lines else type(exc).__name__
 
 
 on_close(close_clusters)  # close_backends (a run's end) leaves the cluster

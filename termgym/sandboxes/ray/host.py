@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from termgym.errors import SandboxGone
 from termgym.sandboxes.base import ExecResult, Sandbox, SandboxSpec
 from termgym.sandboxes.ray.relay import Batch, OutputRelay
 
@@ -167,8 +168,6 @@ class SandboxHost:
         }
 
     def _sandbox(self, sandbox_id: str) -> Sandbox:
-        from termgym.errors import SandboxGone
-
         sandbox = self.sandboxes.get(sandbox_id)
         if sandbox is None:
             raise SandboxGone(f"no sandbox {sandbox_id[:12]} on node {self.node_id[:12]} (its actor restarted?)")
@@ -204,8 +203,7 @@ class SandboxHost:
         """One of the contract's other coroutines, by name (``CALLS``), and what it returns."""
         if method not in CALLS:
             raise ValueError(f"not a sandbox call: {method}")
-        result = await getattr(self._sandbox(sandbox_id), method)(*args, **kwargs)
-        return result
+        return await getattr(self._sandbox(sandbox_id), method)(*args, **kwargs)
 
     async def mirror(self, sandbox_id: str) -> dict[str, Any]:
         return self._mirror(self._sandbox(sandbox_id))
@@ -221,8 +219,6 @@ class SandboxHost:
         return channel_id
 
     def _channel(self, channel_id: str) -> OutputRelay:
-        from termgym.errors import SandboxGone
-
         relay = self.channels.get(channel_id)
         if relay is None:
             raise SandboxGone(f"no process channel {channel_id} on node {self.node_id[:12]}")

@@ -106,12 +106,13 @@ async def remote(node: ClusterNode, call: Awaitable[Any]) -> Any:
         if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
             raise cause from None  # what the sandbox itself raised, a SandboxError among them
         node.down = True
-        raise SandboxGone(f"node {node.name}: {_first_line(exc)}") from None
+        raise SandboxGone(f"node {node.name}: {first_line(exc)}") from None
     except ray.exceptions.RayError as exc:  # the actor or its node is gone, or never came up there
         node.down = True
-        raise SandboxGone(f"node {node.name} is gone: {_first_line(exc)}") from None
+        raise SandboxGone(f"node {node.name} is gone: {first_line(exc)}") from None
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception's first line that is not blank, cut at 300 characters (its type's name when none is)."""
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return lines[0][:300] if lines else type(exc).__name__
