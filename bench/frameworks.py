@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -68,23 +69,23 @@ async def measure_inspect(task_dir: Path, backend: str, count: int) -> list[floa
     from termgym.integrations.inspect import TermgymSandboxConfig, TermgymSandboxEnvironment
 
     config = TermgymSandboxConfig(task=str(task_dir), backend=backend)
-    environments = await TermgymSandboxEnvironment.sample_init("bench", config, {})
-    try:
-        box = environments["default"]
-        return await timed(lambda: box.exec(["true"]), count, warmup=WARMUP)
-    finally:
-        await TermgymSandboxEnvironment.sample_cleanup("bench", config, environments, False)
+    return await measure_provider(TermgymSandboxEnvironment, config, count)
 
 
 async def measure_inspect_local(count: int) -> list[float]:
     from inspect_ai.util._sandbox.local import LocalSandboxEnvironment
 
-    environments = await LocalSandboxEnvironment.sample_init("bench", None, {})
+    return await measure_provider(LocalSandboxEnvironment, None, count)
+
+
+async def measure_provider(provider: Any, config: Any, count: int) -> list[float]:
+    """``exec(["true"])`` through an inspect sandbox provider's sample sandbox, timed."""
+    environments = await provider.sample_init("bench", config, {})
     try:
         box = environments["default"]
         return await timed(lambda: box.exec(["true"]), count, warmup=WARMUP)
     finally:
-        await LocalSandboxEnvironment.sample_cleanup("bench", None, environments, False)
+        await provider.sample_cleanup("bench", config, environments, False)
 
 
 def docker_answers() -> bool:

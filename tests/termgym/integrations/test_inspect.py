@@ -5,6 +5,7 @@ input, and ``inspect sandbox cleanup termgym`` after a killed eval."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -129,23 +131,22 @@ def test_inspects_injected_tools_run_in_a_termgym_sandbox(tmp_path, task_dir, ba
 # -- the sandbox API -------------------------------------------------------------------------------
 
 
-async def start(task: str | Path, backend: str) -> TermgymSandboxEnvironment:
+@contextlib.asynccontextmanager
+async def started(task: str | Path, backend: str) -> AsyncIterator[TermgymSandboxEnvironment]:
+    """A sample's sandbox of ``task`` on ``backend``, as inspect makes one; cleaned up after the block."""
     config = TermgymSandboxConfig(task=str(task), backend=backend)
     await TermgymSandboxEnvironment.task_init("test", config)
     environments = await TermgymSandboxEnvironment.sample_init("test", config, {})
-    return environments["default"].as_type(TermgymSandboxEnvironment)
-
-
-async def stop(box: TermgymSandboxEnvironment) -> None:
-    await TermgymSandboxEnvironment.sample_cleanup("test", None, {"default": box}, False)
+    box = environments["default"].as_type(TermgymSandboxEnvironment)
+    try:
+        yield box
+    finally:
+        await TermgymSandboxEnvironment.sample_cleanup("test", None, {"default": box}, False)
 
 
 async def test_exec_keeps_streams_apart_and_takes_input_cwd_env_and_path_as_inspect_documents(task_dir, backend):
-    box = await start(task_dir, backend)
-    try:
+    async with started(task_dir, backend) as box:
         await exercise_exec(box)
-    finally:
-        await stop(box)
 
 
 async def exercise_exec(box: TermgymSandboxEnvironment) -> None:
@@ -174,11 +175,8 @@ async def exercise_exec(box: TermgymSandboxEnvironment) -> None:
 
 
 async def test_files_are_written_and_read_as_text_and_bytes_with_inspects_errors(task_dir, backend):
-    box = await start(task_dir, backend)
-    try:
+    async with started(task_dir, backend) as box:
         await exercise_files(box)
-    finally:
-        await stop(box)
 
 
 async def exercise_files(box: TermgymSandboxEnvironment) -> None:
@@ -212,27 +210,21 @@ async def termgym_files(box: TermgymSandboxEnvironment) -> list[str]:
 async def test_the_provider_runs_on_daytona_through_its_sdk(daytona, task_dir):  # noqa: F811
     """The Daytona backend, the real SDK over HTTP against the local API server (each sandbox there a
     real embedded sandbox): the same exec and file behaviour, and the scorer's verification."""
-    box = await start(task_dir, "daytona")
-    try:
+    async with started(task_dir, "daytona") as box:
         await exercise_exec(box)
         await exercise_files(box)
         await box.exec(["sh", "-c", "echo done > /app/result.txt"])
         assert (await box.verify())["resolved"] == 1
-    finally:
-        await stop(box)
 
 
 async def test_users_as_the_backend_allows(task_dir, backend):
-    box = await start(task_dir, backend)
-    try:
+    async with started(task_dir, backend) as box:
         assert (await box.exec(["id", "-u"], user="root")).stdout == "0\n"
         if backend == "local":
             with pytest.raises(SandboxUserUnsupportedError):
                 await box.exec(["id", "-u"], user="nobody")
         else:
             assert (await box.exec(["id", "-un"], user="nobody")).stdout == "nobody\n"
-    finally:
-        await stop(box)
 
 
 @pytest.mark.docker
@@ -243,8 +235,7 @@ async def test_a_task_agent_user_is_the_default_user_and_permissions_are_inspect
     task = write_task(tmp_path)
     toml = task / "task.toml"
     toml.write_text(toml.read_text().replace("[agent]\n", '[agent]\nuser = "nobody"\n'))
-    box = await start(task, "docker")
-    try:
+    async with started(task, "docker") as box:
         assert (await box.exec(["id", "-un"])).stdout == "nobody\n"
         with pytest.raises(PermissionError):
             await box.write_file("/root/owned-by-root", "x")
@@ -252,13 +243,10 @@ async def test_a_task_agent_user_is_the_default_user_and_permissions_are_inspect
             await box.read_file("/etc/shadow")
         await box.write_file("/tmp/mine", "x")
         assert (await box.exec(["stat", "-c", "%U", "/tmp/mine"])).stdout == "nobody\n"
-    finally:
-        await stop(box)
 
 
 async def test_the_scorer_path_verifies_once_and_the_sandbox_is_then_unavailable(task_dir, backend):
-    box = await start(task_dir, backend)
-    try:
+    async with started(task_dir, backend) as box:
         await box.exec(["sh", "-c", "echo done > /app/result.txt"])
         verdict = await box.verify()
         assert (verdict["resolved"], verdict["passed"], verdict["total"]) == (1, 2, 2)
@@ -266,13 +254,10 @@ async def test_the_scorer_path_verifies_once_and_the_sandbox_is_then_unavailable
         assert await box.verify() is verdict
         with pytest.raises(SandboxUnavailableError):
             await box.exec(["true"])
-    finally:
-        await stop(box)
 
 
 async def test_a_sandbox_that_dies_mid_sample_is_unavailable_and_scores_zero_as_the_agents_doing(task_dir):
-    box = await start(task_dir, "local")
-    try:
+    async with started(task_dir, "local") as box:
         with pytest.raises(SandboxUnavailableError):
             await box.exec(["sh", "-c", "kill -9 -1; sleep 5"])
         with pytest.raises(SandboxUnavailableError):
@@ -280,8 +265,6 @@ async def test_a_sandbox_that_dies_mid_sample_is_unavailable_and_scores_zero_as_
         verdict = await box.verify()
         assert verdict["resolved"] == 0 and verdict["reward"] == 0.0
         assert verdict["error"]["kind"] == "broken_by_agent"
-    finally:
-        await stop(box)
 
 
 # -- configuration and bad input -------------------------------------------------------------------
