@@ -16,7 +16,8 @@ trial at most 2x the local one; at most 2 MiB per live remote sandbox on the dri
     .venv/bin/python bench/ray_remote.py [--steps 300] [--trials 20] [--live 32] [--address HOST:PORT]
 
 Without ``--address`` it starts a one-node cluster itself (``ray start --head`` on 127.0.0.1) and
-stops it at the end.
+ends the processes it started at the end (by their ids; not ``ray stop``, which would end a cluster of
+the user's own on this machine too).
 """
 
 from __future__ import annotations
@@ -41,31 +42,25 @@ from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.tasks import load_task
 from termgym.trial import run_trial
 from tests.helpers import write_task
-from tests.ray_cluster import free_port
-
-RAY = str(Path(sys.executable).parent / "ray")
+from tests.ray_cluster import end_sessions, free_port, start_head
 
 
 @contextlib.contextmanager
 def one_node_cluster(address: str | None) -> Iterator[str]:
+    """``address``, else a one-node cluster started here (in a session of its own) and ended at the
+    end by its processes' ids: a Ray cluster of the user's own on this machine is left running."""
     if address:
         yield address
         return
     port, temp = free_port(), f"/tmp/tg-ray-bench-{os.getpid()}"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    start = [RAY, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2"]
-    start += [
-        "--include-dashboard=false",
-        "--disable-usage-stats",
-        f"--temp-dir={temp}",
-        "--object-store-memory=80000000",
-    ]
-    subprocess.run(start, check=True, capture_output=True, env=env, timeout=180)
+    session = start_head(port, temp, cpus=2)
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, env=env, timeout=120)
+        left = end_sessions([session])
         subprocess.run(["rm", "-rf", temp], check=False)
+        if left:
+            print(f"processes of the bench's Ray cluster still running: {left}", file=sys.stderr)
 
 
 @contextlib.contextmanager
