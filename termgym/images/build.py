@@ -1,8 +1,9 @@
 """Task images for the Docker backend: offline base image, FROM aliases, content-hashed build cache.
 
 Pure parts (tested with tables): ``parse_alias``, ``rewrite_from`` (a Dockerfile's ``FROM`` rewritten
-to an alias when the named image is absent), ``context_digest`` (the hash of a build context and its
-Dockerfile, from which the image tag derives, so an unchanged task never rebuilds). I/O parts take a
+to an alias when the named image is absent), ``context_digest`` (the hash of a build context's content
+(``termgym.images.context``) and its Dockerfile, from which the image tag derives, so an unchanged
+task never rebuilds and a changed one never runs an old image). I/O parts take a
 docker-py client: ``ensure_task_image`` picks the task's ``docker_image`` or its Dockerfile
 (``builds_dockerfile``), pulls per the pull policy (``termgym.images.pull``) and builds at most once
 per tag per process (concurrent trials of one task wait for the same build); ``bootstrap_base_image`` makes ``termgym/base:bookworm`` with
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from termgym.errors import ConfigError, EnvironmentBuildError
+from termgym.images import context as build_context
 from termgym.images.pull import ensure_pulled, stderr_reporter
 
 BASE_IMAGE = "termgym/base:bookworm"
@@ -116,7 +118,7 @@ def base_images(dockerfile: str) -> list[str]:
 
 def context_files(context_dir: Path) -> list[Path]:
     """Every file and directory of a build context, sorted, honouring no ignore file but .git."""
-    return sorted(p for p in context_dir.rglob("*") if ".git" not in p.relative_to(context_dir).parts)
+    return build_context.context_files(context_dir, skip_git=True)
 
 
 def _context_entries(context_dir: Path | None) -> list[tuple[Path, str]]:
@@ -127,15 +129,16 @@ def _context_entries(context_dir: Path | None) -> list[tuple[Path, str]]:
 
 
 def context_digest(context_dir: Path | None, dockerfile_text: str) -> str:
-    """SHA-256 over the Dockerfile and every context path, mode and content (hex, 64 chars)."""
-    digest = hashlib.sha256(b"dockerfile\0" + dockerfile_text.encode())
-    for path, relative in _context_entries(context_dir):
-        mode = path.lstat().st_mode
-        digest.update(f"\0{relative}\0{mode:o}\0".encode())
-        if path.is_file() and not path.is_symlink():
-            digest.update(path.read_bytes())
-        elif path.is_symlink():
-            digest.update(os.readlink(path).encode())
+    """SHA-256 (hex, 64 chars) over the Dockerfile's text and the content of the context that is
+    sent to the engine (``termgym.images.context.context_digest``, ``.git`` left out)."""
+    return dockerfile_digest(build_context.context_digest(context_dir, skip_git=True), dockerfile_text)
+
+
+def dockerfile_digest(context_sha256: str, dockerfile_text: str) -> str:
+    """``context_digest`` from a context's digest, already computed, and a Dockerfile's text."""
+    digest = hashlib.sha256(b"termgym-build-1\0")
+    for field in (context_sha256.encode(), dockerfile_text.encode()):
+        digest.update(len(field).to_bytes(8, "little") + field)
     return digest.hexdigest()
 
 
@@ -231,11 +234,12 @@ async def ensure_task_image(
             raise EnvironmentBuildError(f"{exc}, or build the task's Dockerfile (--build)", log=exc.log) from None
     assert dockerfile is not None
     original = dockerfile.read_text(encoding="utf-8", errors="replace")
-    key = (context_digest(context_dir, original), tuple(sorted(aliases.items())))
+    contents = build_context.context_digest(context_dir, skip_git=True)  # read once per trial
+    key = (dockerfile_digest(contents, original), tuple(sorted(aliases.items())))
     if key in _ready:  # built or found earlier in this process: no engine round trips
         return _ready[key]
     text = rewrite_from(original, aliases, lambda ref: _image_present(client, ref))
-    tag = task_image_tag(name, context_digest(context_dir, text))
+    tag = task_image_tag(name, dockerfile_digest(contents, text))
     lock = _build_locks.setdefault(tag, asyncio.Lock())
     async with lock:
         if not await run(_image_present, client, tag):

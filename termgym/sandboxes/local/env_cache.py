@@ -11,10 +11,12 @@ sandboxes)::
     .staging-<pid>-<hex>/   an entry being written; renamed into place whole
 
 Guarantees:
-- **Invalidation.** ``environment_key`` hashes every byte a preparation reads: the Dockerfile, each
-  file of the build context (its path, mode, symlink target and contents), the environment the
-  ``RUN`` steps see, and this host's installed packages (``/var/lib/dpkg/status``, whose ``RUN``
-  steps use the host's tools). Any change is another key; an old entry is never served for it.
+- **Invalidation.** ``environment_key`` hashes every byte a preparation reads: the Dockerfile, the
+  build context by content (``termgym.images.context.context_digest``: every entry's name, kind and
+  mode, every file's bytes, every symlink's target; ``.git`` included, as ``COPY`` copies it), the
+  environment the ``RUN`` steps see, and this host's installed packages (the bytes of
+  ``/var/lib/dpkg/status``, whose ``RUN`` steps use the host's tools). No file's size or time
+  stands in for its content. Any change is another key; an old entry is never served for it.
 - **Whole entries.** An entry is visible only once complete (a staging directory renamed into
   place, ``meta.json`` inside it); one left half-written by a killed process is a staging directory
   that ``clear`` and the next ``publish`` remove once its process is gone.
@@ -48,11 +50,12 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from termgym.images.context import context_digest, file_sha256
 from termgym.sandboxes.host_processes import end_process, spawn
 from termgym.sandboxes.local.host import sandbox_root_dir
 from termgym.sandboxes.tools import host_tool
 
-FORMAT = 1  # bump when what an entry holds or how a preparation runs changes
+FORMAT = 2  # bump when what an entry holds or how a preparation runs changes
 DEFAULT_MAX_MB = 4096
 DEFAULT_MAX_ENTRIES = 256
 LOCK_POLL_SEC = 0.02
@@ -101,18 +104,8 @@ def environment_key(dockerfile: bytes, context_dir: Path | None, env: Mapping[st
 
     put(f"termgym-env-{FORMAT}", dockerfile, json.dumps(sorted(env.items())), json.dumps(list(roots)))
     with contextlib.suppress(OSError):
-        stat = _PACKAGES.stat()
-        put(f"packages {stat.st_size} {stat.st_mtime_ns}")
-    if context_dir is not None:
-        for path in sorted(_walk(context_dir)):
-            relative = path.relative_to(context_dir).as_posix()
-            stat = path.lstat()
-            if path.is_symlink():
-                put("link", relative, os.readlink(path))
-            elif path.is_file():
-                put("file", relative, oct(stat.st_mode & 0o7777), path.read_bytes())
-            else:
-                put("dir", relative, oct(stat.st_mode & 0o7777))
+        put("packages", file_sha256(_PACKAGES))
+    put("context", context_digest(context_dir))
     return digest.hexdigest()
 
 

@@ -6,10 +6,11 @@ On with ``TERMGYM_LOCAL_POOL=N`` (N ready per recipe; ``TERMGYM_LOCAL_POOL_TOTAL
 all; ``TERMGYM_LOCAL_POOL_FILLERS``, default 2, started at once; ``TERMGYM_LOCAL_POOL_REFILL``,
 ``take`` or ``prewarm``, when it refills). A recipe (``recipe_of``) is everything of a spec a
 started sandbox depends on, names and labels aside: the environment's files by content (the
-Dockerfile's bytes, the build context's names, sizes and change times), the image, the resources,
-the network, the environment, the build timeout, the image aliases and the watched paths. A pooled
-sandbox is started in full, the prepared-environment cache used as for any trial, the tamper
-check's baseline taken; the trial adopts it (its directory's labels rewritten to the trial's) and
+Dockerfile's bytes and every name, mode, byte and symlink target of the build context,
+``termgym.images.context``; never sizes or times, which two different contexts can share), the
+image, the resources, the network, the environment, the build timeout, the image aliases and the
+watched paths. A pooled sandbox is started in full, the prepared-environment cache used as for any
+trial, the tamper check's baseline taken; the trial adopts it (its directory's labels rewritten to the trial's) and
 it never goes back. The pool is filled in the background after each take (unless
 ``REFILL=prewarm``), and ahead of a step by the scheduler's prewarm (``HOOKS.prewarm``). Pooled
 sandboxes end with the process (their keepers run with ``--die-with-parent``), so ``termgym gc``
@@ -27,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from termgym.errors import SandboxError
+from termgym.images.context import context_digest
 from termgym.sandboxes.base import Sandbox, SandboxSpec
 from termgym.sandboxes.warm_pool import PoolSettings, WarmPool, settings_from_env
 
@@ -36,9 +38,10 @@ Maker = Callable[[SandboxSpec], Sandbox]  # a pooled sandbox of a spec (the back
 
 
 def recipe_of(spec: SandboxSpec) -> Recipe:
-    """What a started sandbox of ``spec`` depends on, as a hashable value (the module docstring)."""
+    """What a started sandbox of ``spec`` depends on, as a hashable value (the module docstring).
+    Reads every byte of the build context: call it off the event loop (``take`` and ``prewarm`` do)."""
     return (
-        _files_digest(spec.context_dir, spec.dockerfile),
+        files_digest(spec.context_dir, spec.dockerfile),
         spec.image,
         spec.resources,
         spec.network,
@@ -51,14 +54,16 @@ def recipe_of(spec: SandboxSpec) -> Recipe:
     )
 
 
-def _files_digest(context: Path | None, dockerfile: Path | None) -> str:
-    digest = hashlib.sha256()
-    if dockerfile is not None and dockerfile.is_file():
-        digest.update(dockerfile.read_bytes())
-    if context is not None and context.is_dir():
-        for path in sorted(context.rglob("*")):
-            info = path.lstat()
-            digest.update(f"{path.relative_to(context)}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+def files_digest(context: Path | None, dockerfile: Path | None) -> str:
+    """The environment's files by content: the Dockerfile's bytes (or that there is none) and the
+    build context's (``termgym.images.context.context_digest``, what ``COPY`` may read)."""
+    digest = hashlib.sha256(b"termgym-local-recipe-1\0")
+    dockerfile_bytes = dockerfile.read_bytes() if dockerfile is not None and dockerfile.is_file() else None
+    for field in (
+        b"none" if dockerfile_bytes is None else b"dockerfile:" + hashlib.sha256(dockerfile_bytes).digest(),
+        context_digest(context if context is not None and context.is_dir() else None).encode(),
+    ):
+        digest.update(len(field).to_bytes(8, "little") + field)
     return digest.hexdigest()
 
 
@@ -135,7 +140,7 @@ async def take(spec: SandboxSpec, make: Maker) -> Sandbox | None:
     if current is None:
         return None
     pool, engine = current
-    recipe = recipe_of(spec)
+    recipe = await asyncio.to_thread(recipe_of, spec)  # reads the build context: off the loop
     engine.specs.setdefault(recipe, spec)
     return await pool.take(recipe)
 
@@ -147,11 +152,9 @@ async def prewarm(specs: Sequence[SandboxSpec], make: Maker, count: int | None =
     if current is None:
         return 0
     pool, engine = current
-    recipes = []
-    for spec in specs:
-        recipe = recipe_of(spec)
+    recipes = await asyncio.to_thread(lambda: [recipe_of(spec) for spec in specs])  # off the loop
+    for spec, recipe in zip(specs, recipes, strict=True):
         engine.specs.setdefault(recipe, spec)
-        recipes.append(recipe)
     return await pool.prewarm(recipes, count)
 
 

@@ -21,7 +21,7 @@ from termgym.env import sandbox_spec
 from termgym.sandboxes import remove_leftovers
 from termgym.sandboxes.base import Sandbox
 from termgym.sandboxes.limits import SandboxCgroup
-from termgym.sandboxes.local import LocalSandbox
+from termgym.sandboxes.local import LocalSandbox, env_cache
 from termgym.sandboxes.local.env_cache import EnvCache, environment_key, mounted_lower_dirs
 from termgym.tasks import load_task
 from tests.helpers import sandbox_processes, write_task
@@ -116,6 +116,17 @@ def test_the_key_covers_contents_modes_links_and_the_build_environment(tmp_path:
     keys.add(environment_key(b"FROM x\n", context, {}, ["app"]))
     assert len(keys) == 6
     assert environment_key(b"FROM x\n", context, {}, ["app"]) in keys  # and it is stable
+
+
+def test_the_key_reads_the_host_packages_by_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    packages = tmp_path / "status"
+    packages.write_text("Package: a\nVersion: 1\n")
+    os.utime(packages, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+    monkeypatch.setattr(env_cache, "_PACKAGES", packages)
+    before = environment_key(b"FROM x\n", None, {}, ["app"])
+    packages.write_text("Package: a\nVersion: 2\n")  # the same size, its times put back
+    os.utime(packages, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+    assert environment_key(b"FROM x\n", None, {}, ["app"]) != before
 
 
 @needs_root

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ from termgym.sandboxes.local import pool
 from termgym.sandboxes.local.sandbox import LocalSandbox
 from termgym.tasks import load_task
 from termgym.trial import run_trial
-from tests.helpers import REPO_ROOT, sandbox_processes, termgym, write_task
+from tests.helpers import KIT_SOURCE, REPO_ROOT, sandbox_processes, termgym, write_task
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -62,12 +63,58 @@ async def test_trials_adopt_started_sandboxes_of_their_recipe_once_each(task_dir
         assert second.timings["setup"] < first.timings["setup"]
         await settle()
         assert not set(pool_on) & set(pool._current()[0].idle())  # type: ignore[index]  # never back
-        other = write_task(tmp_path, "other", instruction="Another recipe.")
+        other = write_task(tmp_path, "other", dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\nENV OTHER=1\n")
         fourth = await run_trial(load_task(other), OracleAgent(), EnvOptions())
         assert fourth.resolved and len(pool_on) == 2  # another recipe: none of the first recipe's
     finally:
         await close_backends()
     assert pool.held() == 0
+
+
+def same_stat_task(root: Path, name: str, secret: str) -> Path:
+    """A task whose image holds its build context's ``secret.txt`` and whose verifier passes only
+    when that file says ``secret``; every task made by this has the same context names, sizes and
+    times (``os.utime``), only the bytes of ``secret.txt`` differ."""
+    task = write_task(
+        root,
+        name,
+        dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\nCOPY secret.txt /app/secret.txt\n",
+        test_sh=f"#!/bin/sh\n{KIT_SOURCE}\ntg_check_sh 'its own environment' 'grep -qx {secret} /app/secret.txt'\ntg_finish\n",
+        extra_files={"environment/secret.txt": f"{secret}\n"},
+    )
+    for path in [*(task / "environment").rglob("*"), task / "environment"]:
+        os.utime(path, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000), follow_symlinks=False)
+    return task
+
+
+async def test_contexts_that_differ_only_in_bytes_never_share_a_pooled_sandbox(tmp_path, pool_on):
+    first = load_task(same_stat_task(tmp_path, "first", "aaaa"))
+    second = load_task(same_stat_task(tmp_path, "second", "bbbb"))
+    first_env, second_env = (tmp_path / name / "environment" for name in ("first", "second"))
+    assert [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(first_env.iterdir())] == [
+        (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(second_env.iterdir())
+    ]
+    assert pool.recipe_of(options_sandbox_spec(first, EnvOptions())) != pool.recipe_of(
+        options_sandbox_spec(second, EnvOptions())
+    )
+    null = ScriptedAgent(("true",))
+    try:
+        records = [await run_trial(first, null, EnvOptions())]
+        await settle()  # the first task's recipe now has two ready sandboxes
+        records.append(await run_trial(second, null, EnvOptions()))  # none of the first's
+        assert pool_on == []
+        await settle()
+        records.append(await run_trial(second, null, EnvOptions()))  # one of its own
+        records.append(await run_trial(first, null, EnvOptions()))  # one of its own
+        assert len(pool_on) == 2
+    finally:
+        await close_backends()
+    assert [(record.task, record.passed, record.total) for record in records] == [
+        ("first", 1, 1),
+        ("second", 1, 1),
+        ("second", 1, 1),
+        ("first", 1, 1),
+    ]
 
 
 async def test_an_adopted_sandbox_carries_its_labels_and_its_tamper_baseline(tmp_path, pool_on):
