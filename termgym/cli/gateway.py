@@ -2,7 +2,10 @@
 for a harness run outside termgym (docs/guides/harnesses.md). Sessions open on first use: a
 harness given ``http://127.0.0.1:PORT/sessions/<id>/v1`` as its base URL (or the
 ``X-Termgym-Session`` header) records under ``<id>``. On SIGINT or SIGTERM the gateway stops and,
-with ``--out``, writes each session's calls and token samples to ``OUT/<id>.json``."""
+with ``--out``, writes each session's calls and token samples to its own file in ``OUT``:
+``OUT/<id>.json`` for an id of lowercase letters, digits, ``-``, ``_`` and ``.``, any other
+character percent-encoded (``termgym.gateway.files.session_file_name``: two ids never share a
+file, none is written outside ``OUT``)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import signal
 from pathlib import Path
 
@@ -18,9 +20,8 @@ from termgym.agents.heap import settled_heap
 from termgym.agents.transport import check_base_url, resolve_api_key
 from termgym.cli.common import UsageError, out
 from termgym.gateway import SESSION_HEADER, Gateway
+from termgym.gateway.files import session_file_name
 from termgym.integrations.harness import Forwarding
-
-_SAFE_ID = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def gateway_options(sub: argparse.ArgumentParser) -> None:
@@ -28,7 +29,9 @@ def gateway_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0: any free one)")
     sub.add_argument("--api-key-env", default=None, metavar="VAR", help="the upstream's API key, from this variable")
     sub.add_argument("--temperature", type=float, default=None, help="force this temperature on every call")
-    sub.add_argument("--out", type=Path, default=None, help="write each session's calls here when stopped")
+    sub.add_argument(
+        "--out", type=Path, default=None, help="write each session's calls here when stopped (OUT/<id>.json)"
+    )
 
 
 async def cmd_gateway(args: argparse.Namespace) -> int:
@@ -61,7 +64,7 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
         if args.out is not None:
             args.out.mkdir(parents=True, exist_ok=True)
             for session in sessions:
-                target = args.out / f"{_SAFE_ID.sub('_', session.id)[:100]}.json"
+                target = args.out / session_file_name(session.id)
                 target.write_text(json.dumps(session.to_dict()), encoding="utf-8")
             out.print(f"{len(sessions)} session(s) written to {args.out}")
     return 0

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+import urllib.parse
 import urllib.request
 from argparse import Namespace
 from dataclasses import dataclass, field
@@ -26,7 +27,8 @@ from termgym.cli import main
 from termgym.cli.gateway import cmd_gateway
 from termgym.env import EnvOptions, resolve_task
 from termgym.errors import AgentDeadline, ContextExceeded, ModelError
-from termgym.gateway import SessionUpstream
+from termgym.gateway import SESSION_HEADER, SessionUpstream
+from termgym.gateway.files import session_file_name
 from termgym.integrations import harness as harness_module
 from termgym.integrations.harness import EnvBridge, HarnessAgent, HarnessResult, HarnessStopped, client_upstream
 from termgym.transcript import Transcript
@@ -241,6 +243,62 @@ async def test_termgym_gateway_records_sessions_and_writes_them_when_stopped(tmp
     written = json.loads((tmp_path / "gw" / "run-1.json").read_text())
     assert written["session"] == "run-1" and [c["status"] for c in written["calls"]] == [200]
     assert written["samples"] and written["samples"][0]["mask"].count(1) == len("hello")
+
+
+# ids that one file name served before: ``/`` and ``_`` alike, case, ``..``, unicode, cut at 100
+COLLIDING_IDS = (
+    "run/0001",
+    "run_0001",
+    "Run_0001",
+    "..",
+    "../../escaped",
+    "ünï/cødé",
+    "ünï_cødé",
+    "x" * 300,
+    "x" * 301,
+)
+
+
+async def test_termgym_gateway_writes_each_session_to_its_own_file_inside_out(tmp_path, capsys):
+    out_dir = tmp_path / "runs" / "gw"
+    async with FaultServer() as upstream:
+        upstream.add(*(text(f"answer {i}") for i in range(2 * len(COLLIDING_IDS))))
+        args = Namespace(upstream=upstream.base_url, port=0, api_key_env=None, temperature=None, out=out_dir)
+        serving = asyncio.ensure_future(cmd_gateway(args))
+        while "termgym gateway on " not in (printed := capsys.readouterr().out):
+            await asyncio.sleep(0.05)
+        base = printed.split("termgym gateway on ")[1].split(":")[0:3]
+        url = ":".join(base).rstrip(",").split(" ")[0]
+
+        def send(session_id: str, content: str, by_header: bool) -> int:
+            body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}]}).encode()
+            headers = {"content-type": "application/json"}
+            if by_header:  # the header carries latin-1 only: the others go in the path, percent-encoded
+                target, headers[SESSION_HEADER] = f"{url}/v1/chat/completions", session_id
+            else:
+                target = f"{url}/sessions/{urllib.parse.quote(session_id, safe='')}/v1/chat/completions"
+            with urllib.request.urlopen(urllib.request.Request(target, body, headers), timeout=10) as answer:
+                return answer.status
+
+        for session_id in COLLIDING_IDS:
+            by_header = session_id.isascii() and "x" not in session_id
+            for turn in range(2 if session_id.startswith("run") else 1):
+                assert await asyncio.to_thread(send, session_id, f"{session_id} #{turn}", by_header) == 200
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await asyncio.wait_for(serving, 10) == 0
+    files = sorted(out_dir.iterdir())
+    assert all(path.parent == out_dir and path.is_file() for path in files)
+    assert [path for path in tmp_path.rglob("*") if path.is_file() and out_dir not in path.parents] == []
+    written = {}
+    for path in files:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        written[record["session"]] = [call["request"]["messages"][0]["content"] for call in record["calls"]]
+        assert path.name == session_file_name(record["session"])  # where a reader looks for it
+    assert written == {
+        session_id: [f"{session_id} #{turn}" for turn in range(2 if session_id.startswith("run") else 1)]
+        for session_id in COLLIDING_IDS
+    }
+    assert (out_dir / "run_0001.json").is_file() and (out_dir / "run%2F0001.json").is_file()
 
 
 def test_termgym_gateway_refuses_a_bad_upstream_in_one_line(capsys):
