@@ -84,7 +84,8 @@ def cluster_options(sub: argparse.ArgumentParser) -> None:
         default=None,
         metavar="ADDRESS",
         help="run the sandboxes (local or docker backend) on the nodes of a Ray cluster: ray://HOST:PORT, "
-        "HOST:PORT, or ray (RAY_ADDRESS, else the cluster started on this machine); needs the ray extra",
+        "HOST:PORT, or ray (RAY_ADDRESS, else the cluster started on this machine); needs the ray extra; "
+        "waits TERMGYM_RAY_CONNECT_TIMEOUT seconds (default 30) for it to answer",
     )
     sub.add_argument(
         "--cpus-per-sandbox",
@@ -96,8 +97,9 @@ def cluster_options(sub: argparse.ArgumentParser) -> None:
 
 
 def connect_cluster(args: argparse.Namespace) -> Any:
-    """The Ray cluster ``--cluster`` names, joined with ``--cpus-per-sandbox``;
-    ``BackendUnavailable`` when it cannot be joined."""
+    """The Ray cluster ``--cluster`` names, joined with ``--cpus-per-sandbox``: one line and exit 2
+    (``ConfigError``) when no cluster answers there within ``TERMGYM_RAY_CONNECT_TIMEOUT`` seconds,
+    ``BackendUnavailable`` (exit 1) when Ray is not installed."""
     from termgym.sandboxes.ray.cluster import connect
 
     return connect(args.cluster, args.backend, cpus_per_sandbox=args.cpus_per_sandbox)

@@ -2,7 +2,8 @@
 a sandbox factory that places each trial's sandbox on a node.
 
 ``connect(address, backend)`` joins the cluster (``ray://HOST:PORT``, ``HOST:PORT``, or ``ray``: the
-``RAY_ADDRESS`` variable, else a cluster started on this machine with ``ray start``) and returns the
+``RAY_ADDRESS`` variable, else a cluster started on this machine with ``ray start``; within a bounded
+wait, ``termgym.sandboxes.ray.join``) and returns the
 process's one ``Cluster`` for that backend. Its nodes are the cluster's alive nodes, each with a
 sandbox capacity: the node's CPUs divided by ``cpus_per_sandbox`` (at least 1), or ``node_cap``.
 A sandbox goes to the node the scheduler placed its trial on (``termgym.sandboxes.placement``),
@@ -18,20 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 from typing import Any
 
 from termgym.aio import cancel_and_wait
-from termgym.errors import BackendUnavailable, ConfigError, SandboxGone
+from termgym.errors import ConfigError, SandboxGone
 from termgym.sandboxes import on_close
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.placement import current_node
 from termgym.sandboxes.ray.host import SandboxHost
-from termgym.sandboxes.ray.node import ClusterNode, first_line, forget_packed, remote
+from termgym.sandboxes.ray.join import join
+from termgym.sandboxes.ray.node import ClusterNode, forget_packed, remote
 from termgym.sandboxes.ray.remote import RemoteSandbox
 
-NAMESPACE = "termgym"
 WATCH_SECONDS = 2.0  # how often the cluster's liveness is read
 CLUSTER_BACKENDS = ("local", "docker")
 
@@ -162,34 +162,13 @@ _clusters: dict[tuple[str, str], Cluster] = {}
 
 def connect(address: str, backend: str, *, cpus_per_sandbox: float = 1.0, node_cap: int | None = None) -> Cluster:
     """The process's ``Cluster`` for ``backend`` on the Ray cluster at ``address`` (joined on first
-    use); ``BackendUnavailable`` in one line when Ray is not installed or the cluster cannot be reached."""
+    use, ``termgym.sandboxes.ray.join``): ``BackendUnavailable`` in one line when Ray is not
+    installed, ``ConfigError`` when no cluster answers there within the connect timeout."""
     key = (address, backend)
     if key not in _clusters:
         join(address)
         _clusters[key] = Cluster(backend, cpus_per_sandbox=cpus_per_sandbox, node_cap=node_cap)
     return _clusters[key]
-
-
-def join(address: str) -> None:
-    """``ray.init`` for ``address`` (``ray``: ``RAY_ADDRESS`` or the local cluster), once per process."""
-    try:
-        import ray
-    except ImportError:
-        raise BackendUnavailable("--cluster needs Ray: pip install -e '.[ray]'") from None
-    if ray.is_initialized():
-        return
-    target = None if address == "ray" else address
-    if target is None and not os.environ.get("RAY_ADDRESS"):
-        target = "auto"
-    try:
-        ray.init(
-            address=target,
-            namespace=NAMESPACE,
-            log_to_driver=False,
-            logging_level=logging.ERROR,
-        )
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise BackendUnavailable(f"cannot join the Ray cluster at {address}: {first_line(exc)}") from None
 
 
 async def close_clusters() -> None:
