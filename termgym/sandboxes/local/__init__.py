@@ -20,12 +20,17 @@ What it covers:
   ``/dev/shm``. The sandbox is one long-lived namespace "keeper" process started with
   ``--die-with-parent``: when the termgym process dies, for whatever reason, the kernel kills every
   process in the sandbox. Every command enters the keeper's namespaces with ``nsenter``.
+- **A guard in front of every process** (``commands.within_limits``): the keeper and every command
+  start with descriptors 0, 1 and 2 only, whatever event loop spawned them (uvloop's ignores
+  ``close_fds``), with no_new_privs, and refused the kernel's keyring calls by a seccomp filter
+  (``syscall_filter``), so no sandbox reaches the session keyring termgym runs under.
 
 The package: ``host`` (probes, where sandboxes live), ``commands`` (the keeper's and every
 command's command lines), ``keeper`` (the keeper and its spare), ``home`` (the sandbox's directory
 and storage), ``sandbox`` (``LocalSandbox``), ``kept`` and ``leftovers`` (``--keep``, ``termgym gc``
 and ``attach``), and what only this backend uses: ``env_cache`` (prepared environments),
-``prepare`` (the Dockerfile subset), ``storage``, ``mounts``, ``host_files`` and ``host_trees``.
+``prepare`` (the Dockerfile subset), ``storage``, ``mounts``, ``host_files``, ``host_trees`` and
+``syscall_filter`` (the seccomp program).
 
 **Keeping a sandbox** (``--keep``, ``keep``) restarts its keeper without ``--die-with-parent``, in
 a session of its own and no child of this process, so the sandbox outlives termgym; the agent's
@@ -37,11 +42,11 @@ Killing the agent's processes restarts the keeper: the kernel kills every proces
 namespace when its first process dies, so nothing survives, whatever it forked or however it
 detached (with cgroups, their process list confirms it). The files stay, since they live outside.
 
-What it does not cover: a seccomp filter (the sandbox can make any system call its capabilities
-allow, so a kernel bug is an escape; use ``--backend docker``); the environment is prepared by
-running the Dockerfile's ``WORKDIR``, ``ENV``, ``COPY``/``ADD`` and ``RUN`` steps against the host's
-tools, so a ``RUN`` that needs packages the host lacks fails and says to use ``--backend docker``;
-``FROM`` is ignored. Host files others may read (``/etc/passwd``, the host's programs) are visible,
+What it does not cover: a seccomp filter beyond the keyring calls (the sandbox can make any other
+system call its capabilities allow, so a kernel bug is an escape; use ``--backend docker``); the
+environment is prepared by running the Dockerfile's ``WORKDIR``, ``ENV``, ``COPY``/``ADD`` and
+``RUN`` steps against the host's tools, so a ``RUN`` that needs packages the host lacks fails and
+says to use ``--backend docker``; ``FROM`` is ignored. Host files others may read (``/etc/passwd``, the host's programs) are visible,
 owned by ``nobody`` as the sandbox sees them.
 """
 

@@ -1,5 +1,5 @@
 """The command lines the embedded backend runs on the host: the keeper that holds a sandbox's
-namespaces, the way every command enters them, and the limits both start under.
+namespaces, the way every command enters them, and the limits and the guard both start under.
 
 Pure: argv lists in, argv lists out. Every host program is found by absolute path
 (``termgym.sandboxes.tools.host_tool``); what runs inside the sandbox is named by its path there.
@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from termgym.sandboxes.local.host import bwrap_supports
+from termgym.sandboxes.local.syscall_filter import program, this_machine
 from termgym.sandboxes.tools import host_tool
 
 # Docker's default capability set: what root in a container may do, without mounts, tracing,
@@ -20,9 +21,31 @@ COMMAND_CAPABILITIES = tuple(
     " audit_write setfcap".split()
 )
 SHM_BYTES = 64 << 20
-# Joins the cgroups named before "--" (each a cgroup.procs file), then runs the rest: a process is
-# in the sandbox's cgroups before it starts, so nothing it forks escapes them.
-_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+# The guard every host command of a sandbox starts with (perl-base is Essential on Debian): joins
+# the cgroups named before "--" (each a cgroup.procs file), closes every descriptor but 0, 1 and 2
+# (close_range), sets no_new_privs and installs the seccomp program (``syscall_filter``), then runs
+# the rest: a process is in the sandbox's cgroups and under its filter before it starts, so nothing
+# it forks escapes them, and it holds no descriptor of this process, whatever spawned it (uvloop's
+# subprocess_exec ignores close_fds). No host tool loads a seccomp program in front of a command
+# that nsenter starts (util-linux 2.38 has neither enosys nor setpriv --seccomp-filter; bwrap's
+# --seccomp reaches only the keeper), and a Python preexec_fn would fork the whole termgym
+# process for every command instead of vfork (17 ms at 500 MB). Its first four arguments: the
+# numbers of prctl, seccomp and close_range, and the program in hex.
+_GUARD = r"""
+my ($prctl, $seccomp, $close_range, $filter) = splice(@ARGV, 0, 4);
+sub fail { print STDERR "termgym: the sandbox guard could not $_[0]: $!\n"; exit 125 }
+while (@ARGV && (my $file = shift @ARGV) ne "--") {
+    open(my $procs, ">", $file) or fail("join the cgroup $file");
+    print $procs "$$\n" and close $procs or fail("join the cgroup $file");
+}
+syscall($close_range + 0, 3, 0xFFFFFFFF, 0) == 0 or fail("close the descriptors it inherited");
+syscall($prctl + 0, 38, 1, 0, 0, 0) == 0 or fail("set no_new_privs");
+my $program = pack("H*", $filter);
+my $fprog = pack("S x![p] p", length($program) / 8, $program);
+syscall($seccomp + 0, 1, 0, $fprog) == 0 or fail("install the seccomp filter");
+exec { $ARGV[0] } @ARGV;
+fail("run $ARGV[0]");
+"""
 # The keeper says "ready" once the sandbox is fully set up; commands enter its namespaces.
 KEEPER_COMMAND = ("/bin/sh", "-c", "echo ready; exec /bin/sleep infinity")
 
@@ -65,10 +88,13 @@ def enter_argv(keeper_pid: int, argv: Sequence[str], env: Mapping[str, str], cwd
 
 
 def within_limits(argv: list[str], procs_files: Sequence[str], file_size_limit: int | None) -> list[str]:
-    """``argv`` run in the cgroups whose ``cgroup.procs`` files are ``procs_files`` and under the
-    per-file size limit (bytes; None: none), both from its first instruction."""
+    """``argv`` run in the cgroups whose ``cgroup.procs`` files are ``procs_files``, under the
+    per-file size limit (bytes; None: none), with descriptors 0, 1 and 2 only (whatever else the
+    process that starts it left open), with no_new_privs and refused the system calls
+    ``syscall_filter`` refuses, all from its first instruction. Every host command of a sandbox
+    (its keeper, each command entered) is run so."""
     if file_size_limit is not None:
         argv = [host_tool("prlimit"), f"--fsize={file_size_limit}", "--", *argv]
-    if procs_files:
-        argv = [host_tool("sh"), "-c", _JOIN, "sh", *procs_files, "--", *argv]
-    return argv
+    machine = this_machine()
+    numbers = [str(n) for n in (machine.prctl, machine.seccomp, machine.close_range)]
+    return [host_tool("perl"), "-e", _GUARD, *numbers, program(machine).hex(), *procs_files, "--", *argv]

@@ -20,6 +20,7 @@ from termgym.errors import BackendUnavailable
 from termgym.images.dockerfile import CopyStep, EnvironmentPlan, WorkdirStep
 from termgym.sandboxes.changes import LINKED_DIRECTORIES, link_exits
 from termgym.sandboxes.host_processes import HOST_ENV
+from termgym.sandboxes.local.syscall_filter import this_machine
 from termgym.sandboxes.tools import host_tool
 
 STATE_DIR_NAME = "termgym-state"
@@ -55,10 +56,12 @@ def sandbox_uid() -> int | None:
 
 
 def require_tools() -> None:
-    """``BackendUnavailable`` (one line, saying what to do) unless bubblewrap, nsenter and setpriv
-    are here and a sandbox can be made whose root is an unprivileged user."""
-    for name in ("bwrap", "nsenter", "setpriv", "timeout", "env", "sh"):
+    """``BackendUnavailable`` (one line, saying what to do) unless bubblewrap, nsenter, setpriv and
+    perl (the guard, ``commands``) are here, the seccomp filter knows this machine and a sandbox
+    can be made whose root is an unprivileged user."""
+    for name in ("bwrap", "nsenter", "setpriv", "timeout", "env", "sh", "perl"):
         host_tool(name)
+    this_machine()
     if not host_tool("setpriv").startswith("/usr/"):
         raise BackendUnavailable(f"{host_tool('setpriv')} is outside /usr, which is all of the host a sandbox sees")
     _probe_user_namespaces()
