@@ -27,6 +27,7 @@ from termgym.errors import ConfigError, SandboxGone
 from termgym.sandboxes import on_close
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.placement import current_node
+from termgym.sandboxes.ray.exposure import FIREWALLED_VARIABLE
 from termgym.sandboxes.ray.host import SandboxHost
 from termgym.sandboxes.ray.join import join
 from termgym.sandboxes.ray.node import ClusterNode, forget_packed, remote
@@ -154,7 +155,13 @@ def _host_actor(node_id: str, backend: str) -> Any:
         max_restarts=-1,
         max_concurrency=1000,
         enable_task_events=False,  # no per-call record for Ray's state API: about 0.05 ms a call here
-    ).remote(node_id, backend, os.environ.get("TERMGYM_SANDBOX_DIR"), os.environ.get("TERMGYM_ENV_CACHE_DIR"))
+    ).remote(
+        node_id,
+        backend,
+        os.environ.get("TERMGYM_SANDBOX_DIR"),
+        os.environ.get("TERMGYM_ENV_CACHE_DIR"),
+        ports_firewalled=os.environ.get(FIREWALLED_VARIABLE) == "1",
+    )
 
 
 _clusters: dict[tuple[str, str], Cluster] = {}

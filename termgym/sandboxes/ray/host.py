@@ -5,6 +5,13 @@ or ``docker``) for the driver's ``RemoteSandbox``es, by sandbox id, and the proc
 open, by channel id. Commands and files stay on the node; the agent loop, the scheduler and
 verification's orchestration stay on the driver.
 
+A Docker sandbox gets no network on a node where a Ray process listens on an address other than
+loopback (``termgym.sandboxes.ray.exposure``: a container on the Docker bridge could reach Ray's
+unauthenticated API and run code on the node), unless ``TERMGYM_RAY_PORTS_FIREWALLED=1`` (on the
+driver or the node) says the bridge is firewalled from Ray's ports; the refusal is one warning line
+in the trial's record (``BRIDGE_WARNING``). Embedded sandboxes have no network at all (a private
+loopback only), so they cannot reach Ray either way.
+
 Each actor keeps its sandboxes apart from other actors on the same host (several Ray nodes on one
 machine, as the tests run them): the embedded backend's state directory is one per node
 (``<root>/node-<id>``), and Docker containers carry the label ``termgym.node=<id>``. Its start
@@ -27,20 +34,37 @@ from typing import Any
 
 from termgym.errors import SandboxGone
 from termgym.sandboxes.base import ExecResult, Sandbox, SandboxSpec
+from termgym.sandboxes.ray.exposure import FIREWALLED_VARIABLE, exposed_ray_listeners
 from termgym.sandboxes.ray.relay import Batch, OutputRelay
 
 NODE_LABEL = "termgym.node"
 FILES_DIR = "ray-files"  # under the node's prepared-environment cache: the task files shipped to it, by hash
+BRIDGE_WARNING = (
+    "no network for this sandbox: Ray on node {node} listens where a container on the Docker bridge "
+    "can reach it ({listeners}), and Ray's API runs code for whoever reaches it; bind Ray to a private "
+    "address and drop the bridge's traffic to Ray's ports, then set {variable}=1 (docs/guides/cluster.md)"
+)
 
 
 class SandboxHost:
     """The sandboxes of one node (wrapped as a Ray actor by ``termgym.sandboxes.ray.cluster``)."""
 
-    def __init__(self, node_id: str, backend: str, root: str | None = None, cache: str | None = None) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        backend: str,
+        root: str | None = None,
+        cache: str | None = None,
+        *,
+        ports_firewalled: bool = False,
+    ) -> None:
         from termgym.sandboxes.local.env_cache import cache_root
         from termgym.sandboxes.local.host import sandbox_root_dir
 
         self.node_id, self.backend = node_id, backend
+        # the driver's word, or the node's own, that the Docker bridge cannot reach Ray's ports
+        self.ports_firewalled = ports_firewalled or os.environ.get(FIREWALLED_VARIABLE) == "1"
+        self.exposed: list[str] | None = None  # Ray's listeners off loopback, read at the first need
         base = Path(root) if root else sandbox_root_dir()
         # the driver's cache, else the host's (shared by the nodes on one host; it is safe to share)
         os.environ["TERMGYM_ENV_CACHE_DIR"] = cache or os.environ.get("TERMGYM_ENV_CACHE_DIR") or str(base / "cache")
@@ -101,6 +125,20 @@ class SandboxHost:
         with contextlib.suppress(OSError):
             self.state.rmdir()
 
+    def network_refusal(self) -> str | None:
+        """Why a sandbox of this node gets no network (one line), or None when it may have it: the
+        Docker backend, on a node whose Ray listens where the bridge reaches, not firewalled."""
+        if self.backend != "docker" or self.ports_firewalled:
+            return None
+        if self.exposed is None:
+            self.exposed = exposed_ray_listeners()
+        if not self.exposed:
+            return None
+        listeners = ", ".join(self.exposed[:3]) + (
+            f" and {len(self.exposed) - 3} more" if len(self.exposed) > 3 else ""
+        )
+        return BRIDGE_WARNING.format(node=self.node_id[:12], listeners=listeners, variable=FIREWALLED_VARIABLE)
+
     async def has_files(self, digest: str) -> bool:
         return (self.files / digest / ".complete").exists()
 
@@ -129,6 +167,9 @@ class SandboxHost:
 
         self.state.mkdir(parents=True, exist_ok=True)
         spec = self._local_spec(spec, digest)
+        refusal = self.network_refusal() if spec.network else None
+        if refusal is not None:
+            spec = replace(spec, network=False)
         sandbox = create_sandbox(self.backend, spec)
         sandbox_id = uuid.uuid4().hex
         self.sandboxes[sandbox_id] = sandbox
@@ -138,6 +179,8 @@ class SandboxHost:
             self.sandboxes.pop(sandbox_id, None)
             await sandbox.stop()
             raise
+        if refusal is not None:
+            sandbox.warnings.append(refusal)
         return sandbox_id, self._mirror(sandbox)
 
     def _local_spec(self, spec: SandboxSpec, digest: str | None) -> SandboxSpec:
@@ -203,6 +246,10 @@ class SandboxHost:
         """One of the contract's other coroutines, by name (``CALLS``), and what it returns."""
         if method not in CALLS:
             raise ValueError(f"not a sandbox call: {method}")
+        if method == "set_network" and args and args[0]:
+            refusal = self.network_refusal()
+            if refusal is not None:  # the sandbox keeps the network it has: none, as started here
+                return refusal
         return await getattr(self._sandbox(sandbox_id), method)(*args, **kwargs)
 
     async def mirror(self, sandbox_id: str) -> dict[str, Any]:

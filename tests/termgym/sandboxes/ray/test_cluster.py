@@ -137,3 +137,33 @@ def test_check_run_and_gc_with_a_cluster_in_this_process(ray_cluster, tmp_path, 
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and all("removed 0 leftover local sandbox(es)" in line for line in lines), lines
     assert termgym_main(["gc", "--cluster", ray_cluster.address, "some-id"]) == 2  # one line: not with ids
+
+
+REACH = 'for h in $HOSTS; do (exec 3<>"/dev/tcp/$h/$PORT") 2>/dev/null && echo "reached $h"; done; true'
+
+
+async def test_ray_listens_on_every_interface_yet_an_embedded_sandbox_on_a_node_reaches_none(ray_cluster, tmp_path):
+    """Ray 2.60 binds its GCS to every interface whatever --node-ip-address says (so a Docker sandbox
+    with network gets none on such a node: test_exposure.py); an embedded sandbox has a private
+    loopback and no other network, so it reaches the GCS port on no address of the host."""
+    from termgym.env import EnvOptions
+    from termgym.episode.spec import options_sandbox_spec
+    from termgym.sandboxes.ray.cluster import close_clusters, connect
+    from termgym.sandboxes.ray.exposure import exposed_ray_listeners
+    from termgym.tasks import load_task
+
+    port = ray_cluster.address.rsplit(":", 1)[1]
+    assert [line for line in exposed_ray_listeners() if line.endswith(f":{port} (gcs_server)")]
+    hosts = " ".join(["127.0.0.1", *subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()])
+    env = {"HOSTS": hosts, "PORT": port, "PATH": "/usr/bin:/bin"}
+    control = subprocess.run(["bash", "-c", REACH], capture_output=True, text=True, env=env, timeout=60)
+    assert "reached 127.0.0.1" in control.stdout  # the probe reaches the GCS from the host itself
+    task = write_task(tmp_path / "tasks")
+    sandbox = connect(ray_cluster.address, "local").sandbox(options_sandbox_spec(load_task(task), EnvOptions()))
+    try:
+        await sandbox.start()
+        result = await sandbox.exec(["bash", "-c", REACH], timeout=60, env=env, cwd="/")
+    finally:
+        await sandbox.stop()
+        await close_clusters()
+    assert result.exit_code == 0 and b"reached" not in result.output, result.output

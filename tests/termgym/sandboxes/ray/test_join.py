@@ -98,6 +98,7 @@ SETTINGS = b"\x00\x00\x06\x04\x00\x00\x00\x00\x00" + b"\x00\x03\x00\x00\x00\x64"
         (b"HTTP/1.1 400 Bad Request\r\n\r\n", "not Ray"),
         (None, "said nothing within 0.5s"),
     ],
+    ids=["grpc", "ssh", "http1", "silent"],
 )
 def test_the_probe_knows_a_grpc_server_from_anything_else(answer, why):
     with listener(answer) as port:
