@@ -335,6 +335,10 @@ class AsyncTerminalEnv:
             self.verification = await self._phases.verify(self.sandbox, self.current_task)
         except SandboxError as exc:
             self.error = fault(exc, agent_acted=self.turns > 0)
+            if self.error["kind"] == "broken_by_agent":
+                # what stopped the episode is the broken sandbox, whether its shell answered the
+                # breaking command first (a race with the sandbox's end) and the agent submitted, or not
+                self.transcript.stop_reason = fault_stop_reason(self.error)
         finally:
             self.timings["verify"] = self.timings.get("verify", 0.0) + time.monotonic() - started
         if self.task.steps and self.verification is not None:

@@ -25,28 +25,16 @@ PROTOCOL_BREAKER = (
 )
 
 
-# The stop reasons a trial may report for each attack, by backend. `kill -9 -1` spares the shell that
-# runs it (and the sandbox's init). On the embedded backend the shell answers and the agent submits;
-# verification finds the rest. On Docker the command also kills the container's keeper, so its init
-# exits and the kernel ends every process left in the container, the shell included: whether the
-# shell's end-of-command frame reaches the driver before that (stop reason "submitted", the broken
-# sandbox found at verification) or not (the command itself fails: "broken_by_agent") is a race
-# between two processes the test does not control; a busy machine gave either. The verdict is the
-# same both ways (reward 0, error kind broken_by_agent), and it is what this test holds.
-STOP_REASONS = {
-    ("kill -9 -1", "local"): {"submitted"},
-    ("kill -9 -1", "docker"): {"submitted", "broken_by_agent"},
-    (PROTOCOL_BREAKER, "local"): {"broken_by_agent"},
-    (PROTOCOL_BREAKER, "docker"): {"broken_by_agent"},
-}
-
-
+# `kill -9 -1` spares the shell that runs it. On Docker it also kills the container's keeper, so its
+# init exits and the kernel ends the shell too: whether the shell's frame reaches the driver first
+# (the agent then submits, and verification finds the sandbox broken) or not is a race the test does
+# not control. Either way the episode ends as the agent broke it, and so it reports.
 @pytest.mark.parametrize("command", ["kill -9 -1", PROTOCOL_BREAKER], ids=["kill-everything", "break-the-protocol"])
 async def test_breaking_the_sandbox_scores_zero_and_blames_the_agent(task_dir, backend, no_leaks, command):
     record = await attack(task_dir, backend, "echo done > /app/result.txt", command)
     assert record.error is not None, record
     assert record.error["kind"] == "broken_by_agent", record.error
-    assert record.stop_reason in STOP_REASONS[command, backend], record.stop_reason  # never "sandbox_error"
+    assert record.stop_reason == "broken_by_agent", record.stop_reason  # never "sandbox_error"
     assert record.reward == 0.0 and not record.resolved
     assert record.error["kind"] not in RETRYABLE_KINDS and record.error["kind"] not in FAILED_KINDS
 
