@@ -15,7 +15,8 @@ from typing import Any, Literal, TypedDict, get_args
 
 # sandbox_error: an infrastructure fault, the only kind a scheduler retries. broken_by_agent: the
 # sandbox died, its shell stopped speaking the protocol or a tool broke after the agent's commands
-# (reward 0). tampered: the agent changed system paths and the run's tamper policy is "fail" (reward 0).
+# (reward 0). tampered: a traced step loaded a file the agent wrote outside its work, under the
+# "fail" policy (reward 0).
 # model_error: the agent's model could not be reached or answered unusably past its retries (no verification).
 # internal_error: termgym itself failed (a bug): reward 0, kept and never retried, the traceback in logs.
 ErrorKind = Literal[
@@ -60,7 +61,7 @@ class TrialRecord:
     family: str = ""
     logs: dict[str, str] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # a limit not enforced or reached, a network withheld...
-    system_changes: list[str] | None = None  # what the agent changed under system paths; None: not known
+    system_changes: list[str] | None = None  # what the agent changed outside its work; None: not known
     model: str | None = None  # the model that drove the episode (model agents)
     stop_reason: str | None = None  # termgym.transcript.StopReason
     parse_errors: int = 0  # model replies that did not parse as an action

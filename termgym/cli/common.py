@@ -148,9 +148,9 @@ def tamper_option(sub: argparse.ArgumentParser) -> None:
         "--tamper",
         choices=TAMPER_POLICIES,
         default="fail",
-        help="when the agent changed system paths the verifier may run: fail scores the trial 0 without "
-        "running the verifier, warn records them and verifies (default: fail; a task whose work is to "
-        "change them declares [verifier].allow_system_changes)",
+        help="when the traced verifier loaded a file the agent wrote outside its work: fail scores the "
+        "trial 0 and names the file, warn keeps the verdict and records them (default: fail; a task "
+        "whose verifier runs the agent's work elsewhere declares [verifier].agent_paths)",
     )
 
 

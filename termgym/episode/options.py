@@ -27,9 +27,7 @@ class EnvOptions:
     output_limit: int = DEFAULT_OUTPUT_LIMIT
     run_id: str = ""
     image_aliases: Mapping[str, str] | None = None  # None: built-in and config-file aliases
-    tamper: str = (
-        "fail"  # changed system paths: "fail" scores the trial 0, "warn" records them (termgym.episode.tamper)
-    )
+    tamper: str = "fail"  # forged loads: "fail" scores the trial 0, "warn" records them (termgym.episode.tamper)
     trials_dir: str | None = None  # where each trial's directory (its transcript) goes; None: not kept
     overrides: RunOverrides = field(default_factory=RunOverrides)  # Harbor's run overrides (termgym.episode.overrides)
     pull: str = "missing"  # registry images (docker): missing, never, always

@@ -20,9 +20,9 @@ def verification_error(verification: Verification, task: Task) -> TrialError | N
     timeout, its report's error, a test script that could not run (exit 126 and above)."""
     report = verification.report
     if verification.tampered:
-        changed = tamper_warning(list(verification.system_changes or ()))
-        hint = "not verified; a task whose work is to change them declares [verifier].allow_system_changes"
-        return {"kind": "tampered", "message": f"{changed} ({hint})"}
+        loaded = tamper_warning(list(verification.forged))
+        hint = "scored 0; a task whose verifier runs the agent's work there declares [verifier].agent_paths"
+        return {"kind": "tampered", "message": f"{loaded} ({hint})"}
     if verification.timed_out:
         return {"kind": "verifier_timeout", "message": f"verifier exceeded {task.verifier_timeout_sec:g}s"}
     if report.error:

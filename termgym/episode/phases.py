@@ -22,6 +22,7 @@ from pathlib import Path
 
 from termgym.aio import run_to_end
 from termgym.episode.artifacts import DROPPED, MAX_ARTIFACT_BYTES, artifact_paths, export_artifacts, safe_artifacts
+from termgym.episode.guard import agent_paths, outside_work
 from termgym.episode.healthcheck import wait_healthy
 from termgym.episode.options import EnvOptions
 from termgym.episode.overrides import network_asked
@@ -126,7 +127,8 @@ class Phases:
     async def _verify_separately(self, agent_sandbox: Sandbox, task: Task, user: str | None) -> Verification:
         await agent_sandbox.check_alive()
         await agent_sandbox.kill_agent_processes()
-        changes = await agent_sandbox.changed_system_paths()  # for the record: they do not reach the verifier
+        listed = await agent_sandbox.agent_changes()  # for the record: they do not reach the verifier
+        changes = None if listed is None else sorted(outside_work(listed, agent_paths(task, agent_sandbox.workdir)))
         paths = artifact_paths(self.task.artifacts)
         try:
             archive, dropped = safe_artifacts(await agent_sandbox.download_tar(paths, limit=MAX_ARTIFACT_BYTES), paths)
@@ -144,8 +146,10 @@ class Phases:
                 self._warn(f"the separate verifier's network: {reason}" if reason else None)
             if archive:
                 await fresh.upload_tar(archive, "/")
-            # the agent's system changes never reach this sandbox: what changed in it is the harness's upload
-            verification = await verify(task, fresh, reward_scale=self.options.reward_scale, tamper="warn", user=user)
+            # the agent's changes never reach this sandbox: what changed in it is the harness's upload of
+            # the declared artifacts, which the verifier is there to read
+            trusting = replace(task, allow_system_changes=True)
+            verification = await verify(trusting, fresh, reward_scale=self.options.reward_scale, user=user)
             return replace(verification, system_changes=tuple(changes) if changes is not None else None)
         finally:
             for line in await fresh.limit_warnings():

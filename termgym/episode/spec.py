@@ -1,5 +1,5 @@
 """The sandbox an episode needs: its spec from the task and the run's options (labelled as
-DESIGN.md says, the tamper check's watched paths included), the backend's factory, and a warm
+DESIGN.md says), the backend's factory, and a warm
 pool's prewarming ahead of a batch of trials."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from termgym.episode.overrides import apply_overrides, network_asked
 from termgym.images.build import load_aliases
 from termgym.sandboxes import create_sandbox, keeps_warm_pool, prewarm
 from termgym.sandboxes.base import Sandbox, SandboxSpec
-from termgym.sandboxes.changes import watched_paths
 from termgym.tasks import Task
 
 # Makes the (not yet started) sandbox of an episode: a backend's (``default_sandbox_factory``), a
@@ -44,7 +43,6 @@ def sandbox_spec(
         image_aliases=dict(image_aliases) if image_aliases is not None else load_aliases(),
         pull=pull,
         prefer_build=prefer_build,
-        watched=watched_paths(task.verifier_env),
     )
 
 

@@ -1,18 +1,13 @@
-"""What the agent changed under system paths: the evidence of a verifier that may not be trusted.
+"""What a run makes of a verifier that loaded files the agent wrote (``termgym.episode.guard``).
 
-On a backend where the agent is root in the file system the verifier then executes (Docker,
-Daytona), the agent can replace what the verifier runs: ``/bin/sh``, a shim earlier on ``PATH``,
-``/etc/ld.so.preload``, a ``pytest.ini`` or ``conftest.py`` at ``/``; on every backend, what a task's
-``[verifier].env`` puts on a search path from the writable directories. Nothing inside the sandbox
-can tell such a change from real work, but the engine can (it knows every path the container
-changed against its image), and so can the host for the embedded backend's watched paths (their
-change times). ``termgym.sandboxes.changes.system_changes`` picks the ones a verifier's tools depend
-on, and a run's policy (``EnvOptions.tamper``) decides what they mean: ``fail``, the default, scores
-the trial 0 with error kind ``tampered`` without running the verifier; ``warn`` records them and
-verifies. A task whose agent must change system paths (install a package, configure a service)
-declares ``[verifier].allow_system_changes``: its changes are recorded, neither warned about nor
-failed; it is graded against a determined agent only in the separate verification mode
-(``[verifier].environment_mode = "separate"``).
+Every step that runs in the sandbox after the agent's end is traced; a load of a file the agent
+added or changed outside its work (the work directory, ``[verifier].agent_paths``) is a forged
+load. A run's policy (``EnvOptions.tamper``) decides what it means: ``fail``, the default, scores
+the trial 0 with error kind ``tampered`` and names the files; ``warn`` keeps the verifier's verdict
+and records them as a warning. A task whose verifier runs the agent's work outside the work
+directory declares where (``[verifier].agent_paths``), or that it trusts every change
+(``[verifier].allow_system_changes``); it is graded against a determined agent only in the separate
+verification mode (``[verifier].environment_mode = "separate"``).
 
 Pure: no I/O.
 """
@@ -20,11 +15,11 @@ Pure: no I/O.
 from __future__ import annotations
 
 TAMPER_POLICIES = ("warn", "fail")
-MAX_LISTED = 50
+MAX_LISTED = 20
 
 
-def tamper_warning(paths: list[str]) -> str:
-    """One line naming what changed (the first ``MAX_LISTED`` paths, then how many more)."""
-    shown = ", ".join(paths[:MAX_LISTED])
-    more = f" and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else ""
-    return f"the agent changed {len(paths)} system path(s) the verifier may run: {shown}{more}"
+def tamper_warning(forged: list[str]) -> str:
+    """One line naming the forged loads (the first ``MAX_LISTED``, then how many more)."""
+    shown = "; ".join(forged[:MAX_LISTED])
+    more = f"; and {len(forged) - MAX_LISTED} more" if len(forged) > MAX_LISTED else ""
+    return f"the verifier loaded {len(forged)} file(s) the agent wrote outside its work: {shown}{more}"

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from importlib import resources
 
 from termgym.aio import cancel_and_wait
+from termgym.episode.guard import LoadGuard
+from termgym.episode.loads import Forged
 from termgym.episode.tamper import tamper_warning
 from termgym.errors import SandboxBroken, TermgymError
 from termgym.sandboxes.base import DEFAULT_PATH, HostFiles, Sandbox, tar_of_files
@@ -50,6 +52,9 @@ KIT_PATH = "/tests/.termgym/assert.sh"
 VERIFIER_HOME = "/tmp/.termgym-verifier/home"
 FRESH_DIRS = ("/logs/verifier", "/tests", "/tmp/.termgym-verifier", VERIFIER_HOME)  # what _RESET makes fresh
 MAX_REPORT_FILES = 32
+# The harness's own steps find their tools in the system's directories, not /usr/local, where an
+# honest agent installs its own.
+HARNESS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 VERIFIER_OUTPUT_LIMIT = 1 << 20
 
 # Replace /logs/verifier, /tests and the verifier's home with fresh empty directories, whatever the
@@ -105,9 +110,10 @@ class Verification:
     timed_out: bool
     output: str
     duration: float
-    system_changes: tuple[str, ...] | None = None  # what the agent changed under system paths; None: unknown
-    tampered: bool = False  # system paths changed under the "fail" policy: the verifier did not run
-    warnings: tuple[str, ...] = ()  # search-path entries left out of the verifier's environment, changes let through
+    system_changes: tuple[str, ...] | None = None  # what the agent changed outside its work; None: unknown
+    tampered: bool = False  # a step loaded a file the agent wrote, under the "fail" policy
+    warnings: tuple[str, ...] = ()  # search-path entries left out of the verifier's environment, loads let through
+    forged: tuple[str, ...] = ()  # each file the agent wrote that a step loaded, and how
 
 
 class TooManyReports(TermgymError):
@@ -165,42 +171,43 @@ async def verify(
 ) -> Verification:
     """Run the task's verifier in ``sandbox``. Raises ``SandboxBroken`` when a harness step fails
     inside the sandbox and ``SandboxError`` for infrastructure faults; everything the verifier
-    itself does is data in the result. A sandbox whose system paths the agent changed (what
-    ``Sandbox.changed_system_paths`` lists) is not verified under ``tamper="fail"`` (the default):
-    reward 0, ``tampered``; under ``"warn"`` it is, with a warning. A task that declares
-    ``[verifier].allow_system_changes`` has its changes recorded and neither. With ``user``
-    (``[verifier].user``, where the backend ``supports_users``) the test script runs as that user,
-    ``/logs/verifier`` and its home made writable for it (mode 0777, as Harbor does); the harness
-    steps stay root's."""
+    itself does is data in the result. Every step that runs in the sandbox is traced
+    (``termgym.episode.guard``): a trial whose verifier (or a harness step) loaded a file the agent
+    wrote outside its work is ``tampered`` under ``tamper="fail"`` (the default): reward 0, the
+    files named; under ``"warn"`` it keeps its verdict, with a warning. A task that declares
+    ``[verifier].allow_system_changes`` is never checked. With ``user`` (``[verifier].user``, where
+    the backend ``supports_users``) the test script runs as that user, ``/logs/verifier`` and its
+    home made writable for it (mode 0777, as Harbor does); the harness steps stay root's."""
     started = time.monotonic()
     await sandbox.check_alive()  # a sandbox the agent killed is not revived to be graded
     await sandbox.kill_agent_processes()
-    # The engine lists the agent's changes while the harness resets what the verifier uses (none of
-    # which is a system path): the list is the agent's alone.
-    listing = asyncio.ensure_future(sandbox.changed_system_paths())
+    guard = LoadGuard(task, sandbox)
+    # The engine lists the agent's changes while the harness resets what the verifier uses (the
+    # harness's own directories, left out of the list): the list is the agent's alone.
+    listing = asyncio.ensure_future(sandbox.agent_changes())
     broken: SandboxBroken | None = None  # a harness step the agent broke: tampering, if that is what broke it
     try:
         try:
-            await _prepare_tests(task, sandbox, user)
+            await _prepare_tests(task, sandbox, user, guard)
         except SandboxBroken as exc:
             broken = exc
-        found = await listing
+        guard.known(await listing)
     except BaseException:
         await cancel_and_wait(listing)
         raise
-    changes = tuple(found) if found is not None else None
+    changes = tuple(sorted(guard.changes)) if guard.changes is not None else None
     env, warnings = verifier_env(task, sandbox)
-    if changes and not task.allow_system_changes:
-        if tamper == "fail":
-            error = f"not verified: the agent changed {len(changes)} system path(s)"
-            report = AssertionReport(format="exit-code", assertions=(), binary=True, source="tamper check", error=error)
-            return Verification(
-                report, 0.0, None, False, "", time.monotonic() - started, changes, tampered=True, warnings=()
-            )
-        warnings.append(tamper_warning(list(changes)))
+    if broken is None:
+        try:
+            await guard.drop_caches()
+        except SandboxBroken as exc:
+            broken = exc
+    if forged := await _forged(guard, tamper, warnings):
+        return _tampered(forged, changes, started)
     if broken is not None:
         raise broken
-    result = await sandbox.exec_as(
+    result = await guard.run(
+        "the verifier",
         user,
         [f"/tests/{task.test_script}"],
         env=env,
@@ -211,11 +218,14 @@ async def verify(
     await sandbox.kill_agent_processes()  # nothing the verifier started may touch its reports now
     exit_code = None if result.timed_out else result.exit_code
     try:
-        files = await read_report_files(sandbox)
+        files = await read_report_files(sandbox, guard)
     except TooManyReports as exc:
         report = too_many_files_report(exc.counts, MAX_REPORT_FILES, task.report_format)
     else:
         report = select_report(files, result.text, exit_code, declared=task.report_format)
+    if forged := await _forged(guard, tamper, warnings):
+        return _tampered(forged, changes, started)
+    warnings += guard.warnings()
     report = check_assertion_count(report, task.expected_assertions)
     return Verification(
         report=report,
@@ -229,11 +239,36 @@ async def verify(
     )
 
 
-async def _prepare_tests(task: Task, sandbox: Sandbox, user: str | None) -> None:
+async def _forged(guard: LoadGuard, tamper: str, warnings: list[str]) -> list[Forged]:
+    """The forged loads so far that fail the trial (none under ``warn``: they become a warning)."""
+    forged = await guard.findings()
+    if forged and tamper != "fail":
+        warnings.append(tamper_warning([item.describe() for item in forged]))
+        return []
+    return forged
+
+
+def _tampered(forged: list[Forged], changes: tuple[str, ...] | None, started: float) -> Verification:
+    error = tamper_warning([item.describe() for item in forged])
+    report = AssertionReport(format="exit-code", assertions=(), binary=True, source="tamper check", error=error)
+    return Verification(
+        report,
+        0.0,
+        None,
+        False,
+        "",
+        time.monotonic() - started,
+        changes,
+        tampered=True,
+        forged=tuple(item.describe() for item in forged),
+    )
+
+
+async def _prepare_tests(task: Task, sandbox: Sandbox, user: str | None, guard: LoadGuard) -> None:
     """``/logs/verifier``, ``/tests`` and the verifier's home made fresh, and the task's tests (with
     the assertion kit) written to ``/tests``: from the host where the backend reaches the files
-    (``Sandbox.host_files``), else by commands of the image's system paths and the backend's upload.
-    ``SandboxBroken`` when the agent left that impossible."""
+    (``Sandbox.host_files``), else by traced commands of the image's system paths and the backend's
+    upload. ``SandboxBroken`` when the agent left that impossible."""
     files = dict((relative, host) for host, relative in task.test_files())
     script = (task.test_script, files.pop(task.test_script).read_bytes(), 0o755)  # executable, whatever its mode
     kit = (".termgym/assert.sh", assertion_kit(), 0o755)
@@ -243,10 +278,14 @@ async def _prepare_tests(task: Task, sandbox: Sandbox, user: str | None) -> None
         await _on_host(host.fresh_dirs, FRESH_DIRS, "could not reset /tests and /logs/verifier")
         await _on_host(host.write_files, "/tests", [*blobs, kit, script], "could not write /tests")
         return
-    await _harness_step(sandbox, ["/bin/sh", "-c", _RESET], "could not reset /tests and /logs/verifier")
+    await _harness_step(
+        guard, "the reset of /tests", ["/bin/sh", "-c", _RESET], "could not reset /tests and /logs/verifier"
+    )
     if user is not None:
         opened = ["/bin/chmod", "0777", "/logs/verifier", "/tmp/.termgym-verifier", VERIFIER_HOME]
-        await _harness_step(sandbox, opened, "could not open /logs/verifier to the verifier's user")
+        await _harness_step(
+            guard, "the opening of /logs/verifier", opened, "could not open /logs/verifier to the verifier's user"
+        )
     archive = tar_of_files([(host, relative) for relative, host in files.items()], [kit, script])
     await sandbox.upload_tar(archive, "/tests")
 
@@ -261,28 +300,30 @@ async def _on_host(operation: Callable[..., None], *args: object) -> None:
         raise SandboxBroken(f"{what}: {exc.strerror or exc}") from exc
 
 
-async def _harness_step(sandbox: Sandbox, argv: list[str], what: str) -> None:
-    result = await sandbox.exec(argv, timeout=60, cwd="/", env={"PATH": DEFAULT_PATH})
+async def _harness_step(guard: LoadGuard, step: str, argv: list[str], what: str) -> None:
+    result = await guard.run(step, None, argv, timeout=60, cwd="/", env={"PATH": HARNESS_PATH})
     if result.exit_code != 0:
         lines = [line for line in result.text.strip().splitlines() if line.strip()]
         raise SandboxBroken(f"{what}: {lines[-1][:200] if lines else f'exit {result.exit_code}'}")
 
 
-async def read_report_files(sandbox: Sandbox) -> dict[str, bytes]:
+async def read_report_files(sandbox: Sandbox, guard: LoadGuard) -> dict[str, bytes]:
     """The report files at the top of ``/logs/verifier`` (regular files a report format reads);
     each cut at MAX_REPORT_BYTES + 1 bytes so that an oversized report is seen as oversized, never
     read whole. Raises ``TooManyReports`` beyond ``MAX_REPORT_FILES``, ``SandboxBroken`` when they
-    cannot be read."""
+    cannot be read. Read from the host where the backend can, else by a step ``guard`` traces."""
     cap = MAX_REPORT_BYTES + 1
     host = sandbox.host_files()
     if host is not None:  # no process runs in the sandbox: nothing can change them while read
         return await asyncio.to_thread(_read_reports_on_host, host, cap)
     limit = MAX_REPORT_FILES * (cap + 512)
-    result = await sandbox.exec(
+    result = await guard.run(
+        "the reading of the reports",
+        None,
         ["/bin/sh", "-c", _READ_REPORTS, "sh", str(cap), str(MAX_REPORT_FILES)],
         timeout=60,
         cwd="/",
-        env={"PATH": DEFAULT_PATH},
+        env={"PATH": HARNESS_PATH},
         output_limit=limit,
     )
     if result.exit_code == 4:

@@ -6,8 +6,10 @@ A sandbox is one isolated machine for one trial. Backends implement five corouti
 byte streams, used for the persistent shell) and ``kill_agent_processes`` (every process started
 since ``start`` is gone when it returns; the sandbox itself stays usable). Files travel as tar
 archives through ``exec`` (``upload_tar``, ``download_tar``); a backend with a native path
-overrides them. Two reports have defaults a backend refines: ``changed_system_paths`` (None: this
-backend cannot tell) and ``limit_warnings`` (the resource limits the sandbox reached). Harbor's
+overrides them. Two reports have defaults a backend refines: ``agent_changes`` (None: this backend
+cannot tell) and ``limit_warnings`` (the resource limits the sandbox reached); and
+``exec_traced`` (a command under the system-call tracer, the tamper check's evidence; None: this
+backend cannot trace). Harbor's
 phases add ``exec_as`` / ``open_process_as`` (a command as another user, where ``supports_users``)
 and ``set_network`` (the network between phases); their defaults refuse a user and keep the
 network chosen at creation.
@@ -63,9 +65,6 @@ class SandboxSpec:
     image_aliases: Mapping[str, str] = field(default_factory=dict)  # FROM rewrites for offline builds
     pull: str = "missing"  # images from a registry: "missing" (as docker run), "never", "always"
     prefer_build: bool = False  # build the Dockerfile even when the task names a docker_image (--build)
-    # Paths outside system directories the verifier looks things up in (a task's [verifier].env
-    # trusts them): the tamper check watches them as it watches system paths (changed_system_paths).
-    watched: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,6 +73,8 @@ class ExecResult:
     output: bytes  # stdout and stderr interleaved, capped (head and tail)
     timed_out: bool = False
     dropped_bytes: int = 0
+    trace: bytes | None = None  # exec_traced: the tracer's stream, apart from the output
+    trace_dropped: int = 0  # bytes of it the capture dropped (the trace is then incomplete)
 
     @property
     def text(self) -> str:
@@ -232,9 +233,29 @@ class Sandbox(abc.ABC):
         ``SandboxGone`` if it was removed; the default cannot tell and returns."""
         return None
 
-    async def changed_system_paths(self) -> list[str] | None:
-        """What the agent changed under system paths (``termgym.episode.tamper``), or None where this
-        backend cannot tell."""
+    async def agent_changes(self) -> dict[str, str] | None:
+        """Every file the sandbox's processes added (``A``), changed (``C``) or deleted (``D``) since
+        the environment was ready, as absolute paths (directories only where nothing under them is
+        listed), after ``kill_agent_processes``; None where this backend cannot tell."""
+        return None
+
+    # What runs from the sandbox's own files outside the tracer's sight (Docker: each restart's
+    # keeper and entrypoint, the tracer's loader's preload list): a change to one is a forged load.
+    untraced_loads: tuple[str, ...] = ()
+
+    async def exec_traced(
+        self,
+        user: str | None,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str],
+        cwd: str,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult | None:
+        """``exec_as`` under the system-call tracer (``termgym.episode.loads.TRACE_OPTIONS``), its
+        stream in ``ExecResult.trace``, apart from the command's output (the command's stderr joins
+        its stdout); None where this backend cannot trace (the caller then assumes the worst)."""
         return None
 
     async def limit_warnings(self) -> list[str]:

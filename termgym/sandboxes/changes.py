@@ -1,18 +1,17 @@
-"""What the verifier's tools depend on, and what of it the agent could have changed.
+"""What the agent changed in a sandbox, and which search-path entries it could have written.
 
-Two pure answers:
+Pure answers:
 
-- ``system_changes``: from what the engine says a container changed against its image
-  (``Sandbox.changed_system_paths`` on Docker), the changed paths a verifier's tools depend on:
-  system directories, files planted at ``/``, and the paths a run watches on top of those (the
-  search-path directories a task's ``[verifier].env`` trusts, an image's entrypoint).
-  ``termgym.episode.tamper`` says what a run makes of them.
+- ``manifest_changes`` and ``leaf_changes``: a backend's list of what changed since the
+  environment was ready (two manifests of the writable roots on the embedded backend, the engine's
+  diff on Docker) as ``{path: A|C|D}``, without the engine's own paths and without directories
+  listed only because something under them changed (``Sandbox.agent_changes``). The tamper check
+  (``termgym.episode.guard``) holds the verifier's traced loads against it.
 - ``trusted_search_paths``: an environment with every search-path entry the agent could have written
   taken out (``PATH``, ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ``LD_PRELOAD`` and the like), so that the
   verifier never looks a program or a module up where the agent left one. An entry is kept only
-  when it lies under a system directory: read-only on the embedded backend, watched by the tamper
-  check on Docker. ``watched_paths`` names what a trusted environment (a task's own
-  ``[verifier].env``) looks things up in outside the system directories, for the tamper check.
+  when it lies under a system directory; a task's own ``[verifier].env`` may put any back.
+- ``entrypoint_files``: the files an image's entrypoint names, which every restart runs again.
 
 Pure: no I/O.
 """
@@ -95,59 +94,6 @@ def trusted_search_paths(env: Mapping[str, str]) -> tuple[dict[str, str], list[t
     return kept, dropped
 
 
-def watched_paths(env: Mapping[str, str]) -> tuple[str, ...]:
-    """The absolute paths outside system directories that the search variables of ``env`` make a
-    program look things up in, each once, sorted; for a ``PATH`` entry ``X/bin`` (or ``X/sbin``)
-    its prefix ``X`` too, whose libraries a program from ``X/bin`` loads."""
-    found: set[str] = set()
-    for name, value in env.items():
-        if name not in SEARCH_VARIABLES or name in OPTION_VARIABLES:
-            continue  # an option variable's paths are its author's to trust
-        for entry in _entries(name, value):
-            if not entry.startswith("/") or is_system_path(entry):
-                continue
-            normal = "/" + "/".join(part for part in entry.split("/") if part not in ("", "."))
-            found.add(normal)
-            head, _, tail = normal.rpartition("/")
-            if name == "PATH" and tail in ("bin", "sbin") and head and not is_system_path(head):
-                found.add(head)
-    return tuple(sorted(found))
-
-
-# The system directories a verifier's programs are looked up in (DEFAULT_PATH's), and the
-# alternatives directory their links commonly pass through: where a link out of the system
-# directories would make a trusted name run a program the agent can write.
-LINKED_DIRECTORIES = (
-    "/usr/local/sbin",
-    "/usr/local/bin",
-    "/usr/sbin",
-    "/usr/bin",
-    "/sbin",
-    "/bin",
-    "/etc/alternatives",
-)
-
-
-def link_exits(links: Mapping[str, str], *, hops: int = 40) -> tuple[str, ...]:
-    """Where links in the system directories lead out of them: for each ``{link: its target as
-    read}`` (a relative target is taken from the link's directory), the chain is followed through
-    the other links given while it stays in system directories, and the first path outside them
-    is an exit. The exits, each once, sorted: a program found by a trusted name there is the
-    agent's to write, so the tamper check watches them."""
-    exits: set[str] = set()
-    for link in links:
-        path = link
-        for _ in range(hops):
-            target = links[path]
-            path = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
-            if not is_system_path(path):
-                exits.add(path)
-                break
-            if path not in links:
-                break
-    return tuple(sorted(exits))
-
-
 def entrypoint_files(entrypoint: Iterable[str], workdir: str) -> tuple[str, ...]:
     """The files an image's entrypoint names (every word with a ``/`` that is not an option,
     relative ones taken from the image's working directory), which every restart runs again."""
@@ -158,21 +104,27 @@ def entrypoint_files(entrypoint: Iterable[str], workdir: str) -> tuple[str, ...]
     return tuple(dict.fromkeys(found))
 
 
-def system_changes(changes: Iterable[tuple[str, str]], watched: Iterable[str] = ()) -> list[str]:
-    """The changed paths that matter to a verifier, sorted, from the engine's ``(path, kind)`` list
-    (kind ``A`` added, ``C`` changed, ``D`` deleted): every path under a system prefix or a
-    ``watched`` path (``watched_paths``, an entrypoint), every top-level path added or deleted (a
-    file planted at ``/``), without the engine's own paths and without directories listed only
-    because something under them changed."""
-    listed = {(path.rstrip("/") or "/"): kind for path, kind in changes}
-    parents = {path.rsplit("/", 1)[0] or "/" for path in listed}
-    prefixes = (*SYSTEM_PREFIXES, *(path.rstrip("/") for path in watched if path.startswith("/")))
-    picked: list[str] = []
-    for path, kind in listed.items():
-        if path in ENGINE_PATHS or path in parents or path == "/":
-            continue
-        guarded = any(path == prefix or path.startswith(prefix + "/") for prefix in prefixes)
-        top_level = path.count("/") == 1 and kind in ("A", "D")
-        if guarded or top_level:
-            picked.append(path)
-    return sorted(picked)
+def manifest_changes(before: Mapping[str, tuple[int, ...]], now: Mapping[str, tuple[int, ...]]) -> dict[str, str]:
+    """``{path: A|C|D}`` between two manifests of the same trees (``{path: fingerprint}``)."""
+    changes = {path: "A" for path in now.keys() - before.keys()}
+    changes.update({path: "D" for path in before.keys() - now.keys()})
+    changes.update({path: "C" for path in now.keys() & before.keys() if now[path] != before[path]})
+    return changes
+
+
+def leaf_changes(changes: Mapping[str, str]) -> dict[str, str]:
+    """``changes`` without the engine's own paths and without the directories listed only because
+    something under them changed (a directory is kept where nothing under it is listed: new and
+    empty, deleted, or replaced by a link), sorted by path."""
+    listed = {(path.rstrip("/") or "/"): kind for path, kind in changes.items()}
+    parents: set[str] = set()
+    for path in listed:
+        head = path.rsplit("/", 1)[0] or "/"
+        while head not in parents and head != "/":
+            parents.add(head)
+            head = head.rsplit("/", 1)[0] or "/"
+    return {
+        path: listed[path]
+        for path in sorted(listed)
+        if path not in ENGINE_PATHS and path not in parents and path != "/"
+    }

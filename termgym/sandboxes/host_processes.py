@@ -58,7 +58,15 @@ class HostChannel(ProcessChannel):
         await end_entered(self._process)
 
 
-async def communicate(process: asyncio.subprocess.Process, stdin: bytes | None, capture: OutputCapture) -> None:
+async def communicate(
+    process: asyncio.subprocess.Process,
+    stdin: bytes | None,
+    capture: OutputCapture,
+    errors: OutputCapture | None = None,
+) -> None:
+    """Feed ``stdin`` and drain stdout into ``capture`` (and stderr into ``errors``, when the process
+    has a stderr pipe of its own) until the output ends or the process has exited."""
+
     async def feed() -> None:
         assert process.stdin is not None
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
@@ -66,13 +74,15 @@ async def communicate(process: asyncio.subprocess.Process, stdin: bytes | None, 
             await process.stdin.drain()
         process.stdin.close()
 
-    async def drain() -> None:
-        assert process.stdout is not None
-        while chunk := await process.stdout.read(65536):
-            capture.feed(chunk)
+    async def drain(stream: asyncio.StreamReader | None, into: OutputCapture) -> None:
+        assert stream is not None
+        while chunk := await stream.read(65536):
+            into.feed(chunk)
 
     feeder = asyncio.create_task(feed()) if stdin is not None else None
-    reader = asyncio.create_task(drain())
+    reader = asyncio.create_task(drain(process.stdout, capture))
+    if errors is not None:  # both pipes to their end: the output's end waits for the trace's too
+        reader = asyncio.create_task(_both(reader, asyncio.create_task(drain(process.stderr, errors))))
     try:
         # Output ends at EOF, or shortly after the process exits when a daemon it started still
         # holds the pipe open.
@@ -82,6 +92,13 @@ async def communicate(process: asyncio.subprocess.Process, stdin: bytes | None, 
             await asyncio.wait({reader}, timeout=0.1)
     finally:
         await cancel_and_wait(reader, feeder)
+
+
+async def _both(first: asyncio.Task[None], second: asyncio.Task[None]) -> None:
+    try:
+        await asyncio.gather(first, second)
+    finally:
+        await cancel_and_wait(first, second)
 
 
 async def spawn(

@@ -25,6 +25,8 @@ PACKAGES = {
     "mkfs.ext4": "e2fsprogs",
     "prlimit": "util-linux",
     "perl": "perl-base",
+    "strace": "strace",
+    "ldd": "libc-bin",
 }
 
 

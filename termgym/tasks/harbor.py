@@ -136,6 +136,7 @@ def _load_harbor(task_dir: Path, fallback_name: str, environ: Mapping[str, str])
         report_format=fields.report_format(verifier, config),
         expected_assertions=fields.assertion_count(verifier, config),
         allow_system_changes=fields.flag(verifier, "allow_system_changes", "[verifier]", config),
+        agent_paths=fields.agent_paths(verifier, config),
         verifier_mode=mode,
         artifacts=artifacts,
         agent_user=fields.user(agent, "[agent]", config),

@@ -38,7 +38,7 @@ KNOWN_KEYS: dict[str, frozenset[str]] = {
     "agent": frozenset({"timeout_sec", "user", *_PHASE_NETWORK}),
     "verifier": frozenset(
         {"timeout_sec", "env", "user", "environment_mode", "environment", "report_format", "assertions"}
-        | {"allow_system_changes"}
+        | {"allow_system_changes", "agent_paths"}
         | set(_PHASE_NETWORK)
     ),
     "environment": frozenset(
@@ -175,6 +175,17 @@ def flag(table: Mapping[str, object], key: str, section: str, config: Path) -> b
     if not isinstance(value, bool):
         raise TaskError(config, f"{section}.{key} must be true or false, got {value!r}")
     return value
+
+
+def agent_paths(verifier: Mapping[str, object], config: Path) -> tuple[str, ...]:
+    """``[verifier].agent_paths``: absolute paths without ``..``, none of them ``/``; () when absent."""
+    value = verifier.get("agent_paths", [])
+    if not isinstance(value, list) or not all(
+        isinstance(item, str) and item.startswith("/") and ".." not in item.split("/") and item.strip("/")
+        for item in value
+    ):
+        raise TaskError(config, f"[verifier].agent_paths must be a list of absolute paths other than /, got {value!r}")
+    return tuple("/" + item.strip("/") for item in value)
 
 
 def artifacts(value: object, label: str, config: Path, warnings: list[str]) -> tuple[str, ...]:

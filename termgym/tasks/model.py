@@ -122,6 +122,9 @@ class Task:
     # [verifier].allow_system_changes: the agent's work is to change system paths (install a package),
     # so changes there are recorded but neither warned about nor failed (termgym.episode.tamper)
     allow_system_changes: bool = False
+    # [verifier].agent_paths: absolute paths outside the work directory where the verifier runs the
+    # agent's work on purpose (a tool it installs, a module it writes); loads there are not tampering
+    agent_paths: tuple[str, ...] = ()
     verifier_mode: Literal["shared", "separate"] = "shared"  # [verifier].environment_mode
     artifacts: tuple[str, ...] = ()  # absolute paths: copied out after the episode (and into a separate verifier)
     agent_user: str | None = None  # [agent].user: who the agent's shell runs as (None: the image's user)

@@ -4,7 +4,7 @@ bounded by what lands there, not by the size of the archive it travels in.
 The archive is made in the sandbox, by a ``tar`` the agent can plant (on the image's PATH, or in
 place of /usr/bin/tar on Docker): a 10 KB archive of one sparse member may claim any size. And a
 sparse file of terabytes costs the agent nothing to make but reads as zeros for as long as it is
-read. The trial's directory must keep at most ``MAX_ARTIFACT_BYTES`` of artifacts, a trial scored
+read (a replaced ``tar`` the verifier never runs is no tampering: the trial is graded and exported). The trial's directory must keep at most ``MAX_ARTIFACT_BYTES`` of artifacts, a trial scored
 ``tampered`` none at all, and the export must end promptly whatever the agent left.
 """
 
@@ -40,9 +40,11 @@ def artifact_sizes(trials_dir: Path) -> list[int]:
     [
         ("local", "/root/.local/bin/tar", LOCAL_BIN_FIRST, None),
         pytest.param("docker", "/root/.local/bin/tar", LOCAL_BIN_FIRST, None, marks=pytest.mark.docker),
-        pytest.param("docker", "/usr/bin/tar", None, "fail", marks=pytest.mark.docker),
+        pytest.param("docker", "/usr/bin/tar", None, None, marks=pytest.mark.docker),
+        # the kit's last command replaced: the verifier loads it, so the trial is tampered
+        pytest.param("docker", "/usr/bin/rm", None, "fail", marks=pytest.mark.docker),
     ],
-    ids=["local-path-tar", "docker-path-tar", "docker-replaced-tar-tampered"],
+    ids=["local-path-tar", "docker-path-tar", "docker-replaced-tar", "docker-replaced-rm-tampered"],
 )
 async def test_a_sparse_member_in_a_small_archive_keeps_no_more_than_the_bound(
     tmp_path, backend, where, dockerfile, tamper, no_leaks

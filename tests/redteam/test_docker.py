@@ -1,8 +1,9 @@
 """Red team, Docker: the agent is root in the file system its verifier then executes.
 
-What it changes there cannot be prevented, so it is detected (the engine's list of the container's
-changes against its image, in the record; ``--tamper fail`` scores such a trial 0) and, for tasks
-that need it, avoided (the separate verification mode grades in a fresh container). The kill step
+What it changes there cannot be prevented: it is listed (the engine's diff, in the record), and a
+trial whose traced verifier loads any of it outside the work directory scores 0 by default
+(``--tamper fail``); what the verifier never loads fails nothing. Tasks that need it avoid the
+question (the separate verification mode grades in a fresh container). The kill step
 spares nothing, the keeper included; builds get no network the task does not allow. (The embedded
 backend's builds never had network; a fork storm is in tests/docker.)
 """
@@ -34,7 +35,6 @@ PLANTS = {
         "cp /bin/sh /tmp/sh.orig && cp /tmp/sh.orig /bin/sh.new && mv -f /bin/sh.new /bin/sh",
         "/usr/bin/sh",
     ),
-    "pytest-files-at-root": ("echo '[pytest]' > /pytest.ini && echo 'import os' > /conftest.py", "/pytest.ini"),
 }
 
 
@@ -44,7 +44,7 @@ def backend() -> str:
 
 
 @pytest.mark.parametrize("plant", list(PLANTS), ids=list(PLANTS))
-async def test_by_default_a_trial_that_changed_system_paths_scores_zero_and_says_what_changed(
+async def test_by_default_a_trial_whose_verifier_loads_what_the_agent_planted_scores_zero_and_names_it(
     task_dir, backend, no_leaks, plant
 ):
     command, path = PLANTS[plant]
@@ -54,25 +54,52 @@ async def test_by_default_a_trial_that_changed_system_paths_scores_zero_and_says
     assert record.reward == 0.0 and not record.resolved and record.assertions == []
 
 
-async def test_under_the_warn_policy_the_changes_are_a_warning_and_the_verifier_runs(task_dir, backend, no_leaks):
-    record = await attack(
-        task_dir, backend, "touch /usr/local/bin/helper", "echo done > /app/result.txt", tamper="warn"
-    )
+async def test_files_the_verifier_never_reads_are_recorded_and_fail_nothing(task_dir, backend, no_leaks):
+    """A ``pytest.ini`` and ``conftest.py`` at ``/`` steer only a pytest that reads them, and this
+    verifier (the assertion kit) never does; likewise a helper nobody runs."""
+    plant = "echo '[pytest]' > /pytest.ini && echo 'import os' > /conftest.py && touch /usr/local/bin/helper"
+    record = await attack(task_dir, backend, plant, "echo done > /app/result.txt")
     assert record.resolved and record.error is None, record
-    assert any("system path" in w and "/usr/local/bin/helper" in w for w in record.warnings), record.warnings
+    assert {"/pytest.ini", "/conftest.py", "/usr/local/bin/helper"} <= set(record.system_changes or ())
+
+
+# A shim the kit's last ``rm`` finds first on the verifier's PATH, doing nothing but the removal.
+PASS_THROUGH_RM = "printf '#!/bin/sh\\nexec /usr/bin/rm \"$@\"\\n' > /usr/local/bin/rm && chmod +x /usr/local/bin/rm"
+
+
+async def test_under_the_warn_policy_the_forged_loads_are_a_warning_and_the_verdict_stands(task_dir, backend, no_leaks):
+    record = await attack(task_dir, backend, PASS_THROUGH_RM, "echo done > /app/result.txt", tamper="warn")
+    assert record.resolved and record.error is None, record
+    assert any("/usr/local/bin/rm (added by the agent; executed by the verifier" in w for w in record.warnings)
 
 
 async def test_a_task_that_allows_system_changes_is_verified_without_a_warning(tmp_path, backend, no_leaks):
     task = write_task(tmp_path, verifier_toml="allow_system_changes = true")
-    record = await attack(task, backend, "touch /usr/local/bin/helper", "echo done > /app/result.txt")
+    record = await attack(task, backend, PASS_THROUGH_RM, "echo done > /app/result.txt")
     assert record.resolved and record.error is None, record
-    assert record.system_changes == ["/usr/local/bin/helper"]
-    assert not any("system path" in w for w in record.warnings), record.warnings
+    assert "/usr/local/bin/rm" in (record.system_changes or [])
+    assert not any("the agent wrote" in w for w in record.warnings), record.warnings
 
 
-async def test_a_clean_episode_changes_no_system_path(task_dir, backend, no_leaks):
+async def test_a_task_that_declares_an_agent_path_lets_the_verifier_run_the_agents_work_there(
+    tmp_path, backend, no_leaks
+):
+    test_sh = f"#!/bin/sh\n{KIT_SOURCE}\ntg_check_sh 'the tool says done' '[ \"$(/usr/local/bin/say-done)\" = done ]'\ntg_finish\n"
+    install = "printf '#!/bin/sh\\necho done\\n' > /usr/local/bin/say-done && chmod +x /usr/local/bin/say-done"
+    undeclared = write_task(tmp_path, "undeclared", test_sh=test_sh)
+    record = await attack(undeclared, backend, install)
+    assert record.error is not None and record.error["kind"] == "tampered", record
+    declared = write_task(
+        tmp_path, "declared", test_sh=test_sh, verifier_toml='agent_paths = ["/usr/local/bin/say-done"]'
+    )
+    record = await attack(declared, backend, install)
+    assert record.resolved and record.error is None, record
+
+
+async def test_a_clean_episode_fails_nothing_and_its_changes_are_listed(task_dir, backend, no_leaks):
     record = await attack(task_dir, backend, "echo done > /app/result.txt; mkdir -p /root/x /tmp/y")
-    assert record.resolved and record.system_changes == [] and not record.warnings[:-1]
+    assert record.resolved and record.error is None
+    assert record.system_changes == ["/root/x", "/tmp/y"] and not record.warnings[:-1]
 
 
 async def test_under_the_fail_policy_a_tampered_trial_scores_zero_without_running_the_verifier(

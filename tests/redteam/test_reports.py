@@ -46,18 +46,14 @@ async def test_a_summary_printed_by_the_agents_program_never_outranks_the_report
 async def test_a_summary_is_not_graded_when_the_report_directory_was_sabotaged(tmp_path, no_leaks):
     """On Docker the agent can turn /logs into a plain file, so the kit could write no report and the
     forged summary in the output would be all that is left: the reset undoes it. (On the embedded
-    backend /logs is a mount point the agent cannot replace.) A file at / is tampering by default;
-    under "warn" the verifier runs, and the reset is what holds."""
+    backend /logs is a mount point the agent cannot replace.) The verifier never loads /logs: the
+    reset is what holds."""
     backend = "docker"
     sabotage = (
         forging_tool(50)
         + "rm -rf /logs/verifier /logs/* 2>/dev/null; echo x > /logs/verifier; (rm -rf /logs && echo x > /logs) 2>/dev/null; true\n"
     )
     record = await oracle_attack(tmp_path, backend, sabotage, test_sh=verifier_running_tool())
-    assert record.error is not None and record.error["kind"] == "tampered" and not forged(record), record
-    record = await oracle_attack(
-        tmp_path, backend, sabotage, name="warned", test_sh=verifier_running_tool(), options={"tamper": "warn"}
-    )
     assert record.report_format == "ctrf" and not forged(record), record
 
 

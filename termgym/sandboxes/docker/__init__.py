@@ -11,9 +11,10 @@ reaps zombies), running the keeper, ``/bin/sleep infinity`` by absolute path. Th
 stream; files move as tar archives through the API. Killing the agent's processes restarts the
 container (its init is killed, so the kernel ends every process in it, the keeper included, which
 a root process could otherwise rewrite through ``/proc/<pid>/mem``), then waits until the engine
-lists the new keeper. ``changed_system_paths`` asks the engine what the container
-changed against its image (``termgym.episode.tamper``). No harness step runs a program by the
-container's ``PATH``: commands get their environment through the exec API and their deadline
+lists the new keeper. ``agent_changes`` asks the engine what the container changed against its
+image, and ``exec_traced`` runs a command under termgym's own ``strace``, put into the container
+(``termgym.sandboxes.docker.tracer``; for the tamper check, ``termgym.episode.guard``). No harness
+step runs a program by the container's ``PATH``: commands get their environment through the exec API and their deadline
 from the host; files go through the archive API. ``stop`` removes the container on every path,
 but after ``keep`` (``--keep``), which renames it ``termgym-kept-<id>`` and leaves it running for
 ``attach`` to enter again; the removal runs in the background (``remove_later``), and
@@ -25,7 +26,8 @@ the warm pool when one is ready, and ``close_shared`` closes the pool.
 What it does not cover: a disk quota (overlay2 on ext4 has none; the per-file limit and the agent
 timeout bound what one trial can write), the other services of a Terminal-Bench 1 compose file
 (reported as unsupported), registry credentials (``docker login`` is the engine's). The agent is root in the file system the
-verifier then runs in: what it changed there is detected, not prevented (see ``termgym.episode.tamper``).
+verifier then runs in: what it changed there is not prevented; a load of it by the verifier is
+detected (``termgym.episode.guard``).
 
 All docker-py calls are blocking; they run in a dedicated thread pool, never on the event loop.
 

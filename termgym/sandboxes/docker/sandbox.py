@@ -1,6 +1,6 @@
 """The Docker backend's sandbox (``termgym.sandboxes.docker`` says what it covers): a container of
 the task's image, started or taken from the warm pool, its commands through the engine's exec API,
-files through its archive API, the kill step (a restart), the tamper check (the engine's diff),
+files through its archive API, the kill step (a restart), the agent's changes (the engine's diff), the traced exec,
 and keep.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import socket
 import tarfile
 import time
@@ -18,8 +19,9 @@ from termgym.aio import uninterrupted, wait_for
 from termgym.errors import SandboxBroken, SandboxError, SandboxGone
 from termgym.images.build import ImageConfig, ensure_task_image
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
-from termgym.sandboxes.base import DEFAULT_PATH, ExecResult, ProcessChannel, Sandbox, SandboxSpec
-from termgym.sandboxes.changes import LINKED_DIRECTORIES, entrypoint_files, link_exits, system_changes
+from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.sandboxes.changes import entrypoint_files, leaf_changes
+from termgym.sandboxes.docker import tracer
 from termgym.sandboxes.docker.containers import (
     KEPT_PREFIX,
     create_started,
@@ -44,28 +46,16 @@ from termgym.sandboxes.docker.engine import (
     top_column,
 )
 from termgym.sandboxes.docker.pool import Recipe, make_recipe
-from termgym.sandboxes.docker.stream import DockerChannel, end_exec, exec_blocking
+from termgym.sandboxes.docker.stream import DockerChannel, end_exec, exec_blocking, exec_blocking_apart
+from termgym.sandboxes.docker.tracer import tracer_argv
 from termgym.sandboxes.docker.transfer import OverLimit, archive_of, rooted_archive
 from termgym.sandboxes.limits import PIDS_LIMIT
+from termgym.sandboxes.tracing import TRACE_LIMIT, traced_argv
 
 RESTART_TIMEOUT = 30.0
 SETTLE_TIMEOUT = 2.0  # how long a container the engine could not list may take to stop
 
 _DIFF_KINDS = {0: "C", 1: "A", 2: "D"}
-
-# Every link in the directories given ("$@", those that are directories and not links themselves)
-# as: path NUL target NUL. GNU find lists them at once; elsewhere (busybox) the shell's loop does.
-_LIST_LINKS = r"""
-dirs=
-for d; do [ -d "$d" ] && [ ! -L "$d" ] && dirs="$dirs $d"; done
-[ -n "$dirs" ] || exit 0
-find $dirs -maxdepth 1 -type l -printf '%p\0%l\0' 2>/dev/null && exit 0
-for d in $dirs; do
-  for f in "$d"/* "$d"/.[!.]*; do [ -L "$f" ] && printf '%s\0%s\0' "$f" "$(readlink "$f")"; done
-done
-exit 0
-"""
-_LINK_EXITS: dict[str, tuple[str, ...]] = {}  # per image id: where its system links lead out
 
 
 class DockerSandbox(Sandbox):
@@ -77,9 +67,8 @@ class DockerSandbox(Sandbox):
         self._channels: list[DockerChannel] = []
         self._started_at = 0.0  # when this process last started or restarted the container
         self._keeper: str | None = None  # the keeper's host pid, as the engine lists it
-        # what the tamper check watches besides system paths: the spec's, and the image's entrypoint
-        # (which every restart runs again)
-        self._watched: tuple[str, ...] = tuple(spec.watched)
+        self._tracer_dir: str | None = None  # where termgym's tracer is put into the container
+        self._traced = False  # and it is there
 
     async def start(self) -> None:
         client = await in_thread(docker_client)
@@ -98,25 +87,6 @@ class DockerSandbox(Sandbox):
         except engine_errors() as exc:
             raise mapped_error(exc, "could not start the container") from exc
         self._container, self._keeper = taken.container, taken.keeper
-        self._watched = (*self._watched, *await self._link_exits(image.id))
-
-    async def _link_exits(self, image_id: str) -> tuple[str, ...]:
-        """Where the image's links in its system directories lead out of them
-        (``termgym.sandboxes.changes.link_exits``), listed once per image (before any agent ran
-        in this container: what it lists is the image's)."""
-        if image_id not in _LINK_EXITS:
-            listed = await self.exec(
-                ["/bin/sh", "-c", _LIST_LINKS, "sh", *LINKED_DIRECTORIES],
-                timeout=60,
-                cwd="/",
-                env={"PATH": DEFAULT_PATH},
-                output_limit=4 << 20,
-            )
-            if listed.exit_code != 0 or listed.dropped_bytes:
-                return ()  # an image without a shell or find: nothing found, nothing more watched
-            fields = listed.output.decode("utf-8", errors="surrogateescape").split("\0")
-            _LINK_EXITS[image_id] = link_exits(dict(zip(fields[0:-1:2], fields[1::2])))
-        return _LINK_EXITS[image_id]
 
     async def _recipe(self, client: Any) -> tuple[ImageConfig, Recipe]:
         """The task's image (built or pulled as needed) and the recipe of its container; sets
@@ -137,7 +107,10 @@ class DockerSandbox(Sandbox):
         )
         self.env = {**image.env, **dict(self.spec.env)}
         self.workdir = image.workdir
-        self._watched = (*self.spec.watched, *entrypoint_files(image.entrypoint, image.workdir))
+        # What runs outside the tracer's sight: each restart's keeper and entrypoint, the tracer's
+        # loader's preload list.
+        keeper = (KEEPER[0], f"/usr{KEEPER[0]}")
+        self.untraced_loads = (*keeper, *entrypoint_files(image.entrypoint, image.workdir), *tracer.UNTRACED)
         network = "none"
         if self.spec.network:
             network = await in_thread(network_for_task, client)
@@ -256,16 +229,57 @@ class DockerSandbox(Sandbox):
             await asyncio.sleep(0.05)
         return state
 
-    async def changed_system_paths(self) -> list[str] | None:
-        """What the engine says the container changed under system paths, the spec's watched paths
-        and the image's entrypoint. An engine that cannot list them once the agent has acted
-        (a path longer than ``PATH_MAX`` makes it fail) is ``SandboxBroken``: the agent's doing."""
+    async def agent_changes(self) -> dict[str, str] | None:
+        """Every path the engine says the container changed against its image (``leaf_changes``), but
+        termgym's own tracer. An engine that cannot list them once the agent has acted (a path longer than
+        ``PATH_MAX`` makes it fail) is ``SandboxBroken``: the agent's doing."""
         try:
             changes = await in_thread(docker_client().api.diff, self._require())
         except engine_errors() as exc:
             raise await self._fault(exc, "could not list the container's changes") from exc
-        listed = ((str(c.get("Path") or ""), _DIFF_KINDS.get(c.get("Kind"), "C")) for c in changes or [])
-        return system_changes(listed, self._watched)
+        listed = {str(c.get("Path") or ""): _DIFF_KINDS.get(c.get("Kind"), "C") for c in changes or []}
+        own = self._tracer_dir
+        return leaf_changes({p: k for p, k in listed.items() if not own or (p != own and not p.startswith(own + "/"))})
+
+    async def exec_traced(
+        self,
+        user: str | None,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str],
+        cwd: str,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult | None:
+        """Under termgym's tracer (``termgym.sandboxes.docker.tracer``), put into the container once
+        at a name no one could guess; None where this host has no ``strace`` to bring."""
+        directory = await self._tracer()
+        if directory is None:
+            return None
+        return await self._exec(
+            user,
+            traced_argv(tracer_argv(directory), argv),
+            timeout=timeout,
+            env=env,
+            cwd=cwd,
+            output_limit=output_limit,
+            trace=True,
+        )
+
+    async def _tracer(self) -> str | None:
+        if self._tracer_dir is None:
+            archive = await in_thread(tracer.bundle)
+            if archive is None:
+                return None
+            directory = f"/.termgym-trace-{secrets.token_hex(8)}"
+            self._tracer_dir = directory  # named before it exists: agent_changes leaves it out
+            try:
+                await self.upload_tar(archive, directory)
+            except BaseException:
+                self._tracer_dir = None
+                raise
+            self._traced = True
+        return self._tracer_dir if self._traced else None
 
     async def _fault(self, exc: BaseException, what: str) -> SandboxError:
         """``_mapped``, told apart for a stopped container: stopped through the engine's API since
@@ -315,9 +329,23 @@ class DockerSandbox(Sandbox):
         not by a ``timeout`` in the container: nothing is looked up on the container's ``PATH``
         but ``argv[0]`` itself, on ``env``'s. At the deadline the command's processes are killed
         where the engine runs on this host; elsewhere they are left to the next kill step."""
+        return await self._exec(user, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit, trace=False)
+
+    async def _exec(
+        self,
+        user: str | None,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        output_limit: int,
+        trace: bool,
+    ) -> ExecResult:
         container = self._require()
         limit = max(timeout, 0.001)
         capture = OutputCapture(output_limit)
+        traced = OutputCapture(TRACE_LIMIT) if trace else None
         client = docker_client()
         environment = self._exec_environment(self.env if env is None else env)
         try:
@@ -332,7 +360,12 @@ class DockerSandbox(Sandbox):
                 )
             )["Id"]
             try:
-                code = await wait_for(in_thread(exec_blocking, client, exec_id, capture), limit)
+                blocking = (
+                    in_thread(exec_blocking_apart, client, exec_id, capture, traced)
+                    if traced is not None
+                    else in_thread(exec_blocking, client, exec_id, capture)
+                )
+                code = await wait_for(blocking, limit)
             except TimeoutError:
                 code = None
                 await in_thread(end_exec, client, exec_id, container)
@@ -343,6 +376,8 @@ class DockerSandbox(Sandbox):
             output=capture.getvalue(),
             timed_out=code is None,
             dropped_bytes=capture.dropped_bytes,
+            trace=traced.getvalue() if traced is not None else None,
+            trace_dropped=traced.dropped_bytes if traced is not None else 0,
         )
 
     def _exec_environment(self, env: Mapping[str, str]) -> list[str]:

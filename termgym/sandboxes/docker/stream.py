@@ -101,6 +101,20 @@ def exec_blocking(client: Any, exec_id: str, capture: OutputCapture) -> int | No
     return client.api.exec_inspect(exec_id).get("ExitCode")
 
 
+def exec_blocking_apart(client: Any, exec_id: str, capture: OutputCapture, errors: OutputCapture) -> int | None:
+    """``exec_blocking`` with the command's stderr kept apart, in ``errors``."""
+    stream = client.api.exec_start(exec_id, stream=True, demux=True)
+    try:
+        for out, err in stream:
+            if out:
+                capture.feed(out)
+            if err:
+                errors.feed(err)
+    finally:
+        stream.close()
+    return client.api.exec_inspect(exec_id).get("ExitCode")
+
+
 def end_exec(client: Any, exec_id: str, container: str) -> None:
     """Kill an exec's process and every process it started, where the engine runs on this host
     (each checked, by its cgroup, to be the container's); nothing where it does not."""

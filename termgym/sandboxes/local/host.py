@@ -8,7 +8,6 @@ it with ``HOST_ENV``; the probes that cannot change while the process runs are c
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import secrets
@@ -18,7 +17,6 @@ from pathlib import Path
 
 from termgym.errors import BackendUnavailable
 from termgym.images.dockerfile import CopyStep, EnvironmentPlan, WorkdirStep
-from termgym.sandboxes.changes import LINKED_DIRECTORIES, link_exits
 from termgym.sandboxes.host_processes import HOST_ENV
 from termgym.sandboxes.local.syscall_filter import this_machine
 from termgym.sandboxes.tools import host_tool
@@ -123,17 +121,10 @@ def writable_roots(plan: EnvironmentPlan | None) -> list[str]:
 
 
 @functools.cache
-def host_link_exits() -> tuple[str, ...]:
-    """Where the host's links in the system directories a verifier's programs are found in lead out
-    of the system directories (``termgym.sandboxes.changes.link_exits``), once per process: in a
-    sandbox such a path is a writable root's, so a trusted name there runs what the agent wrote."""
-    links: dict[str, str] = {}
-    for directory in LINKED_DIRECTORIES:
-        if os.path.islink(directory) or not os.path.isdir(directory):
-            continue  # /bin -> usr/bin: its links are /usr/bin's
-        with contextlib.suppress(OSError), os.scandir(directory) as entries:
-            for entry in entries:
-                with contextlib.suppress(OSError):
-                    if entry.is_symlink():
-                        links[entry.path] = os.readlink(entry.path)
-    return link_exits(links)
+def host_strace() -> str | None:
+    """The host's ``strace`` (``host_tool``: root's, in ``/usr`` or ``/bin``, which every sandbox sees
+    read-only), or None where the host has none."""
+    try:
+        return host_tool("strace")
+    except BackendUnavailable:
+        return None

@@ -242,3 +242,21 @@ def _read_up_to(fd: int, cap: int) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+def overlay_changes(upper: dict[str, tuple[int, ...]], lower: Path) -> dict[str, str]:
+    """``{path: A|C|D}`` from the manifest of an overlay's upper layer (``LocalHostFiles.manifest``)
+    and its lower directory: a character device is a whiteout (a deletion; nothing in a sandbox can
+    make another kind of device), an entry the lower layer has is changed, any other is added."""
+    changes: dict[str, str] = {}
+    for path, (mode, *_) in upper.items():
+        if stat.S_ISCHR(mode):
+            changes[path] = "D"
+            continue
+        try:
+            os.lstat(lower / path.lstrip("/"))
+        except (FileNotFoundError, NotADirectoryError):
+            changes[path] = "A"
+        else:
+            changes[path] = "C"
+    return changes

@@ -22,6 +22,7 @@ from termgym.errors import EnvironmentBuildError, SandboxBroken, SandboxError
 from termgym.images.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
+from termgym.sandboxes.changes import leaf_changes, manifest_changes
 from termgym.sandboxes.host_processes import (
     POLL_SEC,
     HostChannel,
@@ -38,16 +39,17 @@ from termgym.sandboxes.local.env_cache import Entry, EnvCache, cache_enabled, co
 from termgym.sandboxes.local.home import make_file_system, make_home, overlay_prepared, remove_home, write_labels
 from termgym.sandboxes.local.host import (
     BASE_WRITABLE,
-    host_link_exits,
+    host_strace,
     require_tools,
     sandbox_uid,
     writable_roots,
 )
-from termgym.sandboxes.local.host_files import LocalHostFiles
+from termgym.sandboxes.local.host_files import LocalHostFiles, overlay_changes
 from termgym.sandboxes.local.keeper import Keeper
 from termgym.sandboxes.local.kept import KEPT_STATE, kept_state, write_json
 from termgym.sandboxes.local.prepare import prepare_environment
 from termgym.sandboxes.local.storage import SizedFilesystem
+from termgym.sandboxes.tracing import TRACE_LIMIT, traced_argv
 
 
 class Processes(enum.Enum):
@@ -75,7 +77,8 @@ class LocalSandbox(Sandbox):
         self._file_size_limit: int | None = None  # bytes a file, where no sized file system is mounted
         self._view: Path | None = None  # the overlay over a prepared environment, when started from one
         self._state = Processes.RUNNING
-        self._baseline: dict[str, tuple[int, ...]] = {}  # the watched paths as the agent found them
+        self._baseline: dict[str, tuple[int, ...]] = {}  # the writable roots as the agent found them
+        self._lower: Path | None = None  # the prepared environment under the overlay, when there is one
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -87,9 +90,9 @@ class LocalSandbox(Sandbox):
                 self._adopt(ready)
                 return
         await self._start()
-        watched = self._watched_here()
-        if watched:  # what the tamper check compares against: the tree before the agent's first command
-            self._baseline = await asyncio.to_thread(LocalHostFiles(self.files_dir, self.owner).manifest, watched)
+        if self._lower is None:  # what agent_changes compares against: the roots before the agent's first command
+            roots = ["/" + root for root in self._roots]
+            self._baseline = await asyncio.to_thread(LocalHostFiles(self.files_dir, self.owner).manifest, roots)
 
     def _adopt(self, ready: LocalSandbox) -> None:
         """Become the pooled sandbox ``ready`` (started from a spec of this one's recipe): its
@@ -101,14 +104,6 @@ class LocalSandbox(Sandbox):
         ready._dir, ready._keeper, ready._channels = None, None, []
         assert self._dir is not None
         write_labels(self._dir, self.spec.name, self.spec.labels)
-
-    def _watched_here(self) -> list[str]:
-        """What the tamper check watches that this sandbox can change: the spec's watched paths
-        and where the host's links in its system directories lead out of them
-        (``host_link_exits``), those under the sandbox's writable roots (the rest is the host's,
-        read-only)."""
-        watched = dict.fromkeys([*self.spec.watched, *host_link_exits()])
-        return [path for path in watched if path.strip("/").split("/", 1)[0] in self._roots]
 
     async def _start(self) -> None:
         require_tools()
@@ -183,6 +178,7 @@ class LocalSandbox(Sandbox):
         if os.geteuid() == 0:
             await self._make_file_system(["upper", "work"])
             self._view = overlay_prepared(home, entry, self.warnings)
+            self._lower = entry.tree if self._view is not None else None
         else:
             await self._make_file_system([])
         if self._view is None and not await copy_tree(entry.tree, home / "fs"):
@@ -292,23 +288,49 @@ class LocalSandbox(Sandbox):
         if self._keeper_pid is None or not alive(self._keeper_pid):
             raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
 
-    async def changed_system_paths(self) -> list[str]:
-        """What changed under the spec's watched paths (``SandboxSpec.watched``: the writable
-        directories a task's ``[verifier].env`` trusts) since the sandbox started, by the change
-        times the host's files carry; nothing else can change: the system directories are the
-        host's, bound read-only, and the root directory is read-only too. ``SandboxBroken`` when
-        the watched trees grew past what can be compared."""
-        watched = self._watched_here()
-        if not watched or self._dir is None:
-            return []
+    async def agent_changes(self) -> dict[str, str]:
+        """Every change under the writable roots since the sandbox started (the rest is the host's,
+        bound read-only): over a prepared environment, what its overlay's upper layer holds (the
+        trial's writes, nothing else); otherwise by the change times the host's files carry, which
+        no process can set back. ``SandboxBroken`` when the trees grew past what can be compared."""
+        if self._dir is None:
+            return {}
+        roots = ["/" + root for root in self._roots]
         try:
-            now = await asyncio.to_thread(LocalHostFiles(self.files_dir, self.owner).manifest, watched)
+            if self._lower is not None:
+                upper = LocalHostFiles(self._dir / "fs" / "upper", self.owner)
+                changes = await asyncio.to_thread(overlay_changes, upper.manifest(roots), self._lower)
+            else:
+                now = await asyncio.to_thread(LocalHostFiles(self.files_dir, self.owner).manifest, roots)
+                changes = manifest_changes(self._baseline, now)
         except OSError as exc:
-            raise SandboxBroken(
-                f"could not list what changed under {', '.join(watched)}: {exc.strerror or exc}"
-            ) from exc
-        before = self._baseline
-        return sorted(path for path in before.keys() | now.keys() if before.get(path) != now.get(path))
+            raise SandboxBroken(f"could not list what the agent changed: {exc.strerror or exc}") from exc
+        return leaf_changes(changes)
+
+    async def exec_traced(
+        self,
+        user: str | None,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str],
+        cwd: str,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult | None:
+        """Under the host's ``strace``, which the sandbox sees read-only in the host's ``/usr``; None
+        where the host has none or for another user (this backend runs everything as root)."""
+        tracer = host_strace()
+        if tracer is None or user is not None:
+            return None
+        return await self._run(
+            traced_argv([tracer], argv),
+            timeout=timeout,
+            stdin=None,
+            env=env,
+            cwd=cwd,
+            output_limit=output_limit,
+            trace=True,
+        )
 
     async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
         """From the host while no process runs in the sandbox (``LocalHostFiles.archive``: bounded in
@@ -457,6 +479,22 @@ class LocalSandbox(Sandbox):
         cwd: str | None = None,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
     ) -> ExecResult:
+        return await self._run(
+            argv, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit, trace=False
+        )
+
+    async def _run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        stdin: bytes | None,
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        output_limit: int,
+        trace: bool,
+    ) -> ExecResult:
+        """``exec``; with ``trace``, stderr kept apart (bounded by ``TRACE_LIMIT``) as the trace."""
         # `timeout` inside the sandbox kills the command's whole process group (TERM, then KILL
         # one second later); the host-side deadline is only a backstop if that fails.
         await self._before_command()
@@ -468,13 +506,14 @@ class LocalSandbox(Sandbox):
             end_entered,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+            stderr=asyncio.subprocess.PIPE if trace else asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
         capture = OutputCapture(output_limit)
+        traced = OutputCapture(TRACE_LIMIT) if trace else None
         started = time.monotonic()
         try:
-            await wait_for(communicate(process, stdin, capture), limit + 5.0)
+            await wait_for(communicate(process, stdin, capture, traced), limit + 5.0)
         except TimeoutError:
             pass  # the in-sandbox timeout failed to end it: killed below
         finally:
@@ -488,6 +527,8 @@ class LocalSandbox(Sandbox):
             output=capture.getvalue(),
             timed_out=timed_out,
             dropped_bytes=capture.dropped_bytes,
+            trace=traced.getvalue() if traced is not None else None,
+            trace_dropped=traced.dropped_bytes if traced is not None else 0,
         )
 
     async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:

@@ -208,6 +208,7 @@ class SandboxHost:
             "workdir": sandbox.workdir,
             "warnings": list(sandbox.warnings),
             "image": dict(sandbox.image),
+            "untraced_loads": list(sandbox.untraced_loads),
         }
 
     def _sandbox(self, sandbox_id: str) -> Sandbox:
@@ -310,7 +311,8 @@ CALLS = frozenset(
         "upload_tar",
         "download_tar",
         "check_alive",
-        "changed_system_paths",
+        "agent_changes",
+        "exec_traced",
         "limit_warnings",
         "set_network",
     }

@@ -1,7 +1,8 @@
 """The driver's side of a Ray cluster: a ``Sandbox`` whose every call runs on its node's actor.
 
 ``RemoteSandbox`` forwards the whole contract (``start``, ``exec`` and ``exec_as``, the process
-channel, uploads and downloads, the kill step, the reports, ``set_network``, ``stop``, ``keep``) to
+channel, uploads and downloads, the kill step, the agent's changes and the traced exec, the reports,
+``set_network``, ``stop``, ``keep``) to
 the ``SandboxHost`` of its node, by sandbox id, over the Ray API. It has no host files
 (``host_files`` is None), so verification reads and writes through commands, as on Docker.
 
@@ -48,6 +49,7 @@ class RemoteSandbox(Sandbox):
     def _apply(self, mirror: dict[str, Any]) -> None:
         self.env, self.workdir = mirror["env"], mirror["workdir"]
         self.warnings, self.image = mirror["warnings"], mirror["image"]
+        self.untraced_loads = tuple(mirror["untraced_loads"])
 
     def _sandbox_id(self) -> str:
         if self._id is None:
@@ -138,8 +140,22 @@ class RemoteSandbox(Sandbox):
     async def check_alive(self) -> None:
         await self._call("check_alive")
 
-    async def changed_system_paths(self) -> list[str] | None:
-        return await self._call("changed_system_paths")
+    async def agent_changes(self) -> dict[str, str] | None:
+        return await self._call("agent_changes")
+
+    async def exec_traced(
+        self,
+        user: str | None,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str],
+        cwd: str,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> ExecResult | None:
+        return await self._call(
+            "exec_traced", user, list(argv), timeout=timeout, env=dict(env), cwd=cwd, output_limit=output_limit
+        )
 
     async def limit_warnings(self) -> list[str]:
         return await self._call("limit_warnings")

@@ -1,93 +1,53 @@
-"""Which of the engine's changed paths count as system changes (termgym.episode.tamper), and which search-path
-entries the verifier keeps: tables."""
+"""What a backend's list of changes keeps (termgym.sandboxes.changes), the tamper warning, and which
+search-path entries the verifier keeps: tables."""
 
 from __future__ import annotations
 
 import pytest
 
 from termgym.episode.tamper import MAX_LISTED, tamper_warning
-from termgym.sandboxes.changes import system_changes, trusted_search_paths, watched_paths
+from termgym.sandboxes.changes import leaf_changes, manifest_changes, trusted_search_paths
 
 
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        ([], []),
+        ({}, {}),
         # a shim on PATH: the directories above it are listed by the engine only because it changed
         (
-            [("/usr", "C"), ("/usr/local", "C"), ("/usr/local/bin", "C"), ("/usr/local/bin/mv", "A")],
-            ["/usr/local/bin/mv"],
+            {"/usr": "C", "/usr/local": "C", "/usr/local/bin": "C", "/usr/local/bin/mv": "A"},
+            {"/usr/local/bin/mv": "A"},
         ),
-        ([("/etc", "C"), ("/etc/ld.so.preload", "A")], ["/etc/ld.so.preload"]),
+        # a new directory holding work: its files are listed, not it; a new empty one is a leaf
+        ({"/data": "A", "/data/x": "A", "/empty": "A"}, {"/data/x": "A", "/empty": "A"}),
+        # a directory replaced by a link, deleted files
+        ({"/opt/venv/bin": "C", "/boot/vmlinuz": "D"}, {"/boot/vmlinuz": "D", "/opt/venv/bin": "C"}),
+        # what the engine itself puts into every container, and a trailing slash
         (
-            [("/usr/bin/sh", "C"), ("/lib/x86_64-linux-gnu/libc.so.6", "C"), ("/boot/vmlinuz", "D")],
-            ["/boot/vmlinuz", "/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/sh"],
+            {"/usr/sbin/docker-init": "A", "/etc/hostname": "C", "/.dockerenv": "A", "/etc/": "C", "/": "C"},
+            {},
         ),
-        # files planted at the top, and a system directory removed
-        ([("/pytest.ini", "A"), ("/conftest.py", "A"), ("/sbin", "D")], ["/conftest.py", "/pytest.ini", "/sbin"]),
-        # the agent's own work is not a system change, nor a top-level directory it changed inside
-        (
-            [
-                ("/app", "C"),
-                ("/app/out.txt", "A"),
-                ("/tmp", "C"),
-                ("/tmp/x", "A"),
-                ("/root", "C"),
-                ("/root/.bashrc", "C"),
-                ("/var", "C"),
-                ("/var/log/x", "A"),
-                ("/opt/tool", "A"),
-            ],
-            [],
-        ),
-        (
-            [("/data", "A"), ("/data/x", "A")],
-            [],
-        ),  # a new top-level directory holding work: its files are listed, not it
-        ([("/root", "C")], []),  # a top-level directory changed, not added or removed
-        # what the engine itself puts into every container
-        (
-            [
-                ("/usr/sbin/docker-init", "A"),
-                ("/etc/hostname", "C"),
-                ("/etc/hosts", "C"),
-                ("/etc/resolv.conf", "C"),
-                ("/.dockerenv", "A"),
-            ],
-            [],
-        ),
-        (
-            [("/usr/binary-lookalike/x", "A"), ("/usrx", "C")],
-            ["/usr/binary-lookalike/x"],
-        ),  # a prefix is a whole component
+        ({"/usr/binary-lookalike/x": "A", "/usrx": "C"}, {"/usr/binary-lookalike/x": "A", "/usrx": "C"}),
     ],
 )
-def test_system_changes(changes, expected):
-    assert system_changes(changes) == expected
+def test_leaf_changes_keep_what_changed_not_the_directories_above_it(changes, expected):
+    assert leaf_changes(changes) == expected
+    assert list(leaf_changes(changes)) == sorted(expected)
 
 
-def test_the_warning_names_the_first_paths_and_counts_the_rest():
-    paths = [f"/usr/bin/tool{i:03d}" for i in range(MAX_LISTED + 7)]
-    warning = tamper_warning(paths)
-    assert warning.startswith(f"the agent changed {MAX_LISTED + 7} system path(s)")
+def test_manifest_changes_tell_added_changed_and_deleted():
+    before = {"/app": (1, 2, 3, 4), "/app/a": (1, 5, 3, 4), "/app/gone": (1, 6, 0, 4)}
+    now = {"/app": (1, 2, 3, 9), "/app/a": (1, 5, 3, 4), "/app/new": (1, 7, 1, 9)}
+    assert manifest_changes(before, now) == {"/app": "C", "/app/gone": "D", "/app/new": "A"}
+    assert leaf_changes(manifest_changes(before, now)) == {"/app/gone": "D", "/app/new": "A"}
+
+
+def test_the_warning_names_the_first_loads_and_counts_the_rest():
+    loads = [f"/usr/bin/tool{i:03d} (added by the agent; executed by the verifier)" for i in range(MAX_LISTED + 7)]
+    warning = tamper_warning(loads)
+    assert warning.startswith(f"the verifier loaded {MAX_LISTED + 7} file(s) the agent wrote")
     assert "/usr/bin/tool000" in warning and f"/usr/bin/tool{MAX_LISTED - 1:03d}" in warning
     assert f"/usr/bin/tool{MAX_LISTED:03d}" not in warning and warning.endswith("and 7 more")
-
-
-@pytest.mark.parametrize(
-    ("changes", "watched", "expected"),
-    [
-        # a shim in a directory a task's [verifier].env trusts is tampering; elsewhere it is work
-        ([("/opt/venv/bin/pytest", "C"), ("/app/x", "A")], ("/opt/venv", "/opt/venv/bin"), ["/opt/venv/bin/pytest"]),
-        ([("/opt/venv/bin/pytest", "C")], (), []),
-        # an image's entrypoint, which every restart runs again
-        ([("/docker-entrypoint.sh", "C")], ("/docker-entrypoint.sh",), ["/docker-entrypoint.sh"]),
-        ([("/docker-entrypoint.sh", "C")], (), []),
-        ([("/opt/venvx/a", "A")], ("/opt/venv",), []),  # a whole component
-    ],
-)
-def test_system_changes_count_the_watched_paths(changes, watched, expected):
-    assert system_changes(changes, watched) == expected
 
 
 @pytest.mark.parametrize(
@@ -136,9 +96,3 @@ def test_system_changes_count_the_watched_paths(changes, watched, expected):
 )
 def test_trusted_search_paths_keep_only_what_the_agent_cannot_write(env, kept, dropped):
     assert trusted_search_paths(env) == (kept, dropped)
-
-
-def test_watched_paths_are_the_writable_places_a_trusted_environment_searches():
-    env = {"PATH": "/opt/venv/bin:/usr/bin", "PYTHONPATH": "/srv/lib:relative", "HOME": "/x", "NODE_OPTIONS": "/a"}
-    assert watched_paths(env) == ("/opt/venv", "/opt/venv/bin", "/srv/lib")
-    assert watched_paths({"PATH": "/usr/local/bin:/bin"}) == ()

@@ -419,9 +419,9 @@ async def test_a_scheduled_trial_verifies_by_the_same_path_as_a_plain_one(tmp_pa
     by_command: list[str] = []
     harness_step = verification._harness_step
 
-    async def recorded(sandbox, argv, what):
+    async def recorded(guard, step, argv, what):
         by_command.append(what)
-        await harness_step(sandbox, argv, what)
+        await harness_step(guard, step, argv, what)
 
     monkeypatch.setattr(verification, "_harness_step", recorded)
     task = load_task(write_task(tmp_path))

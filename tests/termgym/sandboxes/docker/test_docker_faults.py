@@ -46,7 +46,7 @@ def server_error() -> docker.errors.APIError:
 async def test_engine_faults_map_to_the_error_tree(monkeypatch, error, expected):
     sandbox = sandbox_whose_engine_raises(monkeypatch, error)
     with pytest.raises(SandboxError) as raised:
-        await sandbox.changed_system_paths()
+        await sandbox.agent_changes()
     assert type(raised.value) is expected
     assert raised.value.__cause__ is error
 
@@ -58,4 +58,4 @@ async def test_a_bug_is_not_dressed_up_as_a_sandbox_fault(monkeypatch, bug):
     ``internal_error``, kept in the batch)."""
     sandbox = sandbox_whose_engine_raises(monkeypatch, bug)
     with pytest.raises(type(bug)):
-        await sandbox.changed_system_paths()
+        await sandbox.agent_changes()

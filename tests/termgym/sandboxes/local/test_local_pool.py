@@ -120,13 +120,13 @@ async def test_contexts_that_differ_only_in_bytes_never_share_a_pooled_sandbox(t
 async def test_an_adopted_sandbox_carries_its_labels_and_its_tamper_baseline(tmp_path, pool_on):
     task_dir = write_task(
         tmp_path,
-        verifier_toml='env = { PATH = "/app/tools/bin:/usr/bin:/bin" }',
-        dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\nRUN mkdir -p /app/tools/bin\n",
+        verifier_toml='env = { PATH = "/opt/tools/bin:/usr/bin:/bin" }',
+        dockerfile="FROM debian:bookworm-slim\nWORKDIR /app\nRUN mkdir -p /opt/tools/bin\n",
     )
     task = load_task(task_dir)
     attack = (
         "echo done > /app/result.txt",
-        "printf '#!/bin/sh\\n' > /app/tools/bin/grep; chmod +x /app/tools/bin/grep",
+        "printf '#!/bin/sh\\n' > /opt/tools/bin/grep; chmod +x /opt/tools/bin/grep",
     )
     try:
         await run_trial(task, OracleAgent(), EnvOptions())
@@ -144,7 +144,7 @@ async def test_an_adopted_sandbox_carries_its_labels_and_its_tamper_baseline(tmp
         await close_backends()
     assert len(pool_on) == 2
     assert record.error is not None and record.error["kind"] == "tampered" and record.reward == 0.0, record
-    assert any("/app/tools" in change for change in record.system_changes or [])
+    assert "/opt/tools/bin/grep" in record.error["message"] and "/opt/tools/bin/grep" in (record.system_changes or [])
 
 
 async def test_the_schedulers_prewarm_fills_the_pool(task_dir, pool_on):
