@@ -28,6 +28,7 @@ from termgym.episode.loads import (
     is_cache,
     is_pure_data,
     kernel_interpreter,
+    on_the_way,
     parse_trace,
     walked,
 )
@@ -39,6 +40,7 @@ from termgym.tasks import Task
 
 HARNESS_PATHS = ("/logs/verifier", "/tests", "/tmp/.termgym-verifier")  # made fresh by the harness
 HEAD_BYTES = 4096  # enough of an executed file to read its #! line or its ELF loader
+LINK_ARCHIVE_BYTES = 64 << 10  # an archive of one link is a few hundred bytes; a directory may be more
 MAX_EXECUTABLE_BYTES = 256 << 20  # an executed file larger than this is read in part by the engine's archive
 MAX_RESOLVE_ROUNDS = 6  # links, #! lines and loaders followed from an executed file
 # What the kernel loads for a file the agent never changed is the image's: known per image digest.
@@ -157,7 +159,8 @@ class LoadGuard:
         for step in dict.fromkeys(step for step, _ in self._loads):
             loads = [load for s, load in self._loads if s == step]
             loads += await self._kernel_loads([load for load in loads if load.how == "executed"])
-            found += forged_loads(loads, changes, agent_paths=self._paths, step=step)
+            links = [path for path in on_the_way(loads, changes) if await self._is_link(path)]
+            found += forged_loads(loads, changes, agent_paths=self._paths, step=step, links=links)
         unique: dict[str, Forged] = {}
         for forged in found:
             unique.setdefault(forged.path, forged)
@@ -197,6 +200,17 @@ class LoadGuard:
         if pristine and len(_PRISTINE) < MAX_PRISTINE:
             _PRISTINE[key] = found
         return found
+
+    async def _is_link(self, path: str) -> bool:
+        """Whether ``path`` in the sandbox is a link now (read as the one member of the backend's
+        archive of it; a tree too large to be one link is none)."""
+        try:
+            archive = await self._sandbox.download_tar([path], limit=LINK_ARCHIVE_BYTES, timeout=60)
+            with tarfile.open(fileobj=io.BytesIO(archive)) as members:
+                member = members.next()
+        except (SandboxBroken, tarfile.TarError):
+            return False
+        return member is not None and member.issym()
 
     async def _read_next_loaded(self, path: str) -> str | None:
         try:

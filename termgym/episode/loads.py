@@ -24,7 +24,7 @@ from __future__ import annotations
 import posixpath
 import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 CACHE_SUFFIXES = (".pyc", ".pyo")
@@ -76,7 +76,7 @@ _METADATA_FILES = frozenset(
 _CODE_SUFFIXES = frozenset(
     ".py .pyc .pyo .pyd .pyz .pyw .pth .so .dylib .a .o .pl .pm .pmc .pod .rb .gemspec .js .mjs .cjs .node"
     " .ts .lua .luac .tcl .tk .php .jar .class .war .zip .egg .whl .wasm .sh .bash .zsh .ksh .csh .fish"
-    " .el .elc .r .R .jl .awk .sed .vim .ini .cfg .conf .toml .yaml .yml .rc .env .service .desktop".split()
+    " .el .elc .r .R .jl .awk .sed .vim .ini .cfg .conf .toml .rc .env".split()
 )
 _CODE_NAMES = frozenset(
     {"pyvenv.cfg", "ld.so.preload", "ld.so.conf", "package.json", "Makefile", "makefile", "GNUmakefile"}
@@ -319,16 +319,19 @@ def forged_loads(
     *,
     agent_paths: Sequence[str],
     step: str,
+    links: Collection[str] = (),
 ) -> list[Forged]:
     """The loads of files the agent wrote (``changes``: path -> ``A``/``C``, caches already dropped)
     outside ``agent_paths`` (the work directory and what the task declares), each file once, in the
     order loaded. A file only opened that reads as data (``reads_as_data``) is not a load; an
-    executed one always is. Checked: the path the kernel reached, and every path the lookup passed
-    through as the call named it (a directory the agent replaced by a link, a link it planted). A
-    relative path whose directory is unknown is matched against every changed path that ends with it."""
+    executed one always is. Checked: the path the kernel reached, the path as the call named it (a
+    link the agent planted there), and the directories the lookup passed through that the agent
+    made links (``on_the_way``). A relative path whose directory is unknown is matched against every
+    changed path that ends with it."""
     found: dict[str, Forged] = {}
     for load in loads:
-        paths = [load.path, *load.via]
+        paths = [load.path, *load.via[-1:]]
+        paths += [path for path in on_the_way([load], changes) if path in links or changes[path] == "A"]
         if load.relative:
             tail = "/" + load.path.lstrip("./")
             paths = [path for path in changes if path.endswith(tail)]
@@ -336,8 +339,22 @@ def forged_loads(
             kind = changes.get(path)
             if kind not in ("A", "C") or under(path, agent_paths) or path in found:
                 continue
-            on_the_way = load.via and path in load.via[:-1]  # a directory passed through: never data
-            if load.how == "opened" and not on_the_way and reads_as_data(path, kind):
+            passed = path in load.via[:-1]  # a directory passed through: never data
+            if load.how == "opened" and not passed and reads_as_data(path, kind):
                 continue
             found[path] = Forged(path, kind, load.how, load.pid, step)
     return list(found.values())
+
+
+def on_the_way(loads: Iterable[Load], changes: Mapping[str, str]) -> list[str]:
+    """The changed paths that lookups passed through on their way to the file (each once): a
+    directory only the agent's link (or a directory it emptied of new files, which the caller tells
+    apart, ``forged_loads``'s ``links``) leaves listed without anything under it. An opened file
+    reached where the call named it followed no link, so nothing on its way is counted."""
+    found: dict[str, None] = {}
+    for load in loads:
+        followed = load.how != "opened" or (load.via and load.via[-1] != load.path)
+        for path in load.via[:-1] if followed else ():
+            if changes.get(path) in ("A", "C"):
+                found[path] = None
+    return list(found)

@@ -17,8 +17,10 @@ read. A harness step that fails inside the sandbox (the reset, the upload, readi
 raises ``SandboxBroken``: the sandbox's own tools or directories were broken.
 
 What it cannot prevent on a backend where the agent is root in the file system the verifier then
-executes (Docker, Daytona): tools the verifier runs replaced by the agent. ``termgym.episode.tamper`` and
-the separate verification mode (``[verifier].environment_mode``) are the answers there.
+executes (Docker, Daytona): tools the verifier runs replaced by the agent. It detects them instead:
+every step that runs in the sandbox is traced, and a load of a file the agent wrote outside its work
+fails the trial (``termgym.episode.guard``). The separate verification mode
+(``[verifier].environment_mode``) grades without the agent's changes at all.
 """
 
 from __future__ import annotations
@@ -202,7 +204,7 @@ async def verify(
             await guard.drop_caches()
         except SandboxBroken as exc:
             broken = exc
-    if forged := await _forged(guard, tamper, warnings):
+    if tamper == "fail" and (forged := await guard.findings()):  # the harness's reset loaded them
         return _tampered(forged, changes, started)
     if broken is not None:
         raise broken
@@ -240,7 +242,7 @@ async def verify(
 
 
 async def _forged(guard: LoadGuard, tamper: str, warnings: list[str]) -> list[Forged]:
-    """The forged loads so far that fail the trial (none under ``warn``: they become a warning)."""
+    """The forged loads of every step that fail the trial (none under ``warn``: a warning instead)."""
     forged = await guard.findings()
     if forged and tamper != "fail":
         warnings.append(tamper_warning([item.describe() for item in forged]))

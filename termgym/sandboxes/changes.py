@@ -114,12 +114,12 @@ def manifest_changes(before: Mapping[str, tuple[int, ...]], now: Mapping[str, tu
 
 def leaf_changes(changes: Mapping[str, str]) -> dict[str, str]:
     """``changes`` without the engine's own paths and without the directories listed only because
-    something under them changed (a directory is kept where nothing under it is listed: new and
-    empty, deleted, or replaced by a link), sorted by path."""
+    something under them was added or changed (a directory is kept where nothing under it is
+    listed but deletions: new and empty, emptied, deleted, or replaced by a link), sorted by path."""
     listed = {(path.rstrip("/") or "/"): kind for path, kind in changes.items()}
     parents: set[str] = set()
-    for path in listed:
-        head = path.rsplit("/", 1)[0] or "/"
+    for path in (path for path, kind in listed.items() if kind != "D"):  # what is gone under a
+        head = path.rsplit("/", 1)[0] or "/"  # directory replaced by a link leaves it listed
         while head not in parents and head != "/":
             parents.add(head)
             head = head.rsplit("/", 1)[0] or "/"

@@ -41,4 +41,4 @@ async def test_a_detached_forger_started_through_inspects_exec_is_gone_before_th
     finally:
         await TermgymSandboxEnvironment.sample_cleanup("redteam", config, environments, False)
     assert (verdict["resolved"], verdict["passed"], verdict["reward"]) == (0, 0, 0.0), verdict
-    assert verdict["total"] == 2 and verdict["error"] is None
+    assert verdict["total"] == 2 and verdict["error"] is None, (verdict["error"], verdict["verifier_output"])

@@ -84,6 +84,12 @@ def attacks(venv: str) -> dict[str, tuple[str, str]]:
             f" && ln -sf /app/reports.py {site}/_pytest/reports.py",
             f"{site}/_pytest/reports.py",
         ),
+        # the whole package moved into the work directory, the toolchain's directory a link to it
+        "directory-link-into-the-work-directory": (
+            f"cp -r {site}/_pytest /app/_pytest && printf '%s' '{REPORTS_PATCH}' >> /app/_pytest/reports.py"
+            f" && rm -rf {site}/_pytest && ln -s /app/_pytest {site}/_pytest",
+            f"{site}/_pytest",
+        ),
         "pyvenv-home": (
             " && ".join(
                 [
@@ -148,6 +154,7 @@ WHEEL_MAKER = textwrap.dedent("""\
         wheel.writestr(f"{info}/RECORD", "")
     """)
 PIP = "/opt/venv/bin/python -m pip install -q --no-index --no-compile"
+DONE = "echo done > /app/result.txt"
 
 
 def _wheel(name: str, module: str, script: str = "") -> str:
@@ -265,3 +272,42 @@ def test_an_entry_point_plant_cannot_forge_the_skyrl_reward(tmp_path, request, b
         env.close()
     assert final["done"] and final["reward"] == 0.0, final
     assert final["metadata"]["error"]["kind"] == "tampered", final["metadata"]
+
+
+def test_on_a_ray_cluster_a_plant_is_tampered_and_honest_work_resolved(tmp_path, ray_cluster, capsys, no_leaks):
+    """The same check on a node of a real Ray cluster (the embedded backend there): the node's
+    actor forwards the traced exec and the list of changes, so the verdict is the same as here."""
+    pytest.importorskip("ray", reason="the ray extra")
+    import json
+
+    from termgym.cli import main as termgym_main
+
+    planted = attacks("/opt/venv")["pth-file"][0]
+    forged = write_toolchain_task(tmp_path, "forged", solve_sh=f"#!/bin/sh\n{planted}\n")
+    honest = write_toolchain_task(
+        tmp_path, "honest", solve_sh=f"#!/bin/sh\n{HONEST['pip-install-into-the-verifiers-venv'][0]}\n{DONE}\n"
+    )
+    verdicts = {}
+    for name, task in (("forged", forged), ("honest", honest)):
+        argv = ["check", str(task), "--agent", "oracle", "--cluster", ray_cluster.address, "--json"]
+        termgym_main(argv)
+        verdicts[name] = json.loads(capsys.readouterr().out)
+    assert verdicts["forged"]["error"]["kind"] == "tampered" and verdicts["forged"]["reward"] == 0.0
+    assert "zz_forge.pth" in verdicts["forged"]["error"]["message"] and verdicts["forged"]["node"].startswith("ray-")
+    assert verdicts["honest"]["resolved"] and verdicts["honest"]["error"] is None, verdicts["honest"]
+
+
+@pytest.mark.parametrize("name", ["directory-link-into-the-work-directory", "pth-file"])
+async def test_without_the_prepared_environment_cache_the_embedded_check_is_the_same(
+    tmp_path, monkeypatch, name, no_leaks
+):
+    """``TERMGYM_ENV_CACHE=0``: the sandbox is prepared in place, no overlay, and its changes are two
+    manifests of its writable roots (a directory replaced by a link is listed with what is gone
+    under it); the verdicts do not change."""
+    monkeypatch.setenv("TERMGYM_ENV_CACHE", "0")
+    task = write_toolchain_task(tmp_path)
+    command, planted = attacks("/opt/venv")[name]
+    record = await attack(task, "local", command)
+    assert record.error is not None and record.error["kind"] == "tampered" and planted in record.error["message"]
+    honest = await attack(task, "local", HONEST["pip-install-into-the-verifiers-venv"][0], DONE)
+    assert honest.resolved and honest.error is None, honest

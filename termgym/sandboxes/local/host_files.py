@@ -245,18 +245,39 @@ def _read_up_to(fd: int, cap: int) -> bytes:
 
 
 def overlay_changes(upper: dict[str, tuple[int, ...]], lower: Path) -> dict[str, str]:
-    """``{path: A|C|D}`` from the manifest of an overlay's upper layer (``LocalHostFiles.manifest``)
-    and its lower directory: a character device is a whiteout (a deletion; nothing in a sandbox can
-    make another kind of device), an entry the lower layer has is changed, any other is added."""
+    """``{path: A|C|D}`` from the manifest of an overlay's upper layer (``LocalHostFiles.manifest``,
+    parents before children) and its lower directory: a character device is a whiteout (a deletion;
+    nothing in a sandbox can make another kind of device), an entry the lower layer has is changed,
+    any other is added (and so is all under it, without looking: a tree of any depth)."""
     changes: dict[str, str] = {}
     for path, (mode, *_) in upper.items():
+        parent = path.rsplit("/", 1)[0]
         if stat.S_ISCHR(mode):
             changes[path] = "D"
-            continue
-        try:
-            os.lstat(lower / path.lstrip("/"))
-        except (FileNotFoundError, NotADirectoryError):
+        elif changes.get(parent) == "A" or not _in_lower(lower, path):
             changes[path] = "A"
         else:
             changes[path] = "C"
     return changes
+
+
+def _in_lower(lower: Path, path: str) -> bool:
+    """Whether the overlay's lower directory has ``path`` (absolute as the sandbox sees it), each
+    component reached from its directory's descriptor (no path too long, no link followed)."""
+    *parents, name = PurePosixPath(path).relative_to("/").parts
+    fd = os.open(lower, DIR_FLAGS)
+    try:
+        for part in parents:
+            try:
+                child = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except (FileNotFoundError, NotADirectoryError):
+                return False
+            os.close(fd)
+            fd = child
+        try:
+            os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
+    finally:
+        os.close(fd)

@@ -106,6 +106,26 @@ def test_solution_that_fails_is_rejected(tmp_path, no_leaks):
     assert "0/2" in verdict.rejects[0].reason and "1/2 assertions passed" in verdict.rejects[0].reason
 
 
+def test_a_verifier_that_runs_the_solutions_work_outside_the_work_directory_is_caught_until_declared(
+    tmp_path, no_leaks
+):
+    """The reference solution installs a helper the verifier runs: the audit's oracle runs are
+    scored as any agent's, so the task is rejected with the file named and the key to declare it;
+    declared, it is accepted."""
+    test_sh = (
+        f"#!/bin/sh\n{KIT_SOURCE}\ntg_check_sh 'the helper says done' '[ \"$(/opt/helper/say)\" = done ]'\ntg_finish\n"
+    )
+    solve_sh = "#!/bin/sh\nmkdir -p /opt/helper && printf '#!/bin/sh\\necho done\\n' > /opt/helper/say && chmod +x /opt/helper/say\n"
+    verdict = audit(write_task(tmp_path, "undeclared", test_sh=test_sh, solve_sh=solve_sh))
+    assert kinds(verdict.rejects) == ["solution_fails"], verdict.rejects
+    assert "tampered" in verdict.rejects[0].reason and "/opt/helper/say" in verdict.rejects[0].reason
+    assert "[verifier].agent_paths" in verdict.rejects[0].reason
+    declared = write_task(
+        tmp_path, "declared", test_sh=test_sh, solve_sh=solve_sh, verifier_toml='agent_paths = ["/opt/helper"]'
+    )
+    assert audit(declared).accepted
+
+
 def test_task_without_a_reference_solution_is_rejected_without_a_sandbox(tmp_path):
     task = write_task(tmp_path)
     (task / "solution" / "solve.sh").unlink()

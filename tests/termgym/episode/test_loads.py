@@ -197,8 +197,6 @@ REPORTS = "/opt/venv/lib/python3.11/site-packages/_pytest/reports.py"
         ([Load("/tmp/out.txt", "opened", 5, via=walked("/tmp/out.txt"))], []),
         # a link into the work directory: the kernel reached /app, the call named the link
         ([Load("/app/forged.py", "opened", 5, via=walked(REPORTS))], [REPORTS]),
-        # a directory on the way replaced by a link, whatever its name
-        ([Load("/app/x.txt", "opened", 5, via=walked("/opt/toolchain/data.txt"))], ["/opt/toolchain"]),
     ],
 )
 def test_forged_loads(loads, forged):
@@ -247,3 +245,20 @@ def test_a_command_that_kills_its_tracer_can_open_nothing_more(tmp_path):
     argv = [str(STRACE), "-f", "-qq", "--seccomp-bpf", "-e", "trace=openat", "-o", "/dev/null", "--"]
     done = subprocess.run([*argv, "/bin/sh", "-c", script, code], capture_output=True, timeout=30, env={**os.environ})
     assert done.returncode != 0 and not report.exists(), done.stderr
+
+
+def test_a_directory_on_the_way_counts_when_it_is_a_link_now():
+    """The lookup of ``/opt/toolchain/bin/tool`` passed through ``/opt/toolchain``, which the agent
+    changed: a link it put there counts (``links``, which the guard reads from the sandbox), a
+    directory it only made and removed a file in does not, and an opened file the kernel reached
+    where the call named it followed no link at all."""
+    changes = {"/opt/toolchain": "C", "/opt/new": "A"}
+    executed = Load("/opt/toolchain/bin/tool", "executed", 5, via=walked("/opt/toolchain/bin/tool"))
+    assert [f.path for f in forged_loads([executed], changes, agent_paths=(), step="s", links=["/opt/toolchain"])] == [
+        "/opt/toolchain"
+    ]
+    assert forged_loads([executed], changes, agent_paths=(), step="s") == []
+    linked = Load("/app/x.py", "opened", 5, via=walked("/opt/new/x.py"))  # a new link on the way
+    assert [f.path for f in forged_loads([linked], changes, agent_paths=(), step="s")] == ["/opt/new"]
+    direct = Load("/opt/toolchain/x.py", "opened", 5, via=walked("/opt/toolchain/x.py"))
+    assert forged_loads([direct], changes, agent_paths=(), step="s", links=["/opt/toolchain"]) == []

@@ -22,6 +22,8 @@ from termgym.sandboxes.changes import leaf_changes, manifest_changes, trusted_se
         ({"/data": "A", "/data/x": "A", "/empty": "A"}, {"/data/x": "A", "/empty": "A"}),
         # a directory replaced by a link, deleted files
         ({"/opt/venv/bin": "C", "/boot/vmlinuz": "D"}, {"/boot/vmlinuz": "D", "/opt/venv/bin": "C"}),
+        # a directory replaced by a link, as two manifests tell it: what was under it is gone
+        ({"/opt/lib": "C", "/opt/lib/a.py": "D"}, {"/opt/lib": "C", "/opt/lib/a.py": "D"}),
         # what the engine itself puts into every container, and a trailing slash
         (
             {"/usr/sbin/docker-init": "A", "/etc/hostname": "C", "/.dockerenv": "A", "/etc/": "C", "/": "C"},

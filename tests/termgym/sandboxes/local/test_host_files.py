@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
 
-from termgym.sandboxes.local.host_files import LocalHostFiles
+from termgym.sandboxes.local.host_files import LocalHostFiles, overlay_changes
 
 OWNER = 12345
 
@@ -142,3 +143,30 @@ def test_a_manifest_sees_every_change_even_with_the_times_set_back(tree: Path):
     os.utime(tool, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the modification time put back
     after = host.manifest(["/opt/venv"])
     assert after["/opt/venv/bin/pytest"] != before["/opt/venv/bin/pytest"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a whiteout is a character device: mknod needs root")
+def test_overlay_changes_tell_a_whiteout_a_changed_file_and_a_new_tree_of_any_depth(tmp_path):
+    lower, upper = tmp_path / "lower", tmp_path / "upper"
+    (lower / "opt" / "venv").mkdir(parents=True)
+    (lower / "opt" / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (lower / "opt" / "gone").write_text("x")
+    (upper / "opt" / "venv").mkdir(parents=True)
+    (upper / "opt" / "venv" / "pyvenv.cfg").write_text("home = /tmp/fake\n")
+    os.mknod(upper / "opt" / "gone", 0o600 | stat.S_IFCHR, os.makedev(0, 0))
+    (upper / "opt" / "new").mkdir()
+    fd = os.open(upper / "opt" / "new", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(30):  # past PATH_MAX from the lower directory's own path
+            os.mkdir("x" * 200, dir_fd=fd)
+            child = os.open("x" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        os.close(os.open("f", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    finally:
+        os.close(fd)
+    manifest = LocalHostFiles(upper, os.getuid()).manifest(["/opt"])
+    changes = overlay_changes(manifest, lower)
+    assert changes["/opt/venv/pyvenv.cfg"] == "C" and changes["/opt/gone"] == "D"
+    assert changes["/opt/venv"] == "C" and changes["/opt/new"] == "A"
+    assert [kind for path, kind in changes.items() if path.endswith("/f")] == ["A"]
