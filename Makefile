@@ -44,6 +44,7 @@ bench: engine
 	$(VENV_BIN)/python bench/frameworks.py
 	$(VENV_BIN)/python bench/ray_remote.py
 	$(VENV_BIN)/python bench/warm_pool.py
+	$(VENV_BIN)/python bench/verification.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache
