@@ -21,7 +21,7 @@ from termgym.audit.rubric import Verdict
 from termgym.errors import ConfigError
 from termgym.tasks import Task
 
-AUDIT_VERSION = 2  # 2: the verifier traced, a load of what the agent wrote tampered (issue 42)
+AUDIT_VERSION = 1
 
 
 def task_digest(task_dir: Path) -> str:
