@@ -30,6 +30,7 @@ from termgym.episode.loads import (
     kernel_interpreter,
     on_the_way,
     parse_trace,
+    under,
     walked,
 )
 from termgym.errors import SandboxBroken
@@ -39,6 +40,9 @@ from termgym.sandboxes.changes import SYSTEM_PREFIXES
 from termgym.tasks import Task
 
 HARNESS_PATHS = ("/logs/verifier", "/tests", "/tmp/.termgym-verifier")  # made fresh by the harness
+# The harness's own steps find their tools in the system's directories, not /usr/local, where an
+# honest agent installs its own.
+HARNESS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 HEAD_BYTES = 4096  # enough of an executed file to read its #! line or its ELF loader
 LINK_ARCHIVE_BYTES = 64 << 10  # an archive of one link is a few hundred bytes; a directory may be more
 MAX_EXECUTABLE_BYTES = 256 << 20  # an executed file larger than this is read in part by the engine's archive
@@ -58,12 +62,7 @@ def agent_paths(task: Task, workdir: str) -> tuple[str, ...]:
 
 def outside_work(changes: Mapping[str, str], paths: Sequence[str]) -> dict[str, str]:
     """The changes the agent made outside ``paths`` and the harness's own directories."""
-    own = (*HARNESS_PATHS, *paths)
-    return {
-        path: kind
-        for path, kind in changes.items()
-        if not any(path == p or path.startswith(p.rstrip("/") + "/") for p in own)
-    }
+    return {path: kind for path, kind in changes.items() if not under(path, (*HARNESS_PATHS, *paths))}
 
 
 class LoadGuard:
@@ -130,7 +129,7 @@ class LoadGuard:
                 None,
                 ["/bin/rm", "-rf", "--", *batch],
                 timeout=60,
-                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                env={"PATH": HARNESS_PATH},
                 cwd="/",
             )
             if result.exit_code != 0:
@@ -202,34 +201,29 @@ class LoadGuard:
         return found
 
     async def _is_link(self, path: str) -> bool:
-        """Whether ``path`` in the sandbox is a link now (read as the one member of the backend's
-        archive of it; a tree too large to be one link is none)."""
-        try:
-            archive = await self._sandbox.download_tar([path], limit=LINK_ARCHIVE_BYTES, timeout=60)
-            with tarfile.open(fileobj=io.BytesIO(archive)) as members:
-                member = members.next()
-        except (SandboxBroken, tarfile.TarError):
-            return False
+        """Whether ``path`` in the sandbox is a link now (a tree too large to be one link is none)."""
+        member, _ = await self._first_member(path, LINK_ARCHIVE_BYTES)
         return member is not None and member.issym()
 
     async def _read_next_loaded(self, path: str) -> str | None:
-        try:
-            archive = await self._sandbox.download_tar([path], limit=MAX_EXECUTABLE_BYTES, timeout=60)
-        except SandboxBroken:
-            return None
-        try:
-            with tarfile.open(fileobj=io.BytesIO(archive)) as members:
-                member = members.next()
-                if member is None:
-                    return None
-                if member.issym():
-                    return posixpath.normpath(posixpath.join(posixpath.dirname(path), member.linkname))
-                extracted = members.extractfile(member) if member.isfile() else None
-                head = extracted.read(HEAD_BYTES) if extracted is not None else b""
-        except tarfile.TarError:
-            return None
+        member, head = await self._first_member(path, MAX_EXECUTABLE_BYTES)
+        if member is not None and member.issym():
+            return posixpath.normpath(posixpath.join(posixpath.dirname(path), member.linkname))
         interpreter = kernel_interpreter(head)
         return posixpath.normpath(interpreter) if interpreter and interpreter.startswith("/") else None
+
+    async def _first_member(self, path: str, limit: int) -> tuple[tarfile.TarInfo | None, bytes]:
+        """``path`` as the one member of the backend's archive of it, and the first ``HEAD_BYTES``
+        of it where it is a regular file; ``(None, b"")`` where it is not there or not read within
+        ``limit`` bytes."""
+        try:
+            archive = await self._sandbox.download_tar([path], limit=limit, timeout=60)
+            with tarfile.open(fileobj=io.BytesIO(archive)) as members:
+                member = members.next()
+                extracted = members.extractfile(member) if member is not None and member.isfile() else None
+                return member, extracted.read(HEAD_BYTES) if extracted is not None else b""
+        except (SandboxBroken, tarfile.TarError):
+            return None, b""
 
     def warnings(self) -> list[str]:
         """One line per step that ran untraced or had its trace cut."""

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from termgym.aio import cancel_and_wait
-from termgym.episode.guard import LoadGuard
+from termgym.episode.guard import HARNESS_PATH, HARNESS_PATHS, LoadGuard
 from termgym.episode.loads import Forged
 from termgym.episode.tamper import tamper_warning
 from termgym.errors import SandboxBroken, TermgymError
@@ -52,11 +52,8 @@ from termgym.verifiers import (
 
 KIT_PATH = "/tests/.termgym/assert.sh"
 VERIFIER_HOME = "/tmp/.termgym-verifier/home"
-FRESH_DIRS = ("/logs/verifier", "/tests", "/tmp/.termgym-verifier", VERIFIER_HOME)  # what _RESET makes fresh
+FRESH_DIRS = (*HARNESS_PATHS, VERIFIER_HOME)  # what _RESET makes fresh
 MAX_REPORT_FILES = 32
-# The harness's own steps find their tools in the system's directories, not /usr/local, where an
-# honest agent installs its own.
-HARNESS_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 VERIFIER_OUTPUT_LIMIT = 1 << 20
 
 # Replace /logs/verifier, /tests and the verifier's home with fresh empty directories, whatever the
@@ -251,7 +248,8 @@ async def _forged(guard: LoadGuard, tamper: str, warnings: list[str]) -> list[Fo
 
 
 def _tampered(forged: list[Forged], changes: tuple[str, ...] | None, started: float) -> Verification:
-    error = tamper_warning([item.describe() for item in forged])
+    described = tuple(item.describe() for item in forged)
+    error = tamper_warning(list(described))
     report = AssertionReport(format="exit-code", assertions=(), binary=True, source="tamper check", error=error)
     return Verification(
         report,
@@ -262,7 +260,7 @@ def _tampered(forged: list[Forged], changes: tuple[str, ...] | None, started: fl
         time.monotonic() - started,
         changes,
         tampered=True,
-        forged=tuple(item.describe() for item in forged),
+        forged=described,
     )
 
 

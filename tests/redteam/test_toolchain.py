@@ -316,3 +316,35 @@ async def test_without_the_prepared_environment_cache_the_embedded_check_is_the_
     assert record.error is not None and record.error["kind"] == "tampered" and planted in record.error["message"]
     honest = await attack(task, "local", HONEST["pip-install-into-the-verifiers-venv"][0], DONE)
     assert honest.resolved and honest.error is None, honest
+
+
+# A forged byte-code cache of a module the verifier's pytest imports (fnmatch, from the standard
+# library), its header carrying the pristine source's time and size, so that Python loads it in
+# place of that source; its code writes an all-pass report when the verifier's Python exits.
+FORGED_PYC = textwrap.dedent(f"""\
+    import importlib.util, marshal, os, struct
+    source = "/usr/lib/python3.11/fnmatch.py"
+    info = os.stat(source)
+    code = open(source).read() + "\\n" + {FORGE_AT_EXIT!r} + "\\n"
+    compiled = compile(code, source, "exec")
+    header = importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, int(info.st_mtime) & 0xFFFFFFFF, info.st_size & 0xFFFFFFFF)
+    os.makedirs("/usr/lib/python3.11/__pycache__", exist_ok=True)
+    with open("/usr/lib/python3.11/__pycache__/fnmatch.cpython-311.pyc", "wb") as out:
+        out.write(header + marshal.dumps(compiled))
+    """)
+
+
+@pytest.mark.docker
+async def test_a_forged_byte_code_cache_whose_header_matches_its_source_is_dropped_not_loaded(
+    tmp_path, docker_python, no_leaks
+):
+    """The caches are removed before the verifier runs, not merely let through: had this one been
+    let through, Python would have run it as fnmatch.py and forged the report."""
+    task = write_toolchain_task(tmp_path)
+    plant = f"{_write('/tmp/forge_pyc.py', FORGED_PYC)} && python3 /tmp/forge_pyc.py"
+    proof = "python3 -c 'import fnmatch' && test -f /logs/verifier/junit.xml"  # the forgery runs when loaded
+    record = await attack(task, "docker", f"mkdir -p /logs/verifier && {plant} && {proof} && rm -r /logs/verifier")
+    assert "/usr/lib/python3.11/__pycache__/fnmatch.cpython-311.pyc" in (record.system_changes or []), record
+    assert record.reward == 0.0 and record.passed == 0 and record.total == 3 and record.error is None, record
+    honest = await attack(task, "docker", plant, DONE)
+    assert honest.resolved and honest.error is None, honest

@@ -46,7 +46,7 @@ from termgym.sandboxes.docker.engine import (
     top_column,
 )
 from termgym.sandboxes.docker.pool import Recipe, make_recipe
-from termgym.sandboxes.docker.stream import DockerChannel, end_exec, exec_blocking, exec_blocking_apart
+from termgym.sandboxes.docker.stream import DockerChannel, end_exec, exec_blocking
 from termgym.sandboxes.docker.tracer import tracer_argv
 from termgym.sandboxes.docker.transfer import OverLimit, archive_of, rooted_archive
 from termgym.sandboxes.limits import PIDS_LIMIT
@@ -360,12 +360,7 @@ class DockerSandbox(Sandbox):
                 )
             )["Id"]
             try:
-                blocking = (
-                    in_thread(exec_blocking_apart, client, exec_id, capture, traced)
-                    if traced is not None
-                    else in_thread(exec_blocking, client, exec_id, capture)
-                )
-                code = await wait_for(blocking, limit)
+                code = await wait_for(in_thread(exec_blocking, client, exec_id, capture, traced), limit)
             except TimeoutError:
                 code = None
                 await in_thread(end_exec, client, exec_id, container)

@@ -89,26 +89,17 @@ class FrameDemux:
         return bytes(out)
 
 
-def exec_blocking(client: Any, exec_id: str, capture: OutputCapture) -> int | None:
-    """Start the exec ``exec_id``, feed ``capture`` until its output ends, close the stream (its
-    socket), and return its exit code."""
-    stream = client.api.exec_start(exec_id, stream=True)
+def exec_blocking(client: Any, exec_id: str, capture: OutputCapture, errors: OutputCapture | None = None) -> int | None:
+    """Start the exec ``exec_id``, feed ``capture`` until its output ends (its stderr kept apart in
+    ``errors`` when given, else interleaved), close the stream (its socket), and return its exit
+    code."""
+    stream = client.api.exec_start(exec_id, stream=True, demux=errors is not None)
     try:
         for chunk in stream:
-            capture.feed(chunk)
-    finally:
-        stream.close()
-    return client.api.exec_inspect(exec_id).get("ExitCode")
-
-
-def exec_blocking_apart(client: Any, exec_id: str, capture: OutputCapture, errors: OutputCapture) -> int | None:
-    """``exec_blocking`` with the command's stderr kept apart, in ``errors``."""
-    stream = client.api.exec_start(exec_id, stream=True, demux=True)
-    try:
-        for out, err in stream:
+            out, err = chunk if errors is not None else (chunk, None)
             if out:
                 capture.feed(out)
-            if err:
+            if err and errors is not None:
                 errors.feed(err)
     finally:
         stream.close()

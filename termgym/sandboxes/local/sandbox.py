@@ -297,9 +297,9 @@ class LocalSandbox(Sandbox):
             return {}
         roots = ["/" + root for root in self._roots]
         try:
-            if self._lower is not None:
+            if (lower := self._lower) is not None:
                 upper = LocalHostFiles(self._dir / "fs" / "upper", self.owner)
-                changes = await asyncio.to_thread(overlay_changes, upper.manifest(roots), self._lower)
+                changes = await asyncio.to_thread(lambda: overlay_changes(upper.manifest(roots), lower))
             else:
                 now = await asyncio.to_thread(LocalHostFiles(self.files_dir, self.owner).manifest, roots)
                 changes = manifest_changes(self._baseline, now)
