@@ -24,20 +24,36 @@ import uvloop
 
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.sandboxes.host_processes import children
+from termgym.sandboxes.local.commands import within_limits
 from termgym.tasks import load_task
 
 pytestmark = [pytest.mark.redteam]
 LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
+def still_starting(pid: int) -> bool:
+    """Whether ``pid`` has not yet reached its guard's ``close_range``: a fork of this process that
+    has not run its program yet, or the guard itself (perl, running ``within_limits``'s script).
+    Nothing in the sandbox reaches either; what the guard runs next is checked like any process."""
+    guard = within_limits(["true"], [], None)[:3]
+    with open(f"/proc/{pid}/cmdline", "rb") as file:
+        argv = file.read().decode(errors="replace").split("\0")[:-1]
+    with open("/proc/self/cmdline", "rb") as file:
+        own = file.read().decode(errors="replace").split("\0")[:-1]
+    return argv == own or argv[:3] == guard
+
+
 def holders(log: Path) -> list[str]:
-    """Every process this one started, however deep, that holds ``log`` open ("pid fd")."""
+    """Every process this one started, however deep, that holds ``log`` open ("pid fd"), but for
+    those still starting (``still_starting``: the spare keeper, say, may be starting meanwhile)."""
     target = log.stat()
     found, queue = [], [os.getpid()]
     while queue:
         for pid in children(queue.pop()):
             queue.append(pid)
             with contextlib.suppress(OSError):  # a process that ended meanwhile
+                if still_starting(pid):
+                    continue
                 for fd in os.listdir(f"/proc/{pid}/fd"):
                     with contextlib.suppress(OSError):
                         held = os.stat(f"/proc/{pid}/fd/{fd}")
