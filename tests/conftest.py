@@ -22,6 +22,7 @@ def shared_cache_dir():
     """One cache of prepared environments and storage images for the whole session (as a user's
     runs share theirs), removed at its end."""
     root = Path(tempfile.mkdtemp(prefix="termgym-test-cache-"))
+    root.chmod(0o755)  # images are unpacked there by their unprivileged owners
     yield root
     from termgym.sandboxes.local.env_cache import EnvCache
 

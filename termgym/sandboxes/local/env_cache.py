@@ -36,7 +36,6 @@ uid's, and a sandbox's root must own them. They share nothing else (``termgym.sa
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -53,12 +52,12 @@ from pathlib import Path
 from termgym.images.context import context_digest, file_sha256
 from termgym.sandboxes.host_processes import end_process, spawn
 from termgym.sandboxes.local.host import sandbox_root_dir
+from termgym.sandboxes.local.locks import file_lock
 from termgym.sandboxes.tools import host_tool
 
 FORMAT = 2  # bump when what an entry holds or how a preparation runs changes
 DEFAULT_MAX_MB = 4096
 DEFAULT_MAX_ENTRIES = 256
-LOCK_POLL_SEC = 0.02
 _PACKAGES = Path("/var/lib/dpkg/status")
 
 
@@ -93,8 +92,11 @@ def cache_enabled() -> bool:
     return os.environ.get("TERMGYM_ENV_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def environment_key(dockerfile: bytes, context_dir: Path | None, env: Mapping[str, str], roots: Sequence[str]) -> str:
-    """The content hash of a preparation: everything it reads (see the module's guarantees)."""
+def environment_key(
+    dockerfile: bytes, context_dir: Path | None, env: Mapping[str, str], roots: Sequence[str], *, base: str = "host"
+) -> str:
+    """The content hash of a preparation: everything it reads (see the module's guarantees);
+    ``base`` is the image's digest when it runs over an image rather than the host's system."""
     digest = hashlib.blake2b(digest_size=20)
 
     def put(*parts: bytes | str) -> None:
@@ -103,8 +105,11 @@ def environment_key(dockerfile: bytes, context_dir: Path | None, env: Mapping[st
             digest.update(len(data).to_bytes(8, "little") + data)
 
     put(f"termgym-env-{FORMAT}", dockerfile, json.dumps(sorted(env.items())), json.dumps(list(roots)))
-    with contextlib.suppress(OSError):
-        put("packages", file_sha256(_PACKAGES))
+    if base == "host":
+        with contextlib.suppress(OSError):
+            put("packages", file_sha256(_PACKAGES))
+    else:
+        put("image", base)
     put("context", context_digest(context_dir))
     return digest.hexdigest()
 
@@ -172,28 +177,9 @@ class EnvCache:
         async with self._locked(key, fcntl.LOCK_EX, timeout):
             yield self.lookup(key)
 
-    @contextlib.asynccontextmanager
-    async def _locked(self, key: str, mode: int, timeout: float) -> AsyncIterator[None]:
+    def _locked(self, key: str, mode: int, timeout: float) -> contextlib.AbstractAsyncContextManager[None]:
         self.root.mkdir(parents=True, exist_ok=True)
-        path = self.root / f"{key}.lock"
-        deadline = time.monotonic() + timeout
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, mode | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the prepared environment {key[:12]} stayed locked for {timeout:g}s") from None
-                await asyncio.sleep(LOCK_POLL_SEC)
-                continue
-            if _same_file(fd, path):
-                break
-            os.close(fd)  # ``clear`` unlinked the file after this process opened it: lock the new one
-        try:
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+        return file_lock(self.root / f"{key}.lock", mode, timeout, f"the prepared environment {key[:12]}")
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -385,14 +371,6 @@ def _mtime(path: Path) -> int:
         return path.stat().st_mtime_ns
     except OSError:
         return 0
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    """Whether the open ``fd`` is still the file at ``path``."""
-    try:
-        return os.path.samestat(os.fstat(fd), os.stat(path))
-    except OSError:
-        return False
 
 
 def _pid_alive(pid: int) -> bool:

@@ -244,21 +244,33 @@ def _read_up_to(fd: int, cap: int) -> bytes:
     return b"".join(chunks)
 
 
-def overlay_changes(upper: dict[str, tuple[int, ...]], lower: Path) -> dict[str, str]:
+def overlay_changes(upper: dict[str, tuple[int, ...]], lower: Path | Sequence[Path]) -> dict[str, str]:
     """``{path: A|C|D}`` from the manifest of an overlay's upper layer (``LocalHostFiles.manifest``,
-    parents before children) and its lower directory: a character device is a whiteout (a deletion;
-    nothing in a sandbox can make another kind of device), an entry the lower layer has is changed,
-    any other is added (and so is all under it, without looking: a tree of any depth)."""
+    parents before children) and its lower directories: a character device is a whiteout (a
+    deletion; nothing in a sandbox can make another kind of device), an entry a lower layer has is
+    changed, any other is added (and so is all under it, without looking: a tree of any depth)."""
+    lowers = [lower] if isinstance(lower, Path) else list(lower)
     changes: dict[str, str] = {}
     for path, (mode, *_) in upper.items():
         parent = path.rsplit("/", 1)[0]
         if stat.S_ISCHR(mode):
             changes[path] = "D"
-        elif changes.get(parent) == "A" or not _in_lower(lower, path):
+        elif changes.get(parent) == "A" or not any(_in_lower(layer, path) for layer in lowers):
             changes[path] = "A"
         else:
             changes[path] = "C"
     return changes
+
+
+def changes_since(
+    changes: dict[str, str], before: dict[str, tuple[int, ...]], upper: dict[str, tuple[int, ...]]
+) -> dict[str, str]:
+    """``changes`` (``overlay_changes`` of the upper layer ``upper``) less what the upper layer
+    already held, unchanged, when its manifest was ``before``; what was there then and is gone now
+    is a deletion."""
+    since = {path: kind for path, kind in changes.items() if before.get(path) != upper.get(path)}
+    since.update({path: "D" for path in before.keys() - upper.keys()})
+    return since
 
 
 def _in_lower(lower: Path, path: str) -> bool:

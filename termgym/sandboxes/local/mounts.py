@@ -16,6 +16,7 @@ import fcntl
 import functools
 import os
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 MS_NOSUID = 0x2
@@ -87,13 +88,14 @@ def _loop_config(fd: int) -> bytes:
     return struct.pack("=II", fd, 0) + info + bytes(64)
 
 
-def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
-    """Mount an overlay of ``lower`` (read-only) and ``upper`` (``work`` on the same file system)
-    at ``target``."""
-    paths = [str(path) for path in (lower, upper, work)]
+def mount_overlay(lower: Path | Sequence[Path], upper: Path, work: Path, target: Path) -> None:
+    """Mount an overlay of ``lower`` (read-only; several: the first on top) and ``upper``
+    (``work`` on the same file system) at ``target``."""
+    lowers = [str(path) for path in ([lower] if isinstance(lower, Path) else lower)]
+    paths = [*lowers, str(upper), str(work)]
     if any(_UNSAFE & set(path) for path in paths):
         raise OSError(f"an overlay cannot name {paths} (a comma, colon, backslash or space)")
-    _mount("termgym", target, "overlay", f"lowerdir={paths[0]},upperdir={paths[1]},workdir={paths[2]}")
+    _mount("termgym", target, "overlay", f"lowerdir={':'.join(lowers)},upperdir={upper},workdir={work}")
 
 
 def unmount(target: Path) -> None:
