@@ -16,7 +16,8 @@ What it covers:
   A limit that cannot be enforced here is a warning in the record, and so is a limit reached.
 - **Private writable directories** for ``/app``, ``/tmp``, ``/root``, ``/home``, ``/opt``, ``/var``,
   ``/logs``, ``/tests``, ``/solution`` and every other top-level path the task's Dockerfile uses;
-  fresh PID, network, IPC and UTS namespaces (no network at all, only a private loopback), a 64 MB
+  fresh PID, network, IPC and UTS namespaces (a private loopback only; where the task asks for
+  network, user-mode network through ``pasta`` that reaches nothing of the host's, ``network``), a 64 MB
   ``/dev/shm``. The sandbox is one long-lived namespace "keeper" process started with
   ``--die-with-parent``: when the termgym process dies, for whatever reason, the kernel kills every
   process in the sandbox. Every command enters the keeper's namespaces with ``nsenter``.

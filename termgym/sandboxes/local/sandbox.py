@@ -47,6 +47,7 @@ from termgym.sandboxes.local.host import (
 from termgym.sandboxes.local.host_files import LocalHostFiles, overlay_changes
 from termgym.sandboxes.local.keeper import Keeper
 from termgym.sandboxes.local.kept import KEPT_STATE, kept_state, write_json
+from termgym.sandboxes.local.network import SandboxNetwork
 from termgym.sandboxes.local.prepare import prepare_environment
 from termgym.sandboxes.local.storage import SizedFilesystem
 from termgym.sandboxes.tracing import TRACE_LIMIT, traced_argv
@@ -78,6 +79,7 @@ class LocalSandbox(Sandbox):
         self._view: Path | None = None  # the overlay over a prepared environment, when started from one
         self._state = Processes.RUNNING
         self._baseline: dict[str, tuple[int, ...]] = {}  # the writable roots as the agent found them
+        self._network: SandboxNetwork | None = None  # user-mode network (made with the keeper)
         self._lower: Path | None = None  # the prepared environment under the overlay, when there is one
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -197,10 +199,11 @@ class LocalSandbox(Sandbox):
         assert self._dir is not None
         self._cgroup, warnings = SandboxCgroup.create(f"termgym-{self._dir.name}", self.spec.resources)
         self.warnings += warnings
-        if self.spec.network:
-            self.warnings.append("the task asks for network; the embedded backend has none (use --backend docker)")
         self._keeper = Keeper(self._keeper_argv, self._dir / "keeper.pid")
+        self._network = SandboxNetwork(self._dir, self.owner)
         await self._keeper.start()
+        if self.spec.network and (reason := await self.set_network(True)) is not None:
+            self.warnings.append(reason)
         self._keeper.start_spare()
         self.env = {**self.env, **dict(self.spec.env)}
 
@@ -260,6 +263,8 @@ class LocalSandbox(Sandbox):
         if self._state is Processes.IDLE and self._keeper is not None:
             await self._keeper.start()
         self._state = Processes.RUNNING
+        if self._network is not None:  # a new keeper (a new namespace) gets the network too
+            await self._network.follow(self._keeper_pid)
 
     def host_files(self) -> LocalHostFiles | None:
         """The sandbox's writable roots from the host while none of the agent's processes runs
@@ -352,8 +357,11 @@ class LocalSandbox(Sandbox):
         return warnings
 
     async def set_network(self, enabled: bool) -> str | None:
-        """Never any network here: asking for it is the same warning as at start."""
-        return "the task asks for network; the embedded backend has none (use --backend docker)" if enabled else None
+        """User-mode network, nothing of the host's reachable (``termgym.sandboxes.local.network``),
+        or none; a line saying why not where this host cannot give it."""
+        if self._network is None:
+            return await super().set_network(enabled)
+        return await self._network.set(enabled, self._keeper_pid)
 
     def _plan(self) -> EnvironmentPlan | None:
         if self.spec.dockerfile is None:
@@ -388,6 +396,8 @@ class LocalSandbox(Sandbox):
         """End the keeper (its whole namespace); a kept one's state file goes: no longer kept."""
         state = self._dir / KEPT_STATE if self._dir is not None else None
         await keeper.stop(on_detached_end=lambda: state.unlink(missing_ok=True) if state else None)
+        if self._network is not None:  # its namespace is gone: pasta too
+            await self._network.stop()
 
     # -- keeping it past this process, and entering it again -------------------------------------
 
