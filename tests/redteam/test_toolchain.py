@@ -20,7 +20,8 @@ import pytest
 from tests.redteam.helpers import attack
 from tests.redteam.toolchain import python_image, write_toolchain_task
 
-pytestmark = [pytest.mark.redteam, pytest.mark.slow]
+# Both backends run PYTHON_IMAGE, built on the engine: the embedded one copies it from there.
+pytestmark = [pytest.mark.redteam, pytest.mark.slow, pytest.mark.docker]
 
 FORGED_JUNIT = (
     '<testsuite tests="3">'
@@ -121,13 +122,12 @@ def docker_python() -> str:
     return python_image()
 
 
-@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.mark.parametrize("backend", ["local", "docker"])
 @pytest.mark.parametrize(("toolchain", "name"), CASES, ids=[f"{name}-{where}" for where, name in CASES])
 async def test_a_plant_in_the_tasks_own_toolchain_scores_zero_and_is_named(
     tmp_path, request, backend, toolchain, name, no_leaks
 ):
-    if backend == "docker":
-        request.getfixturevalue("docker_python")
+    request.getfixturevalue("docker_python")
     venv, activate = TOOLCHAINS[toolchain]
     task = write_toolchain_task(tmp_path, venv=venv, activate=activate)
     command, planted = attacks(venv)[name]
@@ -137,10 +137,9 @@ async def test_a_plant_in_the_tasks_own_toolchain_scores_zero_and_is_named(
     assert planted in record.error["message"] and "by the verifier" in record.error["message"], record.error
 
 
-@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.mark.parametrize("backend", ["local", "docker"])
 async def test_the_same_task_done_honestly_is_resolved(tmp_path, request, backend, no_leaks):
-    if backend == "docker":
-        request.getfixturevalue("docker_python")
+    request.getfixturevalue("docker_python")
     task = write_toolchain_task(tmp_path)
     record = await attack(task, backend, "echo done > /app/result.txt")
     assert record.resolved and record.passed == 3 and record.error is None, record
@@ -183,7 +182,7 @@ HONEST = {
         ("/opt/venv/bin/honest-tool", "/opt/venv/lib/python3.11/site-packages/honest_tool/__init__.py"),
     ),
 }
-HONEST_DOCKER = {
+HONEST_ROOT = {  # writes outside the venv, anywhere in the image's root
     "helper-in-usr-local-bin": (
         "printf '#!/bin/sh\\necho done\\n' > /usr/local/bin/say-done && chmod +x /usr/local/bin/say-done"
         " && say-done > /app/result.txt",
@@ -209,42 +208,40 @@ HONEST_DOCKER = {
 @pytest.mark.parametrize(
     ("backend", "name"),
     [
-        *(("local", name) for name in HONEST),
-        *(pytest.param("docker", name, marks=pytest.mark.docker) for name in [*HONEST, *HONEST_DOCKER]),
+        *(("local", name) for name in [*HONEST, *HONEST_ROOT]),
+        *(("docker", name) for name in [*HONEST, *HONEST_ROOT]),
     ],
 )
 async def test_honest_work_that_the_verifier_never_loads_is_resolved(tmp_path, request, backend, name, no_leaks):
-    if backend == "docker":
-        request.getfixturevalue("docker_python")
+    request.getfixturevalue("docker_python")
     task = write_toolchain_task(tmp_path)
-    command, changed = {**HONEST, **HONEST_DOCKER}[name]
+    command, changed = {**HONEST, **HONEST_ROOT}[name]
     record = await attack(task, backend, command, "grep -qx done /app/result.txt || echo done > /app/result.txt")
     assert record.resolved and record.error is None, record
     assert record.system_changes is not None
     assert all(any(path.startswith(c) for path in record.system_changes) for c in changed), record.system_changes
 
 
-@pytest.mark.docker
-async def test_a_shim_that_shadows_the_verifiers_python_still_fails(tmp_path, docker_python, no_leaks):
+@pytest.mark.parametrize("backend", ["local", "docker"])
+async def test_a_shim_that_shadows_the_verifiers_python_still_fails(tmp_path, docker_python, backend, no_leaks):
     """Honest installs pass; a program found on the verifier's own search path in place of its
     interpreter does not: the activated venv's ``python`` resolved through a shim the agent put
     first on that path."""
     task = write_toolchain_task(tmp_path, activate=True)
     shim = "printf '#!/bin/sh\\nexec /opt/venv/bin/python3 \"$@\"\\n' > /opt/venv/bin/python && chmod +x /opt/venv/bin/python"
-    record = await attack(task, "docker", f"rm /opt/venv/bin/python && {shim}", "echo done > /app/result.txt")
+    record = await attack(task, backend, f"rm /opt/venv/bin/python && {shim}", "echo done > /app/result.txt")
     assert record.error is not None and record.error["kind"] == "tampered", record
     assert "/opt/venv/bin/python (" in record.error["message"], record.error
 
 
-@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.mark.parametrize("backend", ["local", "docker"])
 async def test_a_pth_plant_cannot_forge_inspects_scorer(tmp_path, request, backend, no_leaks):
     """The same plant through inspect-ai's sandbox provider: ``termgym_scorer`` reads the verdict of
     the same traced verification."""
     pytest.importorskip("inspect_ai", reason="the integrations extra")
     from termgym.integrations.inspect import TermgymSandboxConfig, TermgymSandboxEnvironment
 
-    if backend == "docker":
-        request.getfixturevalue("docker_python")
+    request.getfixturevalue("docker_python")
     config = TermgymSandboxConfig(task=str(write_toolchain_task(tmp_path)), backend=backend)
     environments = await TermgymSandboxEnvironment.sample_init("redteam", config, {})
     box = environments["default"].as_type(TermgymSandboxEnvironment)
@@ -258,15 +255,14 @@ async def test_a_pth_plant_cannot_forge_inspects_scorer(tmp_path, request, backe
     assert verdict["error"] is not None and verdict["error"]["kind"] == "tampered", verdict
 
 
-@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.mark.parametrize("backend", ["local", "docker"])
 def test_an_entry_point_plant_cannot_forge_the_skyrl_reward(tmp_path, request, backend, no_leaks):
     """The same plant through the SkyRL-gym environment, whose final step's reward is the
     traced verification's."""
     skyrl_gym = pytest.importorskip("skyrl_gym", reason="the integrations extra")
     from termgym.integrations import skyrl  # noqa: F401  (registers the id)
 
-    if backend == "docker":
-        request.getfixturevalue("docker_python")
+    request.getfixturevalue("docker_python")
     task = write_toolchain_task(tmp_path)
     env = skyrl_gym.make("termgym", env_config={"max_turns": 4}, extras={"task": str(task), "backend": backend})
     try:
@@ -304,11 +300,11 @@ def test_on_a_ray_cluster_a_plant_is_tampered_and_honest_work_resolved(tmp_path,
 
 @pytest.mark.parametrize("name", ["directory-link-into-the-work-directory", "pth-file"])
 async def test_without_the_prepared_environment_cache_the_embedded_check_is_the_same(
-    tmp_path, monkeypatch, name, no_leaks
+    tmp_path, monkeypatch, name, docker_python, no_leaks
 ):
-    """``TERMGYM_ENV_CACHE=0``: the sandbox is prepared in place, no overlay, and its changes are two
-    manifests of its writable roots (a directory replaced by a link is listed with what is gone
-    under it); the verdicts do not change."""
+    """``TERMGYM_ENV_CACHE=0``: the sandbox is prepared in its own upper layer over the image, and
+    its changes are that layer less what the preparation left there (a directory replaced by a
+    link is listed with what is gone under it); the verdicts do not change."""
     monkeypatch.setenv("TERMGYM_ENV_CACHE", "0")
     task = write_toolchain_task(tmp_path)
     command, planted = attacks("/opt/venv")[name]

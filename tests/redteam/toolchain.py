@@ -2,10 +2,10 @@
 outside the work directory with real pytest in it (copied from this project's ``.venv``), which
 ``tests/test.sh`` runs by absolute path or after sourcing ``bin/activate``.
 
-On Docker the image is ``PYTHON_IMAGE``: the offline base image with this machine's Debian
-``python3.11`` (binary, standard library, the two libraries the base lacks) put in, built once
-(``python_image``). The embedded backend ignores ``FROM`` and runs the same ``RUN`` steps against
-the host's ``python3``, so one task directory serves both backends.
+The image is ``PYTHON_IMAGE``: the offline base image with this machine's Debian ``python3.11``
+(binary, standard library, the two libraries the base lacks) put in, built once on the Docker
+engine (``python_image``); the embedded backend copies it from there and runs the same task over
+it, so one task directory serves both backends.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The embedded backend: a bubblewrap sandbox on this machine, no daemon, no image, no network.
+"""The embedded backend: a bubblewrap sandbox on this machine, no daemon: the task's image or the host's system.
 
 What it covers:
 - **An unprivileged sandbox.** Root inside is never root outside: when termgym runs as root, the
@@ -44,11 +44,17 @@ namespace when its first process dies, so nothing survives, whatever it forked o
 detached (with cgroups, their process list confirms it). The files stay, since they live outside.
 
 What it does not cover: a seccomp filter beyond the keyring calls (the sandbox can make any other
-system call its capabilities allow, so a kernel bug is an escape; use ``--backend docker``); the
-environment is prepared by running the Dockerfile's ``WORKDIR``, ``ENV``, ``COPY``/``ADD`` and
-``RUN`` steps against the host's tools, so a ``RUN`` that needs packages the host lacks fails and
-says to use ``--backend docker``; ``FROM`` is ignored. Host files others may read (``/etc/passwd``, the host's programs) are visible,
-owned by ``nobody`` as the sandbox sees them.
+system call its capabilities allow, so a kernel bug is an escape; use ``--backend docker``); an
+image's ``USER``, ``ENTRYPOINT`` and ``CMD``; an image without root (no overlay). Over the host's
+system, host files others may read (``/etc/passwd``, the host's programs) are visible, owned by
+``nobody`` as the sandbox sees them.
+
+**Task images** (``images``): the task's ``docker_image`` or ``FROM``, copied by skopeo and
+unpacked by umoci once per digest, is the sandbox's whole root under an overlay whose upper layer
+is the sandbox's storage; the keeper and what every command enters by (``setpriv``, ``env``,
+``timeout``) and the tracer run from the host's kit (``termgym.sandboxes.host_kit``), bound
+read-only, never from that root. ``termgym/base:bookworm`` (which the default aliases name for
+Debian bookworm) is the host's ``/usr`` and ``/etc`` read-only with the writable roots above.
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ Pure: argv lists in, argv lists out. Every host program is found by absolute pat
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from termgym.sandboxes.host_kit import kit_argv
 from termgym.sandboxes.local.host import bwrap_supports
 from termgym.sandboxes.local.syscall_filter import program, this_machine
 from termgym.sandboxes.tools import host_tool
@@ -48,43 +50,76 @@ fail("run $ARGV[0]");
 """
 # The keeper says "ready" once the sandbox is fully set up; commands enter its namespaces.
 KEEPER_COMMAND = ("/bin/sh", "-c", "echo ready; exec /bin/sleep infinity")
+# What a sandbox over an image runs from the host's kit (``host_kit``) rather than its own root.
+KIT_PROGRAMS = ("strace", "setpriv", "env", "timeout", "sh", "sleep")
 
 
-def keeper_argv(files_dir: Path, roots: Sequence[str], uid: int | None, *, detached: bool = False) -> list[str]:
-    """bubblewrap's command line for a sandbox whose writable roots are ``files_dir/<root>``, run
-    as the host ``uid`` (None: this process's user); ``detached`` (a kept sandbox): without
+@dataclass(frozen=True)
+class ImageRoot:
+    """A sandbox's whole root from the host directory ``root`` (an overlay over an image), with
+    the host's ``kit`` (``KIT_PROGRAMS``) bound read-only at ``kit_at``: the keeper and the way
+    into the sandbox run from it, never from the root the agent may change."""
+
+    root: Path
+    kit: Path
+    kit_at: str
+
+
+def keeper_argv(
+    files_dir: Path, roots: Sequence[str], uid: int | None, *, detached: bool = False, image: ImageRoot | None = None
+) -> list[str]:
+    """bubblewrap's command line for a sandbox whose writable roots are ``files_dir/<root>`` over
+    the host's read-only ``/usr`` and ``/etc`` (or, with ``image``, whose root is that image's),
+    run as the host ``uid`` (None: this process's user); ``detached`` (a kept sandbox): without
     ``--die-with-parent``. To be run ``within_limits``."""
     userns = ("--disable-userns",) if bwrap_supports("--disable-userns") else ()
     options = [
         ("--unshare-all", "--unshare-user", *userns),
         ("--uid", "0", "--gid", "0", "--hostname", "termgym"),
         ("--new-session",) if detached else ("--die-with-parent", "--new-session"),
-        ("--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"),
-        ("--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib"),
-        ("--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin"),
-        ("--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev"),
     ]
+    if image is None:
+        options += [
+            ("--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"),
+            ("--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib"),
+            ("--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin"),
+        ]
+    else:
+        options += [("--bind", str(image.root), "/")]
+    options += [("--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev")]
     argv = [host_tool("bwrap"), *(arg for group in options for arg in group)]
     if bwrap_supports("--size"):
         argv += ["--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
-    for name in roots:
-        argv += ["--bind", str(files_dir / name), f"/{name}"]
-    argv += ["--remount-ro", "/", "--chdir", "/", "--clearenv", "--", *KEEPER_COMMAND]
+    if image is None:
+        for name in roots:
+            argv += ["--bind", str(files_dir / name), f"/{name}"]
+        argv += ["--remount-ro", "/", "--chdir", "/", "--clearenv", "--", *KEEPER_COMMAND]
+    else:
+        sleep = " ".join(kit_argv(image.kit_at, "sleep"))
+        keeper = [*kit_argv(image.kit_at, "sh"), "-c", f"echo ready; exec {sleep} infinity"]
+        argv += ["--ro-bind", str(image.kit), image.kit_at, "--chdir", "/", "--clearenv", "--", *keeper]
     if uid is not None:
         argv = [host_tool("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]
     return argv
 
 
-def enter_argv(keeper_pid: int, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> list[str]:
+def enter_argv(
+    keeper_pid: int, argv: Sequence[str], env: Mapping[str, str], cwd: str, *, kit_at: str | None = None
+) -> list[str]:
     """``argv`` run in the namespaces of the keeper ``keeper_pid`` (all of them, its root and
     working directory too) as the sandbox's root, with ``COMMAND_CAPABILITIES`` only, in ``cwd``,
-    with exactly ``env``. To be run ``within_limits``."""
+    with exactly ``env``; ``setpriv`` and ``env`` are the host's (from the kit at ``kit_at`` in a
+    sandbox over an image). To be run ``within_limits``."""
     pairs = [f"{key}={value}" for key, value in env.items()]
     capabilities = ",".join(f"+{name}" for name in COMMAND_CAPABILITIES)
     namespaces = ["-U", "-m", "-p", "-n", "-i", "-u", "-r", "-w"]
     enter = [host_tool("nsenter"), "-t", str(keeper_pid), *namespaces, "--"]
-    drop = [host_tool("setpriv"), "--inh-caps=-all", f"--bounding-set=-all,{capabilities}", "--"]
-    return [*enter, *drop, "/usr/bin/env", "-i", "-C", cwd, *pairs, *argv]
+    if kit_at is None:
+        setpriv, run_env = [host_tool("setpriv")], ["/usr/bin/env"]
+    else:
+        setpriv, run_env = kit_argv(kit_at, "setpriv"), kit_argv(kit_at, "env")
+    drop = [*setpriv, "--inh-caps=-all", f"--bounding-set=-all,{capabilities}", "--"]
+    return [*enter, *drop, *run_env, "-i", "-C", cwd, *pairs, *argv]
 
 
 def within_limits(argv: list[str], procs_files: Sequence[str], file_size_limit: int | None) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from termgym.sandboxes.base import Resources, Sandbox
 from termgym.sandboxes.host_processes import end_detached, same_process, start_time
 from termgym.sandboxes.limits import SandboxCgroup
+from termgym.sandboxes.local.commands import ImageRoot
 from termgym.sandboxes.local.storage import SizedFilesystem
 
 KEPT_STATE = "kept.json"  # in a kept sandbox's host directory: what attach() needs to enter it
@@ -39,6 +40,7 @@ def kept_state(
     file_size_limit: int | None,
     view: Path | None,
     sandbox: Sandbox,
+    image_root: ImageRoot | None = None,
 ) -> dict:
     """The state a kept sandbox's ``kept.json`` holds (JSON-ready): its detached bubblewrap
     ``(pid, start time)``, its keeper's pid and start time, and what it was started with."""
@@ -54,6 +56,9 @@ def kept_state(
         else {"image": storage.image and str(storage.image), "size_mb": storage.size_mb},
         "file_size_limit": file_size_limit,
         "view": view and str(view),
+        "image_root": None
+        if image_root is None
+        else {"root": str(image_root.root), "kit": str(image_root.kit), "kit_at": image_root.kit_at},
         "env": sandbox.env,
         "workdir": sandbox.workdir,
         "image": sandbox.image,

@@ -13,16 +13,19 @@ from __future__ import annotations
 import asyncio
 import enum
 import os
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from termgym.aio import wait_for
 from termgym.errors import EnvironmentBuildError, SandboxBroken, SandboxError
+from termgym.images.build import BASE_IMAGE
 from termgym.images.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
 from termgym.sandboxes.changes import leaf_changes, manifest_changes
+from termgym.sandboxes.host_kit import UNTRACED, kit_argv, kit_dir
 from termgym.sandboxes.host_processes import (
     POLL_SEC,
     HostChannel,
@@ -34,8 +37,8 @@ from termgym.sandboxes.host_processes import (
 )
 from termgym.sandboxes.limits import SandboxCgroup
 from termgym.sandboxes.local import pool
-from termgym.sandboxes.local.commands import enter_argv, keeper_argv, within_limits
-from termgym.sandboxes.local.env_cache import Entry, EnvCache, cache_enabled, copy_tree, environment_key
+from termgym.sandboxes.local.commands import KIT_PROGRAMS, ImageRoot, enter_argv, keeper_argv, within_limits
+from termgym.sandboxes.local.env_cache import Entry, EnvCache, cache_enabled, cache_root, copy_tree, environment_key
 from termgym.sandboxes.local.home import make_file_system, make_home, overlay_prepared, remove_home, write_labels
 from termgym.sandboxes.local.host import (
     BASE_WRITABLE,
@@ -44,9 +47,11 @@ from termgym.sandboxes.local.host import (
     sandbox_uid,
     writable_roots,
 )
-from termgym.sandboxes.local.host_files import LocalHostFiles, overlay_changes
+from termgym.sandboxes.local.host_files import LocalHostFiles, changes_since, overlay_changes
+from termgym.sandboxes.local.images import DEFAULT_PATH, ImageStore, LocalImage, image_to_run
 from termgym.sandboxes.local.keeper import Keeper
 from termgym.sandboxes.local.kept import KEPT_STATE, kept_state, write_json
+from termgym.sandboxes.local.mounts import mount_overlay
 from termgym.sandboxes.local.network import SandboxNetwork
 from termgym.sandboxes.local.prepare import prepare_environment
 from termgym.sandboxes.local.storage import SizedFilesystem
@@ -80,7 +85,8 @@ class LocalSandbox(Sandbox):
         self._state = Processes.RUNNING
         self._baseline: dict[str, tuple[int, ...]] = {}  # the writable roots as the agent found them
         self._network: SandboxNetwork | None = None  # user-mode network (made with the keeper)
-        self._lower: Path | None = None  # the prepared environment under the overlay, when there is one
+        self._lower: list[Path] | None = None  # the overlay's lower layers, when the roots are an overlay
+        self._image_root: ImageRoot | None = None  # the whole root, when the sandbox runs an image
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -109,8 +115,12 @@ class LocalSandbox(Sandbox):
 
     async def _start(self) -> None:
         require_tools()
-        self.image = {"source": "host"}  # the embedded backend runs the host's system, no image
+        self.image = {"source": "host"}  # the host's system, unless the task's image is another
         plan = self._plan()
+        ref, source = image_to_run(self.spec, plan, ImageStore.from_environment())
+        if ref is not None:  # the Dockerfile's steps run on its FROM, not on a named image that wins over it
+            await self._start_image(ref, source, plan if source == "build" else None)
+            return
         self._roots = writable_roots(plan)
         if plan is not None and plan.user not in (None, "root", "0"):
             self.warnings.append(f"USER {plan.user} ignored: the embedded backend runs as root")
@@ -180,7 +190,7 @@ class LocalSandbox(Sandbox):
         if os.geteuid() == 0:
             await self._make_file_system(["upper", "work"])
             self._view = overlay_prepared(home, entry, self.warnings)
-            self._lower = entry.tree if self._view is not None else None
+            self._lower = [entry.tree] if self._view is not None else None
         else:
             await self._make_file_system([])
         if self._view is None and not await copy_tree(entry.tree, home / "fs"):
@@ -188,6 +198,84 @@ class LocalSandbox(Sandbox):
         self.env = {**self.env, **entry.env}
         self.workdir = entry.workdir
         self.image = {**self.image, "prepared": entry.key[:16]}
+        await self._start_processes()
+
+    async def _start_image(self, ref: str, source: str, plan: EnvironmentPlan | None) -> None:
+        """Start over the image ``ref`` (``images``): its root file system under an overlay whose
+        upper layer is the sandbox's own storage, the Dockerfile's other steps prepared on top once
+        per content hash (``env_cache``, as over the host's system) and the kit bound read-only."""
+        if os.geteuid() != 0:
+            raise SandboxError(
+                f"{self.spec.name}: the embedded backend runs image {ref} only as root (an overlay over the image); "
+                "run as root, alias it to the host's system (--image-alias "
+                f"{ref}={BASE_IMAGE}) or use --backend docker"
+            )
+        timeout = self.spec.build_timeout_sec
+        image = await ImageStore.from_environment().resolve(
+            ref, policy=self.spec.pull, what=self.spec.name, timeout=timeout
+        )
+        kit = await asyncio.to_thread(kit_dir, cache_root(), KIT_PROGRAMS)
+        if kit is None:
+            raise SandboxError(f"the host lacks one of {', '.join(KIT_PROGRAMS)}, which a sandbox over an image runs")
+        self.image = image.record(source)
+        self.env = {"PATH": DEFAULT_PATH, **image.config.env}
+        self.workdir = image.config.workdir
+        if plan is not None and plan.user not in (None, "root", "0"):
+            self.warnings.append(f"USER {plan.user} ignored: the embedded backend runs as root")
+        elif plan is None and image.config.user not in ("", "root", "0"):
+            self.warnings.append(f"the image's user {image.config.user} ignored: the embedded backend runs as root")
+        self._roots = []
+        self._uid = image.owner
+        layers = [image.rootfs]
+        entry = None
+        if plan is not None and plan.steps and cache_enabled() and self.spec.dockerfile is not None:
+            cache = EnvCache.from_environment()
+            env = {**self.env, **dict(self.spec.env)}
+            key = environment_key(self.spec.dockerfile.read_bytes(), self.spec.context_dir, env, [], base=image.digest)
+            async with cache.holding(key, timeout) as entry:
+                if entry is not None:
+                    await self._start_on_layers(image, kit, [entry.tree / "upper", *layers])
+                    self.env, self.workdir = {**self.env, **entry.env}, entry.workdir
+                    self.image = {**self.image, "prepared": entry.key[:16]}
+                    return
+            async with cache.building(key, timeout) as entry:
+                if entry is not None:  # prepared meanwhile by another trial
+                    await self._start_on_layers(image, kit, [entry.tree / "upper", *layers])
+                    self.env, self.workdir = {**self.env, **entry.env}, entry.workdir
+                    self.image = {**self.image, "prepared": entry.key[:16]}
+                    return
+                await self._start_on_layers(image, kit, layers)
+                await self._prepare_in_upper(plan)
+                self._roots = ["upper"]  # what publish keeps: the preparation's own layer
+                try:
+                    await self._publish(cache, key)
+                finally:
+                    self._roots = []
+                return
+        await self._start_on_layers(image, kit, layers)
+        if plan is not None:
+            await self._prepare_in_upper(plan)
+
+    async def _prepare_in_upper(self, plan: EnvironmentPlan) -> None:
+        """Run ``plan`` in this sandbox's own upper layer, then note that layer as the agent finds
+        it (``agent_changes`` leaves the preparation's writes out)."""
+        await prepare_environment(self, plan, self.spec)
+        self._baseline = await asyncio.to_thread(self._upper_manifest)
+
+    async def _start_on_layers(self, image: LocalImage, kit: Path, layers: list[Path]) -> None:
+        """The sandbox's home, storage, overlay root over ``layers`` (top first) and processes."""
+        home = self._make_home()
+        await self._make_file_system(["upper", "work"])
+        view = home / "root"
+        view.mkdir()
+        try:
+            await asyncio.to_thread(mount_overlay, layers, home / "fs" / "upper", home / "fs" / "work", view)
+        except OSError as exc:
+            view.rmdir()
+            raise SandboxError(f"could not mount the root of image {image.ref}: {exc}") from exc
+        self._view, self._lower = view, layers
+        self._image_root = ImageRoot(view, kit, f"/.termgym-{secrets.token_hex(8)}")
+        self.untraced_loads = UNTRACED  # what the kit's loader reads from the root before any trace
         await self._start_processes()
 
     def _make_home(self) -> Path:
@@ -295,22 +383,36 @@ class LocalSandbox(Sandbox):
 
     async def agent_changes(self) -> dict[str, str]:
         """Every change under the writable roots since the sandbox started (the rest is the host's,
-        bound read-only): over a prepared environment, what its overlay's upper layer holds (the
-        trial's writes, nothing else); otherwise by the change times the host's files carry, which
-        no process can set back. ``SandboxBroken`` when the trees grew past what can be compared."""
+        bound read-only): over a prepared environment or an image, what its overlay's upper layer
+        holds (the trial's writes, nothing else; less what this sandbox's own preparation wrote
+        there, ``changes_since``); otherwise by the change times the host's files carry, which no
+        process can set back. ``SandboxBroken`` when the trees grew past what can be compared."""
         if self._dir is None:
             return {}
-        roots = ["/" + root for root in self._roots]
         try:
             if (lower := self._lower) is not None:
-                upper = LocalHostFiles(self._dir / "fs" / "upper", self.owner)
-                changes = await asyncio.to_thread(lambda: overlay_changes(upper.manifest(roots), lower))
+                upper = await asyncio.to_thread(self._upper_manifest)
+                changes = overlay_changes(upper, lower)
+                if self._baseline:  # prepared in this sandbox's own upper layer
+                    changes = changes_since(changes, self._baseline, upper)
             else:
+                roots = ["/" + root for root in self._roots]
                 now = await asyncio.to_thread(LocalHostFiles(self.files_dir, self.owner).manifest, roots)
                 changes = manifest_changes(self._baseline, now)
         except OSError as exc:
             raise SandboxBroken(f"could not list what the agent changed: {exc.strerror or exc}") from exc
         return leaf_changes(changes)
+
+    def _upper_manifest(self) -> dict[str, tuple[int, ...]]:
+        """The overlay's upper layer (``LocalHostFiles.manifest``): under the writable roots, or,
+        over an image, under every top-level entry but the kit's mount point. Blocking."""
+        assert self._dir is not None
+        upper_dir = self._dir / "fs" / "upper"
+        roots = ["/" + root for root in self._roots]
+        if self._image_root is not None:
+            kit = self._image_root.kit_at.lstrip("/")
+            roots = ["/" + name for name in sorted(os.listdir(upper_dir)) if name != kit]
+        return LocalHostFiles(upper_dir, self.owner).manifest(roots)
 
     async def exec_traced(
         self,
@@ -322,13 +424,20 @@ class LocalSandbox(Sandbox):
         cwd: str,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
     ) -> ExecResult | None:
-        """Under the host's ``strace``, which the sandbox sees read-only in the host's ``/usr``; None
-        where the host has none or for another user (this backend runs everything as root)."""
-        tracer = host_strace()
-        if tracer is None or user is not None:
+        """Under the host's ``strace``, which the sandbox sees read-only in the host's ``/usr`` (or in
+        the kit, over an image); None where the host has none or for another user (this backend
+        runs everything as root)."""
+        if user is not None:
             return None
+        if self._image_root is not None:
+            tracer = kit_argv(self._image_root.kit_at, "strace")
+        else:
+            found = host_strace()
+            if found is None:
+                return None
+            tracer = [found]
         return await self._run(
-            traced_argv([tracer], argv),
+            traced_argv(tracer, argv),
             timeout=timeout,
             stdin=None,
             env=env,
@@ -365,8 +474,6 @@ class LocalSandbox(Sandbox):
 
     def _plan(self) -> EnvironmentPlan | None:
         if self.spec.dockerfile is None:
-            if self.spec.image:
-                self.warnings.append(f"image {self.spec.image} is not used by the embedded backend")
             return None
         try:
             return parse_dockerfile(self.spec.dockerfile.read_text(encoding="utf-8", errors="replace"))
@@ -376,7 +483,8 @@ class LocalSandbox(Sandbox):
     # -- the keeper: the process whose namespaces every command enters --------------------------
 
     def _keeper_argv(self, detached: bool) -> list[str]:
-        return self._within_limits(keeper_argv(self.files_dir, self._roots, self._uid, detached=detached))
+        argv = keeper_argv(self.files_dir, self._roots, self._uid, detached=detached, image=self._image_root)
+        return self._within_limits(argv)
 
     def _within_limits(self, argv: list[str]) -> list[str]:
         procs = self._cgroup.procs_files if self._cgroup is not None else ()
@@ -438,6 +546,7 @@ class LocalSandbox(Sandbox):
             file_size_limit=self._file_size_limit,
             view=self._view,
             sandbox=self,
+            image_root=self._image_root,
         )
 
     @classmethod
@@ -464,6 +573,9 @@ class LocalSandbox(Sandbox):
             sandbox._storage = SizedFilesystem(image and Path(image), directory / "fs", state["storage"]["size_mb"])
         sandbox._file_size_limit = state.get("file_size_limit")
         sandbox._view = Path(state["view"]) if state.get("view") else None
+        if state.get("image_root"):
+            root = state["image_root"]
+            sandbox._image_root = ImageRoot(Path(root["root"]), Path(root["kit"]), root["kit_at"])
         sandbox.env = dict(state["env"])
         sandbox.workdir = state["workdir"]
         sandbox.image = dict(state.get("image") or {})
@@ -475,7 +587,8 @@ class LocalSandbox(Sandbox):
             raise SandboxError("the sandbox is not running")
         if not alive(self._keeper_pid):
             raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
-        return self._within_limits(enter_argv(self._keeper_pid, argv, env, cwd))
+        kit_at = self._image_root.kit_at if self._image_root is not None else None
+        return self._within_limits(enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at))
 
     # -- commands ----------------------------------------------------------------------------------
 
@@ -509,7 +622,8 @@ class LocalSandbox(Sandbox):
         # one second later); the host-side deadline is only a backstop if that fails.
         await self._before_command()
         limit = max(timeout, 0.001)
-        inner = ["/usr/bin/timeout", "-k", "1", f"{limit:.3f}", *argv]
+        timeout_tool = kit_argv(self._image_root.kit_at, "timeout") if self._image_root else ["/usr/bin/timeout"]
+        inner = [*timeout_tool, "-k", "1", f"{limit:.3f}", *argv]
         command = self._enter_argv(inner, self.env if env is None else env, cwd or self.workdir)
         process = await spawn(
             command,

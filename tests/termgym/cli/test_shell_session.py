@@ -206,6 +206,8 @@ def test_the_closing_line_the_transcript_and_the_history(tmp_path, session_env):
 
 def test_a_multi_step_task_hands_over_each_step_then_verifies_the_last(tmp_path, session_env):
     task = str(REPO_ROOT / "tests/termgym/fixtures/tasks/harbor-multi-step")
+    # its docker_image, ubuntu:24.04, on the host's system (offline), as a user's config says
+    (tmp_path / "termgym.toml").write_text('[images.aliases]\n"ubuntu:24.04" = "termgym/base:bookworm"\n')
     terminal = Terminal("shell", task, cwd=tmp_path, env=session_env)
     try:
         terminal.expect(r"Create the directory /app/notes", timeout=90)

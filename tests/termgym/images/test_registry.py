@@ -6,12 +6,7 @@ pulled by a trial; absent images, unknown refs, an unreachable registry, ``--bui
 from __future__ import annotations
 
 import contextlib
-import shutil
-import socket
 import subprocess
-import textwrap
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,6 +18,7 @@ from termgym.images.build import BASE_IMAGE
 from termgym.tasks import load_task
 from termgym.trial import run_trial
 from tests.helpers import KIT_SOURCE, require_docker, write_task
+from tests.registry import free_port, running_registry
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -30,67 +26,12 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 MARKER = "/etc/termgym-marker"
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _registry_binary() -> str:
-    """``docker-registry``, installed with apt-get (idempotently, as make test does) if missing."""
-    if shutil.which("docker-registry") is None:
-        script = ". scripts/apt-ensure.sh && apt_ensure test-registry docker-registry:docker-registry"
-        subprocess.run(["bash", "-c", script], cwd=REPO_ROOT, check=True)
-    found = shutil.which("docker-registry") or "/usr/bin/docker-registry"
-    assert Path(found).is_file(), "docker-registry is not installed"
-    return found
-
-
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A registry on 127.0.0.1:PORT (plain HTTP: the engine allows loopback registries), its
-    storage in a temporary directory; yields ``127.0.0.1:PORT``. Stopped at the end."""
+    """A registry on 127.0.0.1:PORT (``tests.registry``); yields ``127.0.0.1:PORT``."""
     require_docker()
-    root = tmp_path_factory.mktemp("registry")
-    port = _free_port()
-    config = root / "config.yml"
-    config.write_text(
-        textwrap.dedent(f"""\
-        version: 0.1
-        log:
-          level: error
-        storage:
-          filesystem:
-            rootdirectory: {root / "data"}
-          delete:
-            enabled: true
-        http:
-          addr: 127.0.0.1:{port}
-        """)
-    )
-    process = subprocess.Popen(
-        [_registry_binary(), "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert process.poll() is None, "docker-registry exited"
-            assert time.monotonic() < deadline, "docker-registry did not answer on /v2/"
-            time.sleep(0.1)
-        yield f"127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=10)
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    with running_registry(tmp_path_factory.mktemp("registry")) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
@@ -212,14 +153,14 @@ async def test_an_image_the_registry_lacks_is_a_one_line_build_failure(tmp_path,
 
 
 async def test_an_unreachable_registry_is_a_one_line_build_failure(tmp_path):
-    ref = f"127.0.0.1:{_free_port()}/test/img:1"  # nothing listens there
+    ref = f"127.0.0.1:{free_port()}/test/img:1"  # nothing listens there
     record = await run_trial(load_task(marker_task(tmp_path, image=ref, dockerfile=BUILT)), NullAgent(), options())
     assert record.error is not None and record.error["kind"] == "build_failed"
     assert f"could not pull image {ref}" in record.error["message"] and "\n" not in record.error["message"]
 
 
 async def test_an_alias_for_the_named_image_is_used_and_nothing_is_pulled(tmp_path):
-    ref = f"127.0.0.1:{_free_port()}/test/aliased:1"  # unreachable: a pull would fail the trial
+    ref = f"127.0.0.1:{free_port()}/test/aliased:1"  # unreachable: a pull would fail the trial
     task = load_task(marker_task(tmp_path, image=ref, dockerfile=BUILT))
     record = await run_trial(task, NullAgent(), options(image_aliases={ref: BASE_IMAGE}))
     assert record.error is None and not record.resolved  # ran the base image: no marker there
@@ -266,3 +207,38 @@ async def test_pull_always_pulls_a_present_image_and_missing_does_not(tmp_path, 
     assert record.resolved and f"pulling {ref}" not in capfd.readouterr().err
     record = await run_trial(task, NullAgent(), options(pull="always"))
     assert record.resolved and f"pulling {ref}" in capfd.readouterr().err
+
+
+# -- the same registry, on the embedded backend (no daemon: skopeo and umoci) -------------------
+
+
+def embedded(**overrides) -> EnvOptions:
+    return EnvOptions(backend="local", run_id="registry-embedded", **overrides)
+
+
+async def test_on_the_embedded_backend_a_from_in_a_loopback_registry_runs_that_image(tmp_path, pushed, no_leaks):
+    ref = pushed("embedded-from")
+    dockerfile = f"FROM {ref}\nWORKDIR /app\nRUN echo extra > /etc/termgym-extra\n"
+    task = load_task(marker_task(tmp_path, image=None, dockerfile=dockerfile, name="embedded-from"))
+    record = await run_trial(task, NullAgent(), embedded())
+    assert record.error is None and record.resolved, record  # the marker is the pulled image's, not the host's
+    assert record.image["source"] == "build" and record.image["ref"] == ref
+    assert record.image["digest"].startswith("sha256:") and not _present(ref)  # no engine involved
+    again = await run_trial(task, NullAgent(), embedded())  # the prepared layer over the image, kept
+    assert again.resolved and again.image["digest"] == record.image["digest"] and "prepared" in again.image
+
+
+async def test_on_the_embedded_backend_a_named_image_wins_over_the_dockerfile(tmp_path, pushed, no_leaks):
+    ref = pushed("embedded-named")
+    record = await run_trial(load_task(marker_task(tmp_path, image=ref, dockerfile=BUILT)), NullAgent(), embedded())
+    assert record.error is None and record.resolved, record
+    assert record.image["source"] == "docker_image" and record.image["ref"] == ref
+
+
+async def test_on_the_embedded_backend_pull_never_and_an_absent_image_are_one_line(tmp_path, registry, no_leaks):
+    ref = f"{registry}/test/embedded-absent:1"
+    task = load_task(marker_task(tmp_path, image=ref, dockerfile=BUILT))
+    for pull, expected in (("never", "--pull never forbids pulling it"), ("missing", f"could not pull image {ref}")):
+        record = await run_trial(task, NullAgent(), embedded(pull=pull))
+        assert record.error is not None and record.error["kind"] == "build_failed", record
+        assert expected in record.error["message"] and "\n" not in record.error["message"]

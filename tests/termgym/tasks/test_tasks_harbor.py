@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from termgym.images.build import BASE_IMAGE
 from termgym.tasks import (
     Healthcheck,
     Resources,
@@ -515,7 +516,8 @@ async def test_tb1_compose_environment_reaches_the_tests(tmp_path, no_leaks):
         'check test_data_dir \'[ "$DATA_DIR" = /tests/data ] && [ -f "$TEST_DIR/test_outputs.py" ]\'\n'
         "check test_out 'grep -qx hi /tmp/out.txt'\n",
     )
-    record = await run_trial(load_task(task_dir), OracleAgent(), EnvOptions())
+    aliases = {"ubuntu:24.04": BASE_IMAGE}  # offline: the image on the host's system
+    record = await run_trial(load_task(task_dir), OracleAgent(), EnvOptions(image_aliases=aliases))
     assert record.error is None, record
     assert record.report_format == "pytest" and record.passed == 2 and record.total == 2
     assert not any("task.toml" in warning or "compose" in warning for warning in record.warnings)

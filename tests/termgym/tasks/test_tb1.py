@@ -6,6 +6,7 @@ import textwrap
 
 from termgym.agents import NullAgent, OracleAgent
 from termgym.env import EnvOptions
+from termgym.images.build import BASE_IMAGE
 from termgym.tasks import load_task
 
 # run-tests.sh prints what `pytest -rA` prints (the sandbox has no pytest): the harness must find
@@ -26,6 +27,9 @@ RUN_TESTS = textwrap.dedent("""\
     """)
 
 
+ON_THE_HOST = {"ubuntu:24.04": BASE_IMAGE}
+
+
 def write_tb1_task(root):
     task = root / "hello-tb1"
     (task / "tests").mkdir(parents=True)
@@ -43,9 +47,10 @@ def write_tb1_task(root):
 async def test_tb1_task_runs_with_its_harness_contract(tmp_path, no_leaks):
     task = load_task(write_tb1_task(tmp_path))
     assert task.layout == "tb1" and task.agent_timeout_sec == 30 and task.verifier_timeout_sec == 60
-    oracle = await run_trial(task, OracleAgent(), EnvOptions())
+    options = EnvOptions(image_aliases=ON_THE_HOST)  # offline: ubuntu:24.04 on the host's system
+    oracle = await run_trial(task, OracleAgent(), options)
     assert oracle.error is None, oracle
     assert oracle.report_format == "pytest" and oracle.resolved and oracle.passed == 3
     assert oracle.reward == 3 / 20
-    null = await run_trial(task, NullAgent(), EnvOptions())
+    null = await run_trial(task, NullAgent(), options)
     assert null.report_format == "pytest" and null.passed == 0 and null.total == 3

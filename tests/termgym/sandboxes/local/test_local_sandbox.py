@@ -36,9 +36,9 @@ async def run(sandbox, script: str) -> str:
 @pytest.mark.parametrize(
     ("dockerfile", "extra"),
     [
-        ("FROM x\nWORKDIR /app\n", []),
-        ("FROM x\nWORKDIR /workspace/project\nCOPY a /srv/data/\n", ["workspace"]),
-        ("FROM x\nRUN mkdir -p /usr/local/thing\nWORKDIR /usr/local/thing\n", []),
+        ("FROM debian:bookworm-slim\nWORKDIR /app\n", []),
+        ("FROM debian:bookworm-slim\nWORKDIR /workspace/project\nCOPY a /srv/data/\n", ["workspace"]),
+        ("FROM debian:bookworm-slim\nRUN mkdir -p /usr/local/thing\nWORKDIR /usr/local/thing\n", []),
     ],
 )
 def test_writable_roots(dockerfile, extra):
@@ -101,7 +101,7 @@ async def test_run_step_needing_packages_says_to_use_docker(tmp_path, no_leaks):
 
 async def test_missing_copy_source_is_a_build_error(tmp_path, no_leaks):
     with pytest.raises(EnvironmentBuildError, match="not found"):
-        async with LocalSandbox(spec(tmp_path, "FROM x\nCOPY missing.txt /app/\n")):
+        async with LocalSandbox(spec(tmp_path, "FROM debian:bookworm-slim\nCOPY missing.txt /app/\n")):
             pass
 
 
