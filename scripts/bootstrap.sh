@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 . scripts/apt-ensure.sh
-apt_ensure bootstrap bwrap:bubblewrap nsenter:util-linux perl:perl-base keyctl:keyutils strace:strace skopeo:skopeo umoci:umoci
+apt_ensure bootstrap bwrap:bubblewrap nsenter:util-linux perl:perl-base keyctl:keyutils strace:strace skopeo:skopeo umoci:umoci pasta:passt nft:nftables ip:iproute2
 
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3

@@ -27,6 +27,11 @@ PACKAGES = {
     "perl": "perl-base",
     "strace": "strace",
     "ldd": "libc-bin",
+    "pasta": "passt",
+    "nft": "nftables",
+    "ip": "iproute2",
+    "skopeo": "skopeo",
+    "umoci": "umoci",
 }
 
 

@@ -63,6 +63,12 @@ class ImageRoot:
     root: Path
     kit: Path
     kit_at: str
+    resolv: Path | None = None  # the host's resolver configuration, bound read-only at /etc/resolv.conf
+
+    @property
+    def mount_points(self) -> tuple[str, ...]:
+        """What bubblewrap binds into the root (made in its upper layer where the image lacks it)."""
+        return (self.kit_at, *(("/etc/resolv.conf",) if self.resolv is not None else ()))
 
 
 def keeper_argv(
@@ -97,6 +103,8 @@ def keeper_argv(
     else:
         sleep = " ".join(kit_argv(image.kit_at, "sleep"))
         keeper = [*kit_argv(image.kit_at, "sh"), "-c", f"echo ready; exec {sleep} infinity"]
+        if image.resolv is not None:
+            argv += ["--ro-bind", str(image.resolv), "/etc/resolv.conf"]
         argv += ["--ro-bind", str(image.kit), image.kit_at, "--chdir", "/", "--clearenv", "--", *keeper]
     if uid is not None:
         argv = [host_tool("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]

@@ -58,7 +58,12 @@ def kept_state(
         "view": view and str(view),
         "image_root": None
         if image_root is None
-        else {"root": str(image_root.root), "kit": str(image_root.kit), "kit_at": image_root.kit_at},
+        else {
+            "root": str(image_root.root),
+            "kit": str(image_root.kit),
+            "kit_at": image_root.kit_at,
+            "resolv": image_root.resolv and str(image_root.resolv),
+        },
         "env": sandbox.env,
         "workdir": sandbox.workdir,
         "image": sandbox.image,

@@ -59,12 +59,12 @@ from termgym.aio import wait_for
 from termgym.errors import BackendUnavailable, SandboxError
 from termgym.sandboxes.host_processes import POLL_SEC, alive, children, kill_tree, release, spawn, start_time
 from termgym.sandboxes.local.commands import within_limits
-from termgym.sandboxes.tools import TRUSTED_DIRS, host_tool
+from termgym.sandboxes.tools import PACKAGES, TRUSTED_DIRS, host_tool
 
 DEVICE = "eth0"
 START_TIMEOUT = 10.0
 # What each host program the network needs comes in (Debian).
-TOOLS = {"pasta": "passt", "nft": "nftables", "ip": "iproute2"}
+TOOLS = ("pasta", "nft", "ip")
 PASTA_OPTIONS = (
     *("--ns-ifname", DEVICE),  # the device made beforehand, the rules already on it
     "--config-net",  # the host's address, route and MTU on it, and up
@@ -199,9 +199,9 @@ def netns_argv(keeper: int, argv: Sequence[str]) -> list[str]:
 
 def missing_tool() -> str | None:
     """Why this host cannot give a sandbox network (a program missing or unsafe), or None."""
-    for name, package in TOOLS.items():
+    for name in TOOLS:
         if not any(Path(directory, name).exists() for directory in TRUSTED_DIRS):
-            return f"it needs {name}: apt-get install {package}"
+            return f"it needs {name}: apt-get install {PACKAGES[name]}"
         try:
             host_tool(name)
         except BackendUnavailable as exc:

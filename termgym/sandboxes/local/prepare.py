@@ -1,10 +1,12 @@
-"""Prepare a sandbox without an image: run the Dockerfile subset that makes sense on the host.
+"""Prepare a sandbox: run the Dockerfile's steps after ``FROM`` on top of the task's image or the
+host's system (``termgym.sandboxes.local.images`` decides which).
 
 ``WORKDIR`` creates the directory (together with the next ``RUN``, in the same command, or before the
 next ``COPY``: one process less per trial), ``ENV`` and ``ARG`` set the environment that later steps and the
 agent see, ``COPY``/``ADD`` copy from the build context (an ``ADD`` of a local tar archive unpacks
-it, as Docker does), ``RUN`` runs inside the sandbox. ``FROM`` is ignored. Any failing step raises
-``EnvironmentBuildError`` naming the Dockerfile line, with the step's output as the build log.
+it, as Docker does), ``RUN`` runs inside the sandbox. Any failing step raises
+``EnvironmentBuildError`` naming the Dockerfile line, with the step's output as the build log (over
+the host's system, saying that ``--backend docker`` runs the image).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from termgym.errors import EnvironmentBuildError
 from termgym.images.dockerfile import CopyStep, EnvironmentPlan, RunStep, WorkdirStep
 from termgym.sandboxes.base import Sandbox, SandboxSpec
 
-NEEDS_DOCKER = "the embedded backend runs RUN steps with this machine's tools and a read-only /usr; use --backend docker for this task"
+NEEDS_DOCKER = "over the host's system the embedded backend runs RUN steps with this machine's tools and a read-only /usr; use --backend docker for this task"
 
 
 async def prepare_environment(sandbox: Sandbox, plan: EnvironmentPlan, spec: SandboxSpec) -> None:
@@ -71,7 +73,8 @@ async def _run(sandbox: Sandbox, argv: list[str], env: dict[str, str], cwd: str,
         raise EnvironmentBuildError(f"{what} timed out after {timeout:.0f}s", log=result.text)
     if result.exit_code != 0:
         last = result.text.strip().splitlines()[-1][:200] if result.text.strip() else "no output"
-        raise EnvironmentBuildError(f"{what} failed (exit {result.exit_code}: {last}); {NEEDS_DOCKER}", log=result.text)
+        hint = f"; {NEEDS_DOCKER}" if sandbox.image.get("source") == "host" else ""
+        raise EnvironmentBuildError(f"{what} failed (exit {result.exit_code}: {last}){hint}", log=result.text)
 
 
 async def _copy(sandbox: Sandbox, step: CopyStep, spec: SandboxSpec, where: str) -> None:
@@ -103,7 +106,8 @@ async def _copy(sandbox: Sandbox, step: CopyStep, spec: SandboxSpec, where: str)
     try:
         await sandbox.upload_tar(buffer.getvalue(), "/")
     except Exception as exc:
-        raise EnvironmentBuildError(f"{where}: COPY to {dest} failed: {exc}; {NEEDS_DOCKER}") from exc
+        hint = f"; {NEEDS_DOCKER}" if sandbox.image.get("source") == "host" else ""
+        raise EnvironmentBuildError(f"{where}: COPY to {dest} failed: {exc}{hint}") from exc
 
 
 def _add_tree(archive: tarfile.TarFile, source: Path, dest: PurePosixPath) -> None:

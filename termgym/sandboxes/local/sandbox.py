@@ -274,7 +274,7 @@ class LocalSandbox(Sandbox):
             view.rmdir()
             raise SandboxError(f"could not mount the root of image {image.ref}: {exc}") from exc
         self._view, self._lower = view, layers
-        self._image_root = ImageRoot(view, kit, f"/.termgym-{secrets.token_hex(8)}")
+        self._image_root = ImageRoot(view, kit, f"/.termgym-{secrets.token_hex(8)}", await _resolver_copy(home))
         self.untraced_loads = UNTRACED  # what the kit's loader reads from the root before any trace
         await self._start_processes()
 
@@ -412,6 +412,12 @@ class LocalSandbox(Sandbox):
         if self._image_root is not None:
             kit = self._image_root.kit_at.lstrip("/")
             roots = ["/" + name for name in sorted(os.listdir(upper_dir)) if name != kit]
+            mounted = self._image_root.mount_points  # bubblewrap's, bound read-only over what is there
+            return {
+                path: entry
+                for path, entry in LocalHostFiles(upper_dir, self.owner).manifest(roots).items()
+                if path not in mounted
+            }
         return LocalHostFiles(upper_dir, self.owner).manifest(roots)
 
     async def exec_traced(
@@ -575,7 +581,8 @@ class LocalSandbox(Sandbox):
         sandbox._view = Path(state["view"]) if state.get("view") else None
         if state.get("image_root"):
             root = state["image_root"]
-            sandbox._image_root = ImageRoot(Path(root["root"]), Path(root["kit"]), root["kit_at"])
+            resolv = Path(root["resolv"]) if root.get("resolv") else None
+            sandbox._image_root = ImageRoot(Path(root["root"]), Path(root["kit"]), root["kit_at"], resolv)
         sandbox.env = dict(state["env"])
         sandbox.workdir = state["workdir"]
         sandbox.image = dict(state.get("image") or {})
@@ -680,6 +687,24 @@ class LocalSandbox(Sandbox):
         if self._dir is None:
             raise SandboxError("the sandbox is not running")
         return self._view or self._dir / "fs"
+
+
+async def _resolver_copy(home: Path) -> Path | None:
+    """A copy of the host's ``/etc/resolv.conf`` in the sandbox's ``home``, for its user-mode
+    network (an image's own is often empty, as Docker writes one into every container); None where
+    the host has none."""
+
+    def copy() -> Path | None:
+        try:
+            data = Path("/etc/resolv.conf").read_bytes()
+        except OSError:
+            return None
+        target = home / "resolv.conf"
+        target.write_bytes(data)
+        target.chmod(0o644)
+        return target
+
+    return await asyncio.to_thread(copy)
 
 
 def _descendants(pid: int) -> list[int]:

@@ -5,12 +5,12 @@ or ``docker``) for the driver's ``RemoteSandbox``es, by sandbox id, and the proc
 open, by channel id. Commands and files stay on the node; the agent loop, the scheduler and
 verification's orchestration stay on the driver.
 
-A Docker sandbox gets no network on a node where a Ray process listens on an address other than
-loopback (``termgym.sandboxes.ray.exposure``: a container on the Docker bridge could reach Ray's
-unauthenticated API and run code on the node), unless ``TERMGYM_RAY_PORTS_FIREWALLED=1`` (on the
-driver or the node) says the bridge is firewalled from Ray's ports; the refusal is one warning line
-in the trial's record (``BRIDGE_WARNING``). Embedded sandboxes have no network at all (a private
-loopback only), so they cannot reach Ray either way.
+A sandbox gets no network on a node where a Ray process listens on an address other than loopback
+(``termgym.sandboxes.ray.exposure``: a container on the Docker bridge could reach Ray's
+unauthenticated API and run code on the node; an embedded sandbox's user-mode network reaches none
+of its own node's addresses, but the other nodes' Ray listens off loopback too), unless
+``TERMGYM_RAY_PORTS_FIREWALLED=1`` (on the driver or the node) says sandboxes are firewalled from
+Ray's ports; the refusal is one warning line in the trial's record (``BRIDGE_WARNING``).
 
 Each actor keeps its sandboxes apart from other actors on the same host (several Ray nodes on one
 machine, as the tests run them): the embedded backend's state directory is one per node
@@ -40,9 +40,9 @@ from termgym.sandboxes.ray.relay import Batch, OutputRelay
 NODE_LABEL = "termgym.node"
 FILES_DIR = "ray-files"  # under the node's prepared-environment cache: the task files shipped to it, by hash
 BRIDGE_WARNING = (
-    "no network for this sandbox: Ray on node {node} listens where a container on the Docker bridge "
-    "can reach it ({listeners}), and Ray's API runs code for whoever reaches it; bind Ray to a private "
-    "address and drop the bridge's traffic to Ray's ports, then set {variable}=1 (docs/guides/cluster.md)"
+    "no network for this sandbox: Ray on node {node} listens where a sandbox with network can reach it "
+    "({listeners}), and Ray's API runs code for whoever reaches it; bind Ray to a private address and drop "
+    "sandboxes' traffic to Ray's ports, then set {variable}=1 (docs/guides/cluster.md)"
 )
 
 
@@ -126,9 +126,10 @@ class SandboxHost:
             self.state.rmdir()
 
     def network_refusal(self) -> str | None:
-        """Why a sandbox of this node gets no network (one line), or None when it may have it: the
-        Docker backend, on a node whose Ray listens where the bridge reaches, not firewalled."""
-        if self.backend != "docker" or self.ports_firewalled:
+        """Why a sandbox of this node gets no network (one line), or None when it may have it: on a
+        node whose Ray listens off loopback (where the cluster's other nodes listen too), not
+        firewalled."""
+        if self.ports_firewalled:
             return None
         if self.exposed is None:
             self.exposed = exposed_ray_listeners()

@@ -496,10 +496,40 @@ async def test_pasta_ends_with_the_namespace_it_serves(no_leaks, outside):
 
 @needs_root
 async def test_without_pasta_the_sandbox_has_no_network_and_says_why(no_leaks, monkeypatch, outside):
-    monkeypatch.setattr(network_module, "TOOLS", {"pasta-not-installed": "passt"})
+    monkeypatch.setattr(network_module, "TOOLS", ("pasta-not-installed",))
+    monkeypatch.setitem(network_module.PACKAGES, "pasta-not-installed", "passt")
     sandbox = LocalSandbox(SandboxSpec("net-missing", None, None, network=True))
     async with sandbox:
         assert any("apt-get install passt" in line and "has none" in line for line in sandbox.warnings)
         assert await interfaces(sandbox) == ["lo"]
         assert network_processes(sandbox) == []
         assert (await sandbox.set_network(True)) in sandbox.warnings  # the same line: said once
+
+
+@needs_root
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_over_a_task_image_the_network_and_the_hosts_resolver_are_there(tmp_path, no_leaks, outside):
+    """A sandbox whose root is an image (the offline base, under another name, copied from the
+    engine) gets the same network, and the host's resolver configuration in place of the image's
+    own, as Docker writes one into every container; nothing of it is listed as the agent's."""
+    from termgym.images.build import BASE_IMAGE
+    from termgym.sandboxes.docker import docker_client
+    from tests.helpers import require_docker
+
+    require_docker()
+    docker_client().api.tag(BASE_IMAGE, "termgym-test/network-image", "1")
+    task = network_task(tmp_path)
+    dockerfile = task.path / "environment" / "Dockerfile"
+    dockerfile.write_text("FROM termgym-test/network-image:1\nWORKDIR /app\n")
+    sandbox = LocalSandbox(sandbox_spec(load_task(task.path), run_id="network-test"))
+    async with sandbox:
+        assert sandbox.image["source"] == "build" and sandbox.image["ref"] == "termgym-test/network-image:1"
+        reached = await sh(
+            sandbox,
+            f"exec 3<>/dev/tcp/{outside.address}/{outside.port}; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; tail -n 1 <&3",
+        )
+        assert reached == "hello from outside\n"
+        assert await sh(sandbox, "cat /etc/resolv.conf") == Path("/etc/resolv.conf").read_text()
+        assert " /etc/resolv.conf " in await sh(sandbox, "cat /proc/self/mountinfo")  # the host's, bound
+        assert "/etc/resolv.conf" not in await sandbox.agent_changes()

@@ -117,7 +117,7 @@ def test_rays_listeners_off_loopback_are_exposed_and_no_one_elses(tmp_path):
     assert exposed_ray_listeners(fake_proc(tmp_path / "none", {13: (["/usr/sbin/sshd"], [501])})) == []
 
 
-def test_the_refusal_is_for_docker_only_and_not_where_the_bridge_is_firewalled(sandbox_dir):
+def test_the_refusal_is_for_both_backends_and_not_where_ray_is_firewalled(sandbox_dir):
     exposed = ["[::]:6379 (gcs_server)", "[::]:41922 (raylet)", "0.0.0.0:1 (a)", "0.0.0.0:2 (b)"]
     docker = SandboxHost("a1b2c3d4e5f6a7b8", "docker", str(sandbox_dir))
     docker.exposed = exposed
@@ -127,7 +127,7 @@ def test_the_refusal_is_for_docker_only_and_not_where_the_bridge_is_firewalled(s
     assert "TERMGYM_RAY_PORTS_FIREWALLED=1" in line and "\n" not in line
     local = SandboxHost("a1b2c3d4e5f6a7b8", "local", str(sandbox_dir))
     local.exposed = exposed
-    assert local.network_refusal() is None  # embedded sandboxes have no network to refuse
+    assert local.network_refusal() == line  # user-mode network reaches the cluster's other nodes
     firewalled = SandboxHost("a1b2c3d4e5f6a7b8", "docker", str(sandbox_dir), ports_firewalled=True)
     firewalled.exposed = exposed
     assert firewalled.network_refusal() is None
