@@ -29,6 +29,10 @@ timeout bound what one trial can write), the other services of a Terminal-Bench 
 verifier then runs in: what it changed there is not prevented; a load of it by the verifier is
 detected (``termgym.episode.guard``).
 
+The engine may be Podman (``DOCKER_HOST`` at ``podman system service``): where its
+Docker-compatible API answers otherwise, ``engine.Dialect`` says how (docs/guides/backends.md,
+"Podman").
+
 All docker-py calls are blocking; they run in a dedicated thread pool, never on the event loop.
 
 The package: ``engine`` (the client, its thread pool, the fault mapping), ``sandbox``

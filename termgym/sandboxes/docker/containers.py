@@ -21,7 +21,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from termgym.aio import uninterrupted
-from termgym.sandboxes.docker.engine import client_if_made, docker_client, in_thread, keeper_of, submit
+from termgym.sandboxes.docker.engine import (
+    client_if_made,
+    dialect_of,
+    docker_client,
+    in_thread,
+    keeper_of,
+    processes,
+    submit,
+)
 from termgym.sandboxes.docker.pool import POOL_LABEL, Ready, Recipe, WarmPool, owner_gone, settings_from_env
 from termgym.sandboxes.host_processes import start_time
 
@@ -41,7 +49,10 @@ def create_started(client: Any, recipe: Recipe, labels: Mapping[str, str]) -> Re
         mem_limit=f"{recipe.memory_mb}m",
         memswap_limit=f"{recipe.memory_mb}m",
         pids_limit=recipe.pids_limit,
-        ulimits=[docker.types.Ulimit(name="fsize", soft=fsize, hard=fsize)],
+        ulimits=[
+            docker.types.Ulimit(name=name, soft=soft, hard=hard)
+            for name, soft, hard in dialect_of(client).ulimits(fsize)
+        ],
         init=recipe.init,
     )
     created = client.api.create_container(
@@ -54,7 +65,7 @@ def create_started(client: Any, recipe: Recipe, labels: Mapping[str, str]) -> Re
     )
     try:
         client.api.start(created["Id"])
-        return Ready(created["Id"], keeper_of(client.api.top(created["Id"])))
+        return Ready(created["Id"], keeper_of(processes(client, created["Id"])))
     except BaseException:
         with contextlib.suppress(Exception):
             client.api.remove_container(created["Id"], force=True)

@@ -3,6 +3,11 @@ for its blocking calls (never on the event loop), the mapping of the SDK's fault
 tree, and what the engine's answers mean (a container's process list, its CPU count, stop events,
 networks).
 
+The engine may be Podman behind its Docker-compatible API (``DOCKER_HOST`` pointed at ``podman
+system service``). Where Podman answers otherwise, ``Dialect`` says how, told from the engine's
+own version report (``dialect_of``), never from the environment; everything else is asked of both
+engines alike.
+
 Faults: ``engine_errors()`` are what a call to the engine raises for a fault of the engine or of
 the connection; ``mapped_error`` turns them into the error tree. Anything else is a bug of
 termgym's and is never dressed up as a sandbox fault.
@@ -13,10 +18,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import json
 import os
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from termgym.errors import BackendUnavailable, SandboxBroken, SandboxError, SandboxGone
@@ -64,8 +72,35 @@ def docker_client() -> Any:
         except docker.errors.DockerException as exc:
             where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
             raise BackendUnavailable(f"the Docker daemon is not answering at {where}; {START_HINT}") from exc
+        if dialect_of(client).podman:
+            client.api.__class__ = _podman_api(type(client.api))
         _client = client
     return _client
+
+
+def podman_build_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A build's query as Podman reads it: its ``networkmode`` is a network policy, not a network,
+    and its RUN steps share the host's network namespace unless ``nsoptions`` gives them their
+    own. Their own it is, with network only where Docker's mode would be ``bridge``."""
+    enabled = params.get("networkmode") == "bridge"
+    return {
+        **params,
+        "networkmode": "NetworkEnabled" if enabled else "NetworkDisabled",
+        "nsoptions": json.dumps([{"Name": "network", "Host": False}]),
+    }
+
+
+@functools.cache
+def _podman_api(base: type) -> type:
+    """docker-py's API client ``base`` with ``podman_build_params`` on every build it posts."""
+
+    class PodmanAPIClient(base):
+        def _post(self, url: str, **kwargs: Any) -> Any:
+            if url.rstrip("/").endswith("/build"):
+                kwargs["params"] = podman_build_params(dict(kwargs.get("params") or {}))
+            return super()._post(url, **kwargs)
+
+    return PodmanAPIClient
 
 
 def engine_errors() -> tuple[type[Exception], ...]:
@@ -104,8 +139,89 @@ def mapped_error(exc: BaseException, what: str) -> SandboxError:
     return SandboxError(f"{what}: {message}")
 
 
+@dataclass(frozen=True)
+class Dialect:
+    """The engine behind the API, where its answers differ from Docker's: ``podman`` when the
+    engine's version report names Podman (``dialect_of``), else Docker's own."""
+
+    podman: bool = False
+    version: str = ""
+
+    @property
+    def top_args(self) -> str | None:
+        """The process list's ``ps_args``. Docker runs the host's ``ps -ef`` and lists host pids;
+        Podman runs ``ps`` inside the container for anything but its own descriptors (a program
+        the agent could replace, absent from a minimal image: the list comes back empty), so it
+        is asked for its own: pids as the container sees them, which is all the backend compares."""
+        return "pid,ppid,args" if self.podman else None
+
+    @property
+    def unsets_env(self) -> bool:
+        """Whether an exec's environment entry without ``=`` unsets the container's variable
+        (Docker's); Podman refuses the exec instead (and adds ``TERM``, ``container`` and ``HOME``
+        of its own to every container's variables)."""
+        return not self.podman
+
+    @property
+    def follows_links(self) -> bool:
+        """Whether the engine's archive of a path that is a link is what the link leads to (Podman's)
+        rather than the link (Docker's); both say in the archive's stat that the path is a link,
+        and where it finally leads."""
+        return self.podman
+
+    def archive_path(self, path: str) -> str:
+        """``path`` as the archive API reads it literally: Podman matches it as a glob pattern (a
+        file named ``[a]`` would be read as ``a``), so there its ``*?[`` and backslashes are escaped."""
+        return re.sub(r"([\\*?\[])", r"\\\1", path) if self.podman else path
+
+    @property
+    def hides_own_files(self) -> bool:
+        """Whether the engine's diff leaves out the files it puts into every container but still
+        lists the directories they are in: Podman's (its init, ``/run/.containerenv``,
+        ``/etc/hosts``, ``/etc/mtab``; ``/etc`` and ``/run`` listed as changed, or added where the
+        image has none). Its diff of a fresh container is then the engine's own doing."""
+        return self.podman
+
+    def ulimits(self, fsize: int) -> list[tuple[str, int, int]]:
+        """The ulimits a container is created with (name, soft, hard): the per-file size limit.
+        Podman sets open files and user processes to 1048576 as soon as any ulimit is given, which
+        an engine without ``CAP_SYS_RESOURCE`` cannot grant (the container does not start; Podman
+        4.3, as Debian 12 ships it, does not lower them); there they are given too, at
+        ``OPEN_FILES`` and ``USER_PROCESSES``."""
+        limits = [("fsize", fsize, fsize)]
+        if self.podman:
+            limits += [("nofile", *OPEN_FILES), ("nproc", USER_PROCESSES, USER_PROCESSES)]
+        return limits
+
+
+DOCKER = Dialect()
+OPEN_FILES = (1024, 16384)  # soft, hard: Docker's soft default; a hard limit an unprivileged engine can give
+USER_PROCESSES = 32768  # the kernel's default pid_max; the pids limit bounds a container far below it
+
+
+@functools.cache
+def dialect_of(client: Any) -> Dialect:
+    """The engine's ``Dialect``, asked once per client; Docker's where the engine does not say."""
+    try:
+        report = client.version()
+    except Exception:  # an engine that does not report itself is taken for Docker
+        report = {}
+    names = [str(c.get("Name") or "") for c in report.get("Components") or [] if isinstance(c, dict)]
+    podman = any(name.startswith("Podman") for name in names)
+    return Dialect(podman=True, version=str(report.get("Version") or "")) if podman else DOCKER
+
+
+def processes(client: Any, container: str) -> dict:
+    """The engine's process list of ``container`` (``docker top``) in Docker's shape: ``Titles``
+    with ``PID``, ``PPID`` and ``CMD`` (Podman's ``COMMAND`` renamed)."""
+    args = dialect_of(client).top_args
+    top = client.api.top(container, ps_args=args) if args else client.api.top(container)
+    titles = ["CMD" if title == "COMMAND" else title for title in top.get("Titles") or []]
+    return {**top, "Titles": titles}
+
+
 def top_column(top: dict, title: str) -> list[str]:
-    """One column of the engine's process list (``docker top``)."""
+    """One column of the engine's process list (``processes``)."""
     titles = top.get("Titles") or []
     index = titles.index(title) if title in titles else None
     return [row[index] for row in top.get("Processes") or []] if index is not None else []
@@ -146,6 +262,13 @@ def engine_cpus(client: Any) -> int | None:
         return None
 
 
+def has_bridge(client: Any) -> bool:
+    """Whether the engine has a network named ``bridge``: Docker's, unless dockerd runs with
+    ``--bridge=none``; Podman lists its default network under that name (its name filter knows it
+    only by its own, ``podman``), and creates a container in it when asked for ``bridge``."""
+    return any(network.get("Name") == "bridge" for network in client.api.networks() or [])
+
+
 def switch_network(client: Any, container: str, enabled: bool) -> str | None:
     attached = set(client.api.inspect_container(container)["NetworkSettings"].get("Networks") or {})
     connected = attached - {"none"}
@@ -155,8 +278,10 @@ def switch_network(client: Any, container: str, enabled: bool) -> str | None:
         for name in sorted(connected):
             client.api.disconnect_container_from_network(container, name)
         return None
-    if not client.api.networks(names=["bridge"]):
+    if not has_bridge(client):
         return "the Docker engine has no bridge network (dockerd --bridge=none); the sandbox stays without network"
+    if dialect_of(client).podman and not attached:
+        return "Podman cannot connect a running container that has no network; the sandbox stays without network"
     if "none" in attached:
         client.api.disconnect_container_from_network(container, "none")
     client.api.connect_container_to_network(container, "bridge")
@@ -164,7 +289,7 @@ def switch_network(client: Any, container: str, enabled: bool) -> str | None:
 
 
 def network_for_task(client: Any) -> str:
-    if client.api.networks(names=["bridge"]):
+    if has_bridge(client):
         return "bridge"
     raise SandboxError(
         "the task needs network, but the Docker engine has no bridge network (dockerd --bridge=none); "

@@ -20,7 +20,7 @@ from termgym.sandboxes.docker.containers import (
     warm_pool,
     warm_pool_on,
 )
-from termgym.sandboxes.docker.engine import docker_client, in_thread, keeper_among, mapped_error
+from termgym.sandboxes.docker.engine import docker_client, in_thread, keeper_among, mapped_error, processes
 from termgym.sandboxes.docker.sandbox import DockerSandbox
 
 
@@ -47,7 +47,7 @@ async def attach(sandbox_id: str) -> DockerSandbox:
     client = await in_thread(docker_client)
     try:
         info = await in_thread(client.api.inspect_container, sandbox_id)
-        top = await in_thread(client.api.top, info["Id"]) if (info.get("State") or {}).get("Running") else None
+        top = await in_thread(processes, client, info["Id"]) if (info.get("State") or {}).get("Running") else None
     except docker.errors.NotFound:
         raise missing from None
     except docker.errors.APIError as exc:

@@ -34,6 +34,7 @@ from termgym.sandboxes.docker.engine import (
     KEEPER,
     KEEPER_COMMAND,
     Stopped,
+    dialect_of,
     docker_client,
     engine_cpus,
     engine_errors,
@@ -41,6 +42,7 @@ from termgym.sandboxes.docker.engine import (
     keeper_of,
     mapped_error,
     network_for_task,
+    processes,
     stop_requests,
     switch_network,
     top_column,
@@ -58,6 +60,11 @@ SETTLE_TIMEOUT = 2.0  # how long a container the engine could not list may take 
 _DIFF_KINDS = {0: "C", 1: "A", 2: "D"}
 
 
+def diff_kinds(changes: list[dict] | None) -> dict[str, str]:
+    """The engine's diff (``docker diff``) as ``{path: A|C|D}``."""
+    return {str(c.get("Path") or ""): _DIFF_KINDS.get(int(c.get("Kind") or 0), "C") for c in changes or []}
+
+
 class DockerSandbox(Sandbox):
     backend = "docker"
 
@@ -66,9 +73,10 @@ class DockerSandbox(Sandbox):
         self._container: str | None = None
         self._channels: list[DockerChannel] = []
         self._started_at = 0.0  # when this process last started or restarted the container
-        self._keeper: str | None = None  # the keeper's host pid, as the engine lists it
+        self._keeper: str | None = None  # the keeper's pid as the engine lists it (Podman: in the container)
         self._tracer_dir: str | None = None  # where termgym's tracer is put into the container
         self._traced = False  # and it is there
+        self._engine_changes: dict[str, str] = {}  # what the engine's diff lists before the agent ran
 
     async def start(self) -> None:
         client = await in_thread(docker_client)
@@ -87,6 +95,11 @@ class DockerSandbox(Sandbox):
         except engine_errors() as exc:
             raise mapped_error(exc, "could not start the container") from exc
         self._container, self._keeper = taken.container, taken.keeper
+        if dialect_of(client).hides_own_files:
+            try:
+                self._engine_changes = diff_kinds(await in_thread(client.api.diff, self._container))
+            except engine_errors() as exc:
+                raise mapped_error(exc, "could not list the new container's changes") from exc
 
     async def _recipe(self, client: Any) -> tuple[ImageConfig, Recipe]:
         """The task's image (built or pulled as needed) and the recipe of its container; sets
@@ -182,7 +195,7 @@ class DockerSandbox(Sandbox):
                     raise SandboxBroken(
                         f"the container stopped as soon as it restarted (exit {state.get('ExitCode')}): its keeper was broken from inside"
                     )
-                top = await in_thread(client.api.top, container)
+                top = await in_thread(processes, client, container)
                 keeper = keeper_of(top)
                 if keeper is not None:  # the restart ended every process; what runs now is the image's own
                     self._keeper = keeper
@@ -205,7 +218,7 @@ class DockerSandbox(Sandbox):
         state = await self._state(container)
         if state.get("Running"):  # and its keeper too: the engine notices the init's exit a moment later
             try:
-                top = await in_thread(docker_client().api.top, container)
+                top = await in_thread(processes, docker_client(), container)
             except engine_errors() as exc:
                 state = await self._settled_state(container)
                 if state.get("Running"):
@@ -231,13 +244,15 @@ class DockerSandbox(Sandbox):
 
     async def agent_changes(self) -> dict[str, str] | None:
         """Every path the engine says the container changed against its image (``leaf_changes``), but
-        termgym's own tracer. An engine that cannot list them once the agent has acted (a path longer than
-        ``PATH_MAX`` makes it fail) is ``SandboxBroken``: the agent's doing."""
+        termgym's own tracer and what the engine listed as its own before the agent ran (an engine
+        that ``Dialect.hides_own_files``: the directories of its files, listed the same again). An
+        engine that cannot list them once the agent has acted (a path longer than ``PATH_MAX``
+        makes it fail) is ``SandboxBroken``: the agent's doing."""
         try:
             changes = await in_thread(docker_client().api.diff, self._require())
         except engine_errors() as exc:
             raise await self._fault(exc, "could not list the container's changes") from exc
-        listed = {str(c.get("Path") or ""): _DIFF_KINDS.get(c.get("Kind"), "C") for c in changes or []}
+        listed = {p: k for p, k in diff_kinds(changes).items() if self._engine_changes.get(p) != k}
         own = self._tracer_dir
         return leaf_changes({p: k for p, k in listed.items() if not own or (p != own and not p.startswith(own + "/"))})
 
@@ -347,7 +362,7 @@ class DockerSandbox(Sandbox):
         capture = OutputCapture(output_limit)
         traced = OutputCapture(TRACE_LIMIT) if trace else None
         client = docker_client()
-        environment = self._exec_environment(self.env if env is None else env)
+        environment = self._exec_environment(self.env if env is None else env, dialect_of(client).unsets_env)
         try:
             exec_id = (
                 await in_thread(
@@ -375,12 +390,17 @@ class DockerSandbox(Sandbox):
             trace_dropped=traced.dropped_bytes if traced is not None else 0,
         )
 
-    def _exec_environment(self, env: Mapping[str, str]) -> list[str]:
+    def _exec_environment(self, env: Mapping[str, str], unsets: bool = True) -> list[str]:
         """The exec API's environment that makes a command's environment exactly ``env``: the
         engine adds the container's own variables (and ``HOSTNAME``) to an exec's, and an entry
-        without ``=`` unsets one."""
+        without ``=`` unsets one. Where the engine refuses that (``Dialect.unsets_env``), each is
+        set empty instead, which no search path reads as a directory (an image's ``PERL5LIB`` or
+        ``BASH_ENV`` the verifier's environment leaves out must not reach it)."""
         unset = [name for name in dict.fromkeys([*self.env, "HOSTNAME"]) if name not in env]
-        return [*unset, *(f"{name}={value}" for name, value in env.items())]
+        return [
+            *(name if unsets else f"{name}=" for name in unset),
+            *(f"{name}={value}" for name, value in env.items()),
+        ]
 
     async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
         return await self.open_process_as(None, argv, env=env, cwd=cwd)
@@ -399,7 +419,7 @@ class DockerSandbox(Sandbox):
                     stdin=True,
                     workdir=cwd,
                     user=user or "",
-                    environment=self._exec_environment(env),
+                    environment=self._exec_environment(env, dialect_of(client).unsets_env),
                 )
             )["Id"]
             raw = await in_thread(client.api.exec_start, exec_id, socket=True)
