@@ -51,7 +51,7 @@ fail("run $ARGV[0]");
 # The keeper says "ready" once the sandbox is fully set up; commands enter its namespaces.
 KEEPER_COMMAND = ("/bin/sh", "-c", "echo ready; exec /bin/sleep infinity")
 # What a sandbox over an image runs from the host's kit (``host_kit``) rather than its own root.
-KIT_PROGRAMS = ("strace", "setpriv", "env", "timeout", "sh", "sleep")
+KIT_PROGRAMS = ("strace", "setpriv", "env", "timeout", "nsenter", "sh", "sleep")
 
 
 @dataclass(frozen=True)
@@ -111,17 +111,62 @@ def keeper_argv(
     return argv
 
 
+# Runs the rest of its arguments holding two descriptors: the user namespace that owns the keeper
+# $pid's other namespaces, and the keeper's own (bubblewrap's --disable-userns puts the keeper one
+# user namespace below the other, where an unprivileged user holds no capability over the keeper's
+# other namespaces; root needs neither: nsenter enters the user namespace last). In the first
+# $count arguments (never the command's own), {owner} and {own} become their /proc/self/fd/N paths
+# and {close} the shell redirections that close both before the command runs. 0xb701 is
+# NS_GET_USERNS, F_SETFD is 2.
+_OWNER = r"""
+my ($pid, $count) = splice(@ARGV, 0, 2);
+sub fail { print STDERR "termgym: cannot enter the sandbox: $_[0]: $!\n"; exit 125 }
+sub held { my ($fd) = @_; open(my $handle, "<&=", $fd) or fail("hold $fd"); fcntl($handle, 2, 0) or fail("pass $fd on"); $handle }
+open(my $ipc, "<", "/proc/$pid/ns/ipc") or fail("open its namespaces");
+my $owner = ioctl($ipc, 0xb701, 0);
+defined $owner or fail("find the user namespace owning them");
+$owner += 0;
+my $owner_handle = held($owner);
+open(my $own, "<", "/proc/$pid/ns/user") or fail("open its user namespace");
+my $own_handle = held(fileno($own));
+my $own_fd = fileno($own);
+for (@ARGV[0 .. $count - 1]) {
+    s{\{owner\}}{/proc/self/fd/$owner}g;
+    s{\{own\}}{/proc/self/fd/$own_fd}g;
+    s{\{close\}}{$owner<&- $own_fd<&-}g;
+}
+exec { $ARGV[0] } @ARGV;
+fail("run $ARGV[0]");
+"""
+
+
 def enter_argv(
-    keeper_pid: int, argv: Sequence[str], env: Mapping[str, str], cwd: str, *, kit_at: str | None = None
+    keeper_pid: int,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    *,
+    kit_at: str | None = None,
+    privileged: bool = True,
 ) -> list[str]:
     """``argv`` run in the namespaces of the keeper ``keeper_pid`` (all of them, its root and
     working directory too) as the sandbox's root, with ``COMMAND_CAPABILITIES`` only, in ``cwd``,
     with exactly ``env``; ``setpriv`` and ``env`` are the host's (from the kit at ``kit_at`` in a
-    sandbox over an image). To be run ``within_limits``."""
+    sandbox over an image). Not ``privileged`` (termgym not root): through the user namespace that
+    owns the keeper's other namespaces first, then the keeper's own. To be run ``within_limits``."""
     pairs = [f"{key}={value}" for key, value in env.items()]
     capabilities = ",".join(f"+{name}" for name in COMMAND_CAPABILITIES)
-    namespaces = ["-U", "-m", "-p", "-n", "-i", "-u", "-r", "-w"]
-    enter = [host_tool("nsenter"), "-t", str(keeper_pid), *namespaces, "--"]
+    namespaces = ["-m", "-p", "-n", "-i", "-u", "-r", "-w"]
+    if privileged:
+        enter = [host_tool("nsenter"), "-t", str(keeper_pid), "-U", *namespaces, "--"]
+    else:
+        inner, sh = [host_tool("nsenter")], ["/bin/sh"]
+        if kit_at is not None:
+            inner, sh = kit_argv(kit_at, "nsenter"), kit_argv(kit_at, "sh")
+        keep = "--preserve-credentials"  # an unprivileged user namespace refuses setgroups
+        enter = [host_tool("nsenter"), keep, "-t", str(keeper_pid), "--user={owner}", *namespaces, "--"]
+        enter += [*inner, keep, "--user={own}", "--", *sh, "-c", 'exec {close}; exec "$@"', "sh"]
+        enter = [host_tool("perl"), "-e", _OWNER, str(keeper_pid), str(len(enter)), *enter]
     if kit_at is None:
         setpriv, run_env = [host_tool("setpriv")], ["/usr/bin/env"]
     else:

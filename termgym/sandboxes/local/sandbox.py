@@ -595,7 +595,8 @@ class LocalSandbox(Sandbox):
         if not alive(self._keeper_pid):
             raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
         kit_at = self._image_root.kit_at if self._image_root is not None else None
-        return self._within_limits(enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at))
+        entered = enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at, privileged=os.geteuid() == 0)
+        return self._within_limits(entered)
 
     # -- commands ----------------------------------------------------------------------------------
 
