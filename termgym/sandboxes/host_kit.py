@@ -85,9 +85,14 @@ def kit_dir(cache: Path, programs: Sequence[str]) -> Path | None:
     cache.mkdir(parents=True, exist_ok=True)
     staging = cache / f".kit-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staging.mkdir(mode=0o755)
-    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-        archive.extractall(staging, filter="data")
-    (staging / "lib").chmod(0o755)
+    (staging / "lib").mkdir(mode=0o755)
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:  # ours: regular files named by bundle()
+        for member in archive.getmembers():
+            source = archive.extractfile(member)
+            assert source is not None
+            written = staging / member.name
+            written.write_bytes(source.read())
+            written.chmod(0o755)
     try:
         staging.rename(target)
     except OSError:  # another process made it meanwhile

@@ -24,6 +24,7 @@ PACKAGES = {
     "umount": "mount",
     "mkfs.ext4": "e2fsprogs",
     "prlimit": "util-linux",
+    "unshare": "util-linux",
     "perl": "perl-base",
     "strace": "strace",
     "ldd": "libc-bin",

@@ -45,7 +45,7 @@ detached (with cgroups, their process list confirms it). The files stay, since t
 
 What it does not cover: a seccomp filter beyond the keyring calls (the sandbox can make any other
 system call its capabilities allow, so a kernel bug is an escape; use ``--backend docker``); an
-image's ``USER``, ``ENTRYPOINT`` and ``CMD``; an image without root (no overlay). Over the host's
+image's ``USER``, ``ENTRYPOINT`` and ``CMD``. Over the host's
 system, host files others may read (``/etc/passwd``, the host's programs) are visible, owned by
 ``nobody`` as the sandbox sees them.
 
@@ -53,7 +53,8 @@ system, host files others may read (``/etc/passwd``, the host's programs) are vi
 unpacked by umoci once per digest, is the sandbox's whole root under an overlay whose upper layer
 is the sandbox's storage; the keeper and what every command enters by (``setpriv``, ``env``,
 ``timeout``) and the tracer run from the host's kit (``termgym.sandboxes.host_kit``), bound
-read-only, never from that root. ``termgym/base:bookworm`` (which the default aliases name for
+read-only, never from that root; without root the overlay lives in a user and mount namespace of
+the user's own (``holder``). ``termgym/base:bookworm`` (which the default aliases name for
 Debian bookworm) is the host's ``/usr`` and ``/etc`` read-only with the writable roots above.
 """
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from termgym.sandboxes.host_kit import kit_argv
+from termgym.sandboxes.local.holder import inside_argv
 from termgym.sandboxes.local.host import bwrap_supports
 from termgym.sandboxes.local.syscall_filter import program, this_machine
 from termgym.sandboxes.tools import host_tool
@@ -64,6 +65,7 @@ class ImageRoot:
     kit: Path
     kit_at: str
     resolv: Path | None = None  # the host's resolver configuration, bound read-only at /etc/resolv.conf
+    holder: int | None = None  # without root: the process whose namespaces hold the overlay (``holder``)
 
     @property
     def mount_points(self) -> tuple[str, ...]:
@@ -106,6 +108,8 @@ def keeper_argv(
         if image.resolv is not None:
             argv += ["--ro-bind", str(image.resolv), "/etc/resolv.conf"]
         argv += ["--ro-bind", str(image.kit), image.kit_at, "--chdir", "/", "--clearenv", "--", *keeper]
+        if image.holder is not None:
+            argv = inside_argv(image.holder, argv)
     if uid is not None:
         argv = [host_tool("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]
     return argv

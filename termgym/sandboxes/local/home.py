@@ -95,7 +95,15 @@ async def remove_home(home: Path | None, view: Path | None, storage: SizedFilesy
     if home is not None:
         if is_mounted(home / "fs"):  # a mount made while a cancellation interrupted start()
             await asyncio.to_thread(unmount_sync, home / "fs")
-        await asyncio.to_thread(remove_path, home)
+        await asyncio.to_thread(remove_sandbox_dir, home)
+
+
+def remove_sandbox_dir(home: Path) -> None:
+    """Remove a sandbox's directory, unmounted: its overlay's work directory (which the kernel
+    leaves mode 000, which only root could enter) made reachable first. Blocking."""
+    with contextlib.suppress(OSError):
+        (home / "fs" / "work" / "work").chmod(0o700)
+    remove_path(home)
 
 
 def _slug(name: str) -> str:

@@ -12,8 +12,8 @@ from termgym.errors import ConfigError
 from termgym.sandboxes.host_processes import alive
 from termgym.sandboxes.limits import SandboxCgroup, remove_stale
 from termgym.sandboxes.local.env_cache import EnvCache, cache_root
+from termgym.sandboxes.local.home import remove_sandbox_dir
 from termgym.sandboxes.local.host import legacy_root_dirs, require_tools, sandbox_root_dir
-from termgym.sandboxes.local.host_trees import remove_path
 from termgym.sandboxes.local.kept import KEPT_STATE, end_kept, read_kept
 from termgym.sandboxes.local.sandbox import LocalSandbox
 from termgym.sandboxes.local.storage import unmount_sync
@@ -39,7 +39,7 @@ def collect_sandboxes(root: Path | None = None) -> list[tuple[str, bool]]:
         if end_kept(path):
             unmount_sync(path / "root")
             unmount_sync(path / "fs")
-            remove_path(path)
+            remove_sandbox_dir(path)
             removed.append((path.name, True))
             continue
         try:
@@ -54,7 +54,7 @@ def collect_sandboxes(root: Path | None = None) -> list[tuple[str, bool]]:
             cgroup.end_all()  # a keeper that outlived its killed run (seen: the spare) may hold the mounts below
         unmount_sync(path / "root")  # an overlay over a prepared environment, on the storage below
         unmount_sync(path / "fs")
-        remove_path(path)
+        remove_sandbox_dir(path)
         removed.append((path.name, False))
     remove_stale("termgym-tg-", keep=live)
     return removed

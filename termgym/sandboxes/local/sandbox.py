@@ -20,7 +20,6 @@ from pathlib import Path
 
 from termgym.aio import wait_for
 from termgym.errors import EnvironmentBuildError, SandboxBroken, SandboxError
-from termgym.images.build import BASE_IMAGE
 from termgym.images.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
 from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
@@ -33,12 +32,14 @@ from termgym.sandboxes.host_processes import (
     children,
     communicate,
     end_entered,
+    end_process,
     spawn,
 )
 from termgym.sandboxes.limits import SandboxCgroup
 from termgym.sandboxes.local import pool
 from termgym.sandboxes.local.commands import KIT_PROGRAMS, ImageRoot, enter_argv, keeper_argv, within_limits
 from termgym.sandboxes.local.env_cache import Entry, EnvCache, cache_enabled, cache_root, copy_tree, environment_key
+from termgym.sandboxes.local.holder import start_holder, view_path
 from termgym.sandboxes.local.home import make_file_system, make_home, overlay_prepared, remove_home, write_labels
 from termgym.sandboxes.local.host import (
     BASE_WRITABLE,
@@ -87,6 +88,7 @@ class LocalSandbox(Sandbox):
         self._network: SandboxNetwork | None = None  # user-mode network (made with the keeper)
         self._lower: list[Path] | None = None  # the overlay's lower layers, when the roots are an overlay
         self._image_root: ImageRoot | None = None  # the whole root, when the sandbox runs an image
+        self._holder: asyncio.subprocess.Process | None = None  # without root: the image root's mount (``holder``)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -204,12 +206,6 @@ class LocalSandbox(Sandbox):
         """Start over the image ``ref`` (``images``): its root file system under an overlay whose
         upper layer is the sandbox's own storage, the Dockerfile's other steps prepared on top once
         per content hash (``env_cache``, as over the host's system) and the kit bound read-only."""
-        if os.geteuid() != 0:
-            raise SandboxError(
-                f"{self.spec.name}: the embedded backend runs image {ref} only as root (an overlay over the image); "
-                "run as root, alias it to the host's system (--image-alias "
-                f"{ref}={BASE_IMAGE}) or use --backend docker"
-            )
         timeout = self.spec.build_timeout_sec
         image = await ImageStore.from_environment().resolve(
             ref, policy=self.spec.pull, what=self.spec.name, timeout=timeout
@@ -225,13 +221,16 @@ class LocalSandbox(Sandbox):
         elif plan is None and image.config.user not in ("", "root", "0"):
             self.warnings.append(f"the image's user {image.config.user} ignored: the embedded backend runs as root")
         self._roots = []
-        self._uid = image.owner
+        self._uid = image.owner if os.geteuid() == 0 else None
         layers = [image.rootfs]
         entry = None
         if plan is not None and plan.steps and cache_enabled() and self.spec.dockerfile is not None:
             cache = EnvCache.from_environment()
             env = {**self.env, **dict(self.spec.env)}
-            key = environment_key(self.spec.dockerfile.read_bytes(), self.spec.context_dir, env, [], base=image.digest)
+            rootless = "" if os.geteuid() == 0 else " rootless"  # its overlay marks whiteouts in user. attributes
+            key = environment_key(
+                self.spec.dockerfile.read_bytes(), self.spec.context_dir, env, [], base=image.digest + rootless
+            )
             async with cache.holding(key, timeout) as entry:
                 if entry is not None:
                     await self._start_on_layers(image, kit, [entry.tree / "upper", *layers])
@@ -266,17 +265,27 @@ class LocalSandbox(Sandbox):
         """The sandbox's home, storage, overlay root over ``layers`` (top first) and processes."""
         home = self._make_home()
         await self._make_file_system(["upper", "work"])
-        view = home / "root"
+        upper, work, view = home / "fs" / "upper", home / "fs" / "work", home / "root"
         view.mkdir()
-        try:
-            await asyncio.to_thread(mount_overlay, layers, home / "fs" / "upper", home / "fs" / "work", view)
-        except OSError as exc:
-            view.rmdir()
-            raise SandboxError(f"could not mount the root of image {image.ref}: {exc}") from exc
-        self._view, self._lower = view, layers
-        self._image_root = ImageRoot(view, kit, f"/.termgym-{secrets.token_hex(8)}", await _resolver_copy(home))
+        holder = None
+        if os.geteuid() == 0:
+            try:
+                await asyncio.to_thread(mount_overlay, layers, upper, work, view)
+            except OSError as exc:
+                view.rmdir()
+                raise SandboxError(f"could not mount the root of image {image.ref}: {exc}") from exc
+            self._view = view
+        else:  # in a mount namespace of this user's own (``holder``), reached through /proc
+            self._holder = await start_holder(layers, upper, work, view)
+            holder = self._holder.pid
+            self._view = view_path(holder, view)
+        self._lower = layers
+        kit_at, resolv = f"/.termgym-{secrets.token_hex(8)}", await _resolver_copy(home)
+        self._image_root = ImageRoot(view, kit, kit_at, resolv, holder)
         self.untraced_loads = UNTRACED  # what the kit's loader reads from the root before any trace
         await self._start_processes()
+        # what bubblewrap made there (the mount points an image lacks) is not the agent's
+        self._baseline = await asyncio.to_thread(self._upper_manifest)
 
     def _make_home(self) -> Path:
         self._dir = make_home(self.spec.name, self.spec.labels, private_user=self._uid is not None)
@@ -317,6 +326,9 @@ class LocalSandbox(Sandbox):
             await self._wait_cgroup_empty()
             await asyncio.to_thread(self._cgroup.remove)
             self._cgroup = None
+        if self._holder is not None:  # its mount goes with it
+            await end_process(self._holder)
+            self._holder = None
         home, view, storage = self._dir, self._view, self._storage
         self._dir = self._view = self._storage = None
         await remove_home(home, view, storage)
@@ -520,6 +532,10 @@ class LocalSandbox(Sandbox):
         stay) and write ``kept.json``; after it ``stop`` leaves the sandbox alone."""
         if self._dir is None:
             raise SandboxError("the sandbox is not running")
+        if self._holder is not None:
+            raise SandboxError(
+                "a sandbox over an image is kept only when termgym runs as root (its root's mount ends with termgym)"
+            )
         for channel in self._channels:
             await channel.close()
         self._channels.clear()

@@ -1,0 +1,155 @@
+"""The embedded backend when termgym does not run as root, run for real as an unprivileged uid
+(``nobody``).
+
+Entering a sandbox: bubblewrap's ``--disable-userns`` puts the keeper one user namespace below the
+one that owns its other namespaces, where an unprivileged user holds no capability over them, so a
+plain ``nsenter`` of all of them is refused (``ipc``: Operation not permitted) and no command could
+run. ``enter_argv(privileged=False)`` goes through the owning user namespace first.
+
+A sandbox over an image: termgym itself runs as ``nobody`` (Debian's ``python3.11`` with this
+checkout's virtual environment: the project's interpreter lives under ``/root``), copies and
+unpacks an image from an OCI layout, and mounts its root in a user namespace of its own
+(``termgym.sandboxes.local.holder``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from termgym.sandboxes.host_processes import children
+from termgym.sandboxes.local.commands import enter_argv, keeper_argv, within_limits
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs the sandbox as another, unprivileged uid")
+NOBODY = 65534
+
+
+def as_nobody(argv: list[str]) -> list[str]:
+    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *argv]
+
+
+@pytest.fixture
+def keeper() -> Iterator[int]:
+    """A keeper of an unprivileged user's sandbox (writable /app and /tmp); its pid."""
+    files = Path(tempfile.mkdtemp(prefix="termgym-test-rootless-", dir="/tmp"))
+    files.chmod(0o755)
+    for root in ("app", "tmp"):
+        (files / root).mkdir()
+        os.chown(files / root, NOBODY, NOBODY)
+    process = subprocess.Popen(
+        within_limits(keeper_argv(files, ["app", "tmp"], NOBODY), (), None),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+        (init,) = children(process.pid)
+        (pid,) = children(init)
+        yield pid
+    finally:
+        process.kill()
+        process.wait()
+        subprocess.run(["rm", "-rf", str(files)], check=False)
+
+
+def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(as_nobody(within_limits(argv, (), None)), capture_output=True, text=True, timeout=30)
+
+
+def test_an_unprivileged_user_enters_as_the_sandboxs_root_with_no_extra_descriptor(keeper):
+    script = "id -u; echo {owner} {own} {close}; ls /proc/self/fd; echo made > /app/x; cat /app/x"
+    entered = run(enter_argv(keeper, ["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"}, "/app", privileged=False))
+    assert entered.returncode == 0, entered.stderr
+    uid, braces, *fds, made = entered.stdout.split("\n")[:-1]
+    assert uid == "0" and made == "made"
+    assert braces == "{owner} {own} {close}"  # the command's own arguments are never rewritten
+    assert sorted(map(int, fds)) == [0, 1, 2, 3]  # 3: ls's own, on the directory it lists
+
+
+def test_the_plain_way_in_is_refused_to_an_unprivileged_user(keeper):
+    """What every command of a rootless termgym hit before: the keeper's namespaces, all at once."""
+    refused = run(enter_argv(keeper, ["/bin/true"], {}, "/", privileged=True))
+    assert refused.returncode != 0 and "Operation not permitted" in refused.stderr
+
+
+# -- a sandbox over an image, termgym itself unprivileged -------------------------------------------
+
+SYSTEM_PYTHON = "/usr/bin/python3.11"
+SITE = Path(sys.prefix) / "lib" / "python3.11" / "site-packages"
+SHELL_FILES = ("/usr/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2")
+SCRIPT = textwrap.dedent("""\
+    import asyncio, json, os, site, sys
+    site.addsitedir(sys.argv[1])
+    from termgym.sandboxes.base import SandboxSpec
+    from termgym.sandboxes.local import LocalSandbox
+
+    async def main():
+        sandbox = LocalSandbox(SandboxSpec("rootless-image", None, None, image=sys.argv[2]))
+        async with sandbox:
+            ran = await sandbox.exec(["/bin/sh", "-c", sys.argv[3]], timeout=20)
+            report = {"output": ran.text, "code": ran.exit_code, "image": sandbox.image,
+                      "changes": await sandbox.agent_changes(), "warnings": sandbox.warnings,
+                      "holder": sandbox._holder.pid if sandbox._holder else None}
+        print(json.dumps(report))
+
+    asyncio.run(main())
+    """)
+
+
+def shell_image(root: Path) -> str:
+    """An OCI layout holding one image: dash as /bin/sh, its libraries and /etc/marker."""
+    layout, bundle = root / "layout", root / "bundle"
+    subprocess.run(["umoci", "init", "--layout", str(layout)], check=True)
+    subprocess.run(["umoci", "new", "--image", f"{layout}:1"], check=True)
+    subprocess.run(["umoci", "unpack", "--rootless", "--image", f"{layout}:1", str(bundle)], check=True)
+    rootfs = bundle / "rootfs"
+    for path in SHELL_FILES:
+        target = rootfs / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(os.path.realpath(path), target)
+    (rootfs / "bin").mkdir()
+    (rootfs / "bin" / "sh").symlink_to("/usr/bin/dash")
+    (rootfs / "etc").mkdir()
+    (rootfs / "etc" / "marker").write_text("from-the-image\n")
+    subprocess.run(["umoci", "repack", "--image", f"{layout}:1", str(bundle)], check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(layout)], check=True)
+    return f"oci:{layout}:1"
+
+
+@pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason="Debian's python3.11 runs termgym as nobody")
+def test_an_unprivileged_termgym_runs_a_sandbox_over_an_image(tmp_path):
+    scratch = Path(tempfile.mkdtemp(prefix="termgym-test-rootless-image-", dir="/tmp"))
+    try:
+        scratch.chmod(0o755)
+        ref = shell_image(scratch)
+        home = scratch / "home"
+        home.mkdir()
+        os.chown(home, NOBODY, NOBODY)
+        (scratch / "script.py").write_text(SCRIPT)
+        command = "read m < /etc/marker; echo $m; echo made > /usr/made; read n < /usr/made; echo $n"
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(home)}
+        env |= {"TERMGYM_SANDBOX_DIR": str(home / "sandboxes"), "TERMGYM_ENV_CACHE_DIR": str(home / "cache")}
+        argv = as_nobody([SYSTEM_PYTHON, str(scratch / "script.py"), str(SITE), ref, command])
+        ran = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env, cwd=home)
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        report = json.loads(ran.stdout.splitlines()[-1])
+        assert report["code"] == 0 and report["output"] == "from-the-image\nmade\n", report
+        assert report["image"]["source"] == "docker_image" and report["image"]["digest"].startswith("sha256:")
+        assert report["changes"] == {"/usr/made": "A"}, report["changes"]
+        assert not any("image" in warning for warning in report["warnings"]), report["warnings"]
+        holder = report["holder"]
+        assert holder is not None and not Path(f"/proc/{holder}").exists()  # ended with the sandbox
+        (rootfs,) = (home / "cache" / "images" / "images").glob("*/rootfs")
+        assert (rootfs / "etc" / "marker").read_text() == "from-the-image\n" and not (rootfs / "usr" / "made").exists()
+        assert {path.lstat().st_uid for path in rootfs.rglob("*")} == {NOBODY}
+        assert list((home / "sandboxes").iterdir()) in ([], [home / "sandboxes" / "cache"])
+    finally:
+        subprocess.run(["rm", "-rf", str(scratch)], check=False)
