@@ -45,6 +45,7 @@ bench: engine
 	$(VENV_BIN)/python bench/ray_remote.py
 	$(VENV_BIN)/python bench/warm_pool.py
 	$(VENV_BIN)/python bench/verification.py
+	$(VENV_BIN)/python bench/embedded_images.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache
