@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -208,3 +209,24 @@ async def test_an_oci_layout_is_read_again_when_its_image_changes(store, tmp_pat
     make_layout(tmp_path, {"etc/marker": "second\n"})  # the same tag, a new image
     second = await store.resolve(ref, policy="missing", what="t", timeout=60)
     assert second.digest != first.digest and (second.rootfs / "etc/marker").read_text() == "second\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a small file system of its own needs a mount")
+async def test_a_full_disk_while_unpacking_is_one_line_and_leaves_no_entry(tmp_path):
+    """The store on a 2 MB tmpfs; the image's one file is 4 MB: the copy or the unpacking fails
+    for space, the error is one line naming the image, and nothing is left that a later sandbox
+    could start from."""
+    layout = make_layout(tmp_path, {"etc/big": os.urandom(4 << 20).hex()[: 4 << 20]})
+    root = Path(tempfile.mkdtemp(prefix="termgym-test-full-", dir="/tmp"))
+    root.chmod(0o755)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "termgym-test", str(root)], check=True)
+    try:
+        store = ImageStore(root / "store")
+        with pytest.raises(EnvironmentBuildError) as caught:
+            await store.resolve(f"oci:{layout}:1", policy="missing", what="task-full", timeout=60)
+        assert "\n" not in str(caught.value) and f"oci:{layout}:1" in str(caught.value)
+        assert "no space left on device" in str(caught.value).lower()
+        assert entries(store) == []
+    finally:
+        subprocess.run(["umount", str(root)], check=False)
+        shutil.rmtree(root, ignore_errors=True)
