@@ -159,13 +159,13 @@ class LocalSandbox(Sandbox):
                     return True
         return False
 
-    async def _publish(self, cache: EnvCache, key: str) -> None:
-        """Keep this freshly prepared sandbox's roots as the entry ``key``; a warning if it cannot."""
+    async def _publish(self, cache: EnvCache, key: str, roots: Sequence[str] | None = None) -> None:
+        """Keep this freshly prepared sandbox's ``roots`` (its writable roots by default) as the
+        entry ``key``; a warning if it cannot."""
         assert self._dir is not None
+        kept = self._roots if roots is None else roots
         try:
-            await cache.publish(
-                key, self._dir / "fs", owner=self.owner, roots=self._roots, env=self.env, workdir=self.workdir
-            )
+            await cache.publish(key, self._dir / "fs", owner=self.owner, roots=kept, env=self.env, workdir=self.workdir)
         except OSError as exc:
             self.warnings.append(f"the prepared environment was not kept for later trials: {exc}")
 
@@ -223,7 +223,6 @@ class LocalSandbox(Sandbox):
         self._roots = []
         self._uid = image.owner if os.geteuid() == 0 else None
         layers = [image.rootfs]
-        entry = None
         if plan is not None and plan.steps and cache_enabled() and self.spec.dockerfile is not None:
             cache = EnvCache.from_environment()
             env = {**self.env, **dict(self.spec.env)}
@@ -233,27 +232,23 @@ class LocalSandbox(Sandbox):
             )
             async with cache.holding(key, timeout) as entry:
                 if entry is not None:
-                    await self._start_on_layers(image, kit, [entry.tree / "upper", *layers])
-                    self.env, self.workdir = {**self.env, **entry.env}, entry.workdir
-                    self.image = {**self.image, "prepared": entry.key[:16]}
-                    return
+                    return await self._start_on_entry(image, kit, entry)
             async with cache.building(key, timeout) as entry:
                 if entry is not None:  # prepared meanwhile by another trial
-                    await self._start_on_layers(image, kit, [entry.tree / "upper", *layers])
-                    self.env, self.workdir = {**self.env, **entry.env}, entry.workdir
-                    self.image = {**self.image, "prepared": entry.key[:16]}
-                    return
+                    return await self._start_on_entry(image, kit, entry)
                 await self._start_on_layers(image, kit, layers)
                 await self._prepare_in_upper(plan)
-                self._roots = ["upper"]  # what publish keeps: the preparation's own layer
-                try:
-                    await self._publish(cache, key)
-                finally:
-                    self._roots = []
+                await self._publish(cache, key, ["upper"])  # the preparation's own layer
                 return
         await self._start_on_layers(image, kit, layers)
         if plan is not None:
             await self._prepare_in_upper(plan)
+
+    async def _start_on_entry(self, image: LocalImage, kit: Path, entry: Entry) -> None:
+        """Start over the image with the prepared ``entry``'s layer on it."""
+        await self._start_on_layers(image, kit, [entry.tree / "upper", image.rootfs])
+        self.env, self.workdir = {**self.env, **entry.env}, entry.workdir
+        self.image = {**self.image, "prepared": entry.key[:16]}
 
     async def _prepare_in_upper(self, plan: EnvironmentPlan) -> None:
         """Run ``plan`` in this sandbox's own upper layer, then note that layer as the agent finds
@@ -421,16 +416,12 @@ class LocalSandbox(Sandbox):
         assert self._dir is not None
         upper_dir = self._dir / "fs" / "upper"
         roots = ["/" + root for root in self._roots]
+        mounted: tuple[str, ...] = ()  # bubblewrap's, bound read-only over what is there
         if self._image_root is not None:
-            kit = self._image_root.kit_at.lstrip("/")
-            roots = ["/" + name for name in sorted(os.listdir(upper_dir)) if name != kit]
-            mounted = self._image_root.mount_points  # bubblewrap's, bound read-only over what is there
-            return {
-                path: entry
-                for path, entry in LocalHostFiles(upper_dir, self.owner).manifest(roots).items()
-                if path not in mounted
-            }
-        return LocalHostFiles(upper_dir, self.owner).manifest(roots)
+            mounted = self._image_root.mount_points
+            roots = ["/" + name for name in sorted(os.listdir(upper_dir)) if "/" + name not in mounted]
+        manifest = LocalHostFiles(upper_dir, self.owner).manifest(roots)
+        return {path: entry for path, entry in manifest.items() if path not in mounted}
 
     async def exec_traced(
         self,
