@@ -230,3 +230,12 @@ async def test_a_full_disk_while_unpacking_is_one_line_and_leaves_no_entry(tmp_p
     finally:
         subprocess.run(["umount", str(root)], check=False)
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_a_docker_save_archive_is_an_image_source(store, tmp_path):
+    """What ``docker save`` writes (made here by skopeo from an OCI layout, no engine)."""
+    layout = make_layout(tmp_path, {"etc/marker": "from-an-archive\n"})
+    archive = tmp_path / "saved.tar"
+    _run("skopeo", "copy", "--quiet", f"oci:{layout}:1", f"docker-archive:{archive}:saved/image:1")
+    image = await store.resolve(f"docker-archive:{archive}", policy="never", what="t", timeout=60)
+    assert (image.rootfs / "etc/marker").read_text() == "from-an-archive\n" and image.config.env["FOO"] == "bar"
