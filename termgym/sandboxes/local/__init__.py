@@ -13,6 +13,9 @@ What it covers:
 - **Limits.** Memory (no swap), processes (``PIDS_LIMIT``) and CPU through cgroups
   (``termgym.sandboxes.limits``, v2 or v1); storage as a file system of the task's size holding
   every writable directory (``termgym.sandboxes.local.storage``; root only), else a per-file size limit.
+  That file system and the overlay over a prepared environment or an image are mounted in the
+  sandbox's own mount namespace, where its keepers start (``namespace``), never in the host's: the
+  host's mount table, which every keeper started later copies, does not grow with the sandboxes alive.
   A limit that cannot be enforced here is a warning in the record, and so is a limit reached.
 - **Private writable directories** for ``/app``, ``/tmp``, ``/root``, ``/home``, ``/opt``, ``/var``,
   ``/logs``, ``/tests``, ``/solution`` and every other top-level path the task's Dockerfile uses;
@@ -30,7 +33,7 @@ The package: ``host`` (probes, where sandboxes live), ``commands`` (the keeper's
 command's command lines), ``keeper`` (the keeper and its spare), ``home`` (the sandbox's directory
 and storage), ``sandbox`` (``LocalSandbox``), ``kept`` and ``leftovers`` (``--keep``, ``termgym gc``
 and ``attach``), and what only this backend uses: ``env_cache`` (prepared environments),
-``prepare`` (the Dockerfile subset), ``storage``, ``mounts``, ``host_files``, ``host_trees`` and
+``prepare`` (the Dockerfile subset), ``storage``, ``mounts``, ``namespace``, ``host_files``, ``host_trees`` and
 ``syscall_filter`` (the seccomp program).
 
 **Keeping a sandbox** (``--keep``, ``keep``) restarts its keeper without ``--die-with-parent``, in

@@ -74,12 +74,20 @@ class ImageRoot:
 
 
 def keeper_argv(
-    files_dir: Path, roots: Sequence[str], uid: int | None, *, detached: bool = False, image: ImageRoot | None = None
+    files_dir: Path,
+    roots: Sequence[str],
+    uid: int | None,
+    *,
+    detached: bool = False,
+    image: ImageRoot | None = None,
+    mount_namespace: str | None = None,
 ) -> list[str]:
     """bubblewrap's command line for a sandbox whose writable roots are ``files_dir/<root>`` over
     the host's read-only ``/usr`` and ``/etc`` (or, with ``image``, whose root is that image's),
-    run as the host ``uid`` (None: this process's user); ``detached`` (a kept sandbox): without
-    ``--die-with-parent``. To be run ``within_limits``."""
+    run as the host ``uid`` (None: this process's user), started in the sandbox's own
+    ``mount_namespace`` (a file ``nsenter --mount`` opens; ``termgym.sandboxes.local.namespace``)
+    where it has one; ``detached`` (a kept sandbox): without ``--die-with-parent``. To be run
+    ``within_limits``."""
     userns = ("--disable-userns",) if bwrap_supports("--disable-userns") else ()
     options = [
         ("--unshare-all", "--unshare-user", *userns),
@@ -112,6 +120,8 @@ def keeper_argv(
             argv = inside_argv(image.holder, argv)
     if uid is not None:
         argv = [host_tool("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]
+    if mount_namespace is not None:  # entered as root, before the uid changes
+        argv = [host_tool("nsenter"), f"--mount={mount_namespace}", "--", *argv]
     return argv
 
 

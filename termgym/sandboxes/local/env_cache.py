@@ -26,9 +26,10 @@ Guarantees:
   removed first (``TERMGYM_ENV_CACHE_ENTRIES``, ``TERMGYM_ENV_CACHE_MB``); an entry larger than
   the whole budget is not kept. ``TERMGYM_ENV_CACHE=0`` turns the cache off.
 - **Never pulled from under a trial.** An entry is removed (by eviction or ``clear``) only while
-  no trial holds it (shared lock) and no mount in this mount namespace has it as a lower layer:
-  a sandbox started from it, even one a killed process left, keeps it until ``termgym gc``
-  unmounts the sandbox.
+  no trial holds it (shared lock: while a trial mounts or copies it, and for as long as a sandbox
+  whose overlay stands on it lives, ``namespace.MountNamespace.hold``) and no mount in any mount
+  namespace a process is in has it as a lower layer: a sandbox started from it, even one whose
+  keeper outlived a killed process, keeps it until ``termgym gc`` ends the sandbox.
 
 Trials started from one entry run as its owner (the host uid that prepared it): its files are that
 uid's, and a sandbox's root must own them. They share nothing else (``termgym.sandboxes.local``).
@@ -53,6 +54,7 @@ from termgym.images.context import context_digest, file_sha256
 from termgym.sandboxes.host_processes import end_process, spawn
 from termgym.sandboxes.local.host import sandbox_root_dir
 from termgym.sandboxes.local.locks import file_lock
+from termgym.sandboxes.local.namespace import namespace_mountinfos
 from termgym.sandboxes.tools import host_tool
 
 FORMAT = 2  # bump when what an entry holds or how a preparation runs changes
@@ -76,6 +78,11 @@ class Entry:
     @property
     def tree(self) -> Path:
         return self.path / "tree"
+
+    @property
+    def lock(self) -> Path:
+        """Its lock file (``EnvCache``'s layout): shared while a trial or a sandbox holds it."""
+        return self.path.with_name(f"{self.key}.lock")
 
 
 def cache_root() -> Path:
@@ -313,14 +320,11 @@ class EnvCache:
 
 
 def mounted_lower_dirs(mountinfo: str | None = None) -> set[str]:
-    """Every lower directory of an overlay mounted in this mount namespace."""
-    if mountinfo is None:
-        try:
-            mountinfo = Path("/proc/self/mountinfo").read_text()
-        except OSError:
-            return set()
+    """Every lower directory of an overlay in ``mountinfo``, else mounted in any mount namespace a
+    process is in (``namespace.namespace_mountinfos``: this one's, sandboxes' own, keepers')."""
+    tables = [mountinfo] if mountinfo is not None else namespace_mountinfos()
     lowers: set[str] = set()
-    for line in mountinfo.splitlines():
+    for line in (line for table in tables for line in table.splitlines()):
         _, sep, tail = line.partition(" - ")
         fields = tail.split()
         if not sep or len(fields) < 3 or fields[0] != "overlay":

@@ -3,6 +3,8 @@ writable roots live on, the overlay over a prepared environment, and their remov
 
 The storage is a file system of the task's size where this host allows it (``SizedFilesystem``:
 a ``tmpfs`` or an ext4 image on a loop device, as root), else a per-file size limit with a warning.
+As root, the storage and the overlay are mounted in the sandbox's own mount namespace
+(``termgym.sandboxes.local.namespace``), never in the host's; the host reaches them through it.
 ``remove_home`` undoes everything, whatever stage a cancelled start reached, and never follows a
 link or recurses into the agent's trees (``host_trees.remove_path``).
 """
@@ -24,6 +26,7 @@ from termgym.sandboxes.local.env_cache import Entry
 from termgym.sandboxes.local.host import require_searchable, sandbox_root_dir
 from termgym.sandboxes.local.host_trees import remove_path
 from termgym.sandboxes.local.mounts import mount_overlay, unmount
+from termgym.sandboxes.local.namespace import MountNamespace, in_namespace, reach
 from termgym.sandboxes.local.storage import SizedFilesystem, is_mounted, unmount_sync
 
 
@@ -46,54 +49,74 @@ def write_labels(home: Path, name: str, labels: Mapping[str, str]) -> None:
 
 
 async def make_file_system(
-    home: Path, resources: Resources, owner: int, directories: list[str], warnings: list[str]
+    home: Path,
+    resources: Resources,
+    owner: int,
+    directories: list[str],
+    warnings: list[str],
+    namespace: MountNamespace | None = None,
 ) -> tuple[SizedFilesystem | None, int | None]:
-    """``home/fs`` on a file system of the task's storage size where this host allows it, owned by
-    the sandbox's user, holding ``directories``: ``(the sized file system, None)``, or ``(None,
-    the per-file size limit in bytes)`` with a warning where it cannot be made."""
+    """``home/fs`` on a file system of the task's storage size where this host allows it (mounted
+    in ``namespace``, the sandbox's, when it has one), owned by the sandbox's user, holding
+    ``directories``: ``(the sized file system, None)``, or ``(None, the per-file size limit in
+    bytes)`` with a warning where it cannot be made."""
     fs = home / "fs"
     fs.mkdir()
     storage, file_size_limit = None, None
     try:
         storage = await uninterrupted(
-            SizedFilesystem.create(home / "fs.img", fs, resources.storage_mb, owner, memory_mb=resources.memory_mb),
+            SizedFilesystem.create(
+                home / "fs.img", fs, resources.storage_mb, owner, memory_mb=resources.memory_mb, namespace=namespace
+            ),
             lambda made: made.remove(),
         )
     except OSError as exc:
         file_size_limit = resources.storage_mb << 20
         warnings.append(f"storage limit enforced per file only ({resources.storage_mb} MB a file): {exc}")
-    for path in (fs / name for name in directories):
+    for path in (reach(namespace, fs) / name for name in directories):
         path.mkdir(parents=True, exist_ok=True)
         os.chown(path, owner, owner)
     return storage, file_size_limit
 
 
-def overlay_prepared(home: Path, entry: Entry, warnings: list[str]) -> Path | None:
+def overlay_prepared(
+    home: Path, entry: Entry, warnings: list[str], namespace: MountNamespace | None = None
+) -> Path | None:
     """``home/root``: an overlay whose lower layer is the prepared ``entry`` and whose upper layer
     is on the sandbox's own storage (``home/fs/upper``, made with the file system), so the entry
-    never changes; None, with a warning, where no overlay can be mounted (a path an overlay cannot
+    never changes, mounted in ``namespace`` (which holds the entry from then on: ``hold``) when
+    there is one; None, with a warning, where no overlay can be mounted (a path an overlay cannot
     name, a file system it cannot stack on): the caller copies the entry instead."""
     fs, view = home / "fs", home / "root"
     view.mkdir()
     try:
-        mount_overlay(entry.tree, fs / "upper", fs / "work", view)
+        in_namespace(namespace, mount_overlay, entry.tree, fs / "upper", fs / "work", view)
+        if namespace is not None:
+            namespace.hold(entry.lock)
     except OSError as exc:
         warnings.append(f"started from a copy of the prepared environment (no overlay: {exc})")
+        with contextlib.suppress(OSError):
+            in_namespace(namespace, unmount, view)  # mounted, its entry not held
         for made in (view, fs / "upper", fs / "work"):
-            made.rmdir()
+            reach(namespace, made).rmdir()
         return None
     return view
 
 
-async def remove_home(home: Path | None, view: Path | None, storage: SizedFilesystem | None) -> None:
-    """Unmount the overlay and the storage and remove the directory, whatever stage they reached."""
+async def remove_home(
+    home: Path | None, view: Path | None, storage: SizedFilesystem | None, namespace: MountNamespace | None = None
+) -> None:
+    """Unmount the overlay and the storage and remove the directory, whatever stage they reached;
+    with the sandbox's ``namespace``, in it, then let it go (what else it holds goes with it)."""
     if view is not None:
         with contextlib.suppress(OSError):
-            await asyncio.to_thread(unmount, view)
+            await asyncio.to_thread(in_namespace, namespace, unmount, view)
     if storage is not None:
         await storage.remove()
+    if namespace is not None:
+        await asyncio.to_thread(namespace.close)  # the kernel unmounts the rest as it goes
     if home is not None:
-        if is_mounted(home / "fs"):  # a mount made while a cancellation interrupted start()
+        if namespace is None and is_mounted(home / "fs"):  # a mount made while a cancellation interrupted start()
             await asyncio.to_thread(unmount_sync, home / "fs")
         await asyncio.to_thread(remove_sandbox_dir, home)
 

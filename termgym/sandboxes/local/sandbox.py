@@ -53,6 +53,7 @@ from termgym.sandboxes.local.images import DEFAULT_PATH, ImageStore, LocalImage,
 from termgym.sandboxes.local.keeper import Keeper
 from termgym.sandboxes.local.kept import KEPT_STATE, kept_state, write_json
 from termgym.sandboxes.local.mounts import mount_overlay
+from termgym.sandboxes.local.namespace import MountNamespace, in_namespace, reach, sandbox_namespace
 from termgym.sandboxes.local.network import SandboxNetwork
 from termgym.sandboxes.local.prepare import prepare_environment
 from termgym.sandboxes.local.storage import SizedFilesystem
@@ -89,6 +90,7 @@ class LocalSandbox(Sandbox):
         self._lower: list[Path] | None = None  # the overlay's lower layers, when the roots are an overlay
         self._image_root: ImageRoot | None = None  # the whole root, when the sandbox runs an image
         self._holder: asyncio.subprocess.Process | None = None  # without root: the image root's mount (``holder``)
+        self._mounts: MountNamespace | None = None  # where its storage and overlay are mounted (as root)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -111,7 +113,7 @@ class LocalSandbox(Sandbox):
         for name, value in vars(ready).items():
             if name not in ("spec", "_pooled"):
                 setattr(self, name, value)
-        ready._dir, ready._keeper, ready._channels = None, None, []
+        ready._dir, ready._keeper, ready._channels, ready._mounts = None, None, [], None
         assert self._dir is not None
         write_labels(self._dir, self.spec.name, self.spec.labels)
 
@@ -165,7 +167,8 @@ class LocalSandbox(Sandbox):
         assert self._dir is not None
         kept = self._roots if roots is None else roots
         try:
-            await cache.publish(key, self._dir / "fs", owner=self.owner, roots=kept, env=self.env, workdir=self.workdir)
+            source = reach(self._mounts, self._dir / "fs")
+            await cache.publish(key, source, owner=self.owner, roots=kept, env=self.env, workdir=self.workdir)
         except OSError as exc:
             self.warnings.append(f"the prepared environment was not kept for later trials: {exc}")
 
@@ -191,11 +194,11 @@ class LocalSandbox(Sandbox):
         home = self._make_home()
         if os.geteuid() == 0:
             await self._make_file_system(["upper", "work"])
-            self._view = overlay_prepared(home, entry, self.warnings)
+            self._view = overlay_prepared(home, entry, self.warnings, self._mounts)
             self._lower = [entry.tree] if self._view is not None else None
         else:
             await self._make_file_system([])
-        if self._view is None and not await copy_tree(entry.tree, home / "fs"):
+        if self._view is None and not await copy_tree(entry.tree, reach(self._mounts, home / "fs")):
             raise SandboxError(f"could not copy the prepared environment {entry.path}")
         self.env = {**self.env, **entry.env}
         self.workdir = entry.workdir
@@ -246,7 +249,7 @@ class LocalSandbox(Sandbox):
 
     async def _start_on_entry(self, image: LocalImage, kit: Path, entry: Entry) -> None:
         """Start over the image with the prepared ``entry``'s layer on it."""
-        await self._start_on_layers(image, kit, [entry.tree / "upper", image.rootfs])
+        await self._start_on_layers(image, kit, [entry.tree / "upper", image.rootfs], entry)
         self.env, self.workdir = {**self.env, **entry.env}, entry.workdir
         self.image = {**self.image, "prepared": entry.key[:16]}
 
@@ -256,8 +259,11 @@ class LocalSandbox(Sandbox):
         await prepare_environment(self, plan, self.spec)
         self._baseline = await asyncio.to_thread(self._upper_manifest)
 
-    async def _start_on_layers(self, image: LocalImage, kit: Path, layers: list[Path]) -> None:
-        """The sandbox's home, storage, overlay root over ``layers`` (top first) and processes."""
+    async def _start_on_layers(
+        self, image: LocalImage, kit: Path, layers: list[Path], prepared: Entry | None = None
+    ) -> None:
+        """The sandbox's home, storage, overlay root over ``layers`` (top first; ``prepared``, the
+        cache entry among them, held while the sandbox lives) and processes."""
         home = self._make_home()
         await self._make_file_system(["upper", "work"])
         upper, work, view = home / "fs" / "upper", home / "fs" / "work", home / "root"
@@ -265,7 +271,9 @@ class LocalSandbox(Sandbox):
         holder = None
         if os.geteuid() == 0:
             try:
-                await asyncio.to_thread(mount_overlay, layers, upper, work, view)
+                await asyncio.to_thread(in_namespace, self._mounts, mount_overlay, layers, upper, work, view)
+                if prepared is not None and self._mounts is not None:
+                    self._mounts.hold(prepared.lock)
             except OSError as exc:
                 view.rmdir()
                 raise SandboxError(f"could not mount the root of image {image.ref}: {exc}") from exc
@@ -284,6 +292,7 @@ class LocalSandbox(Sandbox):
 
     def _make_home(self) -> Path:
         self._dir = make_home(self.spec.name, self.spec.labels, private_user=self._uid is not None)
+        self._mounts = sandbox_namespace(self._dir)
         return self._dir
 
     async def _start_processes(self) -> None:
@@ -302,7 +311,7 @@ class LocalSandbox(Sandbox):
     async def _make_file_system(self, directories: list[str]) -> None:
         assert self._dir is not None
         resources = self.spec.resources
-        made = await make_file_system(self._dir, resources, self.owner, directories, self.warnings)
+        made = await make_file_system(self._dir, resources, self.owner, directories, self.warnings, self._mounts)
         self._storage, self._file_size_limit = made
 
     @property
@@ -324,9 +333,9 @@ class LocalSandbox(Sandbox):
         if self._holder is not None:  # its mount goes with it
             await end_process(self._holder)
             self._holder = None
-        home, view, storage = self._dir, self._view, self._storage
-        self._dir = self._view = self._storage = None
-        await remove_home(home, view, storage)
+        home, view, storage, mounts = self._dir, self._view, self._storage, self._mounts
+        self._dir = self._view = self._storage = self._mounts = None
+        await remove_home(home, view, storage, mounts)
 
     async def kill_agent_processes(self) -> None:
         """End every process: the keeper, so the kernel ends its whole PID namespace. The spare
@@ -414,7 +423,7 @@ class LocalSandbox(Sandbox):
         """The overlay's upper layer (``LocalHostFiles.manifest``): under the writable roots, or,
         over an image, under every top-level entry but the kit's mount point. Blocking."""
         assert self._dir is not None
-        upper_dir = self._dir / "fs" / "upper"
+        upper_dir = reach(self._mounts, self._dir / "fs" / "upper")
         roots = ["/" + root for root in self._roots]
         mounted: tuple[str, ...] = ()  # bubblewrap's, bound read-only over what is there
         if self._image_root is not None:
@@ -492,7 +501,15 @@ class LocalSandbox(Sandbox):
     # -- the keeper: the process whose namespaces every command enters --------------------------
 
     def _keeper_argv(self, detached: bool) -> list[str]:
-        argv = keeper_argv(self.files_dir, self._roots, self._uid, detached=detached, image=self._image_root)
+        assert self._dir is not None  # a keeper is started for a sandbox with its directory
+        argv = keeper_argv(
+            self._view or self._dir / "fs",  # as its mount namespace sees them
+            self._roots,
+            self._uid,
+            detached=detached,
+            image=self._image_root,
+            mount_namespace=self._mounts.path if self._mounts is not None else None,
+        )
         return self._within_limits(argv)
 
     def _within_limits(self, argv: list[str]) -> list[str]:
@@ -581,9 +598,14 @@ class LocalSandbox(Sandbox):
         if state.get("cgroup"):
             dirs = {c: (int(v), Path(d)) for c, (v, d) in state["cgroup"].items()}
             sandbox._cgroup = SandboxCgroup(dirs, spec.resources)
+        try:
+            sandbox._mounts = MountNamespace.join(directory, int(state["bwrap"][0]))
+        except OSError as exc:
+            raise SandboxError(f"could not enter the kept sandbox's mount namespace: {exc}") from exc
         if state.get("storage"):
             image = state["storage"]["image"]
-            sandbox._storage = SizedFilesystem(image and Path(image), directory / "fs", state["storage"]["size_mb"])
+            size_mb = state["storage"]["size_mb"]
+            sandbox._storage = SizedFilesystem(image and Path(image), directory / "fs", size_mb, sandbox._mounts)
         sandbox._file_size_limit = state.get("file_size_limit")
         sandbox._view = Path(state["view"]) if state.get("view") else None
         if state.get("image_root"):
@@ -691,10 +713,11 @@ class LocalSandbox(Sandbox):
 
     @property
     def files_dir(self) -> Path:
-        """The host directory whose subdirectories are the sandbox's writable roots (``app``...)."""
+        """The directory whose subdirectories are the sandbox's writable roots (``app``...), as this
+        process reaches it (through the sandbox's mount namespace, where it has one)."""
         if self._dir is None:
             raise SandboxError("the sandbox is not running")
-        return self._view or self._dir / "fs"
+        return reach(self._mounts, self._view or self._dir / "fs")
 
 
 async def _resolver_copy(home: Path) -> Path | None:

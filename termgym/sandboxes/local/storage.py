@@ -2,7 +2,8 @@
 task's size.
 
 Guarantees, where ``SizedFilesystem.create`` succeeds: the writable directories live on a fresh
-file system of ``storage_mb``, mounted ``nosuid,nodev`` on the host, owned by the sandbox's user;
+file system of ``storage_mb``, mounted ``nosuid,nodev`` in the sandbox's own mount namespace
+(``termgym.sandboxes.local.namespace``; in this process's where it has none), owned by the sandbox's user;
 writing past it fails with "No space left on device" inside the sandbox; ``full`` says whether the
 sandbox reached it; ``remove`` unmounts it and frees what it held. A storage of at most a quarter of
 the task's memory is a ``tmpfs`` (in memory, so what the agent stores also counts against its memory
@@ -26,62 +27,79 @@ from pathlib import Path
 
 from termgym.sandboxes.local.env_cache import cache_root
 from termgym.sandboxes.local.mounts import mount_loop, mount_tmpfs, unmount
+from termgym.sandboxes.local.namespace import MountNamespace, in_namespace, reach
 from termgym.sandboxes.tools import host_tool
 
 FULL_BELOW_BYTES = 1 << 20  # less room left than this: the sandbox reached its storage limit
 
 
 class SizedFilesystem:
-    def __init__(self, image: Path | None, mountpoint: Path, size_mb: int) -> None:
+    def __init__(
+        self, image: Path | None, mountpoint: Path, size_mb: int, namespace: MountNamespace | None = None
+    ) -> None:
         self.image = image  # None for a tmpfs
-        self.mountpoint = mountpoint
+        self.mountpoint = mountpoint  # as the namespace sees it
         self.size_mb = size_mb
+        self.namespace = namespace  # the sandbox's mount namespace; None: this process's
 
     @classmethod
     async def create(
-        cls, image: Path, mountpoint: Path, size_mb: int, owner: int, *, memory_mb: int
+        cls,
+        image: Path,
+        mountpoint: Path,
+        size_mb: int,
+        owner: int,
+        *,
+        memory_mb: int,
+        namespace: MountNamespace | None = None,
     ) -> SizedFilesystem:
-        """Make, mount and hand over to uid and gid ``owner`` a file system of ``size_mb`` at
-        ``mountpoint`` (an empty directory), in memory when ``size_mb`` is at most a quarter of
-        ``memory_mb``, else in the image file ``image``; ``OSError`` saying why when that is not possible."""
+        """Make, mount (in ``namespace``, else here) and hand over to uid and gid ``owner`` a file
+        system of ``size_mb`` at ``mountpoint`` (an empty directory), in memory when ``size_mb`` is at
+        most a quarter of ``memory_mb``, else in the image file ``image``; ``OSError`` saying why
+        when that is not possible."""
         if os.geteuid() != 0:
             raise OSError("mounting a file system needs root")
         if size_mb * 4 <= memory_mb:
-            mount_tmpfs(mountpoint, f"size={size_mb}m,mode=0755,uid={owner},gid={owner}")
-            return cls(None, mountpoint, size_mb)
+            options = f"size={size_mb}m,mode=0755,uid={owner},gid={owner}"
+            await asyncio.to_thread(in_namespace, namespace, mount_tmpfs, mountpoint, options)
+            return cls(None, mountpoint, size_mb, namespace)
         if not Path("/dev/loop-control").exists():
             raise OSError("the host has no loop devices (/dev/loop-control)")
         try:
             await asyncio.to_thread(_copy_sparse, await _template(cache_root() / "storage", size_mb), image)
-            await asyncio.to_thread(mount_loop, image, mountpoint)
+            await asyncio.to_thread(in_namespace, namespace, mount_loop, image, mountpoint)
         except OSError:
             with contextlib.suppress(OSError):
                 image.unlink()
             raise
         try:
-            os.chown(mountpoint, owner, owner)  # the file system's root, now mounted there
+            os.chown(reach(namespace, mountpoint), owner, owner)  # the file system's root, now mounted there
         except OSError:
             with contextlib.suppress(OSError):
-                unmount(mountpoint)  # detaches the loop device too
+                in_namespace(namespace, unmount, mountpoint)  # detaches the loop device too
                 image.unlink()
             raise
-        return cls(image, mountpoint, size_mb)
+        return cls(image, mountpoint, size_mb, namespace)
 
     def full(self) -> bool:
         try:
-            stats = os.statvfs(self.mountpoint)
+            stats = os.statvfs(reach(self.namespace, self.mountpoint))
         except OSError:
             return False
         return stats.f_bavail * stats.f_frsize < FULL_BELOW_BYTES
 
     async def remove(self) -> None:
         """Unmount (lazily, if something still holds it) and delete the image; idempotent."""
-        if is_mounted(self.mountpoint):
+        if self.namespace is not None:
+            if not self.namespace.closed:  # closed: its mounts went with it
+                with contextlib.suppress(OSError):  # not mounted (any more)
+                    await asyncio.to_thread(self.namespace.run, unmount, self.mountpoint)
+        elif is_mounted(self.mountpoint):
             with contextlib.suppress(OSError):
                 unmount(self.mountpoint)  # lazily when busy; a loop device is detached with it
         if self.image is not None:
             with contextlib.suppress(OSError):
-                self.image.unlink()
+                await asyncio.to_thread(self.image.unlink)  # freeing its blocks takes a while: off the event loop
 
 
 MKFS_OPTIONS = ("-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "lazy_itable_init=1")

@@ -177,6 +177,7 @@ async def test_the_storage_is_in_memory_only_when_small_against_the_memory_limit
 ):
     from termgym.sandboxes.base import SandboxSpec
     from termgym.sandboxes.local import LocalSandbox
+    from termgym.sandboxes.local.namespace import namespace_mountinfos
 
     spec = SandboxSpec(
         name="storage",
@@ -184,36 +185,37 @@ async def test_the_storage_is_in_memory_only_when_small_against_the_memory_limit
         dockerfile=None,
         resources=Resources(memory_mb=memory_mb, storage_mb=storage_mb),
     )
+
+    def mounted_at(mountpoint: str, table: str) -> list[str]:
+        return [line.split(" - ")[1].split()[0] for line in table.splitlines() if line.split()[4] == mountpoint]
+
     sandbox = LocalSandbox(spec)
     async with sandbox:
-        host_dir = sandbox.host_dir
-        assert host_dir is not None  # a started sandbox has its host directory
+        host_dir, namespace = sandbox.host_dir, sandbox._mounts
+        assert host_dir is not None and namespace is not None  # started, as root: its own mount namespace
         mountpoint = os.path.realpath(host_dir / "fs")
-        mounts = [
-            line.split(" - ")[1].split()[0]
-            for line in Path("/proc/self/mountinfo").read_text().splitlines()
-            if line.split()[4] == mountpoint
-        ]
-        assert mounts == [fstype]
-        stats = os.statvfs(mountpoint)
+        assert mounted_at(mountpoint, namespace.mountinfo()) == [fstype]
+        assert mounted_at(mountpoint, Path("/proc/self/mountinfo").read_text()) == []  # never in the host's table
+        stats = os.statvfs(sandbox.files_dir)
         assert (
             abs(stats.f_blocks * stats.f_frsize - (storage_mb << 20)) <= (storage_mb << 20) // 10
         )  # its size, give or take metadata
         result = await sandbox.exec(["/bin/sh", "-c", "stat -c %u /app; touch /app/x"], timeout=10)
         assert result.exit_code == 0 and result.text.split()[0] == "0"  # the sandbox's root owns it
-    assert not any(line.split()[4] == mountpoint for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    assert namespace.closed and not any(mounted_at(mountpoint, table) for table in namespace_mountinfos())
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts and cgroups need root")
 async def test_gc_removes_what_a_killed_run_left_mounted_and_its_cgroups(sandbox_dir):
-    """A run killed with SIGKILL leaves its sandbox directory, the file system mounted on it and
-    its cgroups; ``termgym gc`` (``collect_garbage``) removes all three."""
+    """A run killed with SIGKILL leaves its sandbox directory and its cgroups, and nothing mounted
+    (its storage was in the sandbox's own mount namespace, which ended with the run); ``termgym gc``
+    (``collect_garbage``) removes both."""
     import asyncio
     import signal
     import sys
 
     from termgym.sandboxes.local import collect_garbage
-    from termgym.sandboxes.local.storage import is_mounted
+    from termgym.sandboxes.local.namespace import namespace_mountinfos
 
     script = (
         "import asyncio, sys\n"
@@ -234,8 +236,7 @@ async def test_gc_removes_what_a_killed_run_left_mounted_and_its_cgroups(sandbox
     await process.wait()
     await asyncio.sleep(0.2)  # the keeper dies with its parent
     cgroups = [Path(p).parent for p in procs_files]
-    assert Path(host_dir).is_dir() and is_mounted(Path(host_dir) / "fs") and all(c.is_dir() for c in cgroups)
+    assert Path(host_dir).is_dir() and all(c.is_dir() for c in cgroups)
+    assert not any(f" {host_dir}/" in table for table in namespace_mountinfos())  # in no namespace
     assert collect_garbage(sandbox_dir) == 1
-    assert (
-        not Path(host_dir).exists() and not is_mounted(Path(host_dir) / "fs") and not any(c.exists() for c in cgroups)
-    )
+    assert not Path(host_dir).exists() and not any(c.exists() for c in cgroups)

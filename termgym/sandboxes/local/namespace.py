@@ -1,0 +1,239 @@
+"""A sandbox's own mount namespace, where its storage and its overlay are mounted (as root) instead
+of in this process's namespace, so that the host's mount table does not grow with the sandboxes
+alive.
+
+Why: every mount namespace starts as a copy of the whole mount table of the one it is made from,
+and bubblewrap then reads that table once per bind it makes; a keeper started from a host holding
+two mounts per live sandbox cost 17 ms with none alive and 160 ms with 512 (issue 43, "Scale on one
+machine"). Here each sandbox's mounts live in a namespace of its own: a copy of this process's,
+made when the sandbox's home is, whose mounts propagate nowhere (``MS_SLAVE``: it still receives
+the host's own), and every keeper of the sandbox (the first, its spare, one started again, a kept
+one) is started inside it (``nsenter --mount``, ``path``), so it copies the host's few mounts and
+the sandbox's own two, however many sandboxes are alive.
+
+Guarantees:
+- **Nothing in the host's table.** What ``run`` mounts is in the sandbox's namespace only; no
+  namespace made later from this process's (another sandbox's, another keeper's) holds a copy.
+- **Reached from the host.** ``reach`` names a path of the sandbox's directory as this process (or a
+  root process it starts) reaches it in the namespace: ``/proc/<pid>/fd/<n>/...`` through a
+  descriptor of that directory opened inside it, so the host's reads and writes of the sandbox's
+  files (``host_files``, the tamper check's manifests, the prepared-environment cache's copy) see
+  its storage, never the empty directory under it.
+- **Gone with its sandbox.** The namespace lives while this object is open or a process is in it
+  (a keeper's bubblewrap); then the kernel unmounts everything in it (a loop device is detached with
+  its file system). When this process dies its descriptors close and its keepers die with it
+  (``--die-with-parent``), so a killed run leaves no mount behind for ``termgym gc`` (only its
+  directory and cgroups); a kept sandbox's namespace lives as long as its detached keeper.
+- **Its cache entry stays.** ``hold`` keeps a shared lock on the prepared environment an overlay in
+  it stands on, for as long as the namespace is open: eviction (``env_cache``) never removes it,
+  from this process or another, even while the sandbox holds no process.
+
+Each operation inside the namespace runs in a thread of its own that enters it (``unshare`` of its
+file-system attributes, then ``setns``), never in the event loop's thread or a pooled one. Without
+root there is no such namespace: a sandbox mounts nothing, or, over an image, mounts its root in a
+user and mount namespace of the user's own that a process holds (``holder``: the kernel lets only a
+single-threaded process make a user namespace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import fcntl
+import functools
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+CLONE_FS = 0x200
+CLONE_NEWNS = 0x20000
+MS_REC = 0x4000
+MS_SLAVE = 0x80000
+T = TypeVar("T")
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def _in_thread(operation: Callable[[], T]) -> T:
+    """``operation()`` in a new thread (which it may move into another namespace), its result or
+    its exception. Blocking."""
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(operation())
+        except BaseException as exc:  # handed to the caller
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="termgym-mount-namespace", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
+class MountNamespace:
+    """The mount namespace of the sandbox whose directory is ``home`` (see the module's guarantees)."""
+
+    def __init__(self, home: Path, namespace_fd: int, home_fd: int) -> None:
+        self.home = home
+        self._namespace_fd: int | None = namespace_fd
+        self._home_fd = home_fd
+        self._held: list[int] = []  # lock files held shared (``hold``)
+
+    @classmethod
+    def create(cls, home: Path) -> MountNamespace:
+        """A new namespace for the sandbox at ``home`` (an existing directory); ``OSError`` where
+        this process cannot make one (not root). Blocking."""
+
+        def make() -> tuple[int, int]:
+            _check(_libc().unshare(CLONE_NEWNS), "making a mount namespace")
+            _check(_libc().mount(None, b"/", None, MS_REC | MS_SLAVE, None), "making its mounts slaves")
+            return _open_here(home)
+
+        namespace_fd, home_fd = _in_thread(make)
+        return cls(home, namespace_fd, home_fd)
+
+    @classmethod
+    def join(cls, home: Path, pid: int) -> MountNamespace | None:
+        """The namespace of the sandbox at ``home`` that the process ``pid`` (its kept keeper's
+        bubblewrap) is in; None when that is this process's own (a sandbox from before namespaces
+        of their own, whose mounts are the host's). ``OSError`` when ``pid`` is gone. Blocking."""
+        path = f"/proc/{pid}/ns/mnt"
+        if os.stat(path).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+            return None
+        namespace_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+        def open_home() -> int:
+            _enter(namespace_fd)
+            return _open_home(home)
+
+        try:
+            home_fd = _in_thread(open_home)
+        except BaseException:
+            os.close(namespace_fd)
+            raise
+        return cls(home, namespace_fd, home_fd)
+
+    @property
+    def path(self) -> str:
+        """The namespace as a file a root process may open (``nsenter --mount=``)."""
+        if self._namespace_fd is None:
+            raise OSError(f"the mount namespace of {self.home} is closed")
+        return f"/proc/{os.getpid()}/fd/{self._namespace_fd}"
+
+    def run(self, operation: Callable[..., T], *args: object) -> T:
+        """``operation(*args)`` inside the namespace (paths as the sandbox's mounts see them). Blocking."""
+        if self._namespace_fd is None:
+            raise OSError(f"the mount namespace of {self.home} is closed")
+        namespace_fd = self._namespace_fd
+
+        def inside() -> T:
+            _enter(namespace_fd)
+            return operation(*args)
+
+        return _in_thread(inside)
+
+    def reach(self, path: Path) -> Path:
+        """``path`` (``home`` or below it) as this process reaches it in the namespace."""
+        return Path(f"/proc/{os.getpid()}/fd/{self._home_fd}") / path.relative_to(self.home)
+
+    def mountinfo(self) -> str:
+        """The namespace's mount table (``/proc/PID/mountinfo``'s format). Blocking."""
+        return self.run(lambda: Path("/proc/thread-self/mountinfo").read_text())
+
+    def hold(self, lock: Path) -> None:
+        """Hold a shared lock on the file ``lock`` until the namespace is closed (``flock``)."""
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._held.append(fd)
+
+    @property
+    def closed(self) -> bool:
+        return self._namespace_fd is None
+
+    def close(self) -> None:
+        """Let the namespace go (it ends once no process is in it); idempotent."""
+        if self._namespace_fd is None:
+            return
+        for fd in (self._namespace_fd, self._home_fd, *self._held):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._namespace_fd, self._held = None, []
+
+
+def sandbox_namespace(home: Path) -> MountNamespace | None:
+    """A namespace of its own for the sandbox at ``home`` where this process may make one (root);
+    None otherwise: then it makes no mount (not root), or makes them in this process's namespace
+    as before. Blocking (a thread, about a millisecond)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        return MountNamespace.create(home)
+    except OSError:
+        return None
+
+
+def in_namespace(namespace: MountNamespace | None, operation: Callable[..., T], *args: object) -> T:
+    """``operation(*args)`` inside ``namespace``, or here when there is none. Blocking."""
+    return namespace.run(operation, *args) if namespace is not None else operation(*args)
+
+
+def reach(namespace: MountNamespace | None, path: Path) -> Path:
+    """``path`` as this process reaches it: through ``namespace`` when there is one."""
+    return namespace.reach(path) if namespace is not None else path
+
+
+def namespace_mountinfos() -> list[str]:
+    """The mount table of every mount namespace some process is in (this process's first, then one
+    process's of each other: sandboxes', keepers'), read through ``/proc``. Blocking."""
+    seen: set[tuple[int, int]] = set()
+    tables: list[str] = []
+    for entry in ["self", *(name for name in os.listdir("/proc") if name.isdigit())]:
+        try:
+            stat = os.stat(f"/proc/{entry}/ns/mnt")
+            if (stat.st_dev, stat.st_ino) in seen:
+                continue
+            seen.add((stat.st_dev, stat.st_ino))
+            tables.append(Path(f"/proc/{entry}/mountinfo").read_text())
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return tables
+
+
+def _enter(namespace_fd: int) -> None:
+    """Move the calling thread (alone) into the mount namespace ``namespace_fd``."""
+    _check(_libc().unshare(CLONE_FS), "unsharing this thread's file-system attributes")
+    _check(_libc().setns(namespace_fd, CLONE_NEWNS), "entering the sandbox's mount namespace")
+
+
+def _open_here(home: Path) -> tuple[int, int]:
+    """This thread's mount namespace and ``home`` in it, as descriptors."""
+    namespace_fd = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return namespace_fd, _open_home(home)
+    except BaseException:
+        os.close(namespace_fd)
+        raise
+
+
+def _open_home(home: Path) -> int:
+    return os.open(home, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
