@@ -44,6 +44,7 @@ bench: engine
 	$(VENV_BIN)/python bench/frameworks.py
 	$(VENV_BIN)/python bench/ray_remote.py
 	$(VENV_BIN)/python bench/warm_pool.py
+	$(VENV_BIN)/python bench/embedded_scale.py
 	$(VENV_BIN)/python bench/verification.py
 	$(VENV_BIN)/python bench/embedded_images.py
 

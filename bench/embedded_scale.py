@@ -17,14 +17,17 @@ end; each start's latency is recorded in the order the starts began. At each run
   machine's, so other work on it adds noise;
 - one ``echo`` step in every live sandbox at once, seconds.
 
+Target (the issue's): a start with 1,024 alive costs what one among the first 64 does (last / first
+at 1), at most 4 MiB per live sandbox.
+
 Also, side by side, what one keeper's namespace costs the kernel: a ``bwrap ... true`` spawn
 (``bench/step_latency.py``'s) and the number of mounts this process's namespace holds, at the
 first and the last rung.
 
-Every sandbox, mount, cgroup and process it made is gone when it ends, on Ctrl-C or an error too
-(the env's ``close``, then ``termgym gc``'s collection on its own sandbox directory; it says so if
-anything is left). The soft limit on open files is raised to the hard limit (each sandbox holds a
-few pipes).
+Every sandbox, mount, cgroup and process it made is gone when it ends, on Ctrl-C, a SIGTERM or an
+error too (the env's ``close``, then ``termgym gc``'s collection on its own sandbox directory; it
+says so if anything is left). The soft limit on open files is raised to the hard limit (each
+sandbox holds about nine descriptors here: pipes, its mount namespace, its directory, a lock).
 
     .venv/bin/python bench/embedded_scale.py [--max 1024] [--concurrency 8] [--task file-ops/bulk-rename]
 """
@@ -135,6 +138,9 @@ async def measure(args: argparse.Namespace, run: Run) -> None:
     ladder = [n for n in LADDER if n < args.max] + [args.max]
     envs: list[AsyncTerminalEnv] = []
     limit = asyncio.Semaphore(args.concurrency)
+    main_task = asyncio.current_task()
+    assert main_task is not None  # run by asyncio.run
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)  # as Ctrl-C does
     before_driver, before_kernel = pss_kib(os.getpid()), kernel_kib()
 
     async def start(index: int) -> None:
@@ -196,14 +202,16 @@ async def measure(args: argparse.Namespace, run: Run) -> None:
 
 
 def report(args: argparse.Namespace, run: Run) -> None:
-    print(f"| live sandboxes | median start, first {WINDOW} | median start, last {WINDOW} | wall / N |", end="")
-    print(" memory each: processes + driver + kernel | one `echo` in all at once |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print(f"| live sandboxes | median start, first {WINDOW} | median start, last {WINDOW} | last / first |", end="")
+    print(" wall / N | memory each: processes + driver + kernel | one `echo` in all at once |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in run.rungs:
         total = r.processes_mib + r.driver_mib + r.kernel_mib
         memory = f"{total:.1f} MiB ({r.processes_mib:.1f} + {r.driver_mib:.1f} + {r.kernel_mib:.1f})"
+        ratio = r.last_ms / r.first_ms if r.first_ms else 0.0
         print(
-            f"| {r.live} | {r.first_ms:.0f} ms | {r.last_ms:.0f} ms | {r.wall_per_ms:.0f} ms | {memory} | {r.step_s:.2f} s |"
+            f"| {r.live} | {r.first_ms:.0f} ms | {r.last_ms:.0f} ms | {ratio:.2f} | {r.wall_per_ms:.0f} ms | {memory} |"
+            f" {r.step_s:.2f} s |"
         )
     print()
     print("| live sandboxes | mounts in this namespace | `bwrap ... true` spawn (median) |")
@@ -232,9 +240,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.max < 1 or args.concurrency < 1:
         raise SystemExit("--max and --concurrency must be at least 1")
-    raise_open_files(64 * args.max + 1024)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill ends it as Ctrl-C does: cleaned up
+    raise_open_files(16 * args.max + 1024)
     run = Run()
+    interrupted = False
     with tempfile.TemporaryDirectory(prefix="termgym-scale-") as scratch:
         os.chmod(scratch, 0o711)  # the sandboxes' unprivileged users reach their directories through it
         sandbox_dir, cache = Path(scratch) / "sandboxes", Path(scratch) / "cache"
@@ -242,12 +250,16 @@ def main() -> None:
         os.environ["TERMGYM_ENV_CACHE_DIR"] = str(cache)
         try:
             asyncio.run(measure(args, run))
+        except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, a kill: every sandbox closed meanwhile
+            interrupted = True
         finally:
             collect_garbage(sandbox_dir)
             EnvCache.from_environment().clear()
             left = leftovers(sandbox_dir)
             if left:
                 print(f"left behind ({len(left)}): {left[:5]}", file=sys.stderr)
+    if interrupted:
+        raise SystemExit("interrupted" + (f"; left behind: {len(left)}" if left else "; nothing left behind"))
     report(args, run)
     if left:
         raise SystemExit(1)
