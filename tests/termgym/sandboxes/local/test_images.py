@@ -239,3 +239,55 @@ async def test_a_docker_save_archive_is_an_image_source(store, tmp_path):
     _run("skopeo", "copy", "--quiet", f"oci:{layout}:1", f"docker-archive:{archive}:saved/image:1")
     image = await store.resolve(f"docker-archive:{archive}", policy="never", what="t", timeout=60)
     assert (image.rootfs / "etc/marker").read_text() == "from-an-archive\n" and image.config.env["FOO"] == "bar"
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "image", "aliases", "prefer_build", "expected"),
+    [
+        ("FROM debian:bookworm-slim\n", None, {}, False, (None, "build")),  # the default alias: the host's
+        ("FROM ubuntu:24.04\n", None, {}, False, ("ubuntu:24.04", "build")),
+        ("FROM ubuntu:24.04\n", None, {"ubuntu:24.04": "termgym/base:bookworm"}, False, (None, "build")),
+        ("FROM ubuntu:24.04\n", None, {"ubuntu:24.04": "mine:1"}, False, ("mine:1", "build")),
+        ("FROM ubuntu:24.04\n", "team/tool:2", {}, False, ("team/tool:2", "docker_image")),  # the named image wins
+        ("FROM ubuntu:24.04\n", "team/tool:2", {}, True, ("ubuntu:24.04", "build")),  # --build
+        (None, "team/tool:2", {}, False, ("team/tool:2", "docker_image")),
+        (None, None, {}, False, (None, "docker_image")),
+    ],
+)
+def test_which_image_a_sandbox_runs(tmp_path, dockerfile, image, aliases, prefer_build, expected):
+    from termgym.images.dockerfile import parse_dockerfile
+    from termgym.sandboxes.base import SandboxSpec
+    from termgym.sandboxes.local.images import image_to_run
+
+    path = None
+    if dockerfile is not None:
+        path = tmp_path / "Dockerfile"
+        path.write_text(dockerfile)
+    spec = SandboxSpec("t", tmp_path, path, image=image, image_aliases=aliases, prefer_build=prefer_build)
+    plan = parse_dockerfile(dockerfile) if dockerfile is not None else None
+    assert image_to_run(spec, plan, ImageStore(tmp_path / "store")) == expected
+
+
+async def test_an_alias_stands_in_only_for_an_image_the_store_lacks(store, tmp_path):
+    from termgym.images.dockerfile import parse_dockerfile
+    from termgym.sandboxes.base import SandboxSpec
+    from termgym.sandboxes.local.images import image_to_run
+
+    ref = f"oci:{make_layout(tmp_path, {'etc/marker': 'x'})}:1"
+    spec = SandboxSpec("t", None, None, image=ref, image_aliases={ref: "termgym/base:bookworm"})
+    assert image_to_run(spec, parse_dockerfile("FROM x\n"), store) == (None, "docker_image")
+    image = await store.resolve(ref, policy="missing", what="t", timeout=60)
+    assert image_to_run(spec, None, store) == (ref, "docker_image")  # held now: the image itself
+    assert store.remove(image.digest) and not store.holds(ref) and not store.remove(image.digest)
+
+
+async def test_a_staging_directory_a_dead_process_left_is_removed_by_the_next_copy(store, tmp_path):
+    ref = f"oci:{make_layout(tmp_path, {'etc/marker': 'x'})}:1"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = store.root / f".staging-{dead.pid}-deadbeef"
+    (left / "layout").mkdir(parents=True)
+    alive = store.root / f".staging-{os.getpid()}-cafecafe"  # a copy still under way in this process
+    alive.mkdir()
+    await store.resolve(ref, policy="missing", what="t", timeout=60)
+    assert not left.exists() and alive.exists()

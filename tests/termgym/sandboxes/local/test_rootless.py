@@ -153,3 +153,53 @@ def test_an_unprivileged_termgym_runs_a_sandbox_over_an_image(tmp_path):
         assert list((home / "sandboxes").iterdir()) in ([], [home / "sandboxes" / "cache"])
     finally:
         subprocess.run(["rm", "-rf", str(scratch)], check=False)
+
+
+# -- the holder, in this process -------------------------------------------------------------------
+
+
+async def test_a_holder_mounts_the_overlay_in_its_own_namespaces_and_takes_it_along(tmp_path):
+    """``start_holder``: the overlay of two lower layers is seen through ``view_path`` and inside
+    (``inside_argv``), never in this process's mount table, and ends with the holder."""
+    from termgym.sandboxes.host_processes import end_process
+    from termgym.sandboxes.local.holder import inside_argv, start_holder, view_path
+
+    base = Path(tempfile.mkdtemp(prefix="termgym-test-holder-", dir="/tmp"))
+    try:
+        top, bottom, upper, work, view = (base / name for name in ("top", "bottom", "upper", "work", "view"))
+        for directory in (top, bottom, upper, work, view):
+            directory.mkdir()
+        (bottom / "a").write_text("bottom\n")
+        (bottom / "b").write_text("bottom\n")
+        (top / "a").write_text("top\n")
+        holder = await start_holder([top, bottom], upper, work, view)
+        try:
+            seen = view_path(holder.pid, view)
+            assert (seen / "a").read_text() == "top\n" and (seen / "b").read_text() == "bottom\n"
+            assert str(view) not in Path("/proc/self/mounts").read_text()  # the host's table never sees it
+            ran = subprocess.run(inside_argv(holder.pid, ["cat", str(view / "b")]), capture_output=True, text=True)
+            assert ran.returncode == 0 and ran.stdout == "bottom\n", ran.stderr
+            (seen / "c").write_text("new\n")
+            assert (upper / "c").read_text() == "new\n" and not (bottom / "c").exists()
+        finally:
+            await end_process(holder)
+        assert not Path(f"/proc/{holder.pid}").exists() and list(view.iterdir()) == []
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+async def test_a_holder_that_cannot_mount_says_why_in_one_line(tmp_path):
+    from termgym.errors import SandboxError
+    from termgym.sandboxes.local.holder import holder_argv, start_holder
+
+    base = Path(tempfile.mkdtemp(prefix="termgym-test-holder-", dir="/tmp"))
+    try:
+        with pytest.raises(SandboxError) as missing:
+            await start_holder([base / "absent"], base / "upper", base / "work", base / "view")
+        assert "\n" not in str(missing.value) and "without root privileges" in str(missing.value)
+        with pytest.raises(SandboxError, match="cannot name"):
+            await start_holder([base / "a,b"], base / "upper", base / "work", base / "view")
+        with pytest.raises(ValueError, match="cannot name"):
+            holder_argv([base / "a:b"], base / "upper", base / "work", base / "view")
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
