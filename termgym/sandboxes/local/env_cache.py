@@ -310,13 +310,19 @@ class EnvCache:
 
     def _remove_stale_staging(self) -> None:
         with contextlib.suppress(OSError):
-            for path in self.root.iterdir():
-                if path.name.startswith(".doomed-"):
-                    shutil.rmtree(path, ignore_errors=True)
-                elif path.name.startswith(".staging-"):
-                    pid = path.name.split("-")[1]
-                    if not pid.isdigit() or not _pid_alive(int(pid)):
-                        shutil.rmtree(path, ignore_errors=True)
+            for path in self.root.glob(".doomed-*"):
+                shutil.rmtree(path, ignore_errors=True)
+        remove_stale_staging(self.root)
+
+
+def remove_stale_staging(root: Path) -> None:
+    """Remove the ``.staging-<pid>-<hex>`` directories under ``root`` whose process is gone: what
+    a killed preparation or copy left half-written (the image store's too)."""
+    with contextlib.suppress(OSError):
+        for path in root.glob(".staging-*"):
+            pid = path.name.split("-")[1]
+            if not pid.isdigit() or not _pid_alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def mounted_lower_dirs(mountinfo: str | None = None) -> set[str]:

@@ -54,7 +54,7 @@ from termgym.images.pull import absent_error, pull_error, pull_needed
 from termgym.images.refs import ImageConfig, ImageRefError, ImageSource, image_config, parse_image
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.host_processes import end_process, spawn
-from termgym.sandboxes.local.env_cache import cache_root
+from termgym.sandboxes.local.env_cache import cache_root, remove_stale_staging
 from termgym.sandboxes.local.host import require_searchable, sandbox_uid
 from termgym.sandboxes.local.locks import file_lock
 from termgym.sandboxes.tools import host_tool
@@ -209,7 +209,7 @@ class ImageStore:
             image = self._image(digest, ref)
             if image is not None:
                 return image
-            self._remove_stale_staging()
+            remove_stale_staging(self.root)
             staging = self.root / f".staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             staging.mkdir(mode=0o755)
             try:
@@ -240,12 +240,6 @@ class ImageStore:
         image = self._image(digest, ref)
         assert image is not None
         return image
-
-    def _remove_stale_staging(self) -> None:
-        for path in self.root.glob(".staging-*"):
-            pid = path.name.split("-")[1]
-            if pid.isdigit() and not _pid_alive(int(pid)):
-                shutil.rmtree(path, ignore_errors=True)
 
     def remove(self, digest: str) -> bool:
         """Remove the unpacked image ``digest`` (``termgym gc --images``); False if it is not here."""
@@ -355,13 +349,3 @@ def _reason(line: str) -> str:
     match = re.search(r'msg="(.*)"\s*$', line)
     reason = match.group(1).replace('\\"', '"') if match else line
     return re.sub(r'^Error parsing image name "[^"]*": ', "", reason)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
