@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,16 +32,6 @@ DOCKERFILE = (
 )
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="copy-on-write starts need root (overlay mounts)")
-
-
-@pytest.fixture
-def cache_dir(no_leaks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A cache of this test's own, emptied at its end (nothing may use it then)."""
-    root = Path(f"/tmp/termgym-test-envcache-{os.getpid()}-{tmp_path.name}")
-    monkeypatch.setenv("TERMGYM_ENV_CACHE_DIR", str(root))
-    yield root
-    assert EnvCache(root / "envs", max_bytes=0, max_entries=0).clear()[1] == 0, "an entry still in use"
-    subprocess.run(["rm", "-rf", str(root)], check=True)
 
 
 def make_task(root: Path, name: str = "cached", data: str = "one\n", dockerfile: str = DOCKERFILE) -> Path:

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tarfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,6 @@ from termgym.env import sandbox_spec
 from termgym.sandboxes.base import Sandbox
 from termgym.sandboxes.local import LocalSandbox
 from termgym.sandboxes.local.commands import keeper_argv
-from termgym.sandboxes.local.env_cache import EnvCache
 from termgym.sandboxes.local.namespace import namespace_mountinfos
 from termgym.tasks import load_task
 from tests.helpers import write_task
@@ -34,16 +32,6 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox's own mount
 # larger than a quarter of the memory: an ext4 image on a loop device. Two mounts a sandbox.
 DOCKERFILE = "FROM debian:bookworm-slim\nWORKDIR /app\nRUN echo prepared > /app/stamp\n"
 RESOURCES = "memory_mb = 256\nstorage_mb = 128\n"
-
-
-@pytest.fixture
-def cache_dir(no_leaks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A prepared-environment cache of this test's own (its entries' owners must reach it)."""
-    root = Path(f"/tmp/termgym-test-scale-{os.getpid()}-{tmp_path.name}")
-    monkeypatch.setenv("TERMGYM_ENV_CACHE_DIR", str(root))
-    yield root
-    assert EnvCache(root / "envs", max_bytes=0, max_entries=0).clear()[1] == 0, "an entry still in use"
-    subprocess.run(["rm", "-rf", str(root)], check=True)
 
 
 def sandbox_for(task_dir: Path) -> LocalSandbox:
