@@ -138,7 +138,7 @@ class ImageStore:
         for directory in ("images", "refs", "locks"):
             (self.root / directory).mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)  # the images' unprivileged owners reach their root file systems
-        name = hashlib.sha256(ref.encode()).hexdigest()[:32]
+        name = _ref_name(ref)
         async with file_lock(self.root / "locks" / f"ref-{name}.lock", fcntl.LOCK_EX, timeout, f"image {ref}"):
             known = self._known(name)
             image = self._image(known, ref) if known else None
@@ -146,9 +146,8 @@ class ImageStore:
                 if policy == "never" and image is None:
                     raise absent_error(ref, what)
                 if not pull_needed(policy, image is not None, ref in _pulled):
-                    assert image is not None or policy == "never"
-                    if image is not None:
-                        return image
+                    assert image is not None  # "never" without a copy was refused above
+                    return image
                 local = await _engine_source(ref) if policy == "missing" else None
                 if local is not None:
                     source = local
@@ -163,7 +162,7 @@ class ImageStore:
 
     def holds(self, ref: str) -> bool:
         """Whether ``ref`` was copied here before and is still unpacked (no lock, no network)."""
-        digest = self._known(hashlib.sha256(ref.encode()).hexdigest()[:32])
+        digest = self._known(_ref_name(ref))
         return digest is not None and self._image(digest, ref) is not None
 
     # -- reading -------------------------------------------------------------------------------
@@ -242,13 +241,19 @@ class ImageStore:
         return image
 
     def remove(self, digest: str) -> bool:
-        """Remove the unpacked image ``digest`` (``termgym gc --images``); False if it is not here."""
+        """Remove the unpacked image ``digest`` (no sandbox may be running over it); False if it is
+        not here."""
         match = _HEX.fullmatch(digest)
         entry = self.root / "images" / match.group(1) if match else None
         if entry is None or not entry.is_dir():
             return False
         shutil.rmtree(entry)
         return True
+
+
+def _ref_name(ref: str) -> str:
+    """The file name under ``refs/`` (and the lock) of a reference."""
+    return hashlib.sha256(ref.encode()).hexdigest()[:32]
 
 
 def _source_options(source: ImageSource, prefix: str = "") -> list[str]:
