@@ -73,15 +73,24 @@ def kit_argv(directory: str, program: str) -> list[str]:
     return [f"{directory}/ld.so", "--inhibit-cache", "--library-path", f"{directory}/lib", f"{directory}/{program}"]
 
 
+@functools.cache
+def _kit_name(programs: tuple[str, ...]) -> str | None:
+    """The kit's directory name: its content's hash (hashed once per process, not per start)."""
+    data = bundle(programs)
+    return None if data is None else f"kit-{hashlib.sha256(data).hexdigest()[:24]}"
+
+
 def kit_dir(cache: Path, programs: Sequence[str]) -> Path | None:
-    """The kit of ``programs`` unpacked under ``cache`` (root's, read-only to every other user,
+    """The kit of ``programs`` unpacked under ``cache`` (this user's, read-only to every other,
     named by its content, so a host upgrade makes a new one); None where ``bundle`` is None."""
-    data = bundle(tuple(programs))
-    if data is None:
+    name = _kit_name(tuple(programs))
+    if name is None:
         return None
-    target = cache / f"kit-{hashlib.sha256(data).hexdigest()[:24]}"
+    target = cache / name
     if target.is_dir():
         return target
+    data = bundle(tuple(programs))
+    assert data is not None  # hashed above
     cache.mkdir(parents=True, exist_ok=True)
     staging = cache / f".kit-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     staging.mkdir(mode=0o755)
