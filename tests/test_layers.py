@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "termgym.records",
             "termgym.gym_env",
             "termgym.transcript",
+            "termgym.atif",
         ),
     ),
     ("agents", ("termgym.agents",)),

@@ -1,4 +1,4 @@
-"""The ``termgym`` command line: check, shell, run, replay, report, audit, list, demo, gc, images, gateway, train.
+"""The ``termgym`` command line: check, shell, run, replay, report, export, audit, list, demo, gc, images, gateway, train.
 
 Exit codes: 0 when the trials ran (whatever they scored), 2 for bad usage or an invalid task (one
 line on stderr, no traceback), 1 for an infrastructure failure (the trial's record says which).
@@ -25,6 +25,7 @@ from termgym.cli.common import (
     tamper_option,
 )
 from termgym.cli.episodes import cmd_check, cmd_replay
+from termgym.cli.export import cmd_export
 from termgym.cli.gateway import cmd_gateway, gateway_options
 from termgym.cli.maintenance import cmd_audit, cmd_gc, cmd_images, cmd_list
 from termgym.cli.report import cmd_report
@@ -138,6 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="write a run's report: one self-contained HTML file")
     report.add_argument("run_dir", type=Path, help="a run directory (with trials.jsonl)")
     report.add_argument("--out", type=Path, default=None, help="the HTML file (default RUN_DIR/report.html)")
+    export = commands.add_parser(
+        "export", help="write a run's trials in another format (atif: one ATIF trajectory per trial)"
+    )
+    export.add_argument("format", choices=["atif"], help="atif: Harbor's Agent Trajectory Interchange Format (v1.7)")
+    export.add_argument(
+        "run", type=Path, help="a run directory (termgym run, check, train), a trial directory or a trajectory.json"
+    )
+    export.add_argument("--out", type=Path, required=True, help="the directory the trajectory files go to")
     commands.add_parser("list", help="list the bundled tasks")
     demo = commands.add_parser("demo", help="check every bundled task with the oracle and the null agent")
     demo.add_argument("-n", "--concurrency", type=int, default=2)
@@ -203,6 +212,7 @@ def _dispatch(argv: list[str]) -> int:
         "images": cmd_images,
         "audit": cmd_audit,
         "report": cmd_report,
+        "export": cmd_export,
         "gateway": cmd_gateway,
     }
     return asyncio.run(_closing_backends(handler[args.command](args)))

@@ -1,0 +1,559 @@
+"""termgym's trials as ATIF trajectories (the Agent Trajectory Interchange Format, Harbor's RFC 0001,
+written as ``ATIF-v1.7``), and the structural rules of the format, checked on any trajectory read.
+
+What maps (docs/guides/atif.md has the whole table and what does not map):
+
+* the task's instruction is the first step (``source: user``);
+* each agent turn is one ``agent`` step: the reply's text and reasoning, the command as its tool
+  call (the model's own call in the tool format; in the text format a call named ``bash`` marked
+  ``extra.termgym.parsed_from_text``), and the command's output and exit code as the observation;
+  per-step ``metrics`` hold the token counts, and ``prompt_token_ids``, ``completion_token_ids``
+  and ``logprobs`` where the trial has them (the prompt's ids are the whole prompt of that call,
+  history included, as the RFC asks: rebuilt from the first prompt and the bridges);
+* agents without a model (the oracle, a script) have steps with ``llm_call_count: 0``, the RFC's
+  deterministic dispatch, which SFT consumers skip;
+* a harness behind the recording gateway has one agent step per model call, its commands attached
+  in order (``_harness_steps``);
+* a rewrite of the context (a summary, elided observations) is a ``system`` step with the RFC's
+  ``context_management`` convention;
+* the verifier's result is in ``final_metrics.extra`` (reward, resolved, passed/total, assertions,
+  report format, stop reason, error); the rest of the record and transcript under ``extra.termgym``.
+
+A training run's files carry token ids and no text: ``sft/demonstrations.jsonl`` and
+``ppo/trajectories.jsonl`` become trajectories whose agent steps hold the ids (empty messages), with
+the tokenizer's fingerprint (``tokenizer_fingerprint``) so a trainer can tell whether the ids are its own.
+
+Pure functions over the stored JSON (no import of the trainer; the files are read as data).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = "ATIF-v1.7"
+SOURCES = ("system", "user", "agent")
+AGENT_ONLY = ("model_name", "reasoning_effort", "reasoning_content", "tool_calls", "metrics")
+VERIFIER_FIELDS = ("reward", "resolved", "passed", "total", "assertions", "report_format", "reward_scale", "error")
+CONTEXT_REWRITES = {  # a transcript segment's reason -> the RFC's context_management
+    "summary": {"type": "compaction", "boundary": "replace"},
+    "truncate": {"type": "pruning", "boundary": "replace"},
+    "bridge_break": {"type": "re-render", "boundary": "replace"},
+}
+
+
+def termgym_version() -> str:
+    try:
+        return version("termgym")
+    except PackageNotFoundError:  # pragma: no cover - a source tree without its metadata
+        return "0"
+
+
+# -- a trial's transcript and record -----------------------------------------------------------------
+
+
+def from_transcript(transcript: dict[str, Any], record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One trial's ATIF trajectory from its transcript (``termgym.transcript``) and record (when
+    the run kept one)."""
+    record = record or {}
+    model = transcript.get("model") or record.get("model")
+    steps: list[dict[str, Any]] = [_user(transcript.get("instruction") or "")]
+    if transcript.get("harness") is not None and any(c.get("status") == 200 for c in transcript.get("calls") or []):
+        steps += _harness_steps(transcript, model)
+    else:
+        steps += _turn_steps(transcript, model)
+    _number(steps)
+    usage = transcript.get("usage") or record.get("usage") or {}
+    final: dict[str, Any] = {"total_steps": len(steps), "extra": _verifier(record, transcript)}
+    if usage.get("requests"):
+        final["total_prompt_tokens"] = int(usage.get("prompt_tokens") or 0)
+        final["total_completion_tokens"] = int(usage.get("completion_tokens") or 0)
+    segments = transcript.get("segments") or []
+    extra = {
+        "transcript_schema": transcript.get("schema"),
+        "task": transcript.get("task") or record.get("task"),
+        "stop_reason": transcript.get("stop_reason"),
+        "parse_errors": transcript.get("parse_errors", 0),
+        "summaries": transcript.get("summaries", 0),
+        "segments": [{k: s.get(k) for k in ("index", "reason", "bridges", "bridge_breaks")} for s in segments],
+        "notes": transcript.get("notes") or [],
+        "record": {k: v for k, v in record.items() if k not in VERIFIER_FIELDS and k != "transcript"},
+    }
+    if transcript.get("harness") is not None:
+        extra["harness"] = {k: v for k, v in transcript["harness"].items() if k != "messages"}
+    trial = transcript.get("trial_id") or record.get("trial_id") or ""
+    return _trajectory(
+        session=record.get("run_id") or trial,
+        trial=trial,
+        agent=_agent(transcript.get("agent") or record.get("agent") or "termgym", model),
+        steps=steps,
+        final=final,
+        extra=extra,
+    )
+
+
+def _turn_steps(transcript: dict[str, Any], model: str | None) -> list[dict[str, Any]]:
+    steps: list[dict[str, Any]] = []
+    reasons = {s.get("index"): s.get("reason") for s in transcript.get("segments") or []}
+    chain: list[int] | None = None  # the last prompt and completion, to rebuild a bridged prompt
+    segment = 0
+    for turn in transcript.get("turns") or []:
+        if turn.get("segment", 0) != segment:
+            segment = turn.get("segment", 0)
+            reason = reasons.get(segment) or "start"
+            steps.append(_context_step(reason))
+            chain = None
+        reply, action, result = turn.get("reply"), turn.get("action") or {}, turn.get("result")
+        step: dict[str, Any] = {"source": "agent", "message": (reply or {}).get("content") or ""}
+        termgym: dict[str, Any] = {"turn": turn.get("index"), "segment": segment, "action": action}
+        calls = _reply_calls(reply, action, turn.get("index", len(steps)))
+        if calls:
+            step["tool_calls"] = calls
+        if reply is None:
+            step["llm_call_count"] = 0
+        else:
+            step["llm_call_count"] = 1
+            if model:
+                step["model_name"] = model
+            if reply.get("reasoning"):
+                step["reasoning_content"] = reply["reasoning"]
+            metrics, chain = _reply_metrics(reply, chain)
+            step["metrics"] = metrics
+            termgym.update({k: reply.get(k) for k in ("finish_reason", "latency")})
+        observation = _observation(turn, result, calls)
+        if observation is not None:
+            step["observation"] = observation
+        step["extra"] = {"termgym": termgym}
+        steps.append(step)
+    return steps
+
+
+def _reply_calls(reply: dict[str, Any] | None, action: dict[str, Any], index: int) -> list[dict[str, Any]]:
+    """The model's own tool calls, or the command it typed in text (or an agent without a model ran)."""
+    own = (reply or {}).get("tool_calls") or []
+    if own:
+        return [
+            {
+                "tool_call_id": str(call.get("id") or f"call_{index}_{n}"),
+                "function_name": str(call.get("name") or ""),
+                "arguments": _arguments(call.get("arguments")),
+            }
+            for n, call in enumerate(own)
+        ]
+    if action.get("kind") != "command":
+        return []
+    arguments: dict[str, Any] = {"command": action.get("command", "")}
+    if action.get("timeout") is not None:
+        arguments["timeout"] = action["timeout"]
+    marker = "parsed_from_text" if reply is not None else "dispatched"
+    return [
+        {
+            "tool_call_id": f"call_{index}",
+            "function_name": "bash",
+            "arguments": arguments,
+            "extra": {"termgym": {marker: True}},
+        }
+    ]
+
+
+def _arguments(value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            return {"raw": value}
+        return parsed if isinstance(parsed, dict) else {"raw": value}
+    return {} if value is None else {"raw": value}
+
+
+def _reply_metrics(reply: dict[str, Any], chain: list[int] | None) -> tuple[dict[str, Any], list[int] | None]:
+    """A reply's metrics, and the ids it leaves for the next prompt's bridge (None: unknown)."""
+    usage = reply.get("usage") or {}
+    metrics: dict[str, Any] = {
+        "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+        "completion_tokens": int(usage.get("completion_tokens") or 0),
+    }
+    tokens = reply.get("tokens") or {}
+    completion = tokens.get("completion_ids")
+    if completion is None:
+        return metrics, None
+    prompt = tokens.get("prompt_ids")
+    if prompt is None and chain is not None and tokens.get("bridge_ids") is not None:
+        prompt = chain + list(tokens["bridge_ids"])
+    if prompt is not None:
+        metrics["prompt_token_ids"] = list(prompt)
+    metrics["completion_token_ids"] = list(completion)
+    if tokens.get("logprobs") is not None:
+        metrics["logprobs"] = list(tokens["logprobs"])
+    return metrics, (list(prompt) + list(completion)) if prompt is not None else None
+
+
+def _observation(
+    turn: dict[str, Any], result: dict[str, Any] | None, calls: Sequence[dict[str, Any]]
+) -> dict[str, Any] | None:
+    shown = turn.get("observation")
+    if result is None and shown is None:
+        return None
+    entry: dict[str, Any] = {"content": shown if shown is not None else (result or {}).get("output", "")}
+    if calls:
+        entry["source_call_id"] = calls[0]["tool_call_id"]
+    if result is not None:
+        facts = {k: result.get(k) for k in ("exit_code", "timed_out", "duration", "cwd", "dropped_bytes")}
+        if result.get("output") != entry["content"]:
+            facts["output"] = result.get("output")
+        entry["extra"] = {"termgym": facts}
+    return {"results": [entry]}
+
+
+def _context_step(reason: str) -> dict[str, Any]:
+    management = CONTEXT_REWRITES.get(reason, {"type": reason, "boundary": "replace"})
+    return {
+        "source": "system",
+        "message": f"the agent's context was rewritten ({reason}); later prompts start from it",
+        "extra": {"context_management": management, "termgym": {"segment_reason": reason}},
+    }
+
+
+def _harness_steps(transcript: dict[str, Any], model: str | None) -> list[dict[str, Any]]:
+    """One agent step per answered model call of a harness; each command the harness ran is
+    attached (``_owners``) to the call whose reply asked for it."""
+    turns = [t for t in transcript.get("turns") or [] if (t.get("action") or {}).get("kind") == "command"]
+    answered = [c for c in transcript.get("calls") or [] if c.get("status") == 200]
+    messages = [_call_message(call) for call in answered]
+    calls_of = [
+        [
+            {
+                "tool_call_id": str(c.get("id") or f"call_{n}_{k}"),
+                "function_name": str((c.get("function") or {}).get("name") or ""),
+                "arguments": _arguments((c.get("function") or {}).get("arguments")),
+            }
+            for k, c in enumerate(message.get("tool_calls") or [])
+            if isinstance(c, dict)
+        ]
+        for n, message in enumerate(messages)
+    ]
+    asked = [
+        [str(c["arguments"].get("command", "")) for c in calls] or [str(message.get("content") or "")]
+        for calls, message in zip(calls_of, messages)
+    ]
+    owners = _owners([str(t["action"].get("command", "")) for t in turns], asked)
+    steps: list[dict[str, Any]] = []
+    for n, (call, message, calls) in enumerate(zip(answered, messages, calls_of)):
+        step: dict[str, Any] = {"source": "agent", "message": str(message.get("content") or ""), "llm_call_count": 1}
+        if model:
+            step["model_name"] = model
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
+        if reasoning:
+            step["reasoning_content"] = str(reasoning)
+        if calls:
+            step["tool_calls"] = calls
+        step["metrics"] = _call_metrics(call)
+        results = []
+        for k, turn in enumerate(t for t, owner in zip(turns, owners) if owner == n):
+            result = turn.get("result") or {}
+            entry: dict[str, Any] = {"content": result.get("output", "")}
+            if k < len(calls):
+                entry["source_call_id"] = calls[k]["tool_call_id"]
+            facts = {f: result.get(f) for f in ("exit_code", "timed_out", "duration")}
+            entry["extra"] = {"termgym": {"turn": turn.get("index"), "command": turn["action"].get("command"), **facts}}
+            results.append(entry)
+        if results:
+            step["observation"] = {"results": results}
+        step["extra"] = {"termgym": {"call": call.get("index"), "latency": call.get("latency")}}
+        steps.append(step)
+    return steps
+
+
+def _owners(commands: Sequence[str], asked: Sequence[Sequence[str]]) -> list[int]:
+    """Pure: for each command run, in order, the call it answers: the first call from the last
+    owner on (after it, once that one owns a command) whose asked texts hold the command; the
+    last owner when none does (a command no reply names stays with the call before it)."""
+    owners: list[int] = []
+    pointer, owned = 0, False
+    for command in commands:
+        first = pointer + 1 if owned else pointer
+        found = next((i for i in range(first, len(asked)) if command and any(command in t for t in asked[i])), None)
+        if found is not None:
+            pointer = found
+        owners.append(min(pointer, max(len(asked) - 1, 0)))
+        owned = True
+    return owners
+
+
+def _call_message(call: dict[str, Any]) -> dict[str, Any]:
+    response = call.get("response") or {}
+    choices = response.get("choices") if isinstance(response, dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        choice = choices[0]
+        if isinstance(choice.get("message"), dict):
+            return choice["message"]
+        return {"content": choice.get("text") or ""}
+    return {"content": ""}
+
+
+def _call_metrics(call: dict[str, Any]) -> dict[str, Any]:
+    usage = call.get("usage") or {}
+    metrics: dict[str, Any] = {}
+    for name in ("prompt_tokens", "completion_tokens"):
+        if usage.get(name) is not None:
+            metrics[name] = int(usage[name])
+    if call.get("prompt_ids") is not None:
+        metrics["prompt_token_ids"] = list(call["prompt_ids"])
+    if call.get("completion_ids") is not None:
+        metrics["completion_token_ids"] = list(call["completion_ids"])
+    if call.get("logprobs") is not None:
+        metrics["logprobs"] = list(call["logprobs"])
+    return metrics
+
+
+# -- a training run's token samples ----------------------------------------------------------------
+
+
+def from_token_samples(
+    task: str,
+    instruction: str,
+    samples: Sequence[dict[str, Any]],
+    *,
+    commands: Sequence[str] = (),
+    record: dict[str, Any] | None = None,
+    tokenizer: str | None = None,
+    kind: str = "demonstration",
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A training run's episode (a demonstration, or a rollout's samples: each ``{"ids", "mask",
+    "logprobs"?, "reason"?}``) as a trajectory: each run of sampled ids (mask 1) is one agent step
+    whose prompt is every id of its sample before it; a sample after the first opens with a
+    context step. The n-th agent step calls the n-th command when ``commands`` are given (the
+    step after them is the submit)."""
+    record = record or {}
+    steps: list[dict[str, Any]] = [_user(instruction)]
+    typed = 0
+    for number, sample in enumerate(samples):
+        ids, mask, logprobs = sample["ids"], sample["mask"], sample.get("logprobs")
+        if number:
+            steps.append(_context_step(str(sample.get("reason") or "start")))
+        for start, end in sampled_runs(mask):
+            metrics: dict[str, Any] = {
+                "prompt_tokens": start,
+                "completion_tokens": end - start,
+                "prompt_token_ids": list(ids[:start]),
+                "completion_token_ids": list(ids[start:end]),
+            }
+            if logprobs:
+                metrics["logprobs"] = [float(x) for x in logprobs[start:end]]
+            step: dict[str, Any] = {"source": "agent", "message": "", "llm_call_count": 1, "metrics": metrics}
+            if typed < len(commands):
+                step["tool_calls"] = [
+                    {
+                        "tool_call_id": f"call_{typed}",
+                        "function_name": "bash",
+                        "arguments": {"command": commands[typed]},
+                        "extra": {"termgym": {"parsed_from_text": True}},
+                    }
+                ]
+            typed += 1
+            steps.append(step)
+    _number(steps)
+    final = {
+        "total_steps": len(steps),
+        "total_completion_tokens": sum(sum(s["mask"]) for s in samples),
+        "extra": _verifier(record, {"stop_reason": record.get("stop_reason")}),
+    }
+    return _trajectory(
+        session=record.get("run_id") or task,
+        trial=record.get("trial_id") or "",
+        agent=_agent(record.get("agent") or kind, record.get("model")),
+        steps=steps,
+        final=final,
+        extra={
+            "task": task,
+            "kind": kind,
+            "tokenizer": tokenizer,
+            "commands": list(commands),
+            **(extra or {}),
+            "record": {k: v for k, v in record.items() if k not in VERIFIER_FIELDS},
+        },
+    )
+
+
+def sampled_runs(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """Pure: [start, end) of each maximal run of 1s in ``mask``."""
+    runs, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def tokenizer_fingerprint(model_dir: str | Path) -> str | None:
+    """What the ids mean in ``model_dir``'s ``tokenizer.json``: a SHA-256 over its model type,
+    vocabulary and added tokens (not its bytes: a tokenizer saved again is the same); None when
+    the directory has no readable ``tokenizer.json``."""
+    try:
+        data = json.loads((Path(model_dir) / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    model = data.get("model") or {}
+    vocab = model.get("vocab")
+    pairs = sorted(vocab.items()) if isinstance(vocab, dict) else vocab
+    added = sorted((t.get("id"), t.get("content")) for t in data.get("added_tokens") or [])
+    canonical = json.dumps([model.get("type"), pairs, added], ensure_ascii=False, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# -- shared pieces ----------------------------------------------------------------------------------
+
+
+def _user(instruction: str) -> dict[str, Any]:
+    return {"source": "user", "message": instruction}
+
+
+def _agent(name: str, model: str | None) -> dict[str, Any]:
+    agent: dict[str, Any] = {"name": name, "version": termgym_version(), "extra": {"producer": "termgym"}}
+    if model:
+        agent["model_name"] = model
+    return agent
+
+
+def _number(steps: list[dict[str, Any]]) -> None:
+    """Number the steps from 1, ``step_id`` first in each (as people read them)."""
+    for number, step in enumerate(steps, start=1):
+        fields = dict(step)
+        step.clear()
+        step.update(step_id=number, **fields)
+
+
+def _verifier(record: dict[str, Any], transcript: dict[str, Any]) -> dict[str, Any]:
+    found = {k: record[k] for k in VERIFIER_FIELDS if k in record}
+    found["stop_reason"] = transcript.get("stop_reason") or record.get("stop_reason")
+    return found
+
+
+def _trajectory(
+    *,
+    session: str,
+    trial: str,
+    agent: dict[str, Any],
+    steps: list[dict[str, Any]],
+    final: dict[str, Any],
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+    if session:
+        out["session_id"] = session
+    if trial:
+        out["trajectory_id"] = trial
+    out.update(agent=agent, steps=steps, final_metrics=final, extra={"termgym": extra})
+    return out
+
+
+# -- the format's rules, on any trajectory read ---------------------------------------------------
+
+
+def check(data: Any) -> list[str]:
+    """Pure: where ``data`` breaks the RFC's structural rules (required fields and their types,
+    sequential step ids from 1, the sources, agent-only fields on agent steps only, ISO 8601
+    timestamps, tool results naming a call of their step, token ids and log-probs as lists of the
+    right kind); empty when it keeps them. Not a full schema: unknown fields are not refused."""
+    if not isinstance(data, dict):
+        return ["a trajectory is a JSON object"]
+    problems = []
+    if not (isinstance(data.get("schema_version"), str) and data["schema_version"].startswith("ATIF-v")):
+        problems.append("schema_version: not an ATIF version (ATIF-vX.Y)")
+    agent = data.get("agent")
+    if not (isinstance(agent, dict) and isinstance(agent.get("name"), str) and isinstance(agent.get("version"), str)):
+        problems.append("agent: needs a name and a version (strings)")
+    steps = data.get("steps")
+    if not isinstance(steps, list):
+        return [*problems, "steps: not a list"]
+    for number, step in enumerate(steps, start=1):
+        problems += [f"steps[{number - 1}]: {p}" for p in _check_step(step, number)]
+    return problems
+
+
+def _check_step(step: Any, number: int) -> list[str]:
+    if not isinstance(step, dict):
+        return ["not an object"]
+    problems = []
+    if step.get("step_id") != number:
+        problems.append(f"step_id {step.get('step_id')!r}, expected {number}")
+    source = step.get("source")
+    if source not in SOURCES:
+        problems.append(f"source {source!r} is none of {', '.join(SOURCES)}")
+    if not isinstance(step.get("message"), (str, list)):
+        problems.append("message: required, a string or a list of content parts")
+    if source != "agent":
+        problems += [f"{name}: only on agent steps" for name in AGENT_ONLY if step.get(name) is not None]
+    if step.get("timestamp") is not None:
+        try:
+            datetime.fromisoformat(str(step["timestamp"]).replace("Z", "+00:00"))
+        except ValueError:
+            problems.append(f"timestamp {step['timestamp']!r} is not ISO 8601")
+    calls = step.get("tool_calls")
+    ids: set[str] = set()
+    if calls is not None:
+        if not isinstance(calls, list) or not all(_is_call(c) for c in calls):
+            problems.append("tool_calls: each needs tool_call_id, function_name (strings) and arguments (an object)")
+        else:
+            ids = {c["tool_call_id"] for c in calls}
+    observation = step.get("observation")
+    if observation is not None:
+        results = observation.get("results") if isinstance(observation, dict) else None
+        if not isinstance(results, list):
+            problems.append("observation: needs a list of results")
+        else:
+            for result in results:
+                source_id = result.get("source_call_id") if isinstance(result, dict) else None
+                if source_id is not None and source_id not in ids:
+                    problems.append(f"observation names call {source_id!r}, which the step does not make")
+    metrics = step.get("metrics")
+    if isinstance(metrics, dict):
+        for name, kind in (("prompt_token_ids", int), ("completion_token_ids", int), ("logprobs", (int, float))):
+            value = metrics.get(name)
+            if value is not None and not (isinstance(value, list) and all(isinstance(x, kind) for x in value)):
+                problems.append(f"metrics.{name}: not a list of numbers")
+    if step.get("llm_call_count") == 0 and source == "agent":
+        problems += [f"{n}: absent when llm_call_count is 0" for n in ("metrics", "reasoning_content") if step.get(n)]
+    return problems
+
+
+def _is_call(call: Any) -> bool:
+    return (
+        isinstance(call, dict)
+        and isinstance(call.get("tool_call_id"), str)
+        and isinstance(call.get("function_name"), str)
+        and isinstance(call.get("arguments"), dict)
+    )
+
+
+def read_trajectories(paths: Sequence[str | Path]) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Every ATIF trajectory under ``paths`` (files, or directories searched for ``*.json``), in
+    path order, each checked (``check``); a file that is not one raises ``ValueError`` naming it
+    and its first problem. A JSON file without ``schema_version`` in a directory is skipped (a
+    directory may hold other JSON)."""
+    for given in paths:
+        path = Path(given)
+        if not path.exists():
+            raise ValueError(f"{path}: no such file or directory")
+        files = sorted(path.rglob("*.json")) if path.is_dir() else [path]
+        for file in files:
+            try:
+                data = json.loads(file.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{file}: not JSON ({exc})") from exc
+            if path.is_dir() and not (isinstance(data, dict) and "schema_version" in data):
+                continue
+            problems = check(data)
+            if problems:
+                raise ValueError(f"{file}: not an ATIF trajectory: {problems[0]}")
+            yield file, data
