@@ -153,8 +153,8 @@ def harness_transcript() -> dict:
 
     tool = {"id": "b1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
     t = Transcript(task="h/task", agent="mini-swe-agent", model="m", instruction="Do it.", trial_id="h1")
-    t.step("ls", None, {"output": "a\n", "exit_code": 0, "timed_out": False, "duration": 0.1}, None)
-    t.step("cat a", None, {"output": "A\n", "exit_code": 0, "timed_out": False, "duration": 0.1}, None)
+    t.step("ls", None, {"output": "a\n", "exit_code": 0, "timed_out": False, "duration": 0.1}, "a\n")
+    t.step("cat a", None, {"output": "A\n", "exit_code": 0, "timed_out": False, "duration": 0.1}, "A\n")
     t.submit()
     t.harness = {"name": "mini-swe-agent", "exit_status": "Submitted", "error": None, "messages": []}
     t.calls = [
