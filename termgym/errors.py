@@ -12,6 +12,7 @@ up as the user's bad input.
 
     TermgymError
       ConfigError (also a ValueError)   bad input: a flag, an option, a file, a task (TaskError)
+        UnknownName                     a name none of those known: the closest ones suggested
       SandboxError                      the sandbox could not be created, used or reached
         BackendUnavailable, EnvironmentBuildError, SandboxGone,
         SandboxBroken > ShellProtocolError
@@ -23,6 +24,9 @@ up as the user's bad input.
 """
 
 from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
 
 
 class TermgymError(Exception):
@@ -36,6 +40,30 @@ class ConfigError(TermgymError, ValueError):
     a ``ValueError``, so that code validating arguments reads as usual."""
 
     kind = "usage_error"
+
+
+def did_you_mean(name: str, known: Iterable[str], n: int = 3) -> str:
+    """Pure: ``"did you mean A or B?"`` naming up to ``n`` known names close to ``name``, closest
+    first (``difflib.get_close_matches``: a similarity ratio of at least 0.6), but none much further
+    than the closest (within 0.1 of its ratio: names that share a long prefix, as bundled tasks
+    share their family's, are all close to anything under it), or ``""`` when none is close. Every
+    place a name is looked up (a bundled task, a family set, a preset, a mode) says it this way."""
+    close = difflib.get_close_matches(name, list(known), n=n)
+    ratios = [difflib.SequenceMatcher(None, name, candidate).ratio() for candidate in close]
+    close = [candidate for candidate, ratio in zip(close, ratios) if ratio >= ratios[0] - 0.1]
+    return f"did you mean {' or '.join(close)}?" if close else ""
+
+
+class UnknownName(ConfigError):
+    """A name that is none of those known (a family set, a preset, a mode): one line, the closest
+    known names suggested and, for a short list, every one of them."""
+
+    def __init__(self, what: str, name: str, known: Iterable[str]) -> None:
+        known = list(known)
+        self.name, self.known = name, known
+        listed = f"choose one of {', '.join(k or repr(k) for k in known)}"  # an empty name shown as ''
+        hint = did_you_mean(name, known)
+        super().__init__(f"{what} {name!r}: {f'{hint} ({listed})' if hint else listed}")
 
 
 class SandboxError(TermgymError):

@@ -27,8 +27,9 @@ from termgym.agents.actions import ActionFormat
 from termgym.agents.model import ContextPolicy
 from termgym.agents.renderers.base import ThinkingRetention
 from termgym.envs.families.split import FAMILY_SETS
-from termgym.errors import ConfigError
+from termgym.errors import ConfigError, UnknownName
 from termgym.scheduling.scheduler import SchedulerMode
+from termgym.tasks.bundled import is_task_name, unknown_task
 
 # The trainer's own modes (the others are the model agent's and the scheduler's, imported above).
 GeneratorName = Literal["torch", "vllm", "server"]
@@ -379,7 +380,6 @@ def build_parser(prog: str = "termgym train") -> argparse.ArgumentParser:
     parser = _Parser(prog=prog, description="Train a terminal agent with PPO on termgym tasks.")
     parser.add_argument(
         "--preset",
-        choices=sorted(PRESETS),
         default=None,
         help="start from a preset (tiny: the whole main job on a CPU; tiny-long: the tiny job started on the long families; tiny-ppo: PPO alone on four bundled tasks)",
     )
@@ -409,6 +409,8 @@ def build_parser(prog: str = "termgym train") -> argparse.ArgumentParser:
 def parse_config(argv: Sequence[str] | None = None) -> Config:
     """Defaults, then the preset, then the flags given explicitly."""
     args = build_parser().parse_args(argv)
+    if args.preset is not None and args.preset not in PRESETS:
+        raise UnknownName("--preset", args.preset, PRESETS)
     values = dict(PRESETS[args.preset]) if args.preset else {}
     for f in dataclasses.fields(Config):
         given = getattr(args, f.name)
@@ -447,7 +449,10 @@ def check_config(cfg: Config) -> None:
     """One ``ValueError`` line for a value no phase could use, before any work starts."""
     for name, allowed in FIELD_CHOICES.items():
         if name not in POOL_ONLY and getattr(cfg, name) not in allowed:
-            raise ConfigError(f"--{name.replace('_', '-')} {getattr(cfg, name)!r}: choose one of {', '.join(allowed)}")
+            raise UnknownName(f"--{name.replace('_', '-')}", getattr(cfg, name), allowed)
+    for name in () if cfg.pool else cfg.tasks:  # --pool generates its tasks
+        if not is_task_name(name):
+            raise unknown_task(name)
     if cfg.kl_coef < 0:
         raise ConfigError(f"--kl-coef must be at least 0, got {cfg.kl_coef}")
     if cfg.generator == "server" and not (cfg.base_url and cfg.served_model):
@@ -486,8 +491,9 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"--start-floor is a share of assertions, from 0 to 1, got {cfg.start_floor}")
     if cfg.pool and cfg.ppo_pool < 0:
         raise ConfigError(f"--ppo-pool must be at least 0, got {cfg.ppo_pool}")
-    if cfg.pool and cfg.families not in FAMILY_SETS:
-        raise ConfigError(f"--families must be one of {', '.join(FAMILY_SETS)}, got {cfg.families!r}")
+    for name in POOL_ONLY if cfg.pool else ():  # a family set, or none for --sft-first-families
+        if getattr(cfg, name) not in (*FAMILY_SETS, *(("",) if name == "sft_first_families" else ())):
+            raise UnknownName(f"--{name.replace('_', '-')}", getattr(cfg, name), FAMILY_SETS)
     if (
         cfg.pool
         and cfg.sft_stop_share

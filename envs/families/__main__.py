@@ -17,10 +17,13 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="python -m termgym.envs.families", description=(__doc__ or "").split(":")[0])
     parser.add_argument("out", help="directory to write the task directories and split.json into")
-    parser.add_argument("--split", choices=SPLITS, default="train")
+    # no argparse choices: an unknown split or family set is refused by generate_split, with the closest names
+    parser.add_argument("--split", default="train", help=f"one of {', '.join(SPLITS)} (default train)")
     parser.add_argument("--count", type=int, default=300, help="number of tasks (default 300)")
     parser.add_argument("--seed", type=int, default=0, help="generation seed (default 0)")
-    parser.add_argument("--families", choices=FAMILY_SETS, default="short", help="family set (default short)")
+    parser.add_argument(
+        "--families", default="short", help=f"family set: one of {', '.join(FAMILY_SETS)} (default short)"
+    )
     args = parser.parse_args(argv)
     try:
         paths = generate_split(args.out, args.split, args.count, args.seed, family_set=args.families)

@@ -33,7 +33,7 @@ from termgym.envs.families.long import copy_chain, dir_files, file_set, nested_t
 from termgym.envs.families.names import MAX_LENGTH, SPLITS, NamePool
 from termgym.envs.families.spec import TaskSpec
 from termgym.envs.families.writer import write_task
-from termgym.errors import ConfigError
+from termgym.errors import ConfigError, UnknownName
 
 MAX_COUNT = 100_000
 
@@ -72,7 +72,7 @@ class FamilySet:
 
     def split_families(self, split: str) -> tuple[str, ...]:
         if split not in SPLITS:
-            raise ConfigError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}")
+            raise UnknownName("unknown split", split, SPLITS)
         return self.train_families if split == "train" else tuple(self.families)
 
     def seed_text(self, split: str, seed: int, index: int) -> str:
@@ -118,7 +118,7 @@ TRAIN_FAMILIES: tuple[str, ...] = FAMILY_SETS["short"].train_families
 
 def family_set_named(name: str) -> FamilySet:
     if name not in FAMILY_SETS:
-        raise ConfigError(f"unknown family set {name!r}; choose one of: {', '.join(FAMILY_SETS)}")
+        raise UnknownName("unknown family set", name, FAMILY_SETS)
     return FAMILY_SETS[name]
 
 
