@@ -79,10 +79,16 @@ def test_a_mistyped_family_set_names_the_closest(tmp_path):
     ("flags", "said"),
     [
         (["--preset", "tny"], "--preset 'tny': did you mean tiny? (choose one of tiny, tiny-long, tiny-ppo)"),
-        (["--preset", "tiny-lng"], "--preset 'tiny-lng': did you mean tiny-long? (choose one of tiny, tiny-long, tiny-ppo)"),
+        (
+            ["--preset", "tiny-lng"],
+            "--preset 'tiny-lng': did you mean tiny-long? (choose one of tiny, tiny-long, tiny-ppo)",
+        ),
         (["--pool", "4", "--families", "shrot"], "--families 'shrot': did you mean short?"),
         (["--pool", "4", "--sft-first-families", "lng"], "--sft-first-families 'lng': did you mean long?"),
-        (["--mode", "canсel"], "--mode 'canсel': did you mean cancel?"),  # a Cyrillic letter
+        (
+            ["--mode", "cancl"],
+            "--mode 'cancl': did you mean cancel? (choose one of wait, cancel, carry-over, reweight)",
+        ),
         (
             ["--tasks", "file-ops/bulk-renam"],
             "nor is it a bundled task (termgym list names them); did you mean file-ops/bulk-rename?",
