@@ -37,6 +37,7 @@ SamplerDtype = Literal["float32", "bfloat16"]
 Advantage = Literal["gae", "group"]
 RewardKind = Literal["dense", "binary"]
 DemonstrationSource = Literal["reference", "teacher"]
+SftDataTokens = Literal["auto", "ids", "render"]  # termgym.trainer.sft_data.TOKEN_USES
 RendererName = Literal["auto", "chatml", "qwen-xml", "llama3", "template"]  # termgym.agents.renderers.RENDERER_NAMES
 AgentName = Literal["model", "mini-swe-agent"]  # who drives an episode (termgym.agents.settings.AGENTS' trainable ones)
 FamilySetName = Literal["short", "long", "explore"]  # the keys of termgym.envs.families.FAMILY_SETS
@@ -185,6 +186,10 @@ class Config:
     """with --pool: this many accepted tasks, spread evenly over the audit's order, are kept for PPO: the supervised start never sees them, so PPO's tasks are as new to the policy as the held-out set's names (a policy that memorised its demonstrations would sample nothing else on them); 0: PPO draws from every accepted task"""
     demonstrations: DemonstrationSource = "reference"
     """with --pool: what the supervised start imitates: reference (the reference solutions; only resolved episodes) or teacher (the scripted teacher of envs/families/teacher.py: the reference with each family's systematic mistakes at their stated rates, every episode kept, as a real model's distilled trajectories are; its held-out resolved rate is measured and printed beside the policy's)"""
+    sft_data: str = ""
+    """with --pool: ATIF trajectory files or directories of them (comma-separated; termgym export atif's, or any harness's) that the supervised start trains on instead of recording demonstrations: each trajectory's token ids where they are the policy's (--sft-data-tokens), else its messages rendered with the policy's renderer; agent steps that do not fit (beyond --max-context, no text to render, excluded by the RFC) are counted and reported, in run/sft/sft-data.json (docs/guides/atif.md)"""
+    sft_data_tokens: SftDataTokens = "auto"
+    """with --sft-data: auto (a trajectory's token ids when its tokenizer fingerprint is the policy's, else its messages rendered), ids (the token ids wherever present: you vouch that the tokenizer is the policy's) or render (always the messages)"""
     sft_batch_size: int = 32
     """demonstrations per supervised step"""
     sft_lr: float = 3e-3
@@ -489,6 +494,11 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"--init {cfg.init}: {init_dir(cfg)} is not a model directory (no config.json)")
     if not 0.0 <= cfg.start_floor <= 1.0:
         raise ConfigError(f"--start-floor is a share of assertions, from 0 to 1, got {cfg.start_floor}")
+    if cfg.sft_data and not cfg.pool:
+        raise ConfigError("--sft-data feeds the supervised start of the main job: give it with --pool")
+    for given in cfg.sft_data.split(",") if cfg.sft_data else ():
+        if not Path(given.strip()).exists():
+            raise ConfigError(f"--sft-data {given.strip()}: no such file or directory")
     if cfg.pool and cfg.ppo_pool < 0:
         raise ConfigError(f"--ppo-pool must be at least 0, got {cfg.ppo_pool}")
     for name in POOL_ONLY if cfg.pool else ():  # a family set, or none for --sft-first-families

@@ -41,6 +41,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from termgym.atif import tokenizer_fingerprint
 from termgym.audit.cache import AuditCache
 from termgym.audit.rubric import select_order, with_audited_count
 from termgym.audit.runner import audit_tasks
@@ -50,13 +51,14 @@ from termgym.errors import ConfigError, TermgymError
 from termgym.progress import progress_bar
 from termgym.records import TrialRecord, append_record
 from termgym.tasks import Task, load_task
-from termgym.trainer.config import Config, init_dir, resolve_max_context, warmup_steps
+from termgym.trainer.config import DEFAULT_MAX_CONTEXT, Config, init_dir, resolve_max_context, warmup_steps
 from termgym.trainer.evaluate import EvalSummary, evaluate, paired_change, summarise_records
 from termgym.trainer.models import build_tiny_policy, load_policy, policy_renderer
 from termgym.trainer.plots import write_family_plot, write_plots
 from termgym.trainer.ppo import train
 from termgym.trainer.rollout import rollout_options, rollout_settings
 from termgym.trainer.sft import Demonstration, collect_demonstrations, save_demonstrations, supervised_steps
+from termgym.trainer.sft_data import load_sft_data, write_report
 from termgym.trainer.vllm_sampler import policy_head_dim
 
 
@@ -249,6 +251,32 @@ async def record_demonstrations(
         )
     save_demonstrations(run / "sft" / "demonstrations.jsonl", found.demonstrations)
     return found.demonstrations
+
+
+def imported_demonstrations(run: Path, cfg: Config, renderer, console: Console) -> list[Demonstration]:
+    """Phase 4a with ``--sft-data``: the rows of its ATIF trajectories (``trainer/sft_data.py``)
+    instead of recorded demonstrations, for the policy in ``run/init`` (its tokenizer decides whether
+    a trajectory's ids are its own); what was not trained, counted by reason, is printed and kept
+    in ``run/sft/sft-data.json``; the rows go to ``run/sft/demonstrations.jsonl`` as recorded ones do."""
+    paths = [given.strip() for given in cfg.sft_data.split(",") if given.strip()]
+    try:
+        data = load_sft_data(
+            paths,
+            renderer,
+            max_context=cfg.max_context or DEFAULT_MAX_CONTEXT,
+            fingerprint=tokenizer_fingerprint(run / "init"),
+            tokens=cfg.sft_data_tokens,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"--sft-data: {exc}") from exc
+    console.print(f"  --sft-data: {data.describe()}")
+    write_report(run / "sft" / "sft-data.json", data)
+    if not data.rows:
+        raise ConfigError(f"--sft-data: no agent step to train on ({data.describe()})")
+    rows = zip(data.tasks, data.commands, data.rows)
+    demos = [Demonstration(task, commands, ids, mask) for task, commands, (ids, mask) in rows]
+    save_demonstrations(run / "sft" / "demonstrations.jsonl", demos)
+    return demos
 
 
 async def demonstrate(records_file: Path, cfg: Config, tasks: list[Task], renderer, console: Console, what: str = ""):
@@ -471,7 +499,10 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     began = time.monotonic()
     first = await first_demonstrations(run, cfg, renderer, console)
     supervised, reinforced = kept_for_ppo(pool.selection, cfg.ppo_pool)
-    demos = await record_demonstrations(run, cfg, supervised, renderer, console)
+    if cfg.sft_data:
+        demos = imported_demonstrations(run, cfg, renderer, console)
+    else:
+        demos = await record_demonstrations(run, cfg, supervised, renderer, console)
     stopping = pool.validation and cfg.sft_stop_share
     stop = validation_share_reached(run, cfg, policy, renderer, pool.validation, console) if stopping else None
     losses = await warm_start(run, cfg, demos, policy, tokenizer, console, first, stop)
