@@ -273,18 +273,24 @@ def _harness_steps(transcript: dict[str, Any], model: str | None) -> list[dict[s
 
 def _owners(commands: Sequence[str], asked: Sequence[Sequence[str]]) -> list[int]:
     """Pure: for each command run, in order, the call it answers: the first call from the last
-    owner on (after it, once that one owns a command) whose asked texts hold the command; the
-    last owner when none does (a command no reply names stays with the call before it)."""
+    owner on (after it, once that one owns a command) that asked for it (``_names``); the last
+    owner when none did (a command no reply names stays with the call before it)."""
     owners: list[int] = []
     pointer, owned = 0, False
     for command in commands:
         first = pointer + 1 if owned else pointer
-        found = next((i for i in range(first, len(asked)) if command and any(command in t for t in asked[i])), None)
+        found = next((i for i in range(first, len(asked)) if _names(command, asked[i])), None)
         if found is not None:
             pointer = found
         owners.append(min(pointer, max(len(asked) - 1, 0)))
         owned = True
     return owners
+
+
+def _names(command: str, asked: Sequence[str]) -> bool:
+    """Whether a reply asked for ``command``: its text holds the command (a fenced block), or the
+    command holds what a tool call asked (a harness wraps it: ``cd``, exports, a subshell)."""
+    return bool(command) and any(text and (command in text or text in command) for text in asked)
 
 
 def _call_message(call: dict[str, Any]) -> dict[str, Any]:

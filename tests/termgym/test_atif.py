@@ -13,6 +13,7 @@ import pytest
 
 from termgym import atif
 from termgym.cli import main
+from termgym.cli.export import export_atif
 from termgym.records import TrialRecord, append_record
 from termgym.transcript import SCHEMA, Transcript, write_transcript
 
@@ -28,9 +29,14 @@ def valid(data: dict) -> dict:
     return data
 
 
-def exported(tmp_path: Path, run: Path) -> list[dict]:
+def exported(tmp_path: Path, run: Path, *, command: bool = True) -> list[dict]:
+    """Every file ``termgym export atif RUN`` writes (``command=False``: its function, in a test
+    that already runs an event loop), each validated."""
     out = tmp_path / "atif"
-    assert main(["export", "atif", str(run), "--out", str(out)]) == 0
+    if command:
+        assert main(["export", "atif", str(run), "--out", str(out)]) == 0
+    else:
+        export_atif(run, out)
     return [valid(json.loads(p.read_text())) for p in sorted(out.glob("*.json"))]
 
 
@@ -192,6 +198,8 @@ def test_a_harness_trial_has_one_agent_step_per_answered_call_with_its_commands_
         (["ls", "pwd"], [["ls"], ["cat"]], [0, 0]),  # a command no reply names stays with the call before
         (["x", "ls"], [["cat"], ["ls"]], [0, 1]),
         (["ls"], [], [0]),
+        (["( cd /app\nls\n)", "( cd /app\npwd\n)"], [["ls"], ["pwd"]], [0, 1]),  # a harness's wrapping
+        (["ls"], [[""], ["ls"]], [1]),  # an empty reply names nothing
     ],
 )
 def test_commands_go_to_the_call_that_asked_for_them(commands, asked, owners):
@@ -369,3 +377,79 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, setup, message):
     assert main(["export", "atif", str(run), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+# -- trials of an OpenAI-compatible model and of mini-swe-agent, exported -----------------------------
+
+SOLUTION = Path(__file__).resolve().parents[2] / "envs" / "file-ops" / "bulk-rename" / "solution" / "solve.sh"
+
+
+async def served_trial(tmp_path: Path, agent) -> tuple[TrialRecord, dict]:
+    """One trial of the bulk-rename task by ``agent`` (on the scripted server), kept as a run."""
+    from termgym.env import EnvOptions, resolve_task
+    from termgym.trial import run_trial
+
+    run = tmp_path / "run"
+    try:
+        record = await run_trial(
+            resolve_task("file-ops/bulk-rename"), agent, EnvOptions(trials_dir=str(run / "trials"))
+        )
+    finally:
+        await agent.aclose()
+    append_record(run / "trials.jsonl", record)
+    assert record.transcript is not None and record.resolved
+    return record, json.loads(Path(record.transcript).read_text())
+
+
+async def test_a_model_agents_trial_on_a_served_model_exports_its_recorded_token_ids(tmp_path, no_leaks):
+    from termgym.agents import ModelConfig
+    from termgym.agents.settings import build_model_agent
+    from tests.termgym.agents.fault_server import MODEL, FaultServer, tool_call
+
+    async with FaultServer() as server:
+        server.add(tool_call("bash", {"command": SOLUTION.read_text()}), tool_call("submit", {}))
+        agent = build_model_agent(ModelConfig(model=MODEL, base_url=server.base_url), environ={})
+        record, transcript = await served_trial(tmp_path, agent)
+    (data,) = exported(tmp_path, tmp_path / "run", command=False)
+    tokens = [t["reply"]["tokens"] for t in transcript["turns"]]
+    agents = [s for s in data["steps"] if s["source"] == "agent"]
+    metrics = [s["metrics"] for s in agents]
+    assert [m["completion_token_ids"] for m in metrics] == [t["completion_ids"] for t in tokens]
+    assert [m["logprobs"] for m in metrics] == [t["logprobs"] for t in tokens]
+    # the chat client keeps the first prompt and then each bridge; the export has each whole prompt
+    assert metrics[0]["prompt_token_ids"] == tokens[0]["prompt_ids"] and tokens[1]["prompt_ids"] is None
+    first = metrics[0]["prompt_token_ids"] + metrics[0]["completion_token_ids"]
+    assert metrics[1]["prompt_token_ids"] == first + tokens[1]["bridge_ids"]
+    assert agents[0]["tool_calls"][0]["function_name"] == "bash" and agents[0]["observation"]["results"]
+    assert agents[1]["tool_calls"][0]["function_name"] == "submit"
+    assert data["final_metrics"]["extra"]["passed"] == record.passed == record.total
+
+
+async def test_a_mini_swe_agent_trial_through_the_gateway_exports_the_same_way(tmp_path, no_leaks):
+    pytest.importorskip("minisweagent", reason="the harnesses extra")
+    from termgym.agents import ModelConfig
+    from termgym.integrations.settings import build_harness_agent
+    from tests.termgym.agents.fault_server import MODEL, FaultServer, tool_call
+
+    async with FaultServer() as server:
+        commands = [SOLUTION.read_text(), "ls /app/reports", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"]
+        server.add(*(tool_call("bash", {"command": c}) for c in commands))
+        agent = build_harness_agent("mini-swe-agent", ModelConfig(model=MODEL, base_url=server.base_url), environ={})
+        _, transcript = await served_trial(tmp_path, agent)
+    (data,) = exported(tmp_path, tmp_path / "run", command=False)
+    agents = [s for s in data["steps"] if s["source"] == "agent"]
+    calls = transcript["calls"]
+    assert len(agents) == len(calls) == 3 and data["agent"]["name"] == "mini-swe-agent"
+    assert [s["metrics"]["completion_token_ids"] for s in agents] == [c["completion_ids"] for c in calls]
+    assert [s["metrics"]["prompt_token_ids"] for s in agents] == [c["prompt_ids"] for c in calls]
+    assert [s["metrics"]["logprobs"] for s in agents] == [c["logprobs"] for c in calls]
+    assert [[c["arguments"]["command"] for c in s["tool_calls"]] for s in agents] == [[c] for c in commands]
+    listing = agents[1]["observation"]["results"][0]
+    assert (
+        "2024-01-15_sales.csv" in listing["content"]
+        and listing["source_call_id"] == agents[1]["tool_calls"][0]["tool_call_id"]
+    )
+    assert (
+        data["final_metrics"]["extra"]["resolved"] is True
+        and data["final_metrics"]["extra"]["stop_reason"] == "submitted"
+    )
