@@ -102,6 +102,8 @@ class Config:
     """trials launched per step (cancel, carry-over, reweight modes); default batch x 560/512"""
     mode: SchedulerMode = "wait"
     """scheduler mode: wait, cancel, carry-over or reweight"""
+    deterministic: bool = True
+    """the same seed gives the same run on one machine (metrics, checkpoints, held-out results): the scheduler keeps the first B trials by simulated work (tokens sampled and commands run, in launch order on --concurrency slots), not by wall clock, and the torch sampler gives each request a forward of its own (a batched forward rounds differently with its batch, which timing decides). --no-deterministic: the wall clock and batched forwards, faster, for production runs (docs/guides/training.md#determinism)"""
     concurrency: int = 8
     """trials in flight at once (one rollout node with this cap)"""
     group_size: int = 1

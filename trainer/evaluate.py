@@ -136,16 +136,20 @@ async def evaluate(
     seed: int = 0,
     sampler: Sampler | None = None,
     on_record: Callable[[TrialRecord, Trajectory], None] | None = None,
+    batched: bool = True,
 ) -> tuple[EvalSummary, list[TrialRecord]]:
     """Run ``policy`` on each task through the model agent's loop, greedily once (``samples=0``) or
     ``samples`` times at temperature 1, ``concurrency`` trials at a time (their next-token requests
-    batched together); returns the summary and the records in task order. ``sampler``: what
-    samples (default: the torch sampler over a copy of ``policy``, closed at the end; a sampler
-    given is left open)."""
+    batched together, unless ``batched`` is False: then each request is its own forward and the
+    results depend on nothing but the seed); returns the summary and the records in task order.
+    ``sampler``: what samples (default: the torch sampler over a copy of ``policy``, closed at the
+    end; a sampler given is left open)."""
     own = sampler is None
     if sampler is None:
         pad_id = renderer.tokenizer.pad_token_id
-        sampler = BatchedSampler(copy.deepcopy(policy).eval(), pad_id=pad_id or 0, record_routing=False)
+        sampler = BatchedSampler(
+            copy.deepcopy(policy).eval(), pad_id=pad_id or 0, record_routing=False, batched=batched
+        )
     chosen: Sampler = sampler
 
     def agent(task: Task, sample: int | None) -> _EvalAgent:

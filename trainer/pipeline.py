@@ -459,6 +459,7 @@ async def held_out(
                 samples=samples,
                 seed=cfg.seed,
                 on_record=on_record,
+                batched=not cfg.deterministic,
             )
         console.print(
             f"  {name}: resolved {summary.resolved:.1%}, mean assertions passed {summary.passed:.2f}"

@@ -251,6 +251,21 @@ def summarise(step: int, kept: Sequence[KeptTrial[Trajectory]], update: dict, re
     }
 
 
+# Metrics that measure time (and the scheduler's peaks of trials in flight at once, which timing decides):
+# everything else in metrics.jsonl is the same for two runs of one seed on one machine (--deterministic).
+TIMING_METRICS = ("node_peaks", "lower_bound", "update_tokens_per_second")
+
+
+def without_timings(metrics: object) -> object:
+    """Pure: ``metrics`` (a step's, nested) without what measures time: every key with ``seconds``
+    in its name and ``TIMING_METRICS``; what two deterministic runs of one seed must agree on."""
+    if isinstance(metrics, dict):
+        return {k: without_timings(v) for k, v in metrics.items() if "seconds" not in k and k not in TIMING_METRICS}
+    if isinstance(metrics, list):
+        return [without_timings(v) for v in metrics]
+    return metrics
+
+
 def progress_line(m: dict, steps: int) -> str:
     ev = m["explained_variance"]
     return (
@@ -281,7 +296,7 @@ def make_sampler(cfg: Config, policy, model_dir: Path, pad_id: int, rank: int) -
             print(f"generator vllm: {sampler.routing_note}", file=sys.stderr)
         return sampler
     sampler_model = copy.deepcopy(policy).to(getattr(torch, cfg.sampler_dtype))  # publish casts into it
-    return BatchedSampler(sampler_model, pad_id=pad_id)
+    return BatchedSampler(sampler_model, pad_id=pad_id, batched=not cfg.deterministic)
 
 
 def rollout_nodes(cfg: Config) -> dict[str, Any]:
@@ -358,6 +373,7 @@ async def train(cfg: Config) -> list[dict]:
         batch_size=cfg.batch_size,
         launch=cfg.launch,
         mode=cfg.mode,
+        clock="work" if cfg.deterministic else "wall",
         **rollout_nodes(cfg),
     )
     history: list[dict] = []

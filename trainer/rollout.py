@@ -274,8 +274,9 @@ class PolicyRunner:
         self._launches: dict[int, int] = {}  # per policy version
 
     async def run_one(self, task: Task, node: Node, version: int, progress: TrialProgress) -> Trajectory:
-        launch = self._launches.get(version, 0)
-        self._launches[version] = launch + 1
+        # the scheduler's launch index (the order trials start in is the node pool's, not the launch order)
+        launch = progress.launch if progress.launch is not None else self._launches.get(version, 0)
+        self._launches[version] = max(self._launches.get(version, 0), launch) + 1
         generator = torch.Generator().manual_seed(episode_seed(self.seed, version, launch))
         trajectory = Trajectory(task=task.name, policy_version=version, launch=launch)
         agent = _PolicyAgent(self, generator, trajectory)
@@ -291,6 +292,13 @@ class PolicyRunner:
     def record_of(self, result: Trajectory) -> TrialRecord:
         assert result.record is not None
         return result.record
+
+    @staticmethod
+    def work_of(result: Trajectory) -> float:
+        """The episode's work on the scheduler's ``work`` clock: one unit per token the policy
+        sampled (a forward each, the bulk of an episode's time here) and per command it ran."""
+        sampled = sum(sum(sample.loss_mask) for sample in result.samples)
+        return float(sampled + len(result.commands))
 
     async def prewarm(self, tasks: Sequence[Task]) -> int:
         """Sandboxes for episodes of ``tasks`` made ready ahead of them (``prewarm_sandboxes``)."""

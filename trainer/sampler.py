@@ -21,6 +21,7 @@ read it.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -155,11 +156,31 @@ class BatchedSampler(TokenSampler):
     forward (``trainer/kv_cache.py``); ``forget`` releases an ended episode's cache. A model the
     cache cannot serve (``supports_prefix_cache``: a layer that is not full attention, such as
     Qwen3.5's linear attention) is always run without it: every forward recomputes every position
-    (``cache`` is None)."""
+    (``cache`` is None).
 
-    def __init__(self, model, *, pad_id: int = 0, record_routing: bool | None = None, kv_cache: bool = True) -> None:
+    ``batched=False`` (the trainer's deterministic runs) gives each request a forward of its own,
+    over a cache of its own episode's (keyed by its generator; greedy requests share one): a
+    forward's floating-point rounding changes with the shape of its batch (CPU matrix products and
+    attention round differently for other batch sizes and paddings), and which requests meet in a
+    batch is decided by timing, so batched log-probs, routing and, rarely, sampled ids differ
+    between two runs of one seed. Alone, a request's numbers depend on its episode's ids only. It
+    costs about twice the sampling time of batched forwards on the tiny policy."""
+
+    def __init__(
+        self,
+        model,
+        *,
+        pad_id: int = 0,
+        record_routing: bool | None = None,
+        kv_cache: bool = True,
+        batched: bool = True,
+    ) -> None:
         self.model, self.pad_id = model.eval(), pad_id
         self.cache = PrefixCache() if kv_cache and supports_prefix_cache(model) else None
+        self.batched = batched
+        # unbatched: each sampling episode's own cache, gone with its generator (forget could drop another
+        # episode's entry that happens to be a prefix of the ended one's ids: a task launched twice)
+        self._own_caches: weakref.WeakKeyDictionary[torch.Generator, PrefixCache] = weakref.WeakKeyDictionary()
         self.version = 0
         self.forwards = 0  # batched forward passes so far
         self.requests = 0  # next-token requests served so far
@@ -174,6 +195,7 @@ class BatchedSampler(TokenSampler):
         self.version = version
         if self.cache is not None:
             self.cache.clear()  # computed with the old weights
+        self._own_caches.clear()
 
     def forget(self, ids: Sequence[int]) -> None:
         """The episode that ``ids`` are the tokens of has ended: drop its cached prefixes."""
@@ -184,6 +206,7 @@ class BatchedSampler(TokenSampler):
         """Drop every cached prefix (the model's weights stay: ``model`` is still read)."""
         if self.cache is not None:
             self.cache.clear()
+        self._own_caches.clear()
 
     async def sample_with_routing(
         self, ids: Sequence[int], generator: torch.Generator | None, positions: Sequence[int]
@@ -199,10 +222,26 @@ class BatchedSampler(TokenSampler):
 
     def _forward(self, batch: list) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """Next-token log-probs of every request, and each request's routing at its positions."""
+        if self.batched:
+            return self._forward_together(batch, self.cache)
+        alone = [self._forward_together([request], self._cache_of(request[1])) for request in batch]
+        logprobs = torch.cat([lp for lp, _ in alone])
+        routing = [rows[0] for _, rows in alone if rows is not None] if self.records_routing else None
+        return logprobs, routing
+
+    def _cache_of(self, generator: torch.Generator | None) -> PrefixCache | None:
+        if self.cache is None or generator is None:
+            return self.cache
+        return self._own_caches.setdefault(generator, PrefixCache(capacity=4))
+
+    def _forward_together(
+        self, batch: list, cache: PrefixCache | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """One forward over ``batch``'s requests (over ``cache``, unless it is None)."""
         sequences = [p[0] for p in batch]
-        if self.cache is not None:
+        if cache is not None:
             positions = [p[3] for p in batch] if self.records_routing else None
-            return cached_next_token_logprobs(self.model, sequences, self.cache, self.pad_id, positions=positions)
+            return cached_next_token_logprobs(self.model, sequences, cache, self.pad_id, positions=positions)
         if not self.records_routing:
             return next_token_logprobs(self.model, sequences, self.pad_id), None
         routing: list[torch.Tensor] = []
@@ -215,7 +254,8 @@ class BatchedSampler(TokenSampler):
             return
         try:
             logprobs, routing = self._forward(batch)
-            self.forwards, self.requests = self.forwards + 1, self.requests + len(batch)
+            self.forwards += 1 if self.batched else len(batch)
+            self.requests += len(batch)
             for row, (_, generator, future, _) in enumerate(batch):
                 if generator is None:
                     token = int(logprobs[row].argmax())

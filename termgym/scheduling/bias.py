@@ -22,6 +22,7 @@ Definitions (every step, and cumulatively by merging tallies):
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -165,6 +166,28 @@ def step_lower_bound(pacing: float, kept_durations: Iterable[float]) -> float:
     """A step cannot be shorter than pacing alone needs to create its trials, nor than its longest
     kept trial."""
     return max([pacing, *kept_durations])
+
+
+def simulated_finish(works: Sequence[float], slots: int) -> list[float]:
+    """When each trial would finish on a clock the run controls: trials start in the given order
+    (launch order), each on the first of ``slots`` slots to come free (ties: the lowest slot), and
+    run for their work (``works[i]`` units, e.g. tokens sampled and commands run). The scheduler's
+    ``clock="work"`` keeps the first B by these times instead of the wall clock's."""
+    if slots < 1:
+        raise ConfigError(f"at least one slot is needed, got {slots}")
+    free = [(0.0, slot) for slot in range(slots)]  # (time the slot comes free, slot), a heap
+    finish: list[float] = []
+    for work in works:
+        start, slot = heapq.heappop(free)
+        finish.append(start + max(work, 0.0))
+        heapq.heappush(free, (finish[-1], slot))
+    return finish
+
+
+def first_to_finish(finish: Sequence[float], count: int) -> list[int]:
+    """Indices of the ``count`` earliest of ``finish``, earliest first; ties go to the lower index
+    (the earlier launch), so the choice depends on nothing but the numbers."""
+    return sorted(range(len(finish)), key=lambda i: (finish[i], i))[: max(count, 0)]
 
 
 @dataclass(frozen=True)

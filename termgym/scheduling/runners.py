@@ -34,6 +34,7 @@ class TrialProgress:
 
     created_at: float | None = None  # loop time its first sandbox's creation was granted by the pacer
     env: AsyncTerminalEnv | None = None
+    launch: int | None = None  # its launch index in its step, set by the scheduler (None: not scheduled)
 
     @property
     def turns(self) -> int:
@@ -46,7 +47,8 @@ class Runner(Protocol[T]):
     failed trial); it must acquire the shared pacer before creating a sandbox and fill
     ``progress`` as it goes (``run_paced_trial`` does both). A runner may also have ``async
     prewarm(tasks)``: the scheduler calls it after each step with the tasks the next step will draw
-    (``TaskPool.peek``)."""
+    (``TaskPool.peek``), and ``work_of(result)``: the trial's work on the scheduler's ``work``
+    clock (without it, its turns)."""
 
     backend: str
     agent_name: str

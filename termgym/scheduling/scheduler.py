@@ -26,6 +26,19 @@ ends, and what happens to the rest is the mode:
   size below B, reported), and it corrects only between families: within a family the shorter
   trials still dominate.
 
+"First" is measured on a clock (``SchedulerConfig.clock``):
+
+- ``wall`` (the default here; production runs): the loop's clock. Fastest, and the kept set
+  depends on timing: two runs of one seed keep different trials.
+- ``work``: a clock the run controls. Every launched trial runs to its end; then each gets a
+  simulated finish time (``bias.simulated_finish``: trials start in launch order on as many slots
+  as the nodes' caps add up to and run for their work, the runner's ``work_of(result)``, e.g.
+  tokens sampled and commands run, else their turns) and the first B by that time are kept, ties
+  to the earlier launch. The rest are surplus (cancel, reweight), or carried with the work they
+  had left (carry-over). The kept set is a function of what the trials did, never of when they
+  ended; the price is waiting for the tail a wall-clock step would have cut. ``wait`` mode keeps
+  every trial, so the clock does not change it. The trainer's deterministic runs use it.
+
 Guarantees: never more than B kept per step (exactly B unless failures exhaust their retries,
 then ``BatchResult.short`` says how many are missing); failed trials (infrastructure faults, error
 kinds ``sandbox_error``, ``model_error``, ``build_failed``, ``invalid_task``) are recorded and never
@@ -62,6 +75,8 @@ from termgym.tasks import Task
 T = TypeVar("T")
 SchedulerMode = Literal["wait", "cancel", "carry-over", "reweight"]
 MODES: tuple[SchedulerMode, ...] = get_args(SchedulerMode)
+SchedulerClock = Literal["wall", "work"]
+CLOCKS: tuple[SchedulerClock, ...] = get_args(SchedulerClock)
 FAILED_KINDS = ("sandbox_error", "model_error", "build_failed", "invalid_task")  # not finished: no verdict
 RETRYABLE_KINDS = ("sandbox_error", "model_error")  # a fresh sandbox or request may work; a broken task never will
 
@@ -78,10 +93,13 @@ class SchedulerConfig:
     retries: int = 2  # replacements per launch after sandbox errors
     # whether a node takes trials now (a Ray cluster's node that died does not); None: every node
     node_up: Callable[[str], bool] | None = None
+    clock: SchedulerClock = "wall"  # what "the first B to finish" is measured on (module docstring)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"unknown mode {self.mode!r}; choose one of: {', '.join(MODES)}")
+        if self.clock not in CLOCKS:
+            raise ConfigError(f"unknown clock {self.clock!r}; choose one of: {', '.join(CLOCKS)}")
         if self.batch_size < 1:
             raise ConfigError(f"the batch size must be at least 1, got {self.batch_size}")
         if self.launch is not None and self.launch < self.batch_size:
@@ -137,10 +155,17 @@ class _Trial:
     task: Task
     version: int
     attempt: int
+    index: int  # its launch index in its step (replacements follow the first launches)
     progress: TrialProgress = field(default_factory=TrialProgress)
     future: asyncio.Task[Any] | None = None
     node: Node | None = None
     ended_at: float | None = None
+
+
+@dataclass(frozen=True)
+class _Decided(Generic[T]):
+    trials: list[tuple[_Trial, Fate, TrialRecord, T | None]]  # (trial, fate, record, result), in decision order
+    batch_full: float | None  # loop time the batch was full (the wall clock's collection)
 
 
 def _ignore_failure(future: asyncio.Future) -> None:
@@ -170,17 +195,28 @@ class RolloutScheduler(Generic[T]):
         self._run_families: dict[str, bias.Tally] = {}
         self._run_tasks: dict[str, bias.Tally] = {}
         self._prewarming: asyncio.Future[int] | None = None
+        self._left: dict[_Trial, float] = {}  # work clock: a carried trial's work left after its step's cut
 
     async def step(self, policy_version: int | None = None) -> BatchResult[T]:
         """Run one step; ``policy_version`` (default: the step's index) tags the trials it launches."""
         loop = asyncio.get_running_loop()
         index, self.steps = self.steps, self.steps + 1
         version = index if policy_version is None else policy_version
-        batch, started = self.config.batch_size, loop.time()
-        in_flight = dict.fromkeys(self._carried)  # an ordered set
-        self._carried = []
-        draw = self.pool.draw(max(self.config.launched_per_step - len(in_flight), 0))
-        launched = [self._launch(task, version, attempt=0) for task in draw]
+        started = loop.time()
+        carried, self._carried = self._carried, []
+        draw = self.pool.draw(max(self.config.launched_per_step - len(carried), 0))
+        launched = [self._launch(task, version, attempt=0, index=i) for i, task in enumerate(draw)]
+        on_work = self.config.clock == "work" and self.config.mode != "wait"
+        decided = await (self._collect_on_work if on_work else self._collect_on_wall)(carried, launched, version)
+        batch_full = decided.batch_full if decided.batch_full is not None else loop.time()
+        self._prewarm_next()
+        return self._result(index, version, started, batch_full, launched, decided.trials)
+
+    async def _collect_on_wall(self, carried: list[_Trial], launched: list[_Trial], version: int) -> _Decided[T]:
+        """Keep the first B trials to end on the loop's clock; then cancel or carry the rest."""
+        loop = asyncio.get_running_loop()
+        batch = self.config.batch_size
+        in_flight = dict.fromkeys(carried)  # an ordered set
         in_flight.update(dict.fromkeys(launched))
         decided: list[tuple[_Trial, Fate, TrialRecord, T | None]] = []  # (trial, fate, record, result)
         kept = 0
@@ -194,7 +230,7 @@ class RolloutScheduler(Generic[T]):
                 decided.append((trial, fate, record, result))
                 kept += fate == "kept"
                 if fate == "failed" and kept < batch and self._retryable(record, trial):
-                    launched.append(self._launch(trial.task, version, trial.attempt + 1))
+                    launched.append(self._launch(trial.task, version, trial.attempt + 1, len(launched)))
                     in_flight[launched[-1]] = None
             batch_full = loop.time()
             if self.config.mode == "carry-over":
@@ -205,8 +241,53 @@ class RolloutScheduler(Generic[T]):
         except BaseException:
             await self._cancel(in_flight)
             raise
-        self._prewarm_next()
-        return self._result(index, version, started, batch_full, launched, decided)
+        return _Decided(decided, batch_full)
+
+    async def _collect_on_work(self, carried: list[_Trial], launched: list[_Trial], version: int) -> _Decided[T]:
+        """Let every trial end (failed ones replaced as on the wall clock), then keep the first B by
+        ``bias.simulated_finish``: the carried-in trials first (with the work they had left), then
+        the launched ones in launch order, on as many slots as the nodes' caps add up to, each
+        running for its work (the runner's ``work_of``, else its turns). The rest are surplus, or
+        carried (cancel and reweight cut them, carry-over keeps them for the next step)."""
+        in_flight = dict.fromkeys(launched)
+        ended: dict[_Trial, tuple[TrialRecord, T | None]] = {}
+        decided: list[tuple[_Trial, Fate, TrialRecord, T | None]] = []
+        try:
+            while in_flight:
+                trial = await self._done.get()
+                if trial not in in_flight:  # a trial of an earlier step
+                    continue
+                del in_flight[trial]
+                record, result = ended[trial] = self._ended(trial)
+                if self._fate(record, room=True) == "failed":
+                    decided.append((trial, self._decide(record, room=True), record, result))
+                    if self._retryable(record, trial):
+                        launched.append(self._launch(trial.task, version, trial.attempt + 1, len(launched)))
+                        in_flight[launched[-1]] = None
+        except BaseException:
+            await self._cancel(in_flight)
+            raise
+        for trial in carried:
+            ended[trial] = self._ended(trial)
+        order = [*carried, *launched]
+        works = [self._left.pop(t) if t in self._left else self._work(*ended[t]) for t in order]
+        finish = bias.simulated_finish(works, sum(node.cap for node in self.config.nodes))
+        candidates = [i for i, t in enumerate(order) if self._fate(ended[t][0], room=True) != "failed"]
+        first = bias.first_to_finish([finish[i] for i in candidates], self.config.batch_size)
+        kept = [candidates[i] for i in first]
+        cut, chosen = max((finish[i] for i in kept), default=0.0), set(kept)
+        rest = [i for i in sorted(candidates, key=lambda i: (finish[i], i)) if i not in chosen]
+        for i in kept:
+            record, result = ended[order[i]]
+            decided.append((order[i], self._decide(record, room=True), record, result))
+        if self.config.mode == "carry-over":
+            self._carried = [order[i] for i in rest]
+            self._left = {order[i]: finish[i] - cut for i in rest}
+        else:
+            for i in rest:
+                record, result = ended[order[i]]
+                decided.append((order[i], self._decide(record, room=False), record, result))
+        return _Decided(decided, None)
 
     def _prewarm_next(self) -> None:
         """Start making the next step's sandboxes ready (the runner's optional ``prewarm``, given
@@ -246,8 +327,9 @@ class RolloutScheduler(Generic[T]):
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _launch(self, task: Task, version: int, attempt: int) -> _Trial:
-        trial = _Trial(task, version, attempt)
+    def _launch(self, task: Task, version: int, attempt: int, index: int) -> _Trial:
+        trial = _Trial(task, version, attempt, index)
+        trial.progress.launch = index
         trial.future = asyncio.create_task(self._run(trial), name=f"trial {task.name}")
         trial.future.add_done_callback(lambda _: self._done.put_nowait(trial))
         return trial
@@ -272,24 +354,40 @@ class RolloutScheduler(Generic[T]):
     def _settle(self, trial: _Trial, *, room: bool) -> tuple[Fate, TrialRecord, T | None]:
         """The fate and record of a trial whose task is done. ``room``: the batch still has room
         (otherwise a finished trial is surplus)."""
-        result: T | None = None
+        record, result = self._ended(trial)
+        return self._decide(record, room=room), record, result
+
+    def _ended(self, trial: _Trial) -> tuple[TrialRecord, T | None]:
+        """The record (and result, when the runner returned one) of a trial whose task is done."""
         future = trial.future
         assert future is not None, "settled before it was launched"
         if future.cancelled():
-            record = self._bare_record(trial, "cancelled", "cancelled: the batch was full")
-        else:
-            try:
-                value = future.result()
-                result, record = value, self.runner.record_of(value)
-            except SandboxError as exc:
-                record = self._bare_record(trial, "sandbox_error", str(exc))
+            return self._bare_record(trial, "cancelled", "cancelled: the batch was full"), None
+        try:
+            value = future.result()
+        except SandboxError as exc:
+            return self._bare_record(trial, "sandbox_error", str(exc)), None
+        return self.runner.record_of(value), value
+
+    @staticmethod
+    def _fate(record: TrialRecord, *, room: bool) -> Fate:
         kind = record.error["kind"] if record.error else None
-        fate: Fate = (
+        return (
             "cancelled" if kind == "cancelled" else "failed" if kind in FAILED_KINDS else "kept" if room else "surplus"
         )
+
+    def _decide(self, record: TrialRecord, *, room: bool) -> Fate:
+        """The record's fate, told to ``on_record``."""
+        fate = self._fate(record, room=room)
         if self.on_record is not None:
             self.on_record(fate, record)
-        return fate, record, result
+        return fate
+
+    def _work(self, record: TrialRecord, result: T | None) -> float:
+        """A trial's work on the ``work`` clock: the runner's ``work_of(result)`` when it has one
+        and the trial returned a result, else its turns."""
+        work_of = getattr(self.runner, "work_of", None)
+        return float(work_of(result)) if work_of is not None and result is not None else float(record.turns)
 
     def _retryable(self, record: TrialRecord, trial: _Trial) -> bool:
         return (

@@ -90,3 +90,34 @@ def test_forget_and_capacity_bound_what_the_cache_holds(tiny_policy):
     assert len(cache) == 2 and cache.lookup([*a, 5, 6]) is None  # the least recently used went first
     cache.forget([*c, 1, 2])
     assert len(cache) == 1 and cache.lookup(b) is not None
+
+
+def test_an_unbatched_sampler_gives_an_episode_the_same_bits_whoever_shares_its_rounds(tiny_policy):
+    # The deterministic runs' sampler: a batched forward rounds differently with its batch's shape,
+    # and which requests meet is timing. Alone, each request's numbers are its episode's alone: the
+    # same log-probs, routing and ids whether it runs alone, beside others, or beside an episode
+    # of the same prompt that ends (and is forgotten) early.
+    model, _ = tiny_policy
+    prompt, others = random_sequences(6, (30,))[0], random_sequences(7, (12, 50, 31))
+
+    async def episode(sampler: BatchedSampler, ids: list[int], seed: int, tokens: int):
+        generator, got = torch.Generator().manual_seed(seed), []
+        for _ in range(tokens):
+            token, logprob, routing = await sampler.sample_with_routing(ids, generator, [len(ids) - 1])
+            got.append((token, logprob, routing))
+            ids = [*ids, token]
+            if len(got) == 5:
+                ids = ids + others[0][1:7]  # an observation
+        sampler.forget(ids)
+        return got
+
+    async def run(company: list[tuple[list[int], int, int]]):
+        sampler = BatchedSampler(model, batched=False)
+        results = await asyncio.gather(episode(sampler, list(prompt), 0, 10), *(episode(sampler, *c) for c in company))
+        return results[0], sampler
+
+    alone, _ = asyncio.run(run([]))
+    crowded, sampler = asyncio.run(run([(list(prompt), 1, 3), (others[1], 2, 12), (others[2], 3, 6)]))
+    assert [(t, lp) for t, lp, _ in alone] == [(t, lp) for t, lp, _ in crowded]  # bit for bit, no tolerance
+    assert all(torch.equal(a, b) for (_, _, a), (_, _, b) in zip(alone, crowded))
+    assert sampler.forwards == sampler.requests == 10 + 3 + 12 + 6  # a forward per request

@@ -262,7 +262,7 @@ def test_policy_runner_on_the_embedded_backend(tiny_policy, tmp_path, no_leaks):
     broken = load_task(write_task(tmp_path / "broken", dockerfile="FROM debian:bookworm-slim\nRUN exit 3\n"))
 
     async def both():
-        progress = TrialProgress()
+        progress = TrialProgress(launch=7)  # the scheduler's launch index
         trajectory = await runner.run_one(good, Node("n", 1), 5, progress)
         return trajectory, progress, await runner.run_one(broken, Node("n", 1), 5, TrialProgress())
 
@@ -272,6 +272,10 @@ def test_policy_runner_on_the_embedded_backend(tiny_policy, tmp_path, no_leaks):
     assert trajectory.policy_version == 5 and trajectory.reward == record.reward
     assert progress.env is not None and progress.created_at is not None  # paced, and watched
     assert sum(trajectory.samples[0].loss_mask) >= 1 and token_drift(trajectory) == 0
+    # the launch index seeds the episode: the scheduler's, else the next after those seen
+    assert (trajectory.launch, failed.launch) == (7, 8)
+    sampled = sum(sum(sample.loss_mask) for sample in trajectory.samples)
+    assert runner.work_of(trajectory) == sampled + len(trajectory.commands)  # the work clock's units
     failed_error = runner.record_of(failed).error
     assert failed_error is not None
     assert failed_error["kind"] == "build_failed"
