@@ -54,9 +54,14 @@ def trivial_task(root: Path) -> Task:
     )
 
 
-async def one_trial(task: Task) -> float:
+OUTSIDE_WORK = "echo x > /tmp/note.txt"  # a change outside the work directory: the verifier runs traced
+
+
+async def one_trial(task: Task, command: str = "true") -> float:
+    """Seconds one trial of ``task`` takes whose agent runs ``command`` (by default nothing the
+    tamper check could find loaded, so its verifier runs untraced; ``OUTSIDE_WORK``: traced)."""
     started = time.perf_counter()
-    record = await run_trial(task, ScriptedAgent(("true",)), EnvOptions())
+    record = await run_trial(task, ScriptedAgent((command,)), EnvOptions())
     elapsed = time.perf_counter() - started
     if record.error is not None:
         raise SystemExit(f"{task.name}: {record.error}")

@@ -4,10 +4,12 @@ Rounds interleave every kind (so a noisy neighbour slows all alike); medians:
 
 - a fresh ``bwrap ... true`` spawn (``bench/step_latency.py``'s): the kernel's own cost of a sandbox;
 - a trivial trial (``bench/embedded_trial.py``'s task: create, one step, verify, remove) without the
-  pool, cache warm;
+  pool, cache warm; and the same trial whose agent leaves a file outside its work directory, so
+  that the verifier runs under the tamper check's tracer (an agent that changed nothing outside its
+  work leaves nothing a trace could find: its verifier runs untraced);
 - the same trial's critical path with the pool: a sandbox of its recipe made ready ahead (untimed:
   the scheduler's prewarm does it while the trainer updates), then the trial, timed; target at most
-  6x the spawn;
+  6x the spawn; and so with a change outside the work, traced;
 - the whole cost with the pool: the making of that sandbox and the trial, both timed.
 
 Then a step of ``--step`` trivial trials, ``--concurrency`` at a time, without the pool and with
@@ -34,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.embedded_trial import one_trial, trivial_task
+from bench.embedded_trial import OUTSIDE_WORK, one_trial, trivial_task
 from bench.step_latency import measure_spawn
 from termgym.env import EnvOptions, options_sandbox_spec
 from termgym.sandboxes import close_backends, prewarm
@@ -75,17 +77,20 @@ async def step(task: Task, trials: int, concurrency: int) -> float:
 async def measure(args: argparse.Namespace) -> dict[str, float]:
     task = trivial_task(Path(tempfile.mkdtemp(prefix="termgym-bench-")))
     await one_trial(task)  # the prepared-environment cache warm, this process too
-    spawns, cold, critical, whole = [], [], [], []
+    spawns, cold, cold_traced, critical, critical_traced, whole = [], [], [], [], [], []
     for _ in range(args.rounds):
         spawns.append(await asyncio.to_thread(measure_spawn, 3))
         pool(0)
         await close_backends()
         cold.append(await one_trial(task))
+        cold_traced.append(await one_trial(task, OUTSIDE_WORK))
         pool(1)
         made = await ready(task, 1)
         trial = await one_trial(task)  # adopts the ready sandbox; nothing refills meanwhile
         critical.append(trial)
         whole.append(made + trial)
+        await ready(task, 1)
+        critical_traced.append(await one_trial(task, OUTSIDE_WORK))
         await close_backends()
     pool(0)
     await close_backends()
@@ -100,7 +105,9 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
     return {
         "spawn": statistics.median(spawns),
         "cold": statistics.median(cold),
+        "cold_traced": statistics.median(cold_traced),
         "critical": statistics.median(critical),
+        "critical_traced": statistics.median(critical_traced),
         "whole": statistics.median(whole),
         "step_without": without,
         "step_take": steps["take"],
@@ -124,7 +131,9 @@ def main() -> None:
     for label, key in (
         ("bwrap true spawn", "spawn"),
         ("trivial trial, no pool", "cold"),
+        ("the same, a change outside the work (verifier traced)", "cold_traced"),
         ("trivial trial's critical path, sandbox from the pool (target <= 6x spawn)", "critical"),
+        ("the same, a change outside the work (verifier traced)", "critical_traced"),
         ("trivial trial's whole cost with the pool (making the sandbox + the trial)", "whole"),
     ):
         print(f"| {label} | {m[key] * 1000:.1f} | {m[key] / spawn:.1f} |")

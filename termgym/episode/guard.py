@@ -5,10 +5,13 @@ load of a file the agent wrote outside its work is the trial's failure (``termgy
 or None where the backend cannot list them: then nothing can be checked, as on Daytona). Its
 ``run`` is every in-sandbox step's way in: traced where the backend can (``Sandbox.exec_traced``),
 else run plainly, and then every change outside the agent's paths counts as loaded (the worst is
-assumed, with a warning). ``drop_caches`` removes the byte-code caches the agent's programs wrote
-before anything runs; ``findings`` adds what the kernel loaded for the executed files (their
-``#!`` interpreters and ELF loaders, read from the sandbox) and what runs untraced
-(``Sandbox.untraced_loads``), and returns the forged loads, each file once.
+assumed, with a warning). Once the changes are known, a step runs untraced when none of them could
+be found loaded (the agent added or changed nothing outside its paths, or nothing is checked): a
+trace could only be matched against those changes, so it would cost time and decide nothing.
+``drop_caches`` removes the byte-code caches the agent's programs wrote before anything runs;
+``findings`` adds what the kernel loaded for the executed files (their ``#!`` interpreters and ELF
+loaders, read from the sandbox) and what runs untraced (``Sandbox.untraced_loads``), and returns
+the forged loads, each file once.
 
 Guaranteed: a trace that was cut, or a step that ran untraced, never lets a change through; the
 caches are dropped (not ignored), so a forged ``.pyc`` whose header matches its source is gone.
@@ -73,6 +76,7 @@ class LoadGuard:
         self._sandbox = sandbox
         self._paths = agent_paths(task, sandbox.workdir)
         self.changes: dict[str, str] | None = None  # set by ``known``: outside the agent's paths
+        self._listed = False  # ``known`` was told the changes (None among them: the backend cannot list them)
         self._loads: list[tuple[str, Load]] = []
         self._unobserved: list[str] = []  # steps that ran without a trace
         self._cut: list[str] = []  # steps whose trace was cut
@@ -85,10 +89,19 @@ class LoadGuard:
         """The sandbox's changes (``Sandbox.agent_changes``), once listed."""
         self._everywhere = outside_work(changes or {}, ())
         self.changes = None if changes is None else outside_work(changes, self._paths)
+        self._listed = True
 
     @property
     def checks(self) -> bool:
         return self.changes is not None and not self._task.allow_system_changes
+
+    @property
+    def traces(self) -> bool:
+        """Whether a step is worth tracing: until the changes are known, always; then only while
+        one of them (added or changed, outside the agent's paths) is there to be found loaded."""
+        if not self._listed:
+            return True
+        return self.checks and any(kind in ("A", "C") for kind in (self.changes or {}).values())
 
     async def run(
         self,
@@ -101,7 +114,10 @@ class LoadGuard:
         cwd: str,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
     ) -> ExecResult:
-        """Run one step in the sandbox, traced where the backend can; its loads are kept."""
+        """Run one step in the sandbox, traced where the backend can and a trace could find
+        something (``traces``); its loads are kept."""
+        if not self.traces:
+            return await self._sandbox.exec_as(user, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit)
         result = await self._sandbox.exec_traced(
             user, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit
         )

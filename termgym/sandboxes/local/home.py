@@ -106,19 +106,31 @@ def overlay_prepared(
 async def remove_home(
     home: Path | None, view: Path | None, storage: SizedFilesystem | None, namespace: MountNamespace | None = None
 ) -> None:
-    """Unmount the overlay and the storage and remove the directory, whatever stage they reached;
-    with the sandbox's ``namespace``, in it, then let it go (what else it holds goes with it)."""
+    """Unmount the overlay and the storage and remove the directory, whatever stage they reached.
+    With the sandbox's ``namespace`` (no process of the sandbox left in it), letting it go unmounts
+    both: the kernel tears down a namespace's mounts as its last descriptor closes; then the
+    storage's image and the directory go, all in one thread."""
+    if namespace is not None:
+        await asyncio.to_thread(_remove_with_namespace, namespace, storage, home)
+        return
     if view is not None:
         with contextlib.suppress(OSError):
-            await asyncio.to_thread(in_namespace, namespace, unmount, view)
+            await asyncio.to_thread(unmount, view)
     if storage is not None:
         await storage.remove()
-    if namespace is not None:
-        await asyncio.to_thread(namespace.close)  # the kernel unmounts the rest as it goes
     if home is not None:
-        if namespace is None and is_mounted(home / "fs"):  # a mount made while a cancellation interrupted start()
+        if is_mounted(home / "fs"):  # a mount made while a cancellation interrupted start()
             await asyncio.to_thread(unmount_sync, home / "fs")
         await asyncio.to_thread(remove_sandbox_dir, home)
+
+
+def _remove_with_namespace(namespace: MountNamespace, storage: SizedFilesystem | None, home: Path | None) -> None:
+    namespace.close()
+    if storage is not None and storage.image is not None:
+        with contextlib.suppress(OSError):
+            storage.image.unlink()
+    if home is not None:
+        remove_sandbox_dir(home)
 
 
 def remove_sandbox_dir(home: Path) -> None:

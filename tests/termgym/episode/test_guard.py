@@ -1,0 +1,62 @@
+"""When the tamper check traces (termgym.episode.guard): every step until the agent's changes are
+known; after that only while one of them could be found loaded. Real trials on the embedded backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from termgym.agents.basic import ScriptedAgent
+from termgym.env import EnvOptions
+from termgym.sandboxes.local.sandbox import LocalSandbox
+from termgym.tasks import load_task
+from termgym.trial import run_trial
+from tests.helpers import write_task
+
+
+@pytest.fixture
+def traced(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The commands the embedded sandbox ran under its tracer, in order."""
+    calls: list[list[str]] = []
+    original = LocalSandbox.exec_traced
+
+    async def spy(self, user, argv, **kwargs):
+        calls.append(list(argv))
+        return await original(self, user, argv, **kwargs)
+
+    monkeypatch.setattr(LocalSandbox, "exec_traced", spy)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("command", "traces"),
+    [
+        ("echo done > /app/result.txt", False),  # the agent's work only: nothing to find loaded
+        ("echo done > /app/result.txt; mkdir -p /app/lib && echo x > /app/lib/tool.py", False),
+        ("echo done > /app/result.txt; printf '#!/bin/sh\\n' > /tmp/helper.sh", True),  # an added file outside
+        ("echo done > /app/result.txt; mkdir -p /root/.config && echo x > /root/.config/tool.ini", True),
+    ],
+)
+async def test_the_verifier_is_traced_only_while_a_change_outside_the_work_could_be_loaded(
+    tmp_path: Path, traced: list[list[str]], command: str, traces: bool
+) -> None:
+    task = load_task(write_task(tmp_path))
+    record = await run_trial(task, ScriptedAgent((command,)), EnvOptions())
+    assert record.error is None
+    assert record.resolved
+    assert (["/tests/test.sh"] in traced) is traces
+
+
+async def test_a_forged_tool_outside_the_work_is_still_found_when_traces_are_skipped_elsewhere(
+    tmp_path: Path, traced: list[list[str]]
+) -> None:
+    """The same task whose verifier runs a helper from /tmp: planted there by the agent, it is
+    found loaded (the step was traced because the change was there to be found)."""
+    test_sh = "#!/bin/sh\n[ -x /tmp/helper.sh ] && /tmp/helper.sh\ngrep -q done /app/result.txt\n"
+    task = load_task(write_task(tmp_path, test_sh=test_sh))
+    plant = "echo done > /app/result.txt; printf '#!/bin/sh\\nexit 0\\n' > /tmp/helper.sh; chmod +x /tmp/helper.sh"
+    record = await run_trial(task, ScriptedAgent((plant,)), EnvOptions())
+    assert ["/tests/test.sh"] in traced
+    assert record.error is not None and record.error["kind"] == "tampered"
+    assert "/tmp/helper.sh" in record.error["message"]
