@@ -18,7 +18,7 @@ Every agent step is accounted for: trained (``from_ids``, ``rendered``), or coun
 in ``unfit``, never dropped silently: steps the RFC excludes from SFT (``is_copied_context``, an
 agent step without a model call, ``llm_call_count: 0``), rows beyond ``max_context``, ids outside
 the vocabulary, steps with nothing to render (ids for another tokenizer and no text), content the
-renderer cannot take (images).
+renderer cannot take (images), steps of embedded subagent trajectories.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ VOCAB = "ids outside the policy's vocabulary"
 CONTEXT = "in a row beyond --max-context"
 NO_TEXT = "nothing to render (token ids of another tokenizer, no text)"
 IMAGES = "images the renderer cannot take"
+SUBAGENTS = "in embedded subagent trajectories (give them as files of their own)"
 
 
 @dataclass
@@ -91,6 +92,8 @@ def load_sft_data(
     vocabulary = len(renderer.tokenizer)
     for path, trajectory in atif.read_trajectories(paths):
         data.trajectories += 1
+        if embedded := _subagent_steps(trajectory):
+            data.unfit[SUBAGENTS] += embedded
         termgym = (trajectory.get("extra") or {}).get("termgym") or {}
         name = str(termgym.get("task") or path.stem)
         steps = trajectory["steps"]
@@ -119,6 +122,17 @@ def load_sft_data(
                 else:
                     data.rendered += count
     return data
+
+
+def _subagent_steps(trajectory: dict[str, Any]) -> int:
+    """Agent steps of the trajectories embedded in ``trajectory`` (v1.7), nested ones included."""
+    total = 0
+    for sub in trajectory.get("subagent_trajectories") or []:
+        if isinstance(sub, dict):
+            steps = sub.get("steps") or []
+            total += sum(1 for s in steps if isinstance(s, dict) and s.get("source") == "agent")
+            total += _subagent_steps(sub)
+    return total
 
 
 def _trainable(step: dict[str, Any], unfit: Counter) -> bool:

@@ -169,6 +169,15 @@ def test_steps_the_rfc_keeps_out_of_sft_and_images_are_counted(tmp_path, base_re
         sft_data.IMAGES: 2
     }
     assert "2 rows from 2" not in data.describe() and "1 copied context" in data.describe()
+    sub = {
+        **steps_of(user, fresh),
+        "trajectory_id": "s1",
+        "subagent_trajectories": [{**steps_of(user, fresh, fresh), "trajectory_id": "s2"}],
+    }
+    parent = {**steps_of(user, fresh), "subagent_trajectories": [sub]}
+    (tmp_path / "c.json").write_text(json.dumps(parent))
+    nested = load_sft_data([tmp_path / "c.json"], base_renderer, max_context=4096, fingerprint=None)
+    assert nested.unfit == {sft_data.SUBAGENTS: 3} and nested.rendered == 1
 
 
 def test_a_bridge_the_renderer_cannot_keep_starts_a_new_row(tmp_path, base_renderer):
