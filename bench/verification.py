@@ -5,8 +5,10 @@ trivial task of the tests (two assertions, the assertion kit) and a real-pytest 
 runs the venv the image installed (``tests.redteam.toolchain``). Three variants of each: *untraced*
 (the tracer taken away, ``exec_traced`` answering None, which only this benchmark does: the check
 then counts every change outside ``/app`` as loaded, and these agents made none), *traced*
-(termgym's default), and *traced + helper* (the agent also writes a file outside ``/app`` that the
-verifier never loads, so the check must resolve what the kernel loaded for every program the
+(termgym's default: since the agent changed nothing outside ``/app``, nothing a trace could find,
+the verifier's own run goes untraced; only the steps before the changes are known are traced), and
+*traced + helper* (the agent also writes a file outside ``/app`` that the verifier never loads, so
+every step is traced and the check must resolve what the kernel loaded for every program the
 verifier executed). Printed: medians of the whole trial and of its verification phase, and the
 verification against the untraced one of the same task.
 
