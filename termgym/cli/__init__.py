@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     run_overrides_options(check)
     check.add_argument("--json", action="store_true", help="print the trial record alone, as JSON, on stdout")
     check.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run directory: the record appended to OUT/trials.jsonl, the transcript in OUT/trials/ (default runs/check-<id>)",
+    )
+    check.add_argument(
         "-v", "--verbose", action="store_true", help="all of the verifier's output (and the build log), not its tail"
     )
     check.add_argument(

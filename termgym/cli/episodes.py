@@ -17,7 +17,7 @@ from termgym.cli.replay import print_transcript
 from termgym.env import resolve_task
 from termgym.output import plain_text as plain
 from termgym.output import terminal_safe
-from termgym.records import TrialRecord
+from termgym.records import TrialRecord, append_record
 from termgym.sandboxes import preflight
 from termgym.transcript import read_transcript
 from termgym.trial import run_trial
@@ -26,8 +26,9 @@ from termgym.trial import run_trial
 
 
 async def cmd_check(args: argparse.Namespace) -> int:
-    """One trial; its transcript goes to ``runs/<run id>/trials/`` and is printed above the
-    assertions (``--json``: the record alone)."""
+    """One trial; its transcript goes to ``OUT/trials/<trial id>/`` (``--out``, default
+    ``runs/<run id>``) and is printed above the assertions (``--json``: the record alone); its
+    record is appended to ``OUT/trials.jsonl``, as a run's are (``termgym export`` reads both)."""
     task = resolve_task(args.task)
     agent = agent_from_args(args)
     if args.cluster:  # a cluster's nodes run the backend, not this machine
@@ -35,11 +36,13 @@ async def cmd_check(args: argparse.Namespace) -> int:
     else:
         await asyncio.to_thread(preflight, args.backend)
     run_id = f"check-{uuid.uuid4().hex[:8]}"
-    options = env_options(args, run_id, Path("runs") / run_id / "trials")
+    out_dir = args.out or Path("runs") / run_id
+    options = env_options(args, run_id, out_dir / "trials")
     try:
         record = await run_trial(task, agent, options)
     finally:
         await close_agent(agent)
+    append_record(out_dir / "trials.jsonl", record)
     if args.json:
         print(record.to_json())
         return 1 if record.error and record.error["kind"] in INFRA_ERRORS else 0

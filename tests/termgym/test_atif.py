@@ -222,6 +222,28 @@ def test_a_run_of_the_oracle_exports_its_trials_with_the_verifiers_result(tmp_pa
     assert final["reward"] == record["reward"] and len(final["assertions"]) == record["total"]
 
 
+def test_a_check_with_out_keeps_its_record_and_exports_the_verifiers_result(tmp_path, capsys):
+    out = tmp_path / "checked"
+    args = [
+        "check",
+        "termgym/file-ops/bulk-rename",
+        "--agent",
+        "null",
+        "--backend",
+        "local",
+        "--out",
+        str(out),
+        "--json",
+    ]
+    assert main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    (record,) = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
+    assert record == printed and (out / "trials" / record["trial_id"] / "trajectory.json").is_file()
+    (data,) = exported(tmp_path, out)
+    final = data["final_metrics"]["extra"]
+    assert final["resolved"] is False and final["total"] == record["total"] > final["passed"] == record["passed"]
+
+
 def test_transcripts_without_records_and_records_without_transcripts(tmp_path, capsys):
     run = tmp_path / "check-1"
     write_transcript(run / "trials" / "t1", model_transcript())
