@@ -473,7 +473,9 @@ async def reinforce(cfg: Config, model_dir: Path, selection: list[Task], out: Pa
     """Phase 6: critic warm-up and PPO from ``model_dir`` on ``selection`` into ``out``; returns
     the per-step metrics."""
     return await train(
-        replace(cfg, model=str(model_dir), tasks=tuple(str(t.path) for t in selection), out=str(out), pool=0)
+        replace(
+            cfg, model=str(model_dir), tasks=tuple(str(t.path) for t in selection), out=str(out), pool=0, sft_data=""
+        )
     )
 
 

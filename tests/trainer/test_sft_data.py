@@ -219,3 +219,22 @@ def test_the_flags_parse_and_their_modes_are_the_loaders():
     assert get_args(SftDataTokens) == sft_data.TOKEN_USES
     cfg = parse_config(["--preset", "tiny", "--sft-data", "a.json,b", "--sft-data-tokens", "render"])
     assert (cfg.sft_data, cfg.sft_data_tokens) == ("a.json,b", "render")
+
+
+async def test_the_ppo_phase_of_a_job_with_sft_data_is_a_valid_ppo_run(tmp_path, monkeypatch):
+    """PPO runs as ``termgym train`` without --pool: --sft-data, a --pool flag, is not passed on."""
+    from termgym.trainer import pipeline
+
+    seen = []
+
+    async def train(cfg, *rest):
+        seen.append(cfg)
+        return []
+
+    monkeypatch.setattr(pipeline, "train", train)
+    cfg = job(tmp_path, sft_data=str(tmp_path))
+    check_config(cfg)
+    await pipeline.reinforce(cfg, tmp_path / "policy", [], tmp_path / "ppo")
+    ((ppo,),) = [seen]
+    assert ppo.pool == 0 and ppo.sft_data == ""
+    check_config(replace(ppo, tasks=("file-ops/bulk-rename",)))
