@@ -115,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--simulate", action="store_true", help="simulated sandboxes and agent on a virtual clock (latency model)"
     )
+    run.add_argument(
+        "--track",
+        default=None,
+        metavar="{tensorboard,wandb}",
+        help="also send each step's accounting and the summary to TensorBoard (RUN/tensorboard) or W&B (RUN/wandb,"
+        " offline unless WANDB_MODE says otherwise); the track extra",
+    )
 
     audit = commands.add_parser("audit", help="audit tasks: keep only those whose verifiers can be trusted")
     audit.add_argument("tasks", nargs="+", help="task directories, directories of tasks, or bundled names")
@@ -158,7 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("-n", "--concurrency", type=int, default=2)
     gc = commands.add_parser("gc", help="remove sandboxes left behind by killed runs")
     backend_option(gc)
-    gc.add_argument("--images", action="store_true", help="also remove cached task images (docker)")
+    gc.add_argument(
+        "--images",
+        action="store_true",
+        help="also remove task images: docker, the ones termgym built; local, the unpacked images no sandbox uses",
+    )
     gc.add_argument("ids", nargs="*", metavar="ID", help="remove only these sandboxes kept by --keep")
     images = commands.add_parser("images", help="manage the Docker backend's images")
     images.add_argument("action", choices=["bootstrap"], help="bootstrap: build termgym/base:bookworm with debootstrap")
