@@ -202,7 +202,7 @@ class EnvCache:
         tree.mkdir(parents=True)
         try:
             copied = await _copy_trees(source, tree, roots)
-            size = _disk_bytes(tree) if copied else 0
+            size = disk_bytes(tree) if copied else 0
             if not copied or size > self.max_bytes:
                 shutil.rmtree(staging, ignore_errors=True)
                 return None
@@ -368,7 +368,8 @@ async def copy_tree(source: Path, dest: Path) -> bool:
     return await _cp(f"{source}/.", str(dest))
 
 
-def _disk_bytes(tree: Path) -> int:
+def disk_bytes(tree: Path) -> int:
+    """The disk space the files under ``tree`` take (their blocks), links not followed. Blocking."""
     total = 0
     for path in _walk(tree):
         with contextlib.suppress(OSError):

@@ -54,6 +54,26 @@ class LocalHostFiles:
                 os.mkdir(name, 0o755, dir_fd=parent)
                 os.chown(name, self.owner, self.owner, dir_fd=parent, follow_symlinks=False)
 
+    def make_missing_dirs(self, path: str) -> None:
+        """Make the directories of the absolute ``path`` that are missing, as a container engine
+        makes a working directory its image lacks; a link or a file in the way is left as it is
+        (nothing is followed or replaced, so nothing outside ``root`` is reached)."""
+        fd = os.open(self.root, _DIR)
+        try:
+            for part in PurePosixPath(path).relative_to("/").parts:
+                try:
+                    child = os.open(part, _DIR, dir_fd=fd)
+                except FileNotFoundError:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    os.chown(part, self.owner, self.owner, dir_fd=fd, follow_symlinks=False)
+                    child = os.open(part, _DIR, dir_fd=fd)
+                except OSError:  # a link or a file: the image's, not changed here
+                    return
+                os.close(fd)
+                fd = child
+        finally:
+            os.close(fd)
+
     def write_files(self, dest: str, files: Sequence[tuple[str, bytes, int]]) -> None:
         """Write ``(relative path, content, mode)`` under the directory ``dest`` (made fresh by
         ``fresh_dirs`` first: nothing is overwritten), making parent directories."""

@@ -10,9 +10,11 @@ and device nodes are dropped, and a hostile layer reaches nothing the unpacking 
 Layout, under ``cache_root() / "images"``::
 
     images/<hex>/rootfs/...   an unpacked image, named by its manifest digest (``sha256:<hex>``)
-    images/<hex>/meta.json    its digest, owner, configuration and size; written last
+    images/<hex>/meta.json    its digest, owner, configuration and size; written last; its
+                              modification time is the image's last use
     refs/<hash>.json          the digest a reference resolved to (``--pull missing`` reads it)
-    locks/<name>.lock         flock: one copy per reference, one unpacking per digest
+    locks/<name>.lock         flock: one copy per reference, one unpacking per digest, and
+                              ``use-<hex>.lock``, held shared by every sandbox over the image
     .staging-<pid>-<hex>/     an image being copied and unpacked; renamed into place whole
 
 Guarantees:
@@ -31,11 +33,18 @@ Guarantees:
   engine reaches it.
 - **Errors** are one line naming the image and the registry's (or tool's) answer
   (``EnvironmentBuildError``).
+- **Never removed from under a sandbox.** ``clear`` (``termgym gc --images``) removes every image
+  no sandbox uses; with ``TERMGYM_IMAGE_STORE_MB`` set, each new image evicts the least recently
+  used others down to that size (unset or 0: no bound, as Docker and Podman keep what they pulled
+  until pruned). In use: its ``use-`` lock held (``hold``), or its root file system a lower layer
+  of a mount in any namespace (a kept sandbox whose run has ended). An image is renamed away whole
+  before it is deleted, so a reader never sees half of one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -47,14 +56,14 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from termgym.errors import BackendUnavailable, EnvironmentBuildError
+from termgym.errors import BackendUnavailable, ConfigError, EnvironmentBuildError
 from termgym.images.build import BASE_IMAGE, DEFAULT_ALIASES, builds_dockerfile
 from termgym.images.dockerfile import EnvironmentPlan
 from termgym.images.pull import absent_error, pull_error, pull_needed
 from termgym.images.refs import ImageConfig, ImageRefError, ImageSource, image_config, parse_image
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.host_processes import end_process, spawn
-from termgym.sandboxes.local.env_cache import cache_root, remove_stale_staging
+from termgym.sandboxes.local.env_cache import cache_root, disk_bytes, mounted_lower_dirs, remove_stale_staging
 from termgym.sandboxes.local.host import require_searchable, sandbox_uid
 from termgym.sandboxes.local.locks import file_lock
 from termgym.sandboxes.tools import host_tool
@@ -120,12 +129,18 @@ def require_image_tools() -> None:
 class ImageStore:
     """The unpacked images under ``root`` (see the module's guarantees)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, max_bytes: int = 0) -> None:
         self.root = root
+        self.max_bytes = max_bytes  # 0: no bound
 
     @classmethod
     def from_environment(cls) -> ImageStore:
-        return cls(image_store_root())
+        """The store under ``image_store_root()``, bounded by ``TERMGYM_IMAGE_STORE_MB`` when set;
+        ``ConfigError`` in one line for a size that is not a count of megabytes."""
+        raw = os.environ.get("TERMGYM_IMAGE_STORE_MB", "").strip() or "0"
+        if not raw.isdigit():
+            raise ConfigError(f"TERMGYM_IMAGE_STORE_MB must be a number of megabytes (0: no bound), got {raw!r}")
+        return cls(image_store_root(), max_bytes=int(raw) << 20)
 
     async def resolve(self, ref: str, *, policy: str, what: str, timeout: float) -> LocalImage:
         """The unpacked image ``ref`` names, copied and unpacked first where ``policy`` says
@@ -147,7 +162,7 @@ class ImageStore:
                     raise absent_error(ref, what)
                 if not pull_needed(policy, image is not None, ref in _pulled):
                     assert image is not None  # "never" without a copy was refused above
-                    return image
+                    return _used(image)
                 local = await _engine_source(ref) if policy == "missing" else None
                 if local is not None:
                     source = local
@@ -157,8 +172,80 @@ class ImageStore:
             image = self._image(digest, ref)
             if image is None:
                 image = await self._unpack(source, digest, ref, what, timeout)
+                await asyncio.to_thread(self.evict, keep=digest)
             self._remember(name, ref, digest)
-            return image
+            return _used(image)
+
+    def use_lock(self, digest: str) -> Path:
+        """The lock every sandbox over the image ``digest`` holds shared while it runs."""
+        return self.root / "locks" / f"use-{digest.split(':', 1)[-1]}.lock"
+
+    def hold(self, image: LocalImage) -> int | None:
+        """Take the image's ``use_lock`` shared: a descriptor to close when the sandbox is gone,
+        or None when the image was removed before it was taken (resolve it again)."""
+        fd = os.open(self.use_lock(image.digest), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if self._image(image.digest, image.ref) is None:
+            os.close(fd)
+            return None
+        return fd
+
+    def clear(self) -> tuple[int, int]:
+        """``termgym gc --images``: remove every unpacked image no sandbox uses, and what a dead
+        copy left; (images removed, images kept because in use). Blocking."""
+        remove_stale_staging(self.root)
+        removed = kept = 0
+        for entry in self._entries():
+            if self._remove_unused(entry):
+                removed += 1
+            else:
+                kept += 1
+        return removed, kept
+
+    def evict(self, *, keep: str = "") -> list[str]:
+        """Remove the least recently used images no sandbox uses (never ``keep``, a digest) until
+        the store is within ``max_bytes`` (0: no bound); the digests removed. Blocking."""
+        if not self.max_bytes:
+            return []
+        entries = self._entries()
+        sizes = {entry: _meta(entry).get("bytes", 0) for entry in entries}
+        total, removed = sum(sizes.values()), []
+        for entry in entries:
+            if total <= self.max_bytes:
+                break
+            if f"sha256:{entry.name}" != keep and self._remove_unused(entry):
+                total -= sizes[entry]
+                removed.append(f"sha256:{entry.name}")
+        return removed
+
+    def _entries(self) -> list[Path]:
+        """The unpacked images' directories, least recently used first."""
+        try:
+            found = [path for path in (self.root / "images").iterdir() if path.is_dir()]
+        except OSError:
+            return []
+        return sorted(found, key=lambda path: _mtime(path / "meta.json"))
+
+    def _remove_unused(self, entry: Path) -> bool:
+        """Remove the image at ``entry`` unless a sandbox uses it; True when it went."""
+        fd = os.open(self.use_lock(f"sha256:{entry.name}"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            rootfs = str(entry / "rootfs")
+            if any(lower == rootfs or lower.startswith(f"{rootfs}/") for lower in mounted_lower_dirs()):
+                return False
+            doomed = self.root / f".staging-{os.getpid()}-doomed-{uuid.uuid4().hex[:8]}"
+            try:
+                entry.rename(doomed)  # gone at once for every reader
+            except OSError:
+                return False
+            shutil.rmtree(doomed, ignore_errors=True)
+            return True
+        finally:
+            os.close(fd)
 
     def holds(self, ref: str) -> bool:
         """Whether ``ref`` was copied here before and is still unpacked (no lock, no network)."""
@@ -229,7 +316,14 @@ class ImageStore:
                 shutil.rmtree(layout)
                 (unpack_dir / "rootfs").rename(staging / "rootfs")
                 unpack_dir.rmdir()
-                meta = {"format": FORMAT, "digest": digest, "ref": ref, "owner": owner, "config": config.to_json()}
+                meta = {
+                    "format": FORMAT,
+                    "digest": digest,
+                    "ref": ref,
+                    "owner": owner,
+                    "config": config.to_json(),
+                    "bytes": await asyncio.to_thread(disk_bytes, staging / "rootfs"),
+                }
                 (staging / "meta.json").write_text(json.dumps(meta))
                 entry = self.root / "images" / hex_digest
                 staging.rename(entry)
@@ -240,15 +334,27 @@ class ImageStore:
         assert image is not None
         return image
 
-    def remove(self, digest: str) -> bool:
-        """Remove the unpacked image ``digest`` (no sandbox may be running over it); False if it is
-        not here."""
-        match = _HEX.fullmatch(digest)
-        entry = self.root / "images" / match.group(1) if match else None
-        if entry is None or not entry.is_dir():
-            return False
-        shutil.rmtree(entry)
-        return True
+
+def _used(image: LocalImage) -> LocalImage:
+    """``image``, its last use now (the eviction's order)."""
+    with contextlib.suppress(OSError):
+        os.utime(image.rootfs.parent / "meta.json")
+    return image
+
+
+def _meta(entry: Path) -> dict:
+    try:
+        meta = json.loads((entry / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _ref_name(ref: str) -> str:

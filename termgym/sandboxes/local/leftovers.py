@@ -14,6 +14,7 @@ from termgym.sandboxes.limits import SandboxCgroup, remove_stale
 from termgym.sandboxes.local.env_cache import EnvCache, cache_root
 from termgym.sandboxes.local.home import remove_sandbox_dir
 from termgym.sandboxes.local.host import legacy_root_dirs, require_tools, sandbox_root_dir
+from termgym.sandboxes.local.images import ImageStore, image_store_root
 from termgym.sandboxes.local.kept import KEPT_STATE, end_kept, read_kept
 from termgym.sandboxes.local.sandbox import LocalSandbox
 from termgym.sandboxes.local.storage import unmount_sync
@@ -75,7 +76,8 @@ def preflight() -> None:
 async def remove_leftovers(images: bool = False) -> str:
     """``termgym gc``: remove what killed runs left and every kept sandbox (``collect_sandboxes``);
     one line saying how much, naming the kept ones; then the prepared environments no sandbox
-    uses (``EnvCache.clear``), an older version's too."""
+    uses (``EnvCache.clear``), an older version's too; with ``images``, the unpacked images no
+    sandbox uses (``ImageStore.clear``)."""
     removed = await asyncio.to_thread(collect_sandboxes)
     kept = [name for name, was_kept in removed if was_kept]
     named = f" ({len(kept)} kept: {', '.join(kept)})" if kept else ""
@@ -86,7 +88,11 @@ async def remove_leftovers(images: bool = False) -> str:
             more, busy = await asyncio.to_thread(legacy_cache.clear)
             cleared, in_use = cleared + more, in_use + busy
     busy = f", {in_use} in use kept" if in_use else ""
-    return f"removed {len(removed)} leftover local sandbox(es){named} and {cleared} prepared environment(s){busy}"
+    line = f"removed {len(removed)} leftover local sandbox(es){named} and {cleared} prepared environment(s){busy}"
+    if images:
+        gone, used = await asyncio.to_thread(ImageStore(image_store_root()).clear)
+        line += f"; {gone} unpacked image(s)" + (f", {used} in use kept" if used else "")
+    return line
 
 
 async def attach(sandbox_id: str) -> LocalSandbox:

@@ -91,6 +91,7 @@ class LocalSandbox(Sandbox):
         self._image_root: ImageRoot | None = None  # the whole root, when the sandbox runs an image
         self._holder: asyncio.subprocess.Process | None = None  # without root: the image root's mount (``holder``)
         self._mounts: MountNamespace | None = None  # where its storage and overlay are mounted (as root)
+        self._image_hold: int | None = None  # over an image: its use lock, held shared (``ImageStore.hold``)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -113,7 +114,7 @@ class LocalSandbox(Sandbox):
         for name, value in vars(ready).items():
             if name not in ("spec", "_pooled"):
                 setattr(self, name, value)
-        ready._dir, ready._keeper, ready._channels, ready._mounts = None, None, [], None
+        ready._dir, ready._keeper, ready._channels, ready._mounts, ready._image_hold = None, None, [], None, None
         assert self._dir is not None
         write_labels(self._dir, self.spec.name, self.spec.labels)
 
@@ -210,9 +211,14 @@ class LocalSandbox(Sandbox):
         upper layer is the sandbox's own storage, the Dockerfile's other steps prepared on top once
         per content hash (``env_cache``, as over the host's system) and the kit bound read-only."""
         timeout = self.spec.build_timeout_sec
-        image = await ImageStore.from_environment().resolve(
-            ref, policy=self.spec.pull, what=self.spec.name, timeout=timeout
-        )
+        store = ImageStore.from_environment()
+        for _ in range(3):  # again if it was evicted between its resolution and the hold
+            image = await store.resolve(ref, policy=self.spec.pull, what=self.spec.name, timeout=timeout)
+            if (hold := await asyncio.to_thread(store.hold, image)) is not None:
+                break
+        else:
+            raise SandboxError(f"image {ref} was removed each time it was resolved (another process's eviction)")
+        self._image_hold = hold
         kit = await asyncio.to_thread(kit_dir, cache_root(), KIT_PROGRAMS)
         if kit is None:
             raise SandboxError(f"the host lacks one of {', '.join(KIT_PROGRAMS)}, which a sandbox over an image runs")
@@ -283,6 +289,9 @@ class LocalSandbox(Sandbox):
             holder = self._holder.pid
             self._view = view_path(holder, view)
         self._lower = layers
+        # the working directory the image names, made where it lacks it (as a container engine does)
+        root_dir = self._view if holder is not None else reach(self._mounts, view)
+        await asyncio.to_thread(LocalHostFiles(root_dir, self.owner).make_missing_dirs, self.workdir)
         kit_at, resolv = f"/.termgym-{secrets.token_hex(8)}", await _resolver_copy(home)
         self._image_root = ImageRoot(view, kit, kit_at, resolv, holder)
         self.untraced_loads = UNTRACED  # what the kit's loader reads from the root before any trace
@@ -335,7 +344,12 @@ class LocalSandbox(Sandbox):
             self._holder = None
         home, view, storage, mounts = self._dir, self._view, self._storage, self._mounts
         self._dir = self._view = self._storage = self._mounts = None
-        await remove_home(home, view, storage, mounts)
+        try:
+            await remove_home(home, view, storage, mounts)
+        finally:
+            hold, self._image_hold = self._image_hold, None
+            if hold is not None:  # nothing runs over the image any more
+                os.close(hold)
 
     async def kill_agent_processes(self) -> None:
         """End every process: the keeper, so the kernel ends its whole PID namespace. The spare

@@ -170,3 +170,16 @@ def test_overlay_changes_tell_a_whiteout_a_changed_file_and_a_new_tree_of_any_de
     assert changes["/opt/venv/pyvenv.cfg"] == "C" and changes["/opt/gone"] == "D"
     assert changes["/opt/venv"] == "C" and changes["/opt/new"] == "A"
     assert [kind for path, kind in changes.items() if path.endswith("/f")] == ["A"]
+
+
+def test_the_missing_directories_of_a_working_directory_are_made_and_a_link_in_the_way_is_left(tmp_path):
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "srv").symlink_to(outside)  # an image's link, here to a host directory
+    files = LocalHostFiles(root, os.getuid())
+    files.make_missing_dirs("/work/deep/er")
+    assert (root / "work/deep/er").is_dir() and (root / "work/deep/er").stat().st_uid == os.getuid()
+    files.make_missing_dirs("/srv/app")
+    assert (root / "srv").is_symlink() and not (outside / "app").exists()  # nothing followed
+    files.make_missing_dirs("/work/deep/er")  # already there: nothing to do

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from termgym.errors import EnvironmentBuildError
+from termgym.errors import ConfigError, EnvironmentBuildError
 from termgym.images.refs import ImageRefError, image_config, parse_image, split_docker_ref
 from termgym.sandboxes.local import images as images_module
 from termgym.sandboxes.local.images import ImageStore
@@ -276,9 +276,10 @@ async def test_an_alias_stands_in_only_for_an_image_the_store_lacks(store, tmp_p
     ref = f"oci:{make_layout(tmp_path, {'etc/marker': 'x'})}:1"
     spec = SandboxSpec("t", None, None, image=ref, image_aliases={ref: "termgym/base:bookworm"})
     assert image_to_run(spec, parse_dockerfile("FROM x\n"), store) == (None, "docker_image")
-    image = await store.resolve(ref, policy="missing", what="t", timeout=60)
+    await store.resolve(ref, policy="missing", what="t", timeout=60)
     assert image_to_run(spec, None, store) == (ref, "docker_image")  # held now: the image itself
-    assert store.remove(image.digest) and not store.holds(ref) and not store.remove(image.digest)
+    assert store.clear() == (1, 0) and not store.holds(ref) and store.clear() == (0, 0)
+    assert image_to_run(spec, None, store) == (None, "docker_image")  # gone: the alias again
 
 
 async def test_a_staging_directory_a_dead_process_left_is_removed_by_the_next_copy(store, tmp_path):
@@ -291,3 +292,57 @@ async def test_a_staging_directory_a_dead_process_left_is_removed_by_the_next_co
     alive.mkdir()
     await store.resolve(ref, policy="missing", what="t", timeout=60)
     assert not left.exists() and alive.exists()
+
+
+# -- removal: termgym gc --images and the store's bound ------------------------------------------
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox over an image mounts its overlay as root here")
+async def test_gc_removes_the_images_no_sandbox_uses_and_keeps_the_one_a_sandbox_runs_on(cache_dir, tmp_path):
+    from termgym.sandboxes.base import SandboxSpec
+    from termgym.sandboxes.local import LocalSandbox
+    from termgym.sandboxes.local.leftovers import remove_leftovers
+
+    store = ImageStore.from_environment()
+    used = f"oci:{make_layout(tmp_path / 'a', {'etc/marker': 'used'})}:1"
+    unused = f"oci:{make_layout(tmp_path / 'b', {'etc/marker': 'unused'})}:1"
+    held = await store.resolve(unused, policy="missing", what="t", timeout=60)
+    fd = store.hold(held)  # what a sandbox takes between its image's resolution and its mount
+    assert fd is not None
+    try:
+        assert store.clear() == (0, 1) and store.holds(unused)
+    finally:
+        os.close(fd)
+    image = await store.resolve(used, policy="missing", what="t", timeout=60)
+    async with LocalSandbox(SandboxSpec("gc-images", None, None, image=used)) as sandbox:
+        line = await remove_leftovers(images=True)
+        assert line.endswith("; 1 unpacked image(s), 1 in use kept"), line
+        assert store.holds(used) and not store.holds(unused)
+        assert (image.rootfs / "etc/marker").read_text() == "used"  # whole under the running sandbox
+        await sandbox.check_alive()
+    assert store.clear() == (1, 0) and not store.holds(used)
+    assert not list(store.root.glob(".staging-*"))  # nothing half-removed left behind
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox over an image mounts its overlay as root here")
+async def test_a_bounded_store_evicts_the_least_recently_used_images_but_never_one_in_use(
+    cache_dir, tmp_path, monkeypatch
+):
+    from termgym.sandboxes.base import SandboxSpec
+    from termgym.sandboxes.local import LocalSandbox
+
+    big = "x" * (600 << 10)  # each image takes a bit over 600 KiB on disk
+    refs = [f"oci:{make_layout(tmp_path / n, {'etc/marker': n, 'data': big})}:1" for n in "abcd"]
+    monkeypatch.setenv("TERMGYM_IMAGE_STORE_MB", "2")  # room for three of them
+    store = ImageStore.from_environment()
+    a, b, c, d = refs
+    for ref in (a, b, c):
+        await store.resolve(ref, policy="missing", what="t", timeout=60)
+    await store.resolve(a, policy="missing", what="t", timeout=60)  # a used again: b is the oldest now
+    async with LocalSandbox(SandboxSpec("bounded", None, None, image=b)):
+        await store.resolve(d, policy="missing", what="t", timeout=60)
+        # over the bound: b is the least recently used but in use, so c goes
+        assert [store.holds(ref) for ref in refs] == [True, True, False, True]
+    monkeypatch.setenv("TERMGYM_IMAGE_STORE_MB", "1.5")
+    with pytest.raises(ConfigError, match="TERMGYM_IMAGE_STORE_MB must be a number of megabytes"):
+        ImageStore.from_environment()
