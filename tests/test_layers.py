@@ -31,7 +31,7 @@ TASK_DIRS = ("archives", "file-ops", "shell-scripting", "text-processing")  # en
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("errors", ("termgym.errors",)),
     ("verifiers", ("termgym.verifiers",)),
-    ("utilities", ("termgym.output", "termgym.aio", "termgym.progress")),
+    ("utilities", ("termgym.output", "termgym.aio", "termgym.progress", "termgym.tracking")),
     ("images", ("termgym.images",)),
     ("sandboxes", ("termgym.sandboxes",)),
     ("tasks", ("termgym.tasks", "termgym.envs")),

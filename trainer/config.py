@@ -30,6 +30,7 @@ from termgym.envs.families.split import FAMILY_SETS
 from termgym.errors import ConfigError, UnknownName
 from termgym.scheduling.scheduler import SchedulerMode
 from termgym.tasks.bundled import is_task_name, unknown_task
+from termgym.tracking import require_tracker
 
 # The trainer's own modes (the others are the model agent's and the scheduler's, imported above).
 GeneratorName = Literal["torch", "vllm", "server"]
@@ -41,6 +42,7 @@ SftDataTokens = Literal["auto", "ids", "render"]  # termgym.trainer.sft_data.TOK
 RendererName = Literal["auto", "chatml", "qwen-xml", "llama3", "template"]  # termgym.agents.renderers.RENDERER_NAMES
 AgentName = Literal["model", "mini-swe-agent"]  # who drives an episode (termgym.agents.settings.AGENTS' trainable ones)
 FamilySetName = Literal["short", "long", "explore"]  # the keys of termgym.envs.families.FAMILY_SETS
+TrackerName = Literal["", "tensorboard", "wandb"]  # termgym.tracking.TRACKERS, or none
 
 DEFAULT_MAX_CONTEXT = 1024  # tokens per segment: the tiny policy's, and a model's whose config states none
 
@@ -62,6 +64,8 @@ class Config:
     """continue from OUT/checkpoint.pt if it exists"""
     fsdp: bool = False
     """under torchrun: shard policy and critic with FSDP2 (fully_shard) instead of replicating them"""
+    track: TrackerName = ""
+    """also send the metrics to tensorboard (event files in OUT/tensorboard) or wandb (a W&B run in OUT/wandb, offline unless WANDB_MODE says otherwise): every step's metrics, the held-out table per family at the end (with --pool), the configuration as the run's hyperparameters; the track extra. "": metrics.jsonl alone"""
 
     # -- the policy (without --model, a tiny one is built) -----------------------------------------
     model: str = ""
@@ -460,6 +464,8 @@ def check_config(cfg: Config) -> None:
     for name in () if cfg.pool else cfg.tasks:  # --pool generates its tasks
         if not is_task_name(name):
             raise unknown_task(name)
+    if cfg.track:
+        require_tracker(cfg.track)
     if cfg.kl_coef < 0:
         raise ConfigError(f"--kl-coef must be at least 0, got {cfg.kl_coef}")
     if cfg.generator == "server" and not (cfg.base_url and cfg.served_model):

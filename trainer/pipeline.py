@@ -51,6 +51,7 @@ from termgym.errors import ConfigError, TermgymError
 from termgym.progress import progress_bar
 from termgym.records import TrialRecord, append_record
 from termgym.tasks import Task, load_task
+from termgym.tracking import Tracker
 from termgym.trainer.config import DEFAULT_MAX_CONTEXT, Config, init_dir, resolve_max_context, warmup_steps
 from termgym.trainer.evaluate import EvalSummary, evaluate, paired_change, summarise_records
 from termgym.trainer.models import build_tiny_policy, load_policy, policy_renderer
@@ -59,6 +60,7 @@ from termgym.trainer.ppo import train
 from termgym.trainer.rollout import rollout_options, rollout_settings
 from termgym.trainer.sft import Demonstration, collect_demonstrations, save_demonstrations, supervised_steps
 from termgym.trainer.sft_data import load_sft_data, write_report
+from termgym.trainer.tracking import log_heldout, run_tracker
 from termgym.trainer.vllm_sampler import policy_head_dim
 
 
@@ -469,22 +471,23 @@ async def held_out(
     return HeldOut(*results)
 
 
-async def reinforce(cfg: Config, model_dir: Path, selection: list[Task], out: Path) -> list[dict]:
-    """Phase 6: critic warm-up and PPO from ``model_dir`` on ``selection`` into ``out``; returns
-    the per-step metrics."""
+async def reinforce(
+    cfg: Config, model_dir: Path, selection: list[Task], out: Path, tracker: Tracker | None = None
+) -> list[dict]:
+    """Phase 6: critic warm-up and PPO from ``model_dir`` on ``selection`` into ``out`` (each
+    step's metrics to ``tracker`` when there is one); returns the per-step metrics."""
     return await train(
         replace(
             cfg, model=str(model_dir), tasks=tuple(str(t.path) for t in selection), out=str(out), pool=0, sft_data=""
-        )
+        ),
+        tracker,
     )
 
 
 async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     """Run every phase into ``cfg.out`` (which must not hold an earlier run); returns the summary
-    that ``summary.json`` holds."""
-    console = console or Console(
-        file=sys.stderr, width=None if sys.stderr.isatty() else 120
-    )  # tables unwrapped in logs
+    that ``summary.json`` holds. With ``cfg.track``, the job is one tracked run in ``cfg.out``:
+    PPO's steps, then the held-out results at the last step (``trainer/tracking.py``)."""
     run = Path(cfg.out)
     if run.exists() and any(run.iterdir()):
         raise ConfigError(f"{run} already holds a run; choose another --out")
@@ -492,6 +495,15 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
         raise ConfigError(
             "--resume continues PPO alone: give it --out RUN/ppo and --model RUN/sft/policy, without --pool"
         )
+    with run_tracker(cfg, run) as tracker:
+        return await _run_phases(cfg, console, tracker)
+
+
+async def _run_phases(cfg: Config, console: Console | None, tracker: Tracker | None) -> dict:
+    console = console or Console(
+        file=sys.stderr, width=None if sys.stderr.isatty() else 120
+    )  # tables unwrapped in logs
+    run = Path(cfg.out)
     cfg = resolve_max_context(cfg, None)  # the tiny policy's, for every phase (PPO's --model is its own)
     timings: dict[str, float] = {}
     began = time.monotonic()
@@ -522,7 +534,7 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
         f"[bold]6/7 PPO[/]: {warmup_steps(cfg)} critic warm-up steps, then {cfg.steps - warmup_steps(cfg)} "
         f"policy updates, {cfg.batch_size} trajectories per step ({cfg.mode}, {cfg.reward} reward)"
     )
-    metrics = await reinforce(cfg, run / "sft" / "policy", reinforced, run / "ppo")
+    metrics = await reinforce(cfg, run / "sft" / "policy", reinforced, run / "ppo", tracker)
     timings["ppo"] = time.monotonic() - began
     began = time.monotonic()
     trained, _ = load_policy(run / "ppo" / "policy")
@@ -533,6 +545,10 @@ async def run_pipeline(cfg: Config, console: Console | None = None) -> dict:
     if teacher is not None:
         evaluations["teacher"] = teacher
     families = {label: summary.families for label, summary in evaluations.items()}
+    tracked = {"sft": before.greedy, "ppo": after.greedy, **({"teacher": teacher} if teacher is not None else {})}
+    if before.sampled and after.sampled:
+        tracked.update({"sft-sampled": before.sampled, "ppo-sampled": after.sampled})
+    log_heldout(tracker, tracked, cfg.steps)  # summary.json's labels, at PPO's last step
     plots.append(write_family_plot(run / "plots" / "heldout_families.png", families))
     change = paired_change(before.greedy, after.greedy)
     heldout = {"sft": before.greedy.to_dict(), "ppo": after.greedy.to_dict(), "change": asdict(change)}

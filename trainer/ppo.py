@@ -55,6 +55,7 @@ from termgym.scheduling.scheduler import (
 )
 from termgym.tasks import Task, load_task
 from termgym.tasks.bundled import bundled_task_paths
+from termgym.tracking import Tracker
 from termgym.trainer import losses
 from termgym.trainer.batch import Batch, forward_logp, forward_values, make_batch
 from termgym.trainer.checkpoint import load_checkpoint, restore_optimizers, save_checkpoint
@@ -71,6 +72,7 @@ from termgym.trainer.models import Critic, build_tiny_policy, context_window, lo
 from termgym.trainer.rollout import PolicyRunner, append_trajectories, rollout_options, rollout_settings
 from termgym.trainer.routing import disable_router_aux_loss, replay_routing
 from termgym.trainer.sampler import BatchedSampler, Sampler
+from termgym.trainer.tracking import run_tracker, step_scalars
 from termgym.trainer.trajectory import Trajectory, token_drift
 from termgym.trainer.vllm_sampler import VllmSampler, policy_head_dim
 
@@ -313,9 +315,11 @@ def bundled_tasks() -> list[Task]:
     return [load_task(path) for path in bundled_task_paths()]
 
 
-async def train(cfg: Config) -> list[dict]:
+async def train(cfg: Config, tracker: Tracker | None = None) -> list[dict]:
     """Run ``cfg.steps`` steps (continuing from the checkpoint with ``cfg.resume``); returns every
-    step this call ran, its metrics in order (on every rank; empty when no step ran)."""
+    step this call ran, its metrics in order (on every rank; empty when no step ran). Rank 0 sends
+    each step's metrics to ``tracker``, or with ``cfg.track`` to a tracker of its own
+    (``trainer/tracking.py``)."""
     check_config(cfg)
     rank, size = world()
     if cfg.batch_size % size or cfg.minibatch_size % size:
@@ -385,7 +389,8 @@ async def train(cfg: Config) -> list[dict]:
         append_record(out / "records.jsonl", record)
         progress.advance(trials_bar, fate == "kept")
 
-    with progress, contextlib.closing(sampler):  # the vllm and server samplers hold processes, connections
+    tracking = run_tracker(cfg, out, tracker) if rank == 0 else contextlib.nullcontext()
+    with progress, contextlib.closing(sampler), tracking as tracker:  # the samplers hold processes, connections
         async with RolloutScheduler(runner, pool, scheduler_config, pacer=Pacer(), on_record=on_record) as scheduler:
             for step in range(start, cfg.steps):
                 progress.reset(trials_bar, total=cfg.batch_size)
@@ -436,6 +441,8 @@ async def train(cfg: Config) -> list[dict]:
                     append_trajectories(out / "trajectories.jsonl", [k.result for k in kept], step)
                     with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
                         handle.write(json.dumps(metrics) + "\n")
+                    if tracker is not None:
+                        tracker.log(step_scalars(metrics), step + 1)
                     progress.console.print(progress_line(metrics, cfg.steps), highlight=False, soft_wrap=True)
                     progress.advance(steps_bar)
                 history.append(metrics)

@@ -34,6 +34,7 @@ from termgym.scheduling.runners import TrialRunner
 from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig, step_metrics
 from termgym.scheduling.simulated import SimulatedAgent, SimulatedBackend
 from termgym.tasks import Task, discover_tasks
+from termgym.tracking import Tracker, flatten, open_tracker, require_tracker
 from termgym.trial import Agent, run_trials
 
 # -- run and demo ------------------------------------------------------------------------------------
@@ -76,13 +77,17 @@ async def run_many(
 async def cmd_run(args: argparse.Namespace) -> int:
     """Steps of the rollout scheduler (``termgym.scheduling.scheduler``). Without ``--batch``: one step in
     mode wait that keeps every trial (each task ``-k`` times, at most ``-n`` at once). Every trial's
-    transcript goes to ``RUN/trials/<trial id>/``; the evaluation summary to ``RUN/summary.json``."""
+    transcript goes to ``RUN/trials/<trial id>/``; the evaluation summary to ``RUN/summary.json``.
+    With ``--track``, each step's accounting and the summary also go to TensorBoard or W&B
+    (``termgym.tracking``), under ``scheduler/`` and ``summary/``."""
     if args.attempts < 1:
         raise UsageError(f"--attempts must be at least 1, got {args.attempts}")
     if args.resume and args.out is None:
         raise UsageError("--resume needs --out RUN_DIR (the run to resume)")
     if args.resume and args.batch is not None:
         raise UsageError("--resume counts trials per task: it does not combine with --batch")
+    if args.track:
+        require_tracker(args.track)
     tasks = collect_tasks(args.tasks)
     run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     out_dir = args.out or Path("runs") / run_id
@@ -94,26 +99,47 @@ async def cmd_run(args: argparse.Namespace) -> int:
     try:
         if not jobs:
             common.err.print(f"nothing to run: {out_dir} has {len(kept)} finished trials", markup=False)
-            return _report(out_dir, kept)
+            _report(out_dir, kept)
+            return 0
         config = run_config(args, len(jobs))
         if not args.simulate and not args.cluster:  # a cluster's nodes run the backend, not this machine
             await asyncio.to_thread(preflight, args.backend)
         pool = TaskPool(jobs, shuffle=args.batch is not None, seed=args.seed)
-        schedule = run_steps(args, agent, config, pool, run_id, out_dir)
-        # many live model episodes: rare, short garbage collections (termgym.agents.heap)
-        with settled_heap() if isinstance(agent, (ModelAgent, HarnessAgent)) else contextlib.nullcontext():
-            # A simulation runs on its own virtual-time loop, in a thread, so the real clock is not involved.
-            records, run_report, short = await (
-                asyncio.to_thread(simclock.run, schedule) if args.simulate else schedule
-            )
+        tracker = open_tracker(args.track, out_dir, run_flags(args), out_dir.name) if args.track else None
+        with tracker or contextlib.nullcontext():
+            schedule = run_steps(args, agent, config, pool, run_id, out_dir, tracker)
+            # many live model episodes: rare, short garbage collections (termgym.agents.heap)
+            with settled_heap() if isinstance(agent, (ModelAgent, HarnessAgent)) else contextlib.nullcontext():
+                # A simulation runs on its own virtual-time loop, in a thread, so the real clock is not involved.
+                records, run_report, short = await (
+                    asyncio.to_thread(simclock.run, schedule) if args.simulate else schedule
+                )
+            print_summary(records)
+            print_bias_table(run_report, config.mode, args.steps)
+            summary = _report(out_dir, kept + [asdict(r) for r in records])
+            if tracker is not None:
+                track_summary(tracker, summary, args.steps)
     finally:
         if agent is not None:
             await close_agent(agent)
-    print_summary(records)
-    print_bias_table(run_report, config.mode, args.steps)
-    _report(out_dir, kept + [asdict(r) for r in records])
     common.err.print(f"records: {out_dir / 'trials.jsonl'} · metrics: {out_dir / 'metrics.jsonl'}", markup=False)
     return 1 if short else 0
+
+
+def run_flags(args: argparse.Namespace) -> dict:
+    """The run's flags, as a tracker's hyperparameters (paths as strings)."""
+    return {name: str(value) if isinstance(value, Path) else value for name, value in vars(args).items()}
+
+
+def track_summary(tracker: Tracker, summary: dict, step: int) -> None:
+    """The evaluation summary at ``step`` (the run's last): every number of ``summary.json`` under
+    ``summary/``, and the per-family table the run prints."""
+    tracker.log(flatten(summary, "summary"), step)
+    rows = [
+        [family, rates["trials"], rates["resolved_rate"], rates["mean_reward"]]
+        for family, rates in summary["families"].items()
+    ]
+    tracker.table("summary/families", ["family", "trials", "resolved", "reward"], rows, step)
 
 
 def resume_plan(tasks: Sequence[Task], attempts: int, earlier: Sequence[dict]) -> tuple[list[dict], list[Task]]:
@@ -129,14 +155,14 @@ def resume_plan(tasks: Sequence[Task], attempts: int, earlier: Sequence[dict]) -
     return kept, jobs
 
 
-def _report(out_dir: Path, records: Sequence[dict]) -> int:
-    """Print the evaluation summary and write it to ``summary.json``."""
+def _report(out_dir: Path, records: Sequence[dict]) -> dict:
+    """Print the evaluation summary and write it to ``summary.json``; returns it."""
     summary = summarize(records)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print_evaluation(summary)
     common.err.print(f"summary: {out_dir / 'summary.json'}", markup=False)
-    return 0
+    return summary
 
 
 def print_evaluation(summary: dict) -> None:
@@ -223,10 +249,17 @@ def run_config(args: argparse.Namespace, jobs: int) -> SchedulerConfig:
 
 
 async def run_steps(
-    args: argparse.Namespace, agent: Agent | None, config: SchedulerConfig, pool: TaskPool, run_id: str, out_dir: Path
+    args: argparse.Namespace,
+    agent: Agent | None,
+    config: SchedulerConfig,
+    pool: TaskPool,
+    run_id: str,
+    out_dir: Path,
+    tracker: Tracker | None = None,
 ) -> tuple[list[TrialRecord], BiasReport, int]:
     """Run ``args.steps`` steps; every record goes to ``trials.jsonl`` as soon as its trial is decided,
-    every step's accounting to ``metrics.jsonl``, and a summary line per step to stderr."""
+    every step's accounting to ``metrics.jsonl`` (and ``tracker``, at step 1, 2...), and a summary
+    line per step to stderr."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pacer = Pacer()
     if args.simulate:
@@ -250,8 +283,11 @@ async def run_steps(
                 progress.reset(bar, description=f"step {scheduler.steps} kept", total=config.batch_size)
                 result = await scheduler.step()
                 short += result.short
+                accounting = step_metrics(result)
                 with open(out_dir / "metrics.jsonl", "a", encoding="utf-8") as metrics:
-                    metrics.write(json.dumps(step_metrics(result)) + "\n")
+                    metrics.write(json.dumps(accounting) + "\n")
+                if tracker is not None:
+                    tracker.log(flatten(accounting, "scheduler"), result.step + 1)
                 summary = summary_line(
                     result.step,
                     result.mode,

@@ -1,0 +1,147 @@
+"""The trainer's metrics in TensorBoard or W&B (``termgym train --track``), written through
+``termgym.tracking``.
+
+Every PPO step: every number of the step's ``metrics.jsonl`` object (``step_scalars``). A
+top-level metric goes under its section, CleanRL's habit (``charts/reward``,
+``losses/explained_variance``, ``losses/clip_fraction``, ``consistency/token_drift``,
+``timings/rollout_seconds``; one not in ``SECTIONS`` under ``train/``); a nested one under its own
+path (the scheduler's accounting: ``scheduler/families/tv_distance``, the straggler bias, and each
+family's counts). The x axis counts the steps done (the first step is 1), as the progress line and
+the plots do. At the end of a ``--pool`` run: the held-out results of each evaluation, overall and
+per family (``heldout_scalars``), and the per-family table (``heldout_table``), at the last step.
+The run's configuration is its hyperparameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from termgym.tracking import Tracker, flatten, open_tracker
+from termgym.trainer.config import Config
+from termgym.trainer.evaluate import EvalSummary
+
+SECTIONS: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "reward",
+            "resolved",
+            "passed",
+            "turns",
+            "reward_std",
+            "equal_reward_share",
+            "equal_reward_families",
+            "warmup",
+        ),
+        "charts",
+    ),
+    **dict.fromkeys(
+        (
+            "policy_loss",
+            "value_loss",
+            "explained_variance",
+            "clip_fraction",
+            "approx_kl",
+            "entropy",
+            "kl_to_reference",
+        ),
+        "losses",
+    ),
+    # training against inference: TITO's token drift, R3's routing, the sampler's staleness and weights
+    **dict.fromkeys(
+        (
+            "logprob_gap",
+            "token_drift",
+            "routing_replay",
+            "routing_agreement",
+            "routing_recorded",
+            "publication_gap",
+            "staleness_max",
+            "staleness_mean",
+        ),
+        "consistency",
+    ),
+    **dict.fromkeys(
+        (
+            "tokens",
+            "action_tokens",
+            "bridge_break_rate",
+            "segments_per_episode",
+            "parse_error_rate",
+            "context_exhausted",
+            "compactions",
+            "compaction_failures",
+        ),
+        "episodes",
+    ),
+    **dict.fromkeys(
+        ("rollout_seconds", "update_seconds", "update_tokens_per_second", "generation_batch_mean"), "timings"
+    ),
+}
+
+
+def step_scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Pure: one step's metrics (a ``metrics.jsonl`` object) as tracked scalars (the module's
+    docstring); ``step`` itself is the x axis, not a scalar."""
+    scalars: dict[str, float] = {}
+    for key, value in metrics.items():
+        if key == "step":
+            continue
+        if isinstance(value, Mapping):
+            scalars.update(flatten(value, key))
+        else:
+            scalars.update(flatten({key: value}, SECTIONS.get(key, "train")))
+    return scalars
+
+
+SUMMARY_FIELDS = ("resolved", "passed", "passed_share", "reward", "errors")
+
+
+def heldout_scalars(evaluations: Mapping[str, EvalSummary]) -> dict[str, float]:
+    """Pure: each evaluation's held-out results (label -> summary), overall
+    (``heldout/LABEL/resolved``) and per family (``heldout/LABEL/families/FAMILY/resolved``)."""
+    scalars: dict[str, float] = {}
+    for label, summary in evaluations.items():
+        scalars.update(flatten({name: getattr(summary, name) for name in SUMMARY_FIELDS}, f"heldout/{label}"))
+        scalars.update(flatten(summary.families, f"heldout/{label}/families"))
+    return scalars
+
+
+def heldout_table(evaluations: Mapping[str, EvalSummary]) -> tuple[list[str], list[list[Any]]]:
+    """Pure: the per-family table the run prints: a row per family of the first evaluation (its
+    task count, then each evaluation's resolved rate; NaN where an evaluation lacks the family)."""
+    first = next(iter(evaluations.values()), None)
+    families = first.families if first is not None else {}
+    columns = ["family", "tasks", *(f"{label}: resolved" for label in evaluations)]
+    rows = [
+        [
+            family,
+            int(counts["tasks"]),
+            *(s.families.get(family, {}).get("resolved", float("nan")) for s in evaluations.values()),
+        ]
+        for family, counts in families.items()
+    ]
+    return columns, rows
+
+
+def log_heldout(tracker: Tracker | None, evaluations: Mapping[str, EvalSummary], step: int) -> None:
+    """The held-out results and the per-family table at ``step`` (nothing without a tracker)."""
+    if tracker is None:
+        return
+    tracker.log(heldout_scalars(evaluations), step)
+    tracker.table("heldout/families", *heldout_table(evaluations), step)
+
+
+@contextlib.contextmanager
+def run_tracker(cfg: Config, out: Path, given: Tracker | None = None) -> Iterator[Tracker | None]:
+    """``given`` when there is one (a pipeline's, for its PPO phase: one run for the whole job,
+    closed by its opener); else with ``cfg.track`` a tracker for the run in ``out``, its
+    hyperparameters ``cfg``, closed on the way out; else None."""
+    if given is not None or not cfg.track:
+        yield given
+        return
+    with open_tracker(cfg.track, out, dataclasses.asdict(cfg), name=out.name) as tracker:
+        yield tracker
