@@ -162,3 +162,39 @@ def test_the_pipeline_logs_its_heldout_table_to_its_own_tracker(tmp_path):
     table = reader.Tensors("heldout/families/text_summary")[0].tensor_proto.string_val[0].decode()
     assert table.splitlines()[0] == "| family | tasks | sft: resolved |" and "| copy-file | 4 | 0.25 |" in table
     assert Path(tmp_path / "tensorboard").is_dir()
+
+
+async def test_the_pipeline_is_one_tracked_run_its_ppo_phase_included(tmp_path, monkeypatch):
+    """run_pipeline opens one tracker in the job's directory and hands it to PPO (reinforce, then
+    train), which logs into it rather than opening its own; the tracker is closed at the end."""
+    from dataclasses import replace
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from termgym.trainer import pipeline
+    from termgym.trainer.config import PRESETS, Config
+
+    given = {}
+
+    async def train(cfg, tracker=None):
+        given.update(pool=cfg.pool, out=cfg.out, tracker=tracker)
+        tracker.log({"charts/reward": 0.5}, 1)
+        return []
+
+    async def phases(cfg, console, tracker):
+        await pipeline.reinforce(cfg, tmp_path / "model", [], Path(cfg.out) / "ppo", tracker)
+        pipeline.log_heldout(tracker, {"ppo": summary(0.75, {})}, 1)
+        return {}
+
+    monkeypatch.setattr(pipeline, "train", train)
+    monkeypatch.setattr(pipeline, "_run_phases", phases)
+    run = tmp_path / "job"
+    await pipeline.run_pipeline(replace(Config(**PRESETS["tiny"]), out=str(run), track="tensorboard"))
+    assert given["pool"] == 0 and given["out"] == str(run / "ppo") and given["tracker"] is not None
+    assert not (run / "ppo" / "tensorboard").exists()  # PPO logged into the job's run, opened no other
+    reader = EventAccumulator(str(run / "tensorboard"))
+    reader.Reload()
+    assert [(e.step, e.value) for e in reader.Scalars("charts/reward")] == [(1, 0.5)]
+    assert [e.value for e in reader.Scalars("heldout/ppo/resolved")] == [0.75]
+    text = reader.Tensors("hyperparameters/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "| pool | 1200 |" in text and '| families | "explore" |' in text  # the job's configuration
