@@ -6,6 +6,8 @@ keeper detached from this process (``--keep``), which outlives it and is ended b
 Guaranteed: ``spawn`` either returns the started process or, when cancelled, leaves none behind;
 ``end_entered`` and ``end_keeper`` return once every process they end is gone and reaped;
 ``end_detached`` signals a pid only while its start time still matches (never a reused pid).
+Waiting for a process's end is event-driven (``HostProcess.exited``, set when the event loop
+learns of the exit, before its pipes close), never a polling loop.
 """
 
 from __future__ import annotations
@@ -28,7 +30,52 @@ from termgym.sandboxes.base import ProcessChannel
 from termgym.sandboxes.tools import host_tool
 
 HOST_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-POLL_SEC = 0.001  # how often a wait for a process or a pipe looks again
+POLL_SEC = 0.001  # how often a wait for a condition without an event (a cgroup emptied) looks again
+
+
+class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's stream protocol, and a future set as soon as the process has exited: on Python
+    3.11 ``Process.wait()`` also waits for every pipe to close, which a background job holding
+    the output pipe can delay for ever."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+class HostProcess(asyncio.subprocess.Process):
+    """An ``asyncio.subprocess.Process`` whose ``exited`` future is done once it has exited (its
+    ``returncode`` set), whatever its pipes still hold."""
+
+    def __init__(self, transport: Any, protocol: _ExitProtocol, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(transport, protocol, loop)
+        self.exited = protocol.exited
+
+
+async def _exec(argv: Sequence[str], **kwargs: Any) -> HostProcess:
+    """``asyncio.create_subprocess_exec``, as a ``HostProcess``."""
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(lambda: _ExitProtocol(limit=2**16, loop=loop), *argv, **kwargs)
+    return HostProcess(transport, protocol, loop)
+
+
+async def exited(process: asyncio.subprocess.Process, timeout: float | None = None) -> bool:
+    """Wait until ``process`` has exited (at most ``timeout`` seconds); whether it has."""
+    if process.returncode is not None:
+        return True
+    ended = getattr(process, "exited", None)
+    if ended is None:  # not one of ``spawn``'s: its end is seen by looking again
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while process.returncode is None and (deadline is None or time.monotonic() < deadline):
+            await asyncio.sleep(POLL_SEC)
+        return process.returncode is not None
+    await asyncio.wait({ended}, timeout=timeout)
+    return process.returncode is not None
 
 
 class HostChannel(ProcessChannel):
@@ -83,14 +130,15 @@ async def communicate(
     reader = asyncio.create_task(drain(process.stdout, capture))
     if errors is not None:  # both pipes to their end: the output's end waits for the trace's too
         reader = asyncio.create_task(_both(reader, asyncio.create_task(drain(process.stderr, errors))))
+    ending = asyncio.ensure_future(exited(process))
     try:
         # Output ends at EOF, or shortly after the process exits when a daemon it started still
         # holds the pipe open.
-        while not reader.done() and process.returncode is None:
-            await asyncio.wait({reader}, timeout=POLL_SEC)
+        await asyncio.wait({reader, ending}, return_when=asyncio.FIRST_COMPLETED)
         if not reader.done():
             await asyncio.wait({reader}, timeout=0.1)
     finally:
+        await cancel_and_wait(ending)
         await cancel_and_wait(reader, feeder)
 
 
@@ -108,7 +156,7 @@ async def spawn(
     cancellation never interrupts half-way (see ``termgym.aio``): if the caller is cancelled
     meanwhile, the process is started, ended with ``end`` and released, and the cancellation
     propagates."""
-    spawning = asyncio.create_subprocess_exec(*argv, env=HOST_ENV, **kwargs)
+    spawning = _exec(argv, env=HOST_ENV, **kwargs)
     return await uninterrupted(spawning, end)
 
 
@@ -143,9 +191,7 @@ async def release(process: asyncio.subprocess.Process, timeout: float = 5.0) -> 
     Not ``process.wait()``: on Python 3.11 that also waits for every pipe to close, which a
     background job holding the output pipe can delay for ever. Nor closing the transport before the
     exit is known: that reaps the process behind the child watcher's back."""
-    deadline = time.monotonic() + timeout
-    while process.returncode is None and time.monotonic() < deadline:
-        await asyncio.sleep(POLL_SEC)
+    await exited(process, timeout)
     transport = getattr(process, "_transport", None)
     if transport is not None:
         transport.close()

@@ -57,7 +57,7 @@ from pathlib import Path
 
 from termgym.aio import wait_for
 from termgym.errors import BackendUnavailable, SandboxError
-from termgym.sandboxes.host_processes import POLL_SEC, alive, children, kill_tree, release, spawn, start_time
+from termgym.sandboxes.host_processes import POLL_SEC, alive, children, exited, kill_tree, release, spawn, start_time
 from termgym.sandboxes.local.commands import within_limits
 from termgym.sandboxes.tools import PACKAGES, TRUSTED_DIRS, host_tool
 
@@ -321,10 +321,7 @@ async def end_helper(helper: asyncio.subprocess.Process) -> None:
         for child in children(helper.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
-        deadline = time.monotonic() + 1.0
-        while helper.returncode is None and time.monotonic() < deadline:
-            await asyncio.sleep(POLL_SEC)
-        if helper.returncode is None:
+        if not await exited(helper, 1.0):
             kill_tree(helper.pid)
     await release(helper)
 
