@@ -149,17 +149,24 @@ class WandbTracker(Tracker):
 
     def __init__(self, root: Path, config: Mapping[str, Any], name: str) -> None:
         import wandb
+        from wandb.errors import Error as WandbError
 
         root.mkdir(parents=True, exist_ok=True)
         self._wandb = wandb
-        self._run = wandb.init(
-            project=os.environ.get("WANDB_PROJECT") or "termgym",
-            name=name,
-            dir=str(root),
-            config=dict(config),
-            mode=os.environ.get("WANDB_MODE") or "offline",  # type: ignore[arg-type]  # W&B checks the value
-            settings=wandb.Settings(console="off", x_disable_stats=True, disable_git=True, save_code=False),
-        )
+        try:
+            self._run = wandb.init(
+                project=os.environ.get("WANDB_PROJECT") or "termgym",
+                name=name,
+                dir=str(root),
+                config=dict(config),
+                mode=os.environ.get("WANDB_MODE") or "offline",  # type: ignore[arg-type]  # W&B checks the value
+                settings=wandb.Settings(console="off", x_disable_stats=True, disable_git=True, save_code=False),
+            )
+        except (WandbError, ValueError) as exc:  # no login for an online run, a WANDB_MODE it refuses
+            detail = " ".join(str(exc).split())
+            raise ConfigError(
+                f"--track wandb: W&B could not start the run ({detail}); WANDB_MODE=offline needs nothing"
+            ) from None
         self.run_dir = Path(self._run.dir).parent  # root/wandb/<mode>-run-<time>-<id>
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:

@@ -60,6 +60,16 @@ def test_an_unknown_tracker_or_a_missing_package_is_one_clear_line(monkeypatch):
         require_tracker("tensorboard")
 
 
+def test_a_wandb_run_that_cannot_start_is_one_line(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="the track extra")
+    from termgym.tracking import open_tracker
+
+    monkeypatch.setenv("WANDB_MODE", "sideways")  # W&B refuses the mode: no network is tried
+    with pytest.raises(ConfigError, match=r"--track wandb: W&B could not start the run \(.*sideways") as caught:
+        open_tracker("wandb", tmp_path, {}, "run")
+    assert "\n" not in str(caught.value)
+
+
 def test_run_refuses_a_tracker_it_cannot_open_before_any_work(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", None)
     out = tmp_path / "run"
