@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from tests.helpers import REPO_ROOT, sandbox_processes, termgym, termgym_containers, write_task
-from tests.termgym.sandboxes.daytona.conftest import daytona, faults  # noqa: F401  (fixtures)
 
 pytest.importorskip("inspect_ai", reason="the integrations extra")
 from inspect_ai.log import read_eval_log
@@ -207,7 +206,7 @@ async def termgym_files(box: TermgymSandboxEnvironment) -> list[str]:
     return sorted({name[: name.index("-", 9) + 1] for name in listing.stdout.split()})
 
 
-async def test_the_provider_runs_on_daytona_through_its_sdk(daytona, task_dir):  # noqa: F811
+async def test_the_provider_runs_on_daytona_through_its_sdk(daytona, task_dir):
     """The Daytona backend, the real SDK over HTTP against the local API server (each sandbox there a
     real embedded sandbox): the same exec and file behaviour, and the scorer's verification."""
     async with started(task_dir, "daytona") as box:

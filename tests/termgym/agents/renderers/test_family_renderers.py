@@ -17,7 +17,7 @@ from termgym.agents.actions import TOOLS, ToolCall
 from termgym.agents.renderers import THINKING_RETENTIONS, ThinkingRetention
 from termgym.agents.renderers.llama3 import read_call
 from termgym.agents.renderers.qwen_xml import typed_value
-from tests.termgym.agents.renderers.conftest import CONFIGS, Config
+from tests.termgym.agents.renderers.helpers import CONFIGS, Config
 
 PROPERTY = settings(
     max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

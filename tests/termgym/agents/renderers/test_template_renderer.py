@@ -12,7 +12,7 @@ from termgym.agents.actions import TOOLS, ToolCall
 from termgym.agents.renderers import TemplateRenderer
 from termgym.agents.renderers.detect import FAMILY_RENDERERS
 from termgym.errors import ConfigError
-from tests.termgym.agents.renderers.conftest import FORMAT_NAMES
+from tests.termgym.agents.renderers.helpers import FORMAT_NAMES
 
 OPENING = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List the files."}]
 CALL = {"id": "call_0", "type": "function", "function": {"name": "bash", "arguments": {"command": "ls -la"}}}

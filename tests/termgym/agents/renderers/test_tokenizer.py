@@ -11,7 +11,7 @@ from transformers import AutoTokenizer
 from termgym.agents.renderers import FORMATS, detect_renderer, make_renderer
 from termgym.errors import ConfigError
 from termgym.trainer.tokenizer import train_family_tokenizer
-from tests.termgym.agents.renderers.conftest import CORPUS, FORMAT_NAMES
+from tests.termgym.agents.renderers.helpers import CORPUS, FORMAT_NAMES
 
 FRAMING = {
     "chatml": [

@@ -13,7 +13,7 @@ import pytest
 
 from termgym.cli.summary import summarize
 from termgym.records import read_records
-from tests.termgym.cli.run_report.conftest import BULK_RENAME, EVIL_OUTPUT, run_headless, termgym
+from tests.termgym.cli.run_report.helpers import BULK_RENAME, EVIL_OUTPUT, run_headless, termgym
 
 pytestmark = pytest.mark.slow
 

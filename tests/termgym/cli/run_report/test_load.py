@@ -9,7 +9,7 @@ from pathlib import Path
 from termgym.cli.run_report import load_report, write_report
 from termgym.records import TrialRecord, append_record
 from termgym.transcript import Transcript, write_transcript
-from tests.termgym.cli.run_report.conftest import termgym
+from tests.termgym.cli.run_report.helpers import termgym
 
 
 def make_run(root: Path) -> Path:

@@ -1,23 +1,14 @@
-"""Fixtures for the Daytona backend: the local API server, the SDK pointed at it, fast retries."""
+"""Fixtures for the Daytona backend: the local API server with the SDK pointed at it and fast
+retries (tests/termgym/sandboxes/daytona/helpers.py), and the faults it injects."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
-from termgym.sandboxes.daytona.backend import DaytonaSettings, close_providers, get_provider
-from termgym.sandboxes.daytona.policy import RetryPolicy
+from tests.termgym.sandboxes.daytona.helpers import serving_daytona
 from tests.termgym.sandboxes.daytona.server import FakeDaytona, Faults
-
-# Test-sized waits: the decisions are the production ones, only the delays are shorter.
-FAST_RETRY = RetryPolicy(base_delay=0.05, max_delay=0.4, quota_base_delay=0.1, quota_max_delay=0.4, jitter=0.5)
-
-
-def fast_settings(**overrides: Any) -> DaytonaSettings:
-    values: dict[str, Any] = {"retry": FAST_RETRY, "create_timeout": 20.0, "request_timeout": 20.0, **overrides}
-    return DaytonaSettings(**values)
 
 
 @pytest.fixture
@@ -29,17 +20,5 @@ def faults() -> Faults:
 async def daytona(faults: Faults, no_leaks, monkeypatch: pytest.MonkeyPatch, tmp_path) -> AsyncIterator[FakeDaytona]:
     """A running server with the SDK's environment pointed at it; the backend's provider for this
     event loop uses ``fast_settings()``. At the end: no sandbox left on the server or on disk."""
-    server = await FakeDaytona(faults=faults, workdir=tmp_path / "server").start()
-    monkeypatch.setenv("DAYTONA_API_KEY", server.api_key)
-    monkeypatch.setenv("DAYTONA_API_URL", server.api_url)
-    for name in ("DAYTONA_TARGET", "DAYTONA_JWT_TOKEN", "DAYTONA_ORGANIZATION_ID", "DAYTONA_SERVER_URL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.chdir(tmp_path)  # no stray .env file is read
-    get_provider(fast_settings())
-    try:
+    async with serving_daytona(faults, monkeypatch, tmp_path) as server:
         yield server
-    finally:
-        await close_providers()
-        leaked = [s.name for s in server.live()]
-        await server.close()
-    assert not leaked, f"sandboxes left on the server: {leaked}"

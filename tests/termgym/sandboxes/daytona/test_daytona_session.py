@@ -16,7 +16,7 @@ from termgym.sandboxes.daytona.backend import close_providers, get_provider
 from termgym.sandboxes.daytona.policy import environment_routes_requests
 from termgym.tasks import load_task
 from tests.helpers import write_task
-from tests.termgym.sandboxes.daytona.conftest import fast_settings
+from tests.termgym.sandboxes.daytona.helpers import fast_settings
 
 pytestmark = pytest.mark.usefixtures("daytona")
 
