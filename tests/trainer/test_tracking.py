@@ -178,6 +178,7 @@ async def test_the_pipeline_is_one_tracked_run_its_ppo_phase_included(tmp_path, 
 
     async def train(cfg, tracker=None):
         given.update(pool=cfg.pool, out=cfg.out, tracker=tracker)
+        assert tracker is not None  # the job's, handed down
         tracker.log({"charts/reward": 0.5}, 1)
         return []
 
