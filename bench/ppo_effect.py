@@ -94,6 +94,7 @@ async def main_async(args) -> int:
                 concurrency=cfg.concurrency,
                 samples=samples,
                 seed=cfg.seed,
+                batched=not cfg.deterministic,
             )
             summaries.append(summary)
         change = paired_change(*summaries)
