@@ -59,7 +59,7 @@ from transformers import (
 )
 from transformers.models.qwen3_5_moe import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
-from termgym.errors import ConfigError
+from termgym.errors import UnknownName
 
 ARCHITECTURES = ("qwen3", "qwen3-moe", "qwen3.5-moe", "llama")
 
@@ -85,7 +85,7 @@ QWEN3_5_FULL_ATTENTION_INTERVAL = 4  # Qwen3.5: three linear-attention layers, t
 
 def _check_architecture(architecture: str) -> None:
     if architecture not in ARCHITECTURES:
-        raise ConfigError(f"unknown model architecture {architecture!r}; one of {', '.join(ARCHITECTURES)}")
+        raise UnknownName("unknown model architecture", architecture, ARCHITECTURES)
 
 
 def qwen3_5_layer_types(layers: int) -> list[str]:

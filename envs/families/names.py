@@ -18,6 +18,8 @@ import hashlib
 import random
 from dataclasses import dataclass
 
+from termgym.errors import UnknownName
+
 SPLITS = ("train", "heldout")
 ONSETS = (
     "b",
@@ -79,7 +81,7 @@ class NamePool:
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
-            raise ValueError(f"unknown split {self.split!r}; choose one of: {', '.join(SPLITS)}")
+            raise UnknownName("unknown split", self.split, SPLITS)
         if not MIN_LENGTH <= self.longest <= MAX_LENGTH:
             raise ValueError(f"longest must be from {MIN_LENGTH} to {MAX_LENGTH}, got {self.longest}")
 

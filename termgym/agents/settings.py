@@ -17,7 +17,7 @@ from termgym.agents.basic import NullAgent, OracleAgent
 from termgym.agents.chat import ChatClient
 from termgym.agents.model import ContextPolicy, LoopSettings, ModelAgent
 from termgym.agents.transport import DEFAULT_MAX_RETRIES, DEFAULT_REQUEST_TIMEOUT, Endpoint, Server, resolve_api_key
-from termgym.errors import ConfigError
+from termgym.errors import ConfigError, UnknownName
 from termgym.trial import Agent
 
 ClientKind = Literal["chat", "tokens"]
@@ -72,7 +72,7 @@ def make_agent(name: str, model: ModelConfig | None = None, *, environ: Mapping[
         return NullAgent()
     if name == "model":
         return build_model_agent(model or ModelConfig(), environ=os.environ if environ is None else environ)
-    raise ConfigError(f"unknown agent {name!r}; choose one of: {', '.join(AGENTS)}")
+    raise UnknownName("unknown agent", name, AGENTS)
 
 
 def build_model_agent(config: ModelConfig, *, environ: Mapping[str, str], connections: int = 1000) -> ModelAgent:

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
-from termgym.errors import BackendUnavailable, ConfigError
+from termgym.errors import BackendUnavailable, ConfigError, UnknownName
 from termgym.sandboxes.base import BackendHooks, ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
 
 
@@ -51,7 +51,7 @@ def backend_module(name: str) -> ModuleType:
     registered, ``BackendUnavailable`` when its SDK is not installed."""
     backend = REGISTRY.get(name)
     if backend is None:
-        raise ConfigError(f"unknown backend {name!r}; choose one of: {', '.join(BACKENDS)}")
+        raise UnknownName("unknown backend", name, BACKENDS)
     try:
         return importlib.import_module(backend.module)
     except ImportError as exc:

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar, cast, get_args
 
 from termgym.aio import cancel_and_wait
-from termgym.errors import ConfigError, SandboxError
+from termgym.errors import ConfigError, SandboxError, UnknownName
 from termgym.records import ErrorKind, TrialRecord
 from termgym.sandboxes.pacing import Pacer
 from termgym.sandboxes.placement import placed_on
@@ -97,9 +97,9 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ConfigError(f"unknown mode {self.mode!r}; choose one of: {', '.join(MODES)}")
+            raise UnknownName("unknown mode", self.mode, MODES)
         if self.clock not in CLOCKS:
-            raise ConfigError(f"unknown clock {self.clock!r}; choose one of: {', '.join(CLOCKS)}")
+            raise UnknownName("unknown clock", self.clock, CLOCKS)
         if self.batch_size < 1:
             raise ConfigError(f"the batch size must be at least 1, got {self.batch_size}")
         if self.launch is not None and self.launch < self.batch_size:

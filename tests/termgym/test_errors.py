@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -101,3 +102,27 @@ def test_the_trainer_suggests_the_closest_preset_family_set_mode_and_task(flags,
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()  # refused before any work
+
+
+def typo(name: str) -> Any:
+    """A name as a user gives it: unchecked by the type of the parameter it goes to."""
+    return name
+
+
+def test_the_other_name_lookups_suggest_the_same_way():
+    from termgym.agents import make_agent
+    from termgym.agents.renderers.formats import check_thinking, format_spec
+    from termgym.sandboxes import backend_module
+    from termgym.scheduling.scheduler import SchedulerConfig
+
+    for look_up, said in (
+        (lambda: backend_module("dokcer"), "unknown backend 'dokcer': did you mean docker?"),
+        (lambda: make_agent("oracel"), "unknown agent 'oracel': did you mean oracle?"),
+        (lambda: check_thinking("cycel"), "unknown thinking retention 'cycel': did you mean cycle?"),
+        (lambda: format_spec("chatm"), "unknown chat format 'chatm': did you mean chatml?"),
+        (lambda: SchedulerConfig(4, mode=typo("reweigh")), "unknown mode 'reweigh': did you mean reweight?"),
+        (lambda: SchedulerConfig(4, clock=typo("wal")), "unknown clock 'wal': did you mean wall?"),
+    ):
+        with pytest.raises(UnknownName) as caught:
+            look_up()
+        assert str(caught.value).startswith(said), str(caught.value)

@@ -24,7 +24,7 @@ from termgym.agents.renderers.formats import FORMATS, chat_template_text, check_
 from termgym.agents.renderers.llama3 import Llama3Renderer
 from termgym.agents.renderers.qwen_xml import QwenXMLRenderer
 from termgym.agents.renderers.template import TemplateRenderer
-from termgym.errors import ConfigError
+from termgym.errors import ConfigError, UnknownName
 
 FAMILY_RENDERERS: dict[str, type[ChatMLRenderer] | type[Llama3Renderer]] = {
     "chatml": ChatMLRenderer,
@@ -68,7 +68,7 @@ def make_renderer(name: str, tokenizer: Any, *, thinking: str = "cycle", model_t
     """The renderer ``name`` (``auto``: ``detect_renderer`` with ``model_type``) over ``tokenizer``."""
     retention = check_thinking(thinking)
     if name not in RENDERER_NAMES:
-        raise ConfigError(f"unknown renderer {name!r}: choose one of {', '.join(RENDERER_NAMES)}")
+        raise UnknownName("unknown renderer", name, RENDERER_NAMES)
     if name == "auto":
         name = detect_renderer(tokenizer, model_type)
     if name == "template":

@@ -44,7 +44,7 @@ from importlib import resources
 from typing import Any
 
 from termgym.agents.renderers.base import THINKING_RETENTIONS, ParsedReply, ThinkingRetention
-from termgym.errors import ConfigError
+from termgym.errors import ConfigError, UnknownName
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def format_spec(name: str) -> FormatSpec:
     """The chat format called ``name``; ``ConfigError`` naming the known ones otherwise."""
     spec = FORMATS.get(name)
     if spec is None:
-        raise ConfigError(f"unknown chat format {name!r}: the formats are {', '.join(FORMAT_NAMES)}")
+        raise UnknownName("unknown chat format", name, FORMAT_NAMES)
     return spec
 
 
@@ -148,7 +148,7 @@ def _template_text(file_name: str) -> str:
 def check_thinking(thinking: str) -> ThinkingRetention:
     """``thinking`` as a retention; ``ConfigError`` naming the choices otherwise."""
     if thinking not in THINKING_RETENTIONS:
-        raise ConfigError(f"unknown thinking retention {thinking!r}: choose one of {', '.join(THINKING_RETENTIONS)}")
+        raise UnknownName("unknown thinking retention", thinking, THINKING_RETENTIONS)
     return thinking  # pyright: ignore[reportReturnType]  # checked against the Literal's values above
 
 
