@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from termgym.cli.summary import INFRASTRUCTURE
 from termgym.env import EnvOptions
 from termgym.episode.overrides import NETWORK_CHOICES, override_fields
 from termgym.episode.tamper import TAMPER_POLICIES
-from termgym.errors import ConfigError
+from termgym.errors import ConfigError, did_you_mean
 from termgym.images.build import CONFIG_FILES, load_aliases, read_config_file
 from termgym.images.pull import PULL_POLICIES
 from termgym.integrations.settings import build_harness_agent
@@ -59,8 +60,15 @@ class UsageError(ConfigError):
     """Bad command-line input: reported in one line, exit 2."""
 
 
+# argparse's words for a value outside an argument's choices (a subcommand, --backend, --agent...)
+INVALID_CHOICE = re.compile(r"invalid choice: '(?P<value>[^']*)' \(choose from (?P<choices>.*)\)$")
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, not argparse's usage block
+        invalid = INVALID_CHOICE.search(message)
+        if invalid and (hint := did_you_mean(invalid["value"], re.findall(r"[^,' ]+", invalid["choices"]))):
+            message = f"{message}; {hint}"  # a mistyped choice: the closest ones, as every name lookup says
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 

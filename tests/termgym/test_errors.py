@@ -126,3 +126,24 @@ def test_the_other_name_lookups_suggest_the_same_way():
         with pytest.raises(UnknownName) as caught:
             look_up()
         assert str(caught.value).startswith(said), str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["chek", "x"], "invalid choice: 'chek' (choose from 'check', "),
+        (["check", "x", "--backend", "dokcer"], "invalid choice: 'dokcer' (choose from 'local', 'docker'"),
+        (["check", "x", "--agent", "nul"], "invalid choice: 'nul' (choose from 'oracle', 'null'"),
+    ],
+)
+def test_a_mistyped_subcommand_or_choice_on_the_command_line_gets_the_closest(args, said, capsys):
+    assert termgym_main(args) == 2
+    err = capsys.readouterr().err
+    closest = {"chek": "check", "dokcer": "docker", "nul": "null"}[args[0] if args[0] == "chek" else args[-1]]
+    assert said in err and f"; did you mean {closest}? (see termgym" in err and err.count("\n") == 1
+
+
+def test_a_choice_close_to_none_is_argparses_line_alone(capsys):
+    assert termgym_main(["check", "x", "--backend", "zzz"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'zzz'" in err and "did you mean" not in err
