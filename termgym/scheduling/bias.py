@@ -118,8 +118,10 @@ def shares(counts: Mapping[str, float]) -> dict[str, float]:
 
 
 def total_variation(p: Mapping[str, float], q: Mapping[str, float]) -> float:
-    """Total-variation distance between two distributions over groups (missing groups count 0)."""
-    return 0.5 * sum(abs(p.get(name, 0.0) - q.get(name, 0.0)) for name in set(p) | set(q))
+    """Total-variation distance between two distributions over groups (missing groups count 0),
+    summed in the groups' sorted order: a set's order changes with the process's string hashing,
+    and a float sum with its order."""
+    return 0.5 * sum(abs(p.get(name, 0.0) - q.get(name, 0.0)) for name in sorted(set(p) | set(q)))
 
 
 def importance_weights(launched: Mapping[str, int], kept: Mapping[str, int]) -> dict[str, float]:

@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import math
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -220,3 +223,24 @@ def test_table_rows_and_summary_line():
     line = bias.summary_line(3, "cancel", report, report, wall=110.0, bound=100.0)
     assert "step 3 · cancel · kept 4 · launched 7 · cancelled 1 · failed 1 · carried 1" in line
     assert "x1.10" in line and "long 42.9% launched → 50.0% kept" in line
+
+
+def test_total_variation_is_the_same_float_whatever_the_string_hashing():
+    # A set of names iterates in an order that PYTHONHASHSEED decides, and a float sum depends on
+    # its order (0.1 + 0.2 + 0.3 is not 0.3 + 0.2 + 0.1): two runs of one seed must log the same figure.
+    code = (
+        "from termgym.scheduling import bias; "
+        "p = {f'family-{i}': 0.1 * i for i in range(1, 12)}; "
+        "print(repr(bias.total_variation(p, {})))"
+    )
+    seen = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2", "3", "4")
+    }
+    assert len(seen) == 1
