@@ -60,7 +60,7 @@ from termgym.trainer.ppo import train
 from termgym.trainer.rollout import rollout_options, rollout_settings
 from termgym.trainer.sft import Demonstration, collect_demonstrations, save_demonstrations, supervised_steps
 from termgym.trainer.sft_data import load_sft_data, write_report
-from termgym.trainer.tracking import log_heldout, run_tracker
+from termgym.trainer.tracking import log_heldout, log_job, run_tracker
 from termgym.trainer.vllm_sampler import policy_head_dim
 
 
@@ -574,6 +574,7 @@ async def _run_phases(cfg: Config, console: Console | None, tracker: Tracker | N
         "plots": [str(p) for p in plots],
     }
     (run / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log_job(tracker, summary, losses, cfg.steps)
     console.print(result_table(before, after, teacher))
     console.print(f"  after PPO against the supervised start, greedy: {change.describe(before.greedy.tasks)}")
     if before.sampled and after.sampled:

@@ -8,7 +8,8 @@ top-level metric goes under its section, CleanRL's habit (``charts/reward``,
 path (the scheduler's accounting: ``scheduler/families/tv_distance``, the straggler bias, and each
 family's counts). The x axis counts the steps done (the first step is 1), as the progress line and
 the plots do. At the end of a ``--pool`` run: the held-out results of each evaluation, overall and
-per family (``heldout_scalars``), and the per-family table (``heldout_table``), at the last step.
+per family (``heldout_scalars``), the per-family table (``heldout_table``) and the job's own figures
+(``job_scalars``: sizes, the start check, phase timings, the supervised loss), at the last step.
 The run's configuration is its hyperparameters.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,23 @@ def heldout_table(evaluations: Mapping[str, EvalSummary]) -> tuple[list[str], li
         for family, counts in families.items()
     ]
     return columns, rows
+
+
+def job_scalars(summary: Mapping[str, Any], sft_losses: Sequence[float]) -> dict[str, float]:
+    """Pure: a ``--pool`` job's own figures beside its held-out ones: every number of its
+    ``summary.json`` but the held-out results (the pool, the accepted tasks, the demonstrations,
+    the parameters, the start check, each phase's seconds) under ``job/``, and the supervised
+    start's first and last loss (``job/sft_loss/first``, ``job/sft_loss/last``)."""
+    figures = {key: value for key, value in summary.items() if key != "heldout"}
+    if sft_losses:
+        figures["sft_loss"] = {"first": sft_losses[0], "last": sft_losses[-1], "steps": len(sft_losses)}
+    return flatten(figures, "job")
+
+
+def log_job(tracker: Tracker | None, summary: Mapping[str, Any], sft_losses: Sequence[float], step: int) -> None:
+    """``job_scalars`` at ``step`` (nothing without a tracker)."""
+    if tracker is not None:
+        tracker.log(job_scalars(summary, sft_losses), step)
 
 
 def log_heldout(tracker: Tracker | None, evaluations: Mapping[str, EvalSummary], step: int) -> None:

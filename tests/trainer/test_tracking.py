@@ -150,18 +150,24 @@ def test_the_pipeline_logs_its_heldout_table_to_its_own_tracker(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from termgym.tracking import open_tracker
-    from termgym.trainer.tracking import log_heldout
+    from termgym.trainer.tracking import job_scalars, log_heldout, log_job
 
     evaluations = {"sft": summary(0.25, {"copy-file": {"tasks": 4, "resolved": 0.25, "passed": 3}})}
+    job = {"run": "runs/x", "pool": 10, "heldout": {"sft": {"resolved": 0.25}}, "timings": {"ppo": 12.5}}
     with open_tracker("tensorboard", tmp_path, {"pool": 10}, name="run") as tracker:
         log_heldout(tracker, evaluations, 5)
+        log_job(tracker, job, [2.0, 1.5, 0.75], 5)
     log_heldout(None, evaluations, 5)  # no tracker: nothing to do
+    log_job(None, job, [], 5)
+    assert job_scalars(job, []) == {"job/pool": 10.0, "job/timings/ppo": 12.5}  # held-out results apart
     reader = EventAccumulator(str(tmp_path / "tensorboard"))
     reader.Reload()
     assert [(e.step, e.value) for e in reader.Scalars("heldout/sft/families/copy-file/resolved")] == [(5, 0.25)]
     table = reader.Tensors("heldout/families/text_summary")[0].tensor_proto.string_val[0].decode()
     assert table.splitlines()[0] == "| family | tasks | sft: resolved |" and "| copy-file | 4 | 0.25 |" in table
-    assert Path(tmp_path / "tensorboard").is_dir()
+    sft_loss = {tag: reader.Scalars(tag)[0].value for tag in reader.Tags()["scalars"] if tag.startswith("job/sft")}
+    assert sft_loss == {"job/sft_loss/first": 2.0, "job/sft_loss/last": 0.75, "job/sft_loss/steps": 3.0}
+    assert [(e.step, e.value) for e in reader.Scalars("job/timings/ppo")] == [(5, 12.5)]
 
 
 async def test_the_pipeline_is_one_tracked_run_its_ppo_phase_included(tmp_path, monkeypatch):
