@@ -24,7 +24,7 @@ import uvloop
 
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.sandboxes.host_processes import children
-from termgym.sandboxes.local.commands import within_limits
+from termgym.sandboxes.local.commands import GUARD_SCRIPTS, within_limits
 from termgym.tasks import load_task
 
 pytestmark = [pytest.mark.redteam]
@@ -35,12 +35,12 @@ def still_starting(pid: int) -> bool:
     """Whether ``pid`` has not yet reached its guard's ``close_range``: a fork of this process that
     has not run its program yet, or the guard itself (perl, running ``within_limits``'s script).
     Nothing in the sandbox reaches either; what the guard runs next is checked like any process."""
-    guard = within_limits(["true"], [], None)[:3]
+    perl = within_limits(["true"], [], None)[:2]
     with open(f"/proc/{pid}/cmdline", "rb") as file:
         argv = file.read().decode(errors="replace").split("\0")[:-1]
     with open("/proc/self/cmdline", "rb") as file:
         own = file.read().decode(errors="replace").split("\0")[:-1]
-    return argv == own or argv[:3] == guard
+    return argv == own or (argv[:2] == perl and len(argv) > 2 and argv[2] in GUARD_SCRIPTS)
 
 
 def holders(log: Path) -> list[str]:

@@ -110,7 +110,8 @@ async def test_helpers_are_run_by_absolute_path(task_dir, no_leaks):
 
     sandbox = LocalSandbox(sandbox_spec(load_task(task_dir), run_id="redteam"))
     async with sandbox:
-        for argv in (sandbox._keeper_argv(False), sandbox._enter_argv(["true"], {}, "/")):
+        # the command entered is the sandbox's own, named by its path there: here an absolute one
+        for argv in (sandbox._keeper_argv(False), sandbox._enter_argv(["/usr/bin/true"], {}, "/")):
             programs = [argv[0]] + [
                 argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--" and not argv[i + 1].startswith("-")
             ]

@@ -23,7 +23,9 @@ What it covers:
   network, user-mode network through ``pasta`` that reaches nothing of the host's, ``network``), a 64 MB
   ``/dev/shm``. The sandbox is one long-lived namespace "keeper" process started with
   ``--die-with-parent``: when the termgym process dies, for whatever reason, the kernel kills every
-  process in the sandbox. Every command enters the keeper's namespaces with ``nsenter``.
+  process in the sandbox. Every command enters the keeper's namespaces: as root, the guard itself
+  does it (``setns`` of each, the keeper's root, Docker's capabilities, the exact environment), one
+  program instead of ``nsenter``, ``setpriv`` and ``env``; without root, through those tools.
 - **A guard in front of every process** (``commands.within_limits``): the keeper and every command
   start with descriptors 0, 1 and 2 only, whatever event loop spawned them (uvloop's ignores
   ``close_fds``), with no_new_privs, and refused the kernel's keyring calls by a seccomp filter
@@ -54,8 +56,8 @@ system, host files others may read (``/etc/passwd``, the host's programs) are vi
 
 **Task images** (``images``): the task's ``docker_image`` or ``FROM``, copied by skopeo and
 unpacked by umoci once per digest, is the sandbox's whole root under an overlay whose upper layer
-is the sandbox's storage; the keeper and what every command enters by (``setpriv``, ``env``,
-``timeout``) and the tracer run from the host's kit (``termgym.sandboxes.host_kit``), bound
+is the sandbox's storage; the keeper and what every command runs by (``timeout``; without root
+``nsenter``, ``setpriv`` and ``env``) and the tracer run from the host's kit (``termgym.sandboxes.host_kit``), bound
 read-only, never from that root; without root the overlay lives in a user and mount namespace of
 the user's own (``holder``). ``termgym/base:bookworm`` (which the default aliases name for
 Debian bookworm) is the host's ``/usr`` and ``/etc`` read-only with the writable roots above.

@@ -24,31 +24,136 @@ COMMAND_CAPABILITIES = tuple(
     " audit_write setfcap".split()
 )
 SHM_BYTES = 64 << 20
-# The guard every host command of a sandbox starts with (perl-base is Essential on Debian): joins
-# the cgroups named before "--" (each a cgroup.procs file), closes every descriptor but 0, 1 and 2
-# (close_range), sets no_new_privs and installs the seccomp program (``syscall_filter``), then runs
-# the rest: a process is in the sandbox's cgroups and under its filter before it starts, so nothing
-# it forks escapes them, and it holds no descriptor of this process, whatever spawned it (uvloop's
-# subprocess_exec ignores close_fds). No host tool loads a seccomp program in front of a command
-# that nsenter starts (util-linux 2.38 has neither enosys nor setpriv --seccomp-filter; bwrap's
-# --seccomp reaches only the keeper), and a Python preexec_fn would fork the whole termgym
-# process for every command instead of vfork (17 ms at 500 MB). Its first four arguments: the
-# numbers of prctl, seccomp and close_range, and the program in hex.
-_GUARD = r"""
-my ($prctl, $seccomp, $close_range, $filter) = splice(@ARGV, 0, 4);
+# Their numbers (<linux/capability.h>), which the guard keeps in the bounding set of what it enters.
+CAPABILITY_NUMBERS = {
+    "chown": 0, "dac_override": 1, "fowner": 3, "fsetid": 4, "kill": 5, "setgid": 6, "setuid": 7, "setpcap": 8,
+    "net_bind_service": 10, "net_raw": 13, "sys_chroot": 18, "mknod": 27, "audit_write": 29, "setfcap": 31,
+}  # fmt: skip
+# The guard every host command of a sandbox starts with (perl-base is Essential on Debian). Before
+# "--" it reads directives: cgroup=FILE (join that cgroup.procs), fsize=BYTES (the per-file size
+# limit, as prlimit sets it), for a keeper mount=FILE (enter that mount namespace, as
+# ``nsenter --mount``) and uid=UID (become that user, as ``setpriv --reuid --regid
+# --clear-groups``), and for a command entered as root enter=PID, cwd=DIR, caps=N,N... and
+# env=COUNT followed by that many KEY=VALUE words. It joins the cgroups, closes every descriptor
+# but 0, 1 and 2 (close_range), sets the size limit, no_new_privs and the seccomp program
+# (``syscall_filter``): a process is in the sandbox's cgroups and under its filter before it
+# starts, so nothing it forks escapes them, and it holds no descriptor of this process, whatever
+# spawned it (uvloop's subprocess_exec ignores close_fds). Then mount and uid. With enter=PID it
+# does what ``nsenter -t PID -U -m -p -n -i -u -r`` followed by ``setpriv --inh-caps=-all
+# --bounding-set=-all,+CAPS`` and ``env -i -C DIR VARS`` did, in one process instead of four
+# programs (each exec costs about half a bubblewrap spawn): opens the keeper's namespaces and root
+# while it still sees the host's /proc, enters every namespace but the user one, then the user
+# one (the others belong to its parent), takes the keeper's root, becomes the namespace's root,
+# and forks into the PID namespace; the parent waits outside and ends as its child did, as
+# nsenter does; the child drops every capability but CAPS from its bounding set, clears its
+# inheritable (so its ambient) set, and runs the command with exactly VARS in DIR. No host tool
+# loads a seccomp program in front of a command (util-linux 2.38 has neither enosys nor setpriv
+# --seccomp-filter; bwrap's --seccomp reaches only the keeper), and a Python preexec_fn would fork
+# the whole termgym process for every command instead of vfork (17 ms at 500 MB). Its first
+# arguments: the numbers of the calls it makes (``Machine.guard_numbers``) and the program in hex.
+_GUARD_HEAD = r"""
+my ($numbers, $filter) = splice(@ARGV, 0, 2);
+my ($prctl, $seccomp, $close_range, $setns, $setgroups, $setresuid, $setresgid, $capget, $capset, $prlimit) =
+    map { $_ + 0 } split(/,/, $numbers);
 sub fail { print STDERR "termgym: the sandbox guard could not $_[0]: $!\n"; exit 125 }
-while (@ARGV && (my $file = shift @ARGV) ne "--") {
-    open(my $procs, ">", $file) or fail("join the cgroup $file");
-    print $procs "$$\n" and close $procs or fail("join the cgroup $file");
+my (%set, @env);
+while (@ARGV) {
+    my $arg = shift @ARGV;
+    last if $arg eq "--";
+    my ($key, $value) = split(/=/, $arg, 2);
+    if ($key eq "cgroup") {
+        open(my $procs, ">", $value) or fail("join the cgroup $value");
+        print $procs "$$\n" and close $procs or fail("join the cgroup $value");
+    } elsif ($key eq "env") {
+        @env = splice(@ARGV, 0, $value);
+    } else {
+        $set{$key} = $value;
+    }
 }
-syscall($close_range + 0, 3, 0xFFFFFFFF, 0) == 0 or fail("close the descriptors it inherited");
-syscall($prctl + 0, 38, 1, 0, 0, 0) == 0 or fail("set no_new_privs");
+syscall($close_range, 3, 0xFFFFFFFF, 0) == 0 or fail("close the descriptors it inherited");
+if (defined $set{fsize}) {
+    my $limit = pack("QQ", $set{fsize}, $set{fsize});
+    syscall($prlimit, 0, 1, $limit, 0) == 0 or fail("limit the size of a file");
+}
+syscall($prctl, 38, 1, 0, 0, 0) == 0 or fail("set no_new_privs");
 my $program = pack("H*", $filter);
 my $fprog = pack("S x![p] p", length($program) / 8, $program);
-syscall($seccomp + 0, 1, 0, $fprog) == 0 or fail("install the seccomp filter");
+syscall($seccomp, 1, 0, $fprog) == 0 or fail("install the seccomp filter");
+if (defined $set{mount}) {
+    open(my $namespace, "<", $set{mount}) or fail("open the sandbox's mount namespace");
+    syscall($setns, fileno($namespace), 0x20000) == 0 or fail("enter the sandbox's mount namespace");
+    close($namespace);
+}
+if (defined $set{uid}) {
+    my $id = $set{uid} + 0;
+    syscall($setgroups, 0, 0) == 0 or fail("clear its groups");
+    syscall($setresgid, $id, $id, $id) == 0 or fail("take the group $id");
+    syscall($setresuid, $id, $id, $id) == 0 or fail("become the user $id");
+}
+"""
+# The entry, as root (enter=PID): only the guard of an entered command compiles it (perl compiles a
+# script on every start: about 0.8 ms for this part).
+_GUARD_ENTER = r"""
+if (defined $set{enter}) {
+    my $pid = $set{enter};
+    my @kinds = qw(ipc uts net pid mnt user);
+    my %ns;
+    for my $kind (@kinds) {
+        open($ns{$kind}, "<", "/proc/$pid/ns/$kind") or fail("open the sandbox's $kind namespace");
+    }
+    opendir(my $root, "/proc/$pid/root") or fail("open the sandbox's root");
+    open(my $last_file, "<", "/proc/sys/kernel/cap_last_cap") or fail("read the last capability");
+    my $last = <$last_file> + 0;
+    syscall($setgroups, 0, 0) == 0 or fail("clear its groups");
+    for my $kind (@kinds) {
+        syscall($setns, fileno($ns{$kind}), 0) == 0 or fail("enter the sandbox's $kind namespace");
+    }
+    chdir($root) or fail("reach the sandbox's root");
+    chroot(".") or fail("take the sandbox's root");
+    syscall($setgroups, 0, 0);  # refused where the namespace denies it: cleared above
+    syscall($setresgid, 0, 0, 0) == 0 or fail("become the sandbox's root group");
+    syscall($setresuid, 0, 0, 0) == 0 or fail("become the sandbox's root");
+    close($_) for values %ns;
+    closedir($root);
+    my $child = fork();
+    defined $child or fail("fork into the sandbox's namespaces");
+    if ($child) {
+        waitpid($child, 0) == $child or fail("wait for its command");
+        my $signal = $? & 127;
+        if ($signal) {
+            $SIG{$_} = "DEFAULT" for keys %SIG;
+            kill($signal, $$);
+        }
+        exit($? >> 8);
+    }
+    my %keep = map { $_ => 1 } split(/,/, $set{caps});
+    for my $cap (0 .. $last) {
+        next if $keep{$cap};
+        syscall($prctl, 24, $cap, 0, 0, 0) == 0 or fail("drop capability $cap");
+    }
+    my $header = pack("LL", 0x20080522, 0);
+    my $sets = "\0" x 24;
+    syscall($capget, $header, $sets) == 0 or fail("read its capabilities");
+    my @words = unpack("L6", $sets);
+    @words[2, 5] = (0, 0);
+    syscall($capset, $header, pack("L6", @words)) == 0 or fail("clear its inheritable capabilities");
+    %ENV = map { split(/=/, $_, 2) } @env;
+    unless (chdir($set{cwd})) {
+        print STDERR "termgym: cannot change directory to '$set{cwd}': $!\n";
+        exit 125;
+    }
+    exec { $ARGV[0] } @ARGV;
+    print STDERR "termgym: cannot run $ARGV[0]: $!\n";
+    exit($! + 0 == 2 ? 127 : 126);  # ENOENT; not %!, which loads the Errno module (3 ms)
+}
+"""
+_GUARD_EXEC = r"""
 exec { $ARGV[0] } @ARGV;
 fail("run $ARGV[0]");
 """
+_GUARD = _GUARD_HEAD + _GUARD_EXEC
+_GUARD_ENTERING = _GUARD_HEAD + _GUARD_ENTER + _GUARD_EXEC
+GUARD_SCRIPTS = (_GUARD, _GUARD_ENTERING)  # what a guard process runs (``perl -e SCRIPT``)
 # The keeper says "ready" once the sandbox is fully set up; commands enter its namespaces.
 KEEPER_COMMAND = ("/bin/sh", "-c", "echo ready; exec /bin/sleep infinity")
 # What a sandbox over an image runs from the host's kit (``host_kit``) rather than its own root.
@@ -76,18 +181,15 @@ class ImageRoot:
 def keeper_argv(
     files_dir: Path,
     roots: Sequence[str],
-    uid: int | None,
     *,
     detached: bool = False,
     image: ImageRoot | None = None,
-    mount_namespace: str | None = None,
 ) -> list[str]:
     """bubblewrap's command line for a sandbox whose writable roots are ``files_dir/<root>`` over
-    the host's read-only ``/usr`` and ``/etc`` (or, with ``image``, whose root is that image's),
-    run as the host ``uid`` (None: this process's user), started in the sandbox's own
-    ``mount_namespace`` (a file ``nsenter --mount`` opens; ``termgym.sandboxes.local.namespace``)
-    where it has one; ``detached`` (a kept sandbox): without ``--die-with-parent``. To be run
-    ``within_limits``."""
+    the host's read-only ``/usr`` and ``/etc`` (or, with ``image``, whose root is that image's);
+    ``detached`` (a kept sandbox): without ``--die-with-parent``. To be run ``within_limits``, as
+    the sandbox's host user and in its own mount namespace where it has them (``uid`` and
+    ``mount_namespace`` there; ``termgym.sandboxes.local.namespace``)."""
     userns = ("--disable-userns",) if bwrap_supports("--disable-userns") else ()
     options = [
         ("--unshare-all", "--unshare-user", *userns),
@@ -118,10 +220,6 @@ def keeper_argv(
         argv += ["--ro-bind", str(image.kit), image.kit_at, "--chdir", "/", "--clearenv", "--", *keeper]
         if image.holder is not None:
             argv = inside_argv(image.holder, argv)
-    if uid is not None:
-        argv = [host_tool("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]
-    if mount_namespace is not None:  # entered as root, before the uid changes
-        argv = [host_tool("nsenter"), f"--mount={mount_namespace}", "--", *argv]
     return argv
 
 
@@ -154,6 +252,22 @@ fail("run $ARGV[0]");
 """
 
 
+@dataclass(frozen=True)
+class RootEntry:
+    """A command entered as root into the namespaces of the keeper ``keeper_pid`` (all of them, its
+    root too), as the sandbox's root with ``COMMAND_CAPABILITIES`` only, in ``cwd``, with exactly
+    ``env``: done by the guard itself (``within_limits``)."""
+
+    keeper_pid: int
+    cwd: str
+    env: Mapping[str, str]
+
+    def directives(self) -> list[str]:
+        pairs = [f"{key}={value}" for key, value in self.env.items()]
+        caps = ",".join(str(CAPABILITY_NUMBERS[name]) for name in COMMAND_CAPABILITIES)
+        return [f"enter={self.keeper_pid}", f"cwd={self.cwd}", f"caps={caps}", f"env={len(pairs)}", *pairs]
+
+
 def enter_argv(
     keeper_pid: int,
     argv: Sequence[str],
@@ -161,26 +275,21 @@ def enter_argv(
     cwd: str,
     *,
     kit_at: str | None = None,
-    privileged: bool = True,
 ) -> list[str]:
-    """``argv`` run in the namespaces of the keeper ``keeper_pid`` (all of them, its root and
-    working directory too) as the sandbox's root, with ``COMMAND_CAPABILITIES`` only, in ``cwd``,
-    with exactly ``env``; ``setpriv`` and ``env`` are the host's (from the kit at ``kit_at`` in a
-    sandbox over an image). Not ``privileged`` (termgym not root): through the user namespace that
-    owns the keeper's other namespaces first, then the keeper's own. To be run ``within_limits``."""
+    """``argv`` run as an ``RootEntry`` does, by a user that is not root (as root, the guard enters
+    itself: ``RootEntry``): through the user namespace that owns the keeper's other namespaces first,
+    then the keeper's own; ``nsenter``, ``setpriv`` and ``env`` inside are the host's (from the kit
+    at ``kit_at`` in a sandbox over an image). To be run ``within_limits``."""
     pairs = [f"{key}={value}" for key, value in env.items()]
     capabilities = ",".join(f"+{name}" for name in COMMAND_CAPABILITIES)
     namespaces = ["-m", "-p", "-n", "-i", "-u", "-r", "-w"]
-    if privileged:
-        enter = [host_tool("nsenter"), "-t", str(keeper_pid), "-U", *namespaces, "--"]
-    else:
-        inner, sh = [host_tool("nsenter")], ["/bin/sh"]
-        if kit_at is not None:
-            inner, sh = kit_argv(kit_at, "nsenter"), kit_argv(kit_at, "sh")
-        keep = "--preserve-credentials"  # an unprivileged user namespace refuses setgroups
-        enter = [host_tool("nsenter"), keep, "-t", str(keeper_pid), "--user={owner}", *namespaces, "--"]
-        enter += [*inner, keep, "--user={own}", "--", *sh, "-c", 'exec {close}; exec "$@"', "sh"]
-        enter = [host_tool("perl"), "-e", _OWNER, str(keeper_pid), str(len(enter)), *enter]
+    inner, sh = [host_tool("nsenter")], ["/bin/sh"]
+    if kit_at is not None:
+        inner, sh = kit_argv(kit_at, "nsenter"), kit_argv(kit_at, "sh")
+    keep = "--preserve-credentials"  # an unprivileged user namespace refuses setgroups
+    enter = [host_tool("nsenter"), keep, "-t", str(keeper_pid), "--user={owner}", *namespaces, "--"]
+    enter += [*inner, keep, "--user={own}", "--", *sh, "-c", 'exec {close}; exec "$@"', "sh"]
+    enter = [host_tool("perl"), "-e", _OWNER, str(keeper_pid), str(len(enter)), *enter]
     if kit_at is None:
         setpriv, run_env = [host_tool("setpriv")], ["/usr/bin/env"]
     else:
@@ -189,14 +298,31 @@ def enter_argv(
     return [*enter, *drop, *run_env, "-i", "-C", cwd, *pairs, *argv]
 
 
-def within_limits(argv: list[str], procs_files: Sequence[str], file_size_limit: int | None) -> list[str]:
+def within_limits(
+    argv: list[str],
+    procs_files: Sequence[str],
+    file_size_limit: int | None,
+    entry: RootEntry | None = None,
+    *,
+    mount_namespace: str | None = None,
+    uid: int | None = None,
+) -> list[str]:
     """``argv`` run in the cgroups whose ``cgroup.procs`` files are ``procs_files``, under the
     per-file size limit (bytes; None: none), with descriptors 0, 1 and 2 only (whatever else the
     process that starts it left open), with no_new_privs and refused the system calls
-    ``syscall_filter`` refuses, all from its first instruction. Every host command of a sandbox
-    (its keeper, each command entered) is run so."""
+    ``syscall_filter`` refuses, all from its first instruction; then in the mount namespace
+    ``mount_namespace`` (a file, as root) and as the host user ``uid`` (both: a keeper's start);
+    with ``entry``, entered into a sandbox as root (``argv`` is then named as the sandbox sees
+    it). Every host command of a sandbox (its keeper, each command entered) is run so."""
+    directives = [f"cgroup={path}" for path in procs_files]
     if file_size_limit is not None:
-        argv = [host_tool("prlimit"), f"--fsize={file_size_limit}", "--", *argv]
+        directives.append(f"fsize={file_size_limit}")
+    if mount_namespace is not None:
+        directives.append(f"mount={mount_namespace}")
+    if uid is not None:
+        directives.append(f"uid={uid}")
+    if entry is not None:
+        directives += entry.directives()
     machine = this_machine()
-    numbers = [str(n) for n in (machine.prctl, machine.seccomp, machine.close_range)]
-    return [host_tool("perl"), "-e", _GUARD, *numbers, program(machine).hex(), *procs_files, "--", *argv]
+    script = _GUARD if entry is None else _GUARD_ENTERING
+    return [host_tool("perl"), "-e", script, machine.guard_numbers(), program(machine).hex(), *directives, "--", *argv]

@@ -37,7 +37,7 @@ from termgym.sandboxes.host_processes import (
 )
 from termgym.sandboxes.limits import SandboxCgroup
 from termgym.sandboxes.local import pool
-from termgym.sandboxes.local.commands import KIT_PROGRAMS, ImageRoot, enter_argv, keeper_argv, within_limits
+from termgym.sandboxes.local.commands import KIT_PROGRAMS, ImageRoot, RootEntry, enter_argv, keeper_argv, within_limits
 from termgym.sandboxes.local.env_cache import Entry, EnvCache, cache_enabled, cache_root, copy_tree, environment_key
 from termgym.sandboxes.local.holder import start_holder, view_path
 from termgym.sandboxes.local.home import make_file_system, make_home, overlay_prepared, remove_home, write_labels
@@ -516,19 +516,15 @@ class LocalSandbox(Sandbox):
 
     def _keeper_argv(self, detached: bool) -> list[str]:
         assert self._dir is not None  # a keeper is started for a sandbox with its directory
-        argv = keeper_argv(
-            self._view or self._dir / "fs",  # as its mount namespace sees them
-            self._roots,
-            self._uid,
-            detached=detached,
-            image=self._image_root,
-            mount_namespace=self._mounts.path if self._mounts is not None else None,
-        )
-        return self._within_limits(argv)
-
-    def _within_limits(self, argv: list[str]) -> list[str]:
+        # as its mount namespace sees them
+        argv = keeper_argv(self._view or self._dir / "fs", self._roots, detached=detached, image=self._image_root)
         procs = self._cgroup.procs_files if self._cgroup is not None else ()
-        return within_limits(argv, procs, self._file_size_limit)
+        namespace = self._mounts.path if self._mounts is not None else None
+        return within_limits(argv, procs, self._file_size_limit, mount_namespace=namespace, uid=self._uid)
+
+    def _within_limits(self, argv: list[str], entry: RootEntry | None = None) -> list[str]:
+        procs = self._cgroup.procs_files if self._cgroup is not None else ()
+        return within_limits(argv, procs, self._file_size_limit, entry)
 
     @property
     def _keeper_pid(self) -> int | None:
@@ -637,9 +633,10 @@ class LocalSandbox(Sandbox):
             raise SandboxError("the sandbox is not running")
         if not alive(self._keeper_pid):
             raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
+        if os.geteuid() == 0:  # the guard enters itself
+            return self._within_limits(list(argv), RootEntry(self._keeper_pid, cwd, env))
         kit_at = self._image_root.kit_at if self._image_root is not None else None
-        entered = enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at, privileged=os.geteuid() == 0)
-        return self._within_limits(entered)
+        return self._within_limits(enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at))
 
     # -- commands ----------------------------------------------------------------------------------
 

@@ -58,7 +58,19 @@ class Machine:
     abis: tuple[Abi, ...]
     prctl: int
     seccomp: int
+    setns: int
+    setgroups: int
+    setresuid: int
+    setresgid: int
+    capget: int
+    capset: int
+    prlimit64: int
     close_range: int = 436  # the same number on every architecture
+
+    def guard_numbers(self) -> str:
+        """The numbers the guard calls, comma-separated, in the order its script reads them."""
+        calls = (self.prctl, self.seccomp, self.close_range, self.setns, self.setgroups, self.setresuid)
+        return ",".join(str(n) for n in (*calls, self.setresgid, self.capget, self.capset, self.prlimit64))
 
 
 MACHINES = {
@@ -66,11 +78,25 @@ MACHINES = {
         (Abi(AUDIT_ARCH_X86_64, (248, 249, 250), ~X32_SYSCALL_BIT & 0xFFFFFFFF), Abi(AUDIT_ARCH_I386, (286, 287, 288))),
         prctl=157,
         seccomp=317,
+        setns=308,
+        setgroups=116,
+        setresuid=117,
+        setresgid=119,
+        capget=125,
+        capset=126,
+        prlimit64=302,
     ),
     "aarch64": Machine(
         (Abi(AUDIT_ARCH_AARCH64, (217, 218, 219)), Abi(AUDIT_ARCH_ARM, (309, 310, 311))),
         prctl=167,
         seccomp=277,
+        setns=268,
+        setgroups=159,
+        setresuid=147,
+        setresgid=149,
+        capget=90,
+        capset=91,
+        prlimit64=261,
     ),
 }
 

@@ -4,7 +4,7 @@
 Entering a sandbox: bubblewrap's ``--disable-userns`` puts the keeper one user namespace below the
 one that owns its other namespaces, where an unprivileged user holds no capability over them, so a
 plain ``nsenter`` of all of them is refused (``ipc``: Operation not permitted) and no command could
-run. ``enter_argv(privileged=False)`` goes through the owning user namespace first.
+run. ``enter_argv`` (termgym without root) goes through the owning user namespace first.
 
 A sandbox over an image: termgym itself runs as ``nobody`` (Debian's ``python3.11`` with this
 checkout's virtual environment: the project's interpreter lives under ``/root``), copies and
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from termgym.sandboxes.host_processes import children
-from termgym.sandboxes.local.commands import enter_argv, keeper_argv, within_limits
+from termgym.sandboxes.local.commands import RootEntry, enter_argv, keeper_argv, within_limits
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs the sandbox as another, unprivileged uid")
 NOBODY = 65534
@@ -45,7 +45,7 @@ def keeper() -> Iterator[int]:
         (files / root).mkdir()
         os.chown(files / root, NOBODY, NOBODY)
     process = subprocess.Popen(
-        within_limits(keeper_argv(files, ["app", "tmp"], NOBODY), (), None),
+        within_limits(keeper_argv(files, ["app", "tmp"]), (), None, uid=NOBODY),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -60,13 +60,14 @@ def keeper() -> Iterator[int]:
         subprocess.run(["rm", "-rf", str(files)], check=False)
 
 
-def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(as_nobody(within_limits(argv, (), None)), capture_output=True, text=True, timeout=30)
+def run(argv: list[str], entry: RootEntry | None = None) -> subprocess.CompletedProcess[str]:
+    guarded = within_limits(argv, (), None, entry)
+    return subprocess.run(as_nobody(guarded), capture_output=True, text=True, timeout=30)
 
 
 def test_an_unprivileged_user_enters_as_the_sandboxs_root_with_no_extra_descriptor(keeper):
     script = "id -u; echo {owner} {own} {close}; ls /proc/self/fd; echo made > /app/x; cat /app/x"
-    entered = run(enter_argv(keeper, ["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"}, "/app", privileged=False))
+    entered = run(enter_argv(keeper, ["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"}, "/app"))
     assert entered.returncode == 0, entered.stderr
     uid, braces, *fds, made = entered.stdout.split("\n")[:-1]
     assert uid == "0" and made == "made"
@@ -75,8 +76,9 @@ def test_an_unprivileged_user_enters_as_the_sandboxs_root_with_no_extra_descript
 
 
 def test_the_plain_way_in_is_refused_to_an_unprivileged_user(keeper):
-    """What every command of a rootless termgym hit before: the keeper's namespaces, all at once."""
-    refused = run(enter_argv(keeper, ["/bin/true"], {}, "/", privileged=True))
+    """What every command of a rootless termgym hit before: the keeper's namespaces, all at once
+    (the way in as root, the guard's own)."""
+    refused = run(["/bin/true"], RootEntry(keeper, "/", {}))
     assert refused.returncode != 0 and "Operation not permitted" in refused.stderr
 
 

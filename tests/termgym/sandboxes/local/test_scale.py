@@ -21,7 +21,7 @@ import pytest
 from termgym.env import sandbox_spec
 from termgym.sandboxes.base import Sandbox
 from termgym.sandboxes.local import LocalSandbox
-from termgym.sandboxes.local.commands import keeper_argv
+from termgym.sandboxes.local.commands import keeper_argv, within_limits
 from termgym.sandboxes.local.namespace import namespace_mountinfos
 from termgym.tasks import load_task
 from tests.helpers import write_task
@@ -163,7 +163,10 @@ async def test_a_prepared_environment_under_an_idle_sandbox_is_never_evicted(tmp
 
 
 def test_a_keeper_starts_in_the_sandboxs_namespace_as_root_before_its_uid_changes():
-    argv = keeper_argv(Path("/s/fs"), ["app"], 1 << 20, mount_namespace="/proc/7/fd/9")
-    assert argv[:3] == [argv[0], "--mount=/proc/7/fd/9", "--"] and argv[0].endswith("/nsenter")
-    assert argv[3].endswith("/setpriv") and any(arg.endswith("/bwrap") for arg in argv[4:])
-    assert not any(arg.endswith("/nsenter") for arg in keeper_argv(Path("/s/fs"), ["app"], None))
+    argv = within_limits(keeper_argv(Path("/s/fs"), ["app"]), (), None, mount_namespace="/proc/7/fd/9", uid=1 << 20)
+    split = argv.index("--")
+    assert {"mount=/proc/7/fd/9", f"uid={1 << 20}"} <= set(argv[:split]) and argv[split + 1].endswith("/bwrap")
+    guard = argv[2]  # the guard's script enters the namespace while it is still root, then changes its uid
+    assert guard.index("defined $set{mount}") < guard.index("defined $set{uid}")
+    plain = within_limits(keeper_argv(Path("/s/fs"), ["app"]), (), None)
+    assert not any(arg.startswith(("mount=", "uid=")) for arg in plain[: plain.index("--")])
