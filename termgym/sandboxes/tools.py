@@ -23,7 +23,6 @@ PACKAGES = {
     "mount": "mount",
     "umount": "mount",
     "mkfs.ext4": "e2fsprogs",
-    "prlimit": "util-linux",
     "unshare": "util-linux",
     "perl": "perl-base",
     "strace": "strace",
