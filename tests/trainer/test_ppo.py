@@ -115,16 +115,19 @@ def checkpoint_digest(out: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.slow  # two runs: about 35 s each here
 def test_two_runs_of_one_seed_give_the_same_metrics_and_checkpoint(tmp_path, tiny_policy_dir, no_leaks):
     # Over-sampling and cutting (3 launched for 2 kept, reweighted), two episodes in flight at once
     # sharing the sampler: on the wall clock and with batched forwards, which trials are kept and
     # the sampler's rounding would depend on timing. One command per episode: a random command's
-    # output can depend on time (one that hits its timeout on a loaded machine).
+    # output can depend on time (one that hits its timeout on a loaded machine). Two processes with
+    # different string hashing: set and dict orders that depend on it show too.
     args = ("--max-turns", "1", "--mode", "reweight", "--launch", "3", "--seed", "5")
     first, second = tmp_path / "first", tmp_path / "second"
-    for out in (first, second):
-        assert termgym_main(["train", *tiny_args(out, tiny_policy_dir, 2, *args)]) == 0
+    for out, hashing in ((first, "1"), (second, "2")):
+        command = [sys.executable, "-m", "termgym.trainer", *tiny_args(out, tiny_policy_dir, 2, *args)]
+        env = {**os.environ, "PYTHONHASHSEED": hashing}
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
     a, b = metrics_of(first), metrics_of(second)
     assert [m["scheduler"]["kept"] for m in a] == [2, 2] and a[0]["generation_batch_mean"] == 1.0
     assert [without_timings(m) for m in a] == [without_timings(m) for m in b]
