@@ -21,7 +21,8 @@ echo $$; readlink /proc/self/ns/pid; readlink /proc/self/ns/mnt; ls /proc/self/f
 
 
 async def test_a_command_enters_every_namespace_as_the_sandboxs_root_with_dockers_capabilities_only(tmp_path, no_leaks):
-    async with LocalSandbox(SandboxSpec(name="entry", context_dir=None, dockerfile=None)) as sandbox:
+    sandbox = LocalSandbox(SandboxSpec(name="entry", context_dir=None, dockerfile=None))
+    async with sandbox:
         keeper = sandbox._keeper_pid
         assert keeper is not None
         result = await sandbox.exec(
