@@ -42,11 +42,12 @@ CAPABILITY_NUMBERS = {
 # does what ``nsenter -t PID -U -m -p -n -i -u -r`` followed by ``setpriv --inh-caps=-all
 # --bounding-set=-all,+CAPS`` and ``env -i -C DIR VARS`` did, in one process instead of four
 # programs (each exec costs about half a bubblewrap spawn): opens the keeper's namespaces and root
-# while it still sees the host's /proc, enters every namespace but the user one, then the user
-# one (the others belong to its parent), takes the keeper's root, becomes the namespace's root,
-# and forks into the PID namespace; the parent waits outside and ends as its child did, as
-# nsenter does; the child drops every capability but CAPS from its bounding set, clears its
-# inheritable (so its ambient) set, and runs the command with exactly VARS in DIR. No host tool
+# while it still sees the host's /proc and forks into the PID namespace. The parent stays in the
+# host's other namespaces and root, waits and ends as its child did (as nsenter's parent does,
+# though that one waits inside the sandbox's other namespaces). The child
+# enters every other namespace, the user one last (the others belong to its parent), takes the
+# keeper's root, becomes the namespace's root, drops every capability but CAPS from its bounding
+# set, clears its inheritable (so its ambient) set, and runs the command with exactly VARS in DIR. No host tool
 # loads a seccomp program in front of a command (util-linux 2.38 has neither enosys nor setpriv
 # --seccomp-filter; bwrap's --seccomp reaches only the keeper), and a Python preexec_fn would fork
 # the whole termgym process for every command instead of vfork (17 ms at 500 MB). Its first
@@ -96,16 +97,29 @@ if (defined $set{uid}) {
 _GUARD_ENTER = r"""
 if (defined $set{enter}) {
     my $pid = $set{enter};
-    my @kinds = qw(ipc uts net pid mnt user);
     my %ns;
-    for my $kind (@kinds) {
+    for my $kind (qw(ipc uts net pid mnt user)) {
         open($ns{$kind}, "<", "/proc/$pid/ns/$kind") or fail("open the sandbox's $kind namespace");
     }
     opendir(my $root, "/proc/$pid/root") or fail("open the sandbox's root");
     open(my $last_file, "<", "/proc/sys/kernel/cap_last_cap") or fail("read the last capability");
     my $last = <$last_file> + 0;
     syscall($setgroups, 0, 0) == 0 or fail("clear its groups");
-    for my $kind (@kinds) {
+    syscall($setns, fileno($ns{pid}), 0) == 0 or fail("enter the sandbox's pid namespace");  # its child's
+    my $child = fork();
+    defined $child or fail("fork into the sandbox's namespaces");
+    if ($child) {  # stays in the host's other namespaces and root: waits, then ends as its command did
+        close($_) for values %ns;
+        closedir($root);
+        waitpid($child, 0) == $child or fail("wait for its command");
+        my $signal = $? & 127;
+        if ($signal) {
+            $SIG{$_} = "DEFAULT" for keys %SIG;
+            kill($signal, $$);
+        }
+        exit($? >> 8);
+    }
+    for my $kind (qw(ipc uts net mnt user)) {
         syscall($setns, fileno($ns{$kind}), 0) == 0 or fail("enter the sandbox's $kind namespace");
     }
     chdir($root) or fail("reach the sandbox's root");
@@ -115,17 +129,6 @@ if (defined $set{enter}) {
     syscall($setresuid, 0, 0, 0) == 0 or fail("become the sandbox's root");
     close($_) for values %ns;
     closedir($root);
-    my $child = fork();
-    defined $child or fail("fork into the sandbox's namespaces");
-    if ($child) {
-        waitpid($child, 0) == $child or fail("wait for its command");
-        my $signal = $? & 127;
-        if ($signal) {
-            $SIG{$_} = "DEFAULT" for keys %SIG;
-            kill($signal, $$);
-        }
-        exit($? >> 8);
-    }
     my %keep = map { $_ => 1 } split(/,/, $set{caps});
     for my $cap (0 .. $last) {
         next if $keep{$cap};
@@ -275,21 +278,26 @@ def enter_argv(
     cwd: str,
     *,
     kit_at: str | None = None,
+    privileged: bool = False,
 ) -> list[str]:
-    """``argv`` run as an ``RootEntry`` does, by a user that is not root (as root, the guard enters
-    itself: ``RootEntry``): through the user namespace that owns the keeper's other namespaces first,
-    then the keeper's own; ``nsenter``, ``setpriv`` and ``env`` inside are the host's (from the kit
-    at ``kit_at`` in a sandbox over an image). To be run ``within_limits``."""
+    """``argv`` run as a ``RootEntry`` is, through ``nsenter``, ``setpriv`` and ``env`` (the host's;
+    inside, from the kit at ``kit_at`` in a sandbox over an image): as root (``privileged``), for a
+    long-lived command, whose waiting ``nsenter`` holds a fifth of the guard's memory; otherwise by
+    a user that is not root, through the user namespace that owns the keeper's other namespaces
+    first, then the keeper's own. To be run ``within_limits``."""
     pairs = [f"{key}={value}" for key, value in env.items()]
     capabilities = ",".join(f"+{name}" for name in COMMAND_CAPABILITIES)
     namespaces = ["-m", "-p", "-n", "-i", "-u", "-r", "-w"]
-    inner, sh = [host_tool("nsenter")], ["/bin/sh"]
-    if kit_at is not None:
-        inner, sh = kit_argv(kit_at, "nsenter"), kit_argv(kit_at, "sh")
-    keep = "--preserve-credentials"  # an unprivileged user namespace refuses setgroups
-    enter = [host_tool("nsenter"), keep, "-t", str(keeper_pid), "--user={owner}", *namespaces, "--"]
-    enter += [*inner, keep, "--user={own}", "--", *sh, "-c", 'exec {close}; exec "$@"', "sh"]
-    enter = [host_tool("perl"), "-e", _OWNER, str(keeper_pid), str(len(enter)), *enter]
+    if privileged:
+        enter = [host_tool("nsenter"), "-t", str(keeper_pid), "-U", *namespaces, "--"]
+    else:
+        inner, sh = [host_tool("nsenter")], ["/bin/sh"]
+        if kit_at is not None:
+            inner, sh = kit_argv(kit_at, "nsenter"), kit_argv(kit_at, "sh")
+        keep = "--preserve-credentials"  # an unprivileged user namespace refuses setgroups
+        enter = [host_tool("nsenter"), keep, "-t", str(keeper_pid), "--user={owner}", *namespaces, "--"]
+        enter += [*inner, keep, "--user={own}", "--", *sh, "-c", 'exec {close}; exec "$@"', "sh"]
+        enter = [host_tool("perl"), "-e", _OWNER, str(keeper_pid), str(len(enter)), *enter]
     if kit_at is None:
         setpriv, run_env = [host_tool("setpriv")], ["/usr/bin/env"]
     else:

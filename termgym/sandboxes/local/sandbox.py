@@ -627,16 +627,20 @@ class LocalSandbox(Sandbox):
         sandbox.image = dict(state.get("image") or {})
         return sandbox
 
-    def _enter_argv(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> list[str]:
-        """``argv`` run in the sandbox as its root (``commands.enter_argv``), within its limits."""
+    def _enter_argv(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, *, lasting: bool = False) -> list[str]:
+        """``argv`` run in the sandbox as its root, within its limits: as root, entered by the guard
+        itself (``commands.RootEntry``), or by ``nsenter`` for a ``lasting`` command (a persistent
+        shell: the ``nsenter`` that waits for it holds a fifth of the guard's memory, which counts
+        with a thousand sandboxes alive); without root through ``commands.enter_argv``."""
         if self._keeper_pid is None:
             raise SandboxError("the sandbox is not running")
         if not alive(self._keeper_pid):
             raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
-        if os.geteuid() == 0:  # the guard enters itself
+        root = os.geteuid() == 0
+        if root and not lasting:
             return self._within_limits(list(argv), RootEntry(self._keeper_pid, cwd, env))
         kit_at = self._image_root.kit_at if self._image_root is not None else None
-        return self._within_limits(enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at))
+        return self._within_limits(enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at, privileged=root))
 
     # -- commands ----------------------------------------------------------------------------------
 
@@ -706,7 +710,7 @@ class LocalSandbox(Sandbox):
     async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
         await self._before_command()
         process = await spawn(
-            self._enter_argv(argv, env, cwd),
+            self._enter_argv(argv, env, cwd, lasting=True),
             end_entered,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
