@@ -63,9 +63,22 @@ def agent_paths(task: Task, workdir: str) -> tuple[str, ...]:
     return (*paths, *task.agent_paths)
 
 
+# The directories above the harness's own: its reset of those below changes them (listed "C" when
+# the listing, which runs beside the reset, saw only the deletion below). A directory is never
+# loaded, and one the agent replaced by a link or a file is replaced again by that reset.
+_HARNESS_PARENTS = frozenset(
+    "/".join(path.split("/")[:depth]) for path in HARNESS_PATHS for depth in range(2, path.count("/") + 1)
+)
+
+
 def outside_work(changes: Mapping[str, str], paths: Sequence[str]) -> dict[str, str]:
-    """The changes the agent made outside ``paths`` and the harness's own directories."""
-    return {path: kind for path, kind in changes.items() if not under(path, (*HARNESS_PATHS, *paths))}
+    """The changes the agent made outside ``paths`` and the harness's own directories (and the
+    change the harness's reset makes to the directories above them)."""
+    return {
+        path: kind
+        for path, kind in changes.items()
+        if not under(path, (*HARNESS_PATHS, *paths)) and not (kind == "C" and path in _HARNESS_PARENTS)
+    }
 
 
 class LoadGuard:

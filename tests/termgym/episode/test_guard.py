@@ -9,6 +9,7 @@ import pytest
 
 from termgym.agents.basic import ScriptedAgent
 from termgym.env import EnvOptions
+from termgym.episode.guard import outside_work
 from termgym.sandboxes.local.sandbox import LocalSandbox
 from termgym.tasks import load_task
 from termgym.trial import run_trial
@@ -60,3 +61,13 @@ async def test_a_forged_tool_outside_the_work_is_still_found_when_traces_are_ski
     assert ["/tests/test.sh"] in traced
     assert record.error is not None and record.error["kind"] == "tampered"
     assert "/tmp/helper.sh" in record.error["message"]
+
+
+def test_the_harness_resetting_its_directories_is_not_the_agents_change():
+    """The listing runs beside the harness's reset of /logs/verifier and /tmp/.termgym-verifier: a
+    listing that caught the reset half-way lists /logs or /tmp as changed, which is the harness's
+    doing (seen failing an honest trial whose verifier ran untraced). What the agent put beside
+    the harness's directories still counts."""
+    changes = {"/logs": "C", "/logs/verifier": "D", "/tmp": "C", "/logs/evil.py": "A", "/tmp/tool.sh": "A"}
+    assert outside_work(changes, ("/app",)) == {"/logs/evil.py": "A", "/tmp/tool.sh": "A"}
+    assert outside_work({"/logs": "D", "/usr": "C"}, ()) == {"/logs": "D", "/usr": "C"}  # only a change of them
