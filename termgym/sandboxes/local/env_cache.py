@@ -237,7 +237,7 @@ class EnvCache:
                     entry = self._read(path.name)
                     if entry is not None:
                         found.append(entry)
-        return sorted(found, key=lambda entry: _mtime(entry.path / "meta.json"))
+        return sorted(found, key=lambda entry: mtime_ns(entry.path / "meta.json"))
 
     def evict(self, *, keep: str | None = None) -> list[str]:
         """Remove least recently used entries (never ``keep``, never one in use) until within the
@@ -377,7 +377,8 @@ def disk_bytes(tree: Path) -> int:
     return total
 
 
-def _mtime(path: Path) -> int:
+def mtime_ns(path: Path) -> int:
+    """``path``'s modification time in nanoseconds; 0 when it is not there (the first to evict)."""
     try:
         return path.stat().st_mtime_ns
     except OSError:

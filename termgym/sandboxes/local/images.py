@@ -63,7 +63,13 @@ from termgym.images.pull import absent_error, pull_error, pull_needed
 from termgym.images.refs import ImageConfig, ImageRefError, ImageSource, image_config, parse_image
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.host_processes import end_process, spawn
-from termgym.sandboxes.local.env_cache import cache_root, disk_bytes, mounted_lower_dirs, remove_stale_staging
+from termgym.sandboxes.local.env_cache import (
+    cache_root,
+    disk_bytes,
+    mounted_lower_dirs,
+    mtime_ns,
+    remove_stale_staging,
+)
 from termgym.sandboxes.local.host import require_searchable, sandbox_uid
 from termgym.sandboxes.local.locks import file_lock
 from termgym.sandboxes.tools import host_tool
@@ -224,7 +230,7 @@ class ImageStore:
             found = [path for path in (self.root / "images").iterdir() if path.is_dir()]
         except OSError:
             return []
-        return sorted(found, key=lambda path: _mtime(path / "meta.json"))
+        return sorted(found, key=lambda path: mtime_ns(path / "meta.json"))
 
     def _remove_unused(self, entry: Path) -> bool:
         """Remove the image at ``entry`` unless a sandbox uses it; True when it went."""
@@ -348,13 +354,6 @@ def _meta(entry: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return meta if isinstance(meta, dict) else {}
-
-
-def _mtime(path: Path) -> int:
-    try:
-        return path.stat().st_mtime_ns
-    except OSError:
-        return 0
 
 
 def _ref_name(ref: str) -> str:
