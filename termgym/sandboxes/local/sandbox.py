@@ -518,13 +518,19 @@ class LocalSandbox(Sandbox):
         assert self._dir is not None  # a keeper is started for a sandbox with its directory
         # as its mount namespace sees them
         argv = keeper_argv(self._view or self._dir / "fs", self._roots, detached=detached, image=self._image_root)
-        procs = self._cgroup.procs_files if self._cgroup is not None else ()
         namespace = self._mounts.path if self._mounts is not None else None
-        return within_limits(argv, procs, self._file_size_limit, mount_namespace=namespace, uid=self._uid)
+        return self._within_limits(argv, mount_namespace=namespace, uid=self._uid)
 
-    def _within_limits(self, argv: list[str], entry: RootEntry | None = None) -> list[str]:
+    def _within_limits(
+        self,
+        argv: list[str],
+        entry: RootEntry | None = None,
+        *,
+        mount_namespace: str | None = None,
+        uid: int | None = None,
+    ) -> list[str]:
         procs = self._cgroup.procs_files if self._cgroup is not None else ()
-        return within_limits(argv, procs, self._file_size_limit, entry)
+        return within_limits(argv, procs, self._file_size_limit, entry, mount_namespace=mount_namespace, uid=uid)
 
     @property
     def _keeper_pid(self) -> int | None:
