@@ -57,6 +57,26 @@ async def test_a_summary_is_not_graded_when_the_report_directory_was_sabotaged(t
     assert record.report_format == "ctrf" and not forged(record), record
 
 
+@pytest.mark.docker
+async def test_logs_and_tmp_replaced_by_links_to_a_forged_report_forge_nothing(tmp_path, no_leaks):
+    """The listing of the agent's changes leaves out /logs and /tmp themselves when listed as changed
+    (the harness's reset of the directories below changes them). An agent that replaces both with
+    links to directories of its own, one holding a passing report, gains nothing from that: the reset
+    replaces the links before the verifier runs, and the forged report is never read."""
+    backend = "docker"
+    passing = '{"results":{"tests":[' + ",".join(f'{{"name":"t{i}","status":"passed"}}' for i in range(20)) + "]}}"
+    plant = forging_tool(50) + textwrap.dedent(f"""\
+        mkdir -p /opt/evil/logs/verifier /opt/evil/tmp/.termgym-verifier/home
+        printf '%s' '{passing}' > /opt/evil/logs/verifier/ctrf.json
+        rm -rf /logs && ln -s /opt/evil/logs /logs
+        rm -rf /tmp 2>/dev/null; [ -e /tmp ] || ln -s /opt/evil/tmp /tmp
+        true
+        """)
+    record = await oracle_attack(tmp_path, backend, plant, test_sh=verifier_running_tool())
+    assert record.report_format == "ctrf" and not forged(record), record
+    assert record.passed == 0 and record.total == 1, record  # the task's own check, which the plant skipped
+
+
 async def test_a_declared_report_format_grades_nothing_else(tmp_path, backend, no_leaks):
     """The kit's report is missing (the verifier was made to skip it): with the format declared,
     a forged summary in the output is never graded."""
