@@ -18,6 +18,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -57,8 +58,74 @@ class HostProcess(asyncio.subprocess.Process):
         self.exited = protocol.exited
 
 
+class _PidfdWatcher(asyncio.AbstractChildWatcher):
+    """Python 3.12's default child watcher, for 3.11: a process's end is a readable pidfd on the
+    loop that started it, any loop in any thread. 3.11's default (``ThreadedChildWatcher``) holds a
+    thread per live child, and every thread lengthens the kernel's walk over all tasks in each
+    new sandbox's ``pivot_root``: three a live embedded sandbox."""
+
+    def add_child_handler(self, pid: int, callback: Callable[..., object], *args: Any) -> None:
+        loop = asyncio.get_running_loop()
+        pidfd = os.pidfd_open(pid)
+        loop.add_reader(pidfd, self._reap, loop, pid, pidfd, callback, args)
+
+    @staticmethod
+    def _reap(
+        loop: asyncio.AbstractEventLoop, pid: int, pidfd: int, callback: Callable[..., object], args: tuple
+    ) -> None:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped by someone else: asyncio's own answer for that
+            code = 255
+        else:
+            code = os.waitstatus_to_exitcode(status)
+        callback(pid, code, *args)
+
+    def remove_child_handler(self, pid: int) -> bool:
+        return True  # asyncio never calls it
+
+    def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def is_active(self) -> bool:
+        return True
+
+    def __enter__(self) -> _PidfdWatcher:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+
+def _watch_children_with_pidfds() -> None:
+    """On Python 3.11 with the default policy and its default watcher, watch children as 3.12 does
+    (``_PidfdWatcher``); a watcher or policy someone chose, a later Python, or a kernel without
+    pidfds is left as it is. Children the old watcher already watches stay its own."""
+    global _watcher_checked
+    if _watcher_checked:
+        return
+    _watcher_checked = True
+    if sys.version_info >= (3, 12) or type(asyncio.get_event_loop_policy()) is not asyncio.DefaultEventLoopPolicy:
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (AttributeError, OSError):
+        return
+    if type(asyncio.get_child_watcher()) is asyncio.ThreadedChildWatcher:
+        asyncio.set_child_watcher(_PidfdWatcher())
+
+
+_watcher_checked = False
+
+
 async def _exec(argv: Sequence[str], **kwargs: Any) -> HostProcess:
     """``asyncio.create_subprocess_exec``, as a ``HostProcess``."""
+    _watch_children_with_pidfds()
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.subprocess_exec(lambda: _ExitProtocol(limit=2**16, loop=loop), *argv, **kwargs)
     return HostProcess(transport, protocol, loop)
