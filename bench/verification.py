@@ -41,7 +41,7 @@ VARIANTS = ("untraced", "traced", "traced + helper")
 TRACING = (LocalSandbox, DockerSandbox)  # the backends that trace here
 
 
-async def _cannot_trace(self: object, *args: object, **kwargs: object) -> None:
+async def _cannot_trace(self: object, command: object) -> None:
     return None
 
 

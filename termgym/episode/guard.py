@@ -38,7 +38,7 @@ from termgym.episode.loads import (
 )
 from termgym.errors import SandboxBroken
 from termgym.output import DEFAULT_OUTPUT_LIMIT
-from termgym.sandboxes.base import ExecResult, Sandbox
+from termgym.sandboxes.base import Command, ExecResult, Sandbox
 from termgym.sandboxes.changes import SYSTEM_PREFIXES
 from termgym.tasks import Task
 
@@ -129,17 +129,16 @@ class LoadGuard:
     ) -> ExecResult:
         """Run one step in the sandbox, traced where the backend can and a trace could find
         something (``traces``); its loads are kept."""
+        command = Command(tuple(argv), timeout, env=env, cwd=cwd, output_limit=output_limit, user=user)
         if not self.traces:
-            return await self._sandbox.exec_as(user, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit)
-        result = await self._sandbox.exec_traced(
-            user, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit
-        )
+            return await self._sandbox.run(command)
+        result = await self._sandbox.exec_traced(command)
         trace = parse_trace(result.trace, cut=result.trace_dropped > 0) if result and result.trace is not None else None
         if result is None or trace is None or not any(load.how == "executed" for load in trace.loads):
             # no tracer here, or one that could not start (a traced command's first line is always
             # its own execution): the command runs plainly, and every change counts as loaded
             self._unobserved.append(step)
-            return await self._sandbox.exec_as(user, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit)
+            return await self._sandbox.run(command)
         if not trace.complete and not result.timed_out:
             self._cut.append(step)
         self._loads += [(step, load) for load in trace.loads]

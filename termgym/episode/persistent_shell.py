@@ -172,7 +172,7 @@ class PersistentShell:
         env: Mapping[str, str],
         cwd: str,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
-        user: str | None = None,  # who the shell runs as (Sandbox.open_process_as); None: the sandbox's root
+        user: str | None = None,  # who the shell runs as (Sandbox.open_process); None: the sandbox's root
     ) -> None:
         self._sandbox = sandbox
         self._user = user
@@ -201,10 +201,7 @@ class PersistentShell:
 
     async def _spawn(self, cwd: str) -> None:
         argv = ["/bin/bash", "--noprofile", "--norc"]
-        if self._user is None:
-            self._channel = await self._sandbox.open_process(argv, env=self._env, cwd=cwd)
-        else:
-            self._channel = await self._sandbox.open_process_as(self._user, argv, env=self._env, cwd=cwd)
+        self._channel = await self._sandbox.open_process(argv, env=self._env, cwd=cwd, user=self._user)
         # The bootstrap answers like a command whose "status" is the shell's pid.
         self._frame = _Frame("READY", OutputCapture(4096))
         self._reader = asyncio.create_task(self._pump(self._channel))

@@ -173,7 +173,7 @@ class Phases:
 async def _check_user(sandbox: Sandbox, user: str, phase: str) -> None:
     """``ConfigError`` in one line (the trial's ``invalid_task``, never retried: the task names a
     user its image lacks) when the sandbox cannot run a command as ``user``."""
-    result = await sandbox.exec_as(user, ["/bin/sh", "-c", "id -u"], timeout=30, cwd="/", env={"PATH": DEFAULT_PATH})
+    result = await sandbox.exec(["/bin/sh", "-c", "id -u"], timeout=30, cwd="/", env={"PATH": DEFAULT_PATH}, user=user)
     if result.exit_code != 0:
         lines = [line for line in result.text.strip().splitlines() if line.strip()]
         why = lines[-1][:200] if lines else f"exit {result.exit_code}"

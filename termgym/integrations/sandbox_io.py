@@ -105,13 +105,13 @@ async def run(
     """``argv`` as ``user`` (None: the sandbox's default) in ``cwd`` with exactly ``env``."""
     scratch = f"{STAGE_ROOT}/.termgym-exec-{uuid.uuid4().hex}"
     async with _staged(sandbox, stdin) as input_path:
-        result = await sandbox.exec_as(
-            user,
+        result = await sandbox.exec(
             ["/bin/sh", "-c", _RUN, "sh", str(cap + 1), input_path, scratch, *argv],
             timeout=timeout,
             env=env,
             cwd=cwd,
             output_limit=2 * base64_length(cap + 1, line=76) + 64,
+            user=user,
         )
     if result.timed_out:  # the wrapper was killed with the command: its files are left to remove
         await _remove(sandbox, *(f"{scratch}.{suffix}" for suffix in ("o", "e", "rc")))
@@ -125,8 +125,8 @@ async def write_file(sandbox: Sandbox, user: str | None, path: str, contents: by
     """Write ``contents`` to the absolute ``path`` as ``user``, parents made; '' on success, else
     the failure's text (the caller maps it: a directory, a permission)."""
     async with _staged(sandbox, contents) as staged:
-        result = await sandbox.exec_as(
-            user, ["/bin/sh", "-c", _WRITE, "sh", path, staged], timeout=FILE_TIMEOUT, env=env, cwd="/"
+        result = await sandbox.exec(
+            ["/bin/sh", "-c", _WRITE, "sh", path, staged], timeout=FILE_TIMEOUT, env=env, cwd="/", user=user
         )
     if result.timed_out:
         raise TimeoutError(f"writing {path} timed out")
@@ -138,13 +138,13 @@ async def read_file(
 ) -> tuple[bytes | None, int, str]:
     """The file's first ``cap + 1`` bytes read as ``user`` (None when it could not be read), the
     status (2: missing, 21: a directory, 13 or another: unreadable) and the failure's text."""
-    result = await sandbox.exec_as(
-        user,
+    result = await sandbox.exec(
         ["/bin/sh", "-c", _READ, "sh", path, str(cap + 1)],
         timeout=FILE_TIMEOUT,
         env=env,
         cwd="/",
         output_limit=base64_length(cap + 1, line=76) + 64,
+        user=user,
     )
     if result.timed_out:
         raise TimeoutError(f"reading {path} timed out")
@@ -174,4 +174,4 @@ async def _staged(sandbox: Sandbox, data: bytes | None) -> AsyncIterator[str]:
 async def _remove(sandbox: Sandbox, *paths: str) -> None:
     """Remove what termgym made under ``/tmp``, as root (the image's default user may not be)."""
     root = "0" if sandbox.supports_users else None
-    await sandbox.exec_as(root, ["/bin/rm", "-rf", "--", *paths], timeout=60.0, cwd="/", env={"PATH": DEFAULT_PATH})
+    await sandbox.exec(["/bin/rm", "-rf", "--", *paths], timeout=60.0, cwd="/", env={"PATH": DEFAULT_PATH}, user=root)

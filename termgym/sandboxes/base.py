@@ -2,7 +2,7 @@
 
 A sandbox is one isolated machine for one trial. Backends implement five coroutines:
 ``start`` (create and prepare the task's environment), ``stop`` (remove everything; idempotent),
-``exec`` (run a command to completion with a timeout), ``open_process`` (a long-lived process with
+``run`` (a ``Command`` to completion with a timeout; callers write ``exec``), ``open_process`` (a long-lived process with
 byte streams, used for the persistent shell) and ``kill_agent_processes`` (every process started
 since ``start`` is gone when it returns; the sandbox itself stays usable). Files travel as tar
 archives through ``exec`` (``upload_tar``, ``download_tar``); a backend with a native path
@@ -10,7 +10,7 @@ overrides them. Two reports have defaults a backend refines: ``agent_changes`` (
 cannot tell) and ``limit_warnings`` (the resource limits the sandbox reached); and
 ``exec_traced`` (a command under the system-call tracer, the tamper check's evidence; None: this
 backend cannot trace). Harbor's
-phases add ``exec_as`` / ``open_process_as`` (a command as another user, where ``supports_users``)
+phases add ``Command.user`` (a command as another user, where ``supports_users``)
 and ``set_network`` (the network between phases); their defaults refuse a user and keep the
 network chosen at creation.
 
@@ -65,6 +65,23 @@ class SandboxSpec:
     image_aliases: Mapping[str, str] = field(default_factory=dict)  # FROM rewrites for offline builds
     pull: str = "missing"  # images from a registry: "missing" (as docker run), "never", "always"
     prefer_build: bool = False  # build the Dockerfile even when the task names a docker_image (--build)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command to run to completion (``Sandbox.run``): ``env`` replaces the environment entirely
+    (None: the sandbox's own ``env``); ``cwd`` None is the sandbox's ``workdir``; ``output_limit``
+    caps the captured output (head and tail kept); ``user`` is a name or a numeric uid, ``uid:gid``
+    too (None: the sandbox's root), and ``SandboxError`` where the backend cannot (``supports_users``
+    False) or the user is unknown."""
+
+    argv: Sequence[str]
+    timeout: float
+    stdin: bytes | None = None
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    output_limit: int = DEFAULT_OUTPUT_LIMIT
+    user: str | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +179,15 @@ class Sandbox(abc.ABC):
     async def stop(self) -> None: ...
 
     @abc.abstractmethod
+    async def run(self, command: Command) -> ExecResult:
+        """Run ``command`` to completion (the contract's one way to run a command; callers use ``exec``)."""
+
+    @abc.abstractmethod
+    async def open_process(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, user: str | None = None
+    ) -> ProcessChannel:
+        """A long-lived process (the persistent shell); ``user`` as ``Command.user``."""
+
     async def exec(
         self,
         argv: Sequence[str],
@@ -171,12 +197,10 @@ class Sandbox(abc.ABC):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
+        user: str | None = None,
     ) -> ExecResult:
-        """Run ``argv`` to completion. ``env`` replaces the environment entirely (None: the
-        sandbox's own ``self.env``); ``cwd`` defaults to ``self.workdir``."""
-
-    @abc.abstractmethod
-    async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel: ...
+        """``run`` of the ``Command`` these fields make (``Command`` says what each means)."""
+        return await self.run(Command(tuple(argv), timeout, stdin, env, cwd, output_limit, user))
 
     @abc.abstractmethod
     async def kill_agent_processes(self) -> None:
@@ -243,17 +267,8 @@ class Sandbox(abc.ABC):
     # keeper and entrypoint, the tracer's loader's preload list): a change to one is a forged load.
     untraced_loads: tuple[str, ...] = ()
 
-    async def exec_traced(
-        self,
-        user: str | None,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        env: Mapping[str, str],
-        cwd: str,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult | None:
-        """``exec_as`` under the system-call tracer (``termgym.episode.loads.TRACE_OPTIONS``), its
+    async def exec_traced(self, command: Command) -> ExecResult | None:
+        """``command`` under the system-call tracer (``termgym.episode.loads.TRACE_OPTIONS``), its
         stream in ``ExecResult.trace``, apart from the command's output (the command's stderr joins
         its stdout); None where this backend cannot trace (the caller then assumes the worst)."""
         return None
@@ -270,32 +285,8 @@ class Sandbox(abc.ABC):
 
     # -- users and network phases (Harbor's [agent]/[verifier] user and network_mode) -----------
 
-    # True when exec_as / open_process_as can run a command as another user than the sandbox's root.
+    # True when run / open_process can run a command as another user than the sandbox's root.
     supports_users: bool = False
-
-    async def exec_as(
-        self,
-        user: str | None,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
-        """``exec`` as ``user`` (a name or a numeric uid, ``uid:gid`` too; None: as ``exec``).
-        ``SandboxError`` where the backend cannot (``supports_users`` False) or the user is unknown."""
-        if user is None:
-            return await self.exec(argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit)
-        raise SandboxError(f"the {self.backend} backend cannot run a command as user {user}")
-
-    async def open_process_as(
-        self, user: str | None, argv: Sequence[str], *, env: Mapping[str, str], cwd: str
-    ) -> ProcessChannel:
-        """``open_process`` as ``user`` (None: as ``open_process``); errors as ``exec_as``."""
-        if user is None:
-            return await self.open_process(argv, env=env, cwd=cwd)
-        raise SandboxError(f"the {self.backend} backend cannot run a process as user {user}")
 
     async def set_network(self, enabled: bool) -> str | None:
         """Give the running sandbox network (``enabled``) or take it away, between phases. Returns
@@ -365,3 +356,9 @@ def last_line(text: str) -> str:
     """The last line of ``text`` that is not blank, cut at 300 characters (``no output`` when none is)."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else "no output"
+
+
+def refuse_user(sandbox: Sandbox, user: str | None) -> None:
+    """``SandboxError`` for a ``user`` (not None) where ``sandbox`` runs everything as its root."""
+    if user is not None:
+        raise SandboxError(f"the {sandbox.backend} backend cannot run a command as user {user}")

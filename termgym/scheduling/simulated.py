@@ -36,8 +36,7 @@ from dataclasses import dataclass
 
 from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
 from termgym.errors import SandboxError, SandboxGone
-from termgym.output import DEFAULT_OUTPUT_LIMIT
-from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.sandboxes.base import Command, ExecResult, ProcessChannel, Sandbox, SandboxSpec, refuse_user
 from termgym.scheduling.latency import BUNDLED, LatencyModel, TrialPlan, plan_trial
 from termgym.tasks import Task
 
@@ -121,16 +120,9 @@ class SimulatedSandbox(Sandbox):
         self._ledger.live.discard(self.ident)
         self._ledger.released += 1
 
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        stdin: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
+    async def run(self, command: Command) -> ExecResult:
+        argv, timeout = command.argv, command.timeout
+        refuse_user(self, command.user)
         self._check()
         if len(argv) == 1 and argv[0].startswith("/tests/"):  # the task's test script
             if self.plan.verify_seconds > timeout:
@@ -152,7 +144,10 @@ class SimulatedSandbox(Sandbox):
     async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
         self._check()
 
-    async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
+    async def open_process(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, user: str | None = None
+    ) -> ProcessChannel:
+        refuse_user(self, user)
         self._check()
         shell = _SimulatedShell(self)
         self._shells.append(shell)

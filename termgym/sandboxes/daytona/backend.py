@@ -45,8 +45,15 @@ from typing import Any
 from termgym.aio import wait_for
 from termgym.errors import SandboxError, SandboxGone
 from termgym.images.dockerfile import DockerfileError, parse_dockerfile
-from termgym.output import DEFAULT_OUTPUT_LIMIT
-from termgym.sandboxes.base import BackendHooks, ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.sandboxes.base import (
+    BackendHooks,
+    Command,
+    ExecResult,
+    ProcessChannel,
+    Sandbox,
+    SandboxSpec,
+    refuse_user,
+)
 from termgym.sandboxes.daytona.channel import SessionChannel
 from termgym.sandboxes.daytona.policy import (
     KILL_SCRIPT,
@@ -226,27 +233,20 @@ class DaytonaSandbox(Sandbox):
             raise SandboxError("the Daytona sandbox is not running")
         return self._sandbox
 
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        stdin: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
+    async def run(self, command: Command) -> ExecResult:
         from daytona import DaytonaError, DaytonaTimeoutError
 
+        refuse_user(self, command.user)
         sandbox = self._live()
         stdin_path = None
-        if stdin is not None:
+        if command.stdin is not None:
             stdin_path = f"/tmp/.termgym-stdin-{uuid.uuid4().hex}"
-            await self._upload_bytes(stdin, stdin_path)
+            await self._upload_bytes(command.stdin, stdin_path)
+        timeout, output_limit = command.timeout, command.output_limit
         script = exec_script(
-            argv,
-            env=self.env if env is None else env,
-            cwd=cwd or self.workdir,
+            command.argv,
+            env=self.env if command.env is None else command.env,
+            cwd=command.cwd or self.workdir,
             timeout=timeout,
             output_limit=output_limit,
             stdin_path=stdin_path,
@@ -271,7 +271,10 @@ class DaytonaSandbox(Sandbox):
             exit_code=None if timed_out else code, output=output, timed_out=timed_out, dropped_bytes=dropped
         )
 
-    async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
+    async def open_process(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, user: str | None = None
+    ) -> ProcessChannel:
+        refuse_user(self, user)
         channel = await SessionChannel.open(
             self._live(), argv, env=env, cwd=cwd, request_timeout=self.provider.settings.request_timeout
         )

@@ -13,13 +13,14 @@ import socket
 import tarfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from termgym.aio import uninterrupted, wait_for
 from termgym.errors import SandboxBroken, SandboxError, SandboxGone
 from termgym.images.build import ImageConfig, ensure_task_image
-from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
-from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.output import OutputCapture
+from termgym.sandboxes.base import Command, ExecResult, ProcessChannel, Sandbox, SandboxSpec
 from termgym.sandboxes.changes import entrypoint_files, leaf_changes
 from termgym.sandboxes.docker import tracer
 from termgym.sandboxes.docker.containers import (
@@ -256,30 +257,13 @@ class DockerSandbox(Sandbox):
         own = self._tracer_dir
         return leaf_changes({p: k for p, k in listed.items() if not own or (p != own and not p.startswith(own + "/"))})
 
-    async def exec_traced(
-        self,
-        user: str | None,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        env: Mapping[str, str],
-        cwd: str,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult | None:
+    async def exec_traced(self, command: Command) -> ExecResult | None:
         """Under termgym's tracer (``termgym.sandboxes.docker.tracer``), put into the container once
         at a name no one could guess; None where this host has no ``strace`` to bring."""
         directory = await self._tracer()
         if directory is None:
             return None
-        return await self._exec(
-            user,
-            traced_argv(tracer_argv(directory), argv),
-            timeout=timeout,
-            env=env,
-            cwd=cwd,
-            output_limit=output_limit,
-            trace=True,
-        )
+        return await self._exec(replace(command, argv=traced_argv(tracer_argv(directory), command.argv)), trace=True)
 
     async def _tracer(self) -> str | None:
         if self._tracer_dir is None:
@@ -313,64 +297,35 @@ class DockerSandbox(Sandbox):
             raise SandboxError("the container is not running")
         return self._container
 
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        stdin: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
-        if stdin is not None:
-            raise ValueError("the Docker backend's exec takes no stdin; use upload_tar for files")
-        return await self.exec_as(None, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit)
-
     supports_users = True  # the engine's exec runs as any user: a name from the image's passwd, or a uid
 
-    async def exec_as(
-        self,
-        user: str | None,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
-        """Run ``argv`` through the engine's exec, with exactly ``env`` (the exec API's own
+    async def run(self, command: Command) -> ExecResult:
+        """Run the command through the engine's exec, with exactly its ``env`` (the exec API's own
         environment: the container's variables ``env`` lacks are unset) and a deadline kept here,
         not by a ``timeout`` in the container: nothing is looked up on the container's ``PATH``
         but ``argv[0]`` itself, on ``env``'s. At the deadline the command's processes are killed
-        where the engine runs on this host; elsewhere they are left to the next kill step."""
-        return await self._exec(user, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit, trace=False)
+        where the engine runs on this host; elsewhere they are left to the next kill step. No
+        ``stdin`` (``ValueError``): files go by ``upload_tar``."""
+        if command.stdin is not None:
+            raise ValueError("the Docker backend's exec takes no stdin; use upload_tar for files")
+        return await self._exec(command, trace=False)
 
-    async def _exec(
-        self,
-        user: str | None,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        output_limit: int,
-        trace: bool,
-    ) -> ExecResult:
+    async def _exec(self, command: Command, *, trace: bool) -> ExecResult:
         container = self._require()
-        limit = max(timeout, 0.001)
-        capture = OutputCapture(output_limit)
+        limit = max(command.timeout, 0.001)
+        capture = OutputCapture(command.output_limit)
         traced = OutputCapture(TRACE_LIMIT) if trace else None
         client = docker_client()
-        environment = self._exec_environment(self.env if env is None else env, dialect_of(client).unsets_env)
+        env = self.env if command.env is None else command.env
+        environment = self._exec_environment(env, dialect_of(client).unsets_env)
         try:
             exec_id = (
                 await in_thread(
                     client.api.exec_create,
                     container,
-                    list(argv),
-                    workdir=cwd or self.workdir,
-                    user=user or "",
+                    list(command.argv),
+                    workdir=command.cwd or self.workdir,
+                    user=command.user or "",
                     environment=environment,
                 )
             )["Id"]
@@ -402,11 +357,8 @@ class DockerSandbox(Sandbox):
             *(f"{name}={value}" for name, value in env.items()),
         ]
 
-    async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
-        return await self.open_process_as(None, argv, env=env, cwd=cwd)
-
-    async def open_process_as(
-        self, user: str | None, argv: Sequence[str], *, env: Mapping[str, str], cwd: str
+    async def open_process(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, user: str | None = None
     ) -> ProcessChannel:
         container = self._require()
         client = docker_client()

@@ -16,13 +16,14 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from termgym.aio import wait_for
 from termgym.errors import EnvironmentBuildError, SandboxBroken, SandboxError
 from termgym.images.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
-from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
-from termgym.sandboxes.base import ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec
+from termgym.output import OutputCapture
+from termgym.sandboxes.base import Command, ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec, refuse_user
 from termgym.sandboxes.changes import leaf_changes, manifest_changes
 from termgym.sandboxes.host_kit import UNTRACED, kit_argv, kit_dir
 from termgym.sandboxes.host_processes import (
@@ -446,20 +447,11 @@ class LocalSandbox(Sandbox):
         manifest = LocalHostFiles(upper_dir, self.owner).manifest(roots)
         return {path: entry for path, entry in manifest.items() if path not in mounted}
 
-    async def exec_traced(
-        self,
-        user: str | None,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        env: Mapping[str, str],
-        cwd: str,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult | None:
+    async def exec_traced(self, command: Command) -> ExecResult | None:
         """Under the host's ``strace``, which the sandbox sees read-only in the host's ``/usr`` (or in
         the kit, over an image); None where the host has none or for another user (this backend
         runs everything as root)."""
-        if user is not None:
+        if command.user is not None:
             return None
         if self._image_root is not None:
             tracer = kit_argv(self._image_root.kit_at, "strace")
@@ -468,15 +460,7 @@ class LocalSandbox(Sandbox):
             if found is None:
                 return None
             tracer = [found]
-        return await self._run(
-            traced_argv(tracer, argv),
-            timeout=timeout,
-            stdin=None,
-            env=env,
-            cwd=cwd,
-            output_limit=output_limit,
-            trace=True,
-        )
+        return await self._run(replace(command, argv=traced_argv(tracer, command.argv)), trace=True)
 
     async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
         """From the host while no process runs in the sandbox (``LocalHostFiles.archive``: bounded in
@@ -650,48 +634,29 @@ class LocalSandbox(Sandbox):
 
     # -- commands ----------------------------------------------------------------------------------
 
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        stdin: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
-        return await self._run(
-            argv, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit, trace=False
-        )
+    async def run(self, command: Command) -> ExecResult:
+        refuse_user(self, command.user)
+        return await self._run(command, trace=False)
 
-    async def _run(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        stdin: bytes | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        output_limit: int,
-        trace: bool,
-    ) -> ExecResult:
-        """``exec``; with ``trace``, stderr kept apart (bounded by ``TRACE_LIMIT``) as the trace."""
+    async def _run(self, command: Command, *, trace: bool) -> ExecResult:
+        """``run``; with ``trace``, stderr kept apart (bounded by ``TRACE_LIMIT``) as the trace."""
         # `timeout` inside the sandbox kills the command's whole process group (TERM, then KILL
         # one second later); the host-side deadline is only a backstop if that fails.
         await self._before_command()
-        limit = max(timeout, 0.001)
+        limit = max(command.timeout, 0.001)
         timeout_tool = kit_argv(self._image_root.kit_at, "timeout") if self._image_root else ["/usr/bin/timeout"]
-        inner = [*timeout_tool, "-k", "1", f"{limit:.3f}", *argv]
-        command = self._enter_argv(inner, self.env if env is None else env, cwd or self.workdir)
+        inner = [*timeout_tool, "-k", "1", f"{limit:.3f}", *command.argv]
+        env = self.env if command.env is None else command.env
+        stdin = command.stdin
         process = await spawn(
-            command,
+            self._enter_argv(inner, env, command.cwd or self.workdir),
             end_entered,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE if trace else asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
-        capture = OutputCapture(output_limit)
+        capture = OutputCapture(command.output_limit)
         traced = OutputCapture(TRACE_LIMIT) if trace else None
         started = time.monotonic()
         try:
@@ -713,7 +678,10 @@ class LocalSandbox(Sandbox):
             trace_dropped=traced.dropped_bytes if traced is not None else 0,
         )
 
-    async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
+    async def open_process(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, user: str | None = None
+    ) -> ProcessChannel:
+        refuse_user(self, user)
         await self._before_command()
         process = await spawn(
             self._enter_argv(argv, env, cwd, lasting=True),

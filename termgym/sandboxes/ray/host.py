@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from termgym.errors import SandboxGone
-from termgym.sandboxes.base import ExecResult, Sandbox, SandboxSpec
+from termgym.sandboxes.base import Command, ExecResult, Sandbox, SandboxSpec
 from termgym.sandboxes.ray.exposure import FIREWALLED_VARIABLE, exposed_ray_listeners
 from termgym.sandboxes.ray.relay import Batch, OutputRelay
 
@@ -228,21 +228,8 @@ class SandboxHost:
     async def keep(self, sandbox_id: str) -> dict[str, str]:
         return await self._sandbox(sandbox_id).keep()
 
-    async def exec_as(
-        self,
-        sandbox_id: str,
-        user: str | None,
-        argv: Sequence[str],
-        timeout: float,
-        stdin: bytes | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        output_limit: int,
-    ) -> ExecResult:
-        sandbox = self._sandbox(sandbox_id)
-        if user is None:
-            return await sandbox.exec(argv, timeout=timeout, stdin=stdin, env=env, cwd=cwd, output_limit=output_limit)
-        return await sandbox.exec_as(user, argv, timeout=timeout, env=env, cwd=cwd, output_limit=output_limit)
+    async def run(self, sandbox_id: str, command: Command) -> ExecResult:
+        return await self._sandbox(sandbox_id).run(command)
 
     async def call(self, sandbox_id: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """One of the contract's other coroutines, by name (``CALLS``), and what it returns."""
@@ -262,7 +249,7 @@ class SandboxHost:
     async def open_process(
         self, sandbox_id: str, user: str | None, argv: Sequence[str], env: Mapping[str, str], cwd: str
     ) -> str:
-        channel = await self._sandbox(sandbox_id).open_process_as(user, argv, env=env, cwd=cwd)
+        channel = await self._sandbox(sandbox_id).open_process(argv, env=env, cwd=cwd, user=user)
         channel_id = f"{sandbox_id}:{uuid.uuid4().hex[:12]}"
         self.channels[channel_id] = OutputRelay(channel)
         return channel_id

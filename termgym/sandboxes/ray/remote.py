@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from termgym.aio import cancel_and_wait
 from termgym.errors import SandboxGone
-from termgym.output import DEFAULT_OUTPUT_LIMIT
-from termgym.sandboxes.base import ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.sandboxes.base import Command, ExecResult, ProcessChannel, Sandbox, SandboxSpec
 from termgym.sandboxes.ray.node import ClusterNode, remote
 from termgym.sandboxes.ray.relay import Batch, Batches
 
@@ -70,57 +70,11 @@ class RemoteSandbox(Sandbox):
         self._id = None  # stop() leaves a kept sandbox alone
         return {**kept, "node": self.node.name}
 
-    async def exec(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        stdin: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
-        return await self._exec(None, argv, timeout, stdin, env, cwd, output_limit)
+    async def run(self, command: Command) -> ExecResult:
+        return await remote(self.node, self.node.actor.run.remote(self._sandbox_id(), _portable(command)))
 
-    async def exec_as(
-        self,
-        user: str | None,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult:
-        return await self._exec(user, argv, timeout, None, env, cwd, output_limit)
-
-    async def _exec(
-        self,
-        user: str | None,
-        argv: Sequence[str],
-        timeout: float,
-        stdin: bytes | None,
-        env: Mapping[str, str] | None,
-        cwd: str | None,
-        output_limit: int,
-    ) -> ExecResult:
-        call = self.node.actor.exec_as.remote(
-            self._sandbox_id(),
-            user,
-            list(argv),
-            timeout,
-            stdin,
-            dict(env) if env is not None else None,
-            cwd,
-            output_limit,
-        )
-        return await remote(self.node, call)
-
-    async def open_process(self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str) -> ProcessChannel:
-        return await self.open_process_as(None, argv, env=env, cwd=cwd)
-
-    async def open_process_as(
-        self, user: str | None, argv: Sequence[str], *, env: Mapping[str, str], cwd: str
+    async def open_process(
+        self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, user: str | None = None
     ) -> ProcessChannel:
         call = self.node.actor.open_process.remote(self._sandbox_id(), user, list(argv), dict(env), cwd)
         return RemoteChannel(self.node, await remote(self.node, call))
@@ -143,25 +97,20 @@ class RemoteSandbox(Sandbox):
     async def agent_changes(self) -> dict[str, str] | None:
         return await self._call("agent_changes")
 
-    async def exec_traced(
-        self,
-        user: str | None,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        env: Mapping[str, str],
-        cwd: str,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> ExecResult | None:
-        return await self._call(
-            "exec_traced", user, list(argv), timeout=timeout, env=dict(env), cwd=cwd, output_limit=output_limit
-        )
+    async def exec_traced(self, command: Command) -> ExecResult | None:
+        return await self._call("exec_traced", _portable(command))
 
     async def limit_warnings(self) -> list[str]:
         return await self._call("limit_warnings")
 
     async def set_network(self, enabled: bool) -> str | None:
         return await self._call("set_network", enabled)
+
+
+def _portable(command: Command) -> Command:
+    """``command`` with plain lists and dicts (what Ray pickles as such)."""
+    env = dict(command.env) if command.env is not None else None
+    return replace(command, argv=list(command.argv), env=env)
 
 
 class RemoteChannel(ProcessChannel):

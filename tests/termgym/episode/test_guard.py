@@ -22,9 +22,9 @@ def traced(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     calls: list[list[str]] = []
     original = LocalSandbox.exec_traced
 
-    async def spy(self, user, argv, **kwargs):
-        calls.append(list(argv))
-        return await original(self, user, argv, **kwargs)
+    async def spy(self, command):
+        calls.append(list(command.argv))
+        return await original(self, command)
 
     monkeypatch.setattr(LocalSandbox, "exec_traced", spy)
     return calls

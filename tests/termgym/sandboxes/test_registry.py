@@ -21,10 +21,10 @@ class MinimalSandbox(Sandbox):
 
     async def stop(self) -> None: ...
 
-    async def exec(self, argv, *, timeout, stdin=None, env=None, cwd=None, output_limit=0):
+    async def run(self, command):
         raise NotImplementedError
 
-    async def open_process(self, argv, *, env, cwd):
+    async def open_process(self, argv, *, env, cwd, user=None):
         raise NotImplementedError
 
     async def kill_agent_processes(self) -> None: ...

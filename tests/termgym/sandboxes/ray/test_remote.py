@@ -14,7 +14,7 @@ import pytest
 from termgym.agents import OracleAgent
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.errors import SandboxError, SandboxGone
-from termgym.sandboxes.base import ProcessChannel, SandboxSpec
+from termgym.sandboxes.base import Command, ProcessChannel, SandboxSpec
 from termgym.sandboxes.placement import current_node, placed_on
 from termgym.sandboxes.ray import relay
 from termgym.sandboxes.ray.host import SandboxHost
@@ -87,7 +87,7 @@ async def test_a_node_that_is_gone_is_sandbox_gone_and_marked_down(task_dir, nod
         await sandbox.exec(["true"], timeout=5)
     host: SandboxHost = node.actor.host
     with pytest.raises(SandboxGone, match="no sandbox"):
-        await host.exec_as("nope", None, ["true"], 5, None, None, None, 100)
+        await host.run("nope", Command(["true"], 5))
     await sandbox.stop()  # idempotent, never started
 
 
