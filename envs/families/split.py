@@ -8,7 +8,8 @@ Guarantees of ``generate_split(out_dir, split, count, seed, first=0, family_set=
   in the training name space, disjoint from a pool of ``n``);
 - families are balanced (round-robin over the split's families, in a fixed order);
 - ``family_set`` picks the families (``FAMILY_SETS``: ``short``, one to three turns and 3 to 6
-  assertions a task, the main job's; ``long``, four to eight turns and 8 to 20 assertions);
+  assertions a task; ``long``, four to eight turns and 8 to 20 assertions; ``explore``, the main
+  job's; ``parts``, three to five independent parts with an assertion each);
   ``train`` uses the set's training families; ``heldout`` uses every family of the set, including
   its held-out-only one, which never appears in training;
 - every name and word comes from the split's own part of the name space, so no held-out
@@ -27,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
-from termgym.envs.families import copy_file, dir_and_file, dir_file_copy, make_dir, two_files, write_file
+from termgym.envs.families import copy_file, dir_and_file, dir_file_copy, make_dir, parts, two_files, write_file
 from termgym.envs.families.explore import find_file, flawed, make_path, read_config
 from termgym.envs.families.long import copy_chain, dir_files, file_set, nested_tree, two_dirs
 from termgym.envs.families.names import MAX_LENGTH, SPLITS, NamePool
@@ -109,6 +110,11 @@ FAMILY_SETS: dict[str, FamilySet] = {
         (3, 6),
         # names of 3 to 5 letters: the main job's budget goes to what reward teaches, not to copying
         longest_name=5,
+    ),
+    # Several independent parts, one assertion each (envs/families/parts.py): where a dense reward and
+    # a binary one can differ (bench/dense_binary.py). No family is held out: the held-out set's names are.
+    "parts": FamilySet(
+        "parts", tuple(Family(name, make) for name, make in parts.FAMILIES.items()), (), (3, 5), longest_name=5
     ),
 }
 FAMILIES: dict[str, Family] = FAMILY_SETS["short"].families
