@@ -41,7 +41,7 @@ DemonstrationSource = Literal["reference", "teacher"]
 SftDataTokens = Literal["auto", "ids", "render"]  # termgym.trainer.sft_data.TOKEN_USES
 RendererName = Literal["auto", "chatml", "qwen-xml", "llama3", "template"]  # termgym.agents.renderers.RENDERER_NAMES
 AgentName = Literal["model", "mini-swe-agent"]  # who drives an episode (termgym.agents.settings.AGENTS' trainable ones)
-FamilySetName = Literal["short", "long", "explore"]  # the keys of termgym.envs.families.FAMILY_SETS
+FamilySetName = Literal["short", "long", "explore", "parts"]  # the keys of termgym.envs.families.FAMILY_SETS
 TrackerName = Literal["", "tensorboard", "wandb"]  # termgym.tracking.TRACKERS, or none
 
 DEFAULT_MAX_CONTEXT = 1024  # tokens per segment: the tiny policy's, and a model's whose config states none
@@ -93,7 +93,7 @@ class Config:
     pool: int = 0
     """generate a training pool of this many tasks (envs/families) and a held-out set, audit the pool and train on the accepted tasks: supervised warm start, held-out evaluation, critic warm-up and PPO, evaluation again, plots and a final table. 0: PPO alone on --tasks"""
     families: FamilySetName = "short"
-    """with --pool: the family set the pool and the held-out set are drawn from (envs/families): short (1 to 3 turns, 3 to 6 assertions a task), long (4 to 8 turns, 8 to 20 assertions; for the recipe's comparisons, bench/recipe.py) or explore (the main job's: 1 or 2 turns, each family with the scripted teacher's systematic mistake, two that must look before acting; envs/families/explore)"""
+    """with --pool: the family set the pool and the held-out set are drawn from (envs/families): short (1 to 3 turns, 3 to 6 assertions a task), long (4 to 8 turns, 8 to 20 assertions; for the recipe's comparisons, bench/recipe.py), explore (the main job's: 1 or 2 turns, each family with the scripted teacher's systematic mistake, two that must look before acting; envs/families/explore) or parts (3 to 5 independent parts, one assertion each, the teacher mistaken on each independently: where dense and binary reward differ; bench/dense_binary.py)"""
     audit_k: int = 1
     """oracle runs per task when auditing the pool (flaky: rejected)"""
     audit_cache: str = ""
