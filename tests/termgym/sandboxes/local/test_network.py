@@ -45,6 +45,7 @@ from termgym.sandboxes.local.network import (
 )
 from termgym.tasks import load_task
 from tests.helpers import REPO_ROOT, write_task
+from tests.termgym.sandboxes.local.unprivileged import SYSTEM_PYTHON, nobody_home, run_as_nobody
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and veth pairs need root")
 
@@ -291,7 +292,12 @@ def serving(home: Path | None) -> list[int]:
     """Live host processes that serve the network of the sandbox in ``home``: the helper and pasta
     (their command lines name its pid file, which is the sandbox's own)."""
     assert home is not None
-    marker = str(home / "network.pid").encode()
+    return processes_naming(str(home / "network.pid"))
+
+
+def processes_naming(text: str) -> list[int]:
+    """Live host processes whose command line holds ``text``."""
+    marker = text.encode()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -346,6 +352,55 @@ async def test_nothing_of_the_hosts_own_is_reachable(no_leaks, outside, host_ser
         assert out.split() == [f"{address}:closed" for address, _ in targets]
         assert loopback.reached() == 0 and everywhere.reached() == 0
         assert await sh(sandbox, f"curl -sS -m 5 {outside.url}") == "hello from outside\n"
+
+
+UNPRIVILEGED = textwrap.dedent(
+    """
+    import asyncio, json, site, sys
+    site.addsitedir(sys.argv[1])
+    from termgym.sandboxes.base import SandboxSpec
+    from termgym.sandboxes.local import LocalSandbox
+
+    async def main():
+        sandbox = LocalSandbox(SandboxSpec("net-unprivileged", None, None, network=True))
+        async with sandbox:
+            ran = await sandbox.exec(["/bin/bash", "-c", sys.argv[2]], timeout=60)
+            print(json.dumps({"output": ran.text, "warnings": sandbox.warnings}))
+
+    asyncio.run(main())
+    """
+)
+
+
+@needs_root
+@pytest.mark.slow
+@pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason="Debian's python3.11 runs termgym as nobody")
+def test_an_unprivileged_termgym_gives_the_network_and_nothing_of_the_hosts(outside, host_servers):
+    """termgym itself as ``nobody`` (where its users often run: a GPU node without root): the
+    sandbox reaches the outside server, and neither the host's loopback, nor its loopback through
+    the gateway, nor any of its addresses; no process of the sandbox's network outlives it."""
+    loopback, everywhere = host_servers
+    listed = json.loads(_ip("-j", "address", "show"))
+    own = [a["local"] for i in listed for a in i["addr_info"] if a.get("scope") == "global"]
+    gateway = "$(ip route show default | awk '{print $3}')"
+    targets = [("127.0.0.1", loopback.port), (gateway, loopback.port)]
+    targets += [(address, everywhere.port) for address in own]
+    probe = "timeout 2 bash -c 'exec 3<>/dev/tcp/{0}/{1}' 2>/dev/null && echo {1}@{0}:open || echo {1}@{0}:closed"
+    fetch = f"exec 3<>/dev/tcp/{outside.address}/{outside.port}; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; tail -n 1 <&3"
+    script = f"timeout 5 bash -c {_quote(fetch)}; " + "; ".join(probe.format(a, port) for a, port in targets)
+    scratch = Path(tempfile.mkdtemp(prefix="termgym-test-net-unprivileged-", dir="/tmp"))
+    try:
+        home = nobody_home(scratch)
+        report = run_as_nobody(UNPRIVILEGED, [script], home)
+        lines = report["output"].splitlines()
+        assert lines[0] == "hello from outside", report
+        assert lines[1:] and all(line.endswith(":closed") for line in lines[1:]), report
+        assert len(lines) == 1 + len(targets)
+        assert loopback.reached() == 0 and everywhere.reached() == 0
+        assert not [warning for warning in report["warnings"] if "network" in warning], report["warnings"]
+        assert processes_naming(str(home)) == []  # pasta and the network helper ended with it
+    finally:
+        subprocess.run(["rm", "-rf", str(scratch)], check=False)
 
 
 RAW_SYN = textwrap.dedent(

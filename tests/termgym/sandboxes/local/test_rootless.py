@@ -13,11 +13,9 @@ unpacks an image from an OCI layout, and mounts its root in a user namespace of 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
@@ -27,13 +25,9 @@ import pytest
 
 from termgym.sandboxes.host_processes import children
 from termgym.sandboxes.local.commands import RootEntry, enter_argv, keeper_argv, within_limits
+from tests.termgym.sandboxes.local.unprivileged import NOBODY, SYSTEM_PYTHON, as_nobody, nobody_home, run_as_nobody
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs the sandbox as another, unprivileged uid")
-NOBODY = 65534
-
-
-def as_nobody(argv: list[str]) -> list[str]:
-    return ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *argv]
 
 
 @pytest.fixture
@@ -84,8 +78,6 @@ def test_the_plain_way_in_is_refused_to_an_unprivileged_user(keeper):
 
 # -- a sandbox over an image, termgym itself unprivileged -------------------------------------------
 
-SYSTEM_PYTHON = "/usr/bin/python3.11"
-SITE = Path(sys.prefix) / "lib" / "python3.11" / "site-packages"
 SHELL_FILES = ("/usr/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2")
 SCRIPT = textwrap.dedent("""\
     import asyncio, json, os, site, sys
@@ -94,7 +86,8 @@ SCRIPT = textwrap.dedent("""\
     from termgym.sandboxes.local import LocalSandbox
 
     async def main():
-        sandbox = LocalSandbox(SandboxSpec("rootless-image", None, None, image=sys.argv[2]))
+        spec = SandboxSpec("rootless-image", None, None, image=sys.argv[2], network=sys.argv[4] == "network")
+        sandbox = LocalSandbox(spec)
         async with sandbox:
             ran = await sandbox.exec(["/bin/sh", "-c", sys.argv[3]], timeout=20)
             report = {"output": ran.text, "code": ran.exit_code, "image": sandbox.image,
@@ -130,19 +123,10 @@ def shell_image(root: Path) -> str:
 def test_an_unprivileged_termgym_runs_a_sandbox_over_an_image(tmp_path):
     scratch = Path(tempfile.mkdtemp(prefix="termgym-test-rootless-image-", dir="/tmp"))
     try:
-        scratch.chmod(0o755)
+        home = nobody_home(scratch)
         ref = shell_image(scratch)
-        home = scratch / "home"
-        home.mkdir()
-        os.chown(home, NOBODY, NOBODY)
-        (scratch / "script.py").write_text(SCRIPT)
         command = "read m < /etc/marker; echo $m; echo made > /usr/made; read n < /usr/made; echo $n"
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "TMPDIR": str(home)}
-        env |= {"TERMGYM_SANDBOX_DIR": str(home / "sandboxes"), "TERMGYM_ENV_CACHE_DIR": str(home / "cache")}
-        argv = as_nobody([SYSTEM_PYTHON, str(scratch / "script.py"), str(SITE), ref, command])
-        ran = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env, cwd=home)
-        assert ran.returncode == 0, ran.stderr[-2000:]
-        report = json.loads(ran.stdout.splitlines()[-1])
+        report = run_as_nobody(SCRIPT, [ref, command, "none"], home)
         assert report["code"] == 0 and report["output"] == "from-the-image\nmade\n", report
         assert report["image"]["source"] == "docker_image" and report["image"]["digest"].startswith("sha256:")
         assert report["changes"] == {"/usr/made": "A"}, report["changes"]
@@ -153,6 +137,25 @@ def test_an_unprivileged_termgym_runs_a_sandbox_over_an_image(tmp_path):
         assert (rootfs / "etc" / "marker").read_text() == "from-the-image\n" and not (rootfs / "usr" / "made").exists()
         assert {path.lstat().st_uid for path in rootfs.rglob("*")} == {NOBODY}
         assert list((home / "sandboxes").iterdir()) in ([], [home / "sandboxes" / "cache"])
+    finally:
+        subprocess.run(["rm", "-rf", str(scratch)], check=False)
+
+
+@pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason="Debian's python3.11 runs termgym as nobody")
+@pytest.mark.skipif(shutil.which("pasta") is None, reason="user-mode networking is passt's pasta")
+def test_an_unprivileged_termgym_gives_a_sandbox_over_an_image_the_network_it_asks_for(tmp_path):
+    """The image has only dash: the interfaces are read from /proc/net/dev with the shell's own
+    read. Without network, the sandbox has its loopback alone."""
+    scratch = Path(tempfile.mkdtemp(prefix="termgym-test-rootless-net-", dir="/tmp"))
+    try:
+        home = nobody_home(scratch)
+        ref = shell_image(scratch)
+        command = "while read name rest; do echo $name; done < /proc/net/dev"
+        given = run_as_nobody(SCRIPT, [ref, command, "network"], home)
+        withheld = run_as_nobody(SCRIPT, [ref, command, "none"], home)
+        assert given["code"] == 0 and given["output"].split()[2:] == ["lo:", "eth0:"], given
+        assert not [warning for warning in given["warnings"] if "network" in warning], given["warnings"]
+        assert withheld["output"].split()[2:] == ["lo:"], withheld
     finally:
         subprocess.run(["rm", "-rf", str(scratch)], check=False)
 
