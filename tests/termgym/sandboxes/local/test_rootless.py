@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
@@ -156,6 +157,52 @@ def test_an_unprivileged_termgym_gives_a_sandbox_over_an_image_the_network_it_as
         assert given["code"] == 0 and given["output"].split()[2:] == ["lo:", "eth0:"], given
         assert not [warning for warning in given["warnings"] if "network" in warning], given["warnings"]
         assert withheld["output"].split()[2:] == ["lo:"], withheld
+    finally:
+        subprocess.run(["rm", "-rf", str(scratch)], check=False)
+
+
+PREPARED = textwrap.dedent("""\
+    import asyncio, json, site, sys
+    from pathlib import Path
+    site.addsitedir(sys.argv[1])
+    from termgym.sandboxes.base import SandboxSpec
+    from termgym.sandboxes.local import LocalSandbox
+
+    async def main():
+        context, reports = Path(sys.argv[3]), []
+        for command in sys.argv[4:]:
+            spec = SandboxSpec("rootless-prepared", context, context / "Dockerfile", image_aliases={"base": sys.argv[2]})
+            async with LocalSandbox(spec) as sandbox:
+                ran = await sandbox.exec(["/bin/sh", "-c", command], timeout=20)
+                reports.append({"output": ran.text, "prepared": sandbox.image.get("prepared"),
+                                "changes": await sandbox.agent_changes()})
+        print(json.dumps(reports))
+
+    asyncio.run(main())
+    """)
+
+
+@pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason="Debian's python3.11 runs termgym as nobody")
+def test_an_unprivileged_termgym_keeps_the_deletions_of_a_prepared_layer_and_of_the_agent(tmp_path, monkeypatch):
+    """``FROM`` an image, a ``RUN`` that deletes one of its files: the file is gone in the sandbox
+    that prepared the layer and in the next, started from the cache (the layer's whiteout made and
+    copied without root); an agent's own deletion is listed as one."""
+    monkeypatch.setattr(sys.modules[__name__], "SHELL_FILES", (*SHELL_FILES, "/usr/bin/rm"))
+    scratch = Path(tempfile.mkdtemp(prefix="termgym-test-rootless-prepared-", dir="/tmp"))
+    try:
+        home = nobody_home(scratch)
+        ref = shell_image(scratch)
+        context = scratch / "context"
+        context.mkdir()
+        (context / "Dockerfile").write_text("FROM base\nRUN rm /etc/marker && echo made > /etc/made\n")
+        subprocess.run(["chmod", "-R", "a+rX", str(context)], check=True)
+        look = "read m 2>/dev/null </etc/marker && echo marker:$m || echo marker:gone; read n < /etc/made; echo $n"
+        first, second = run_as_nobody(PREPARED, [ref, str(context), look, f"rm /etc/made; {look}"], home)
+        assert first["output"] == "marker:gone\nmade\n" and first["changes"] == {}, first
+        assert first["prepared"] is None and second["prepared"] is not None, second  # made, then from the cache
+        assert second["output"].startswith("marker:gone\n"), second
+        changes = second["changes"]
+        assert changes["/etc/made"] == "D" and set(changes) <= {"/etc", "/etc/made"}, changes
     finally:
         subprocess.run(["rm", "-rf", str(scratch)], check=False)
 
