@@ -16,7 +16,7 @@ scheduler retries; ``sandbox_error`` is left for faults of the infrastructure.
 
 Harbor's task features (docs/guides/tasks.md, "Healthchecks, users, network phases, artifacts and
 steps"): the sandbox starts in the agent phase's network and is switched to the verifier phase's
-before verification (``Sandbox.set_network``; less than asked is a warning); the healthcheck
+before verification (``capabilities.set_network``; less than asked is a warning); the healthcheck
 (``termgym.episode.healthcheck``) passes before the agent's shell opens, else ``reset`` raises
 ``SandboxError``; the shell runs as ``[agent].user`` and the test script as ``[verifier].user``
 where the backend ``supports_users`` (else a warning); after verification the artifacts go to
@@ -54,6 +54,8 @@ from termgym.episode.verification import Verification
 from termgym.errors import ConfigError, EpisodeError, SandboxError
 from termgym.records import TrialError
 from termgym.sandboxes.base import Sandbox
+from termgym.sandboxes.capabilities import keep
+from termgym.sandboxes.files import upload_files
 from termgym.tasks import Task
 from termgym.tasks.bundled import resolve_task
 from termgym.transcript import StopReason, Transcript
@@ -130,7 +132,7 @@ class AsyncTerminalEnv:
         self.system_changes: list[str] | None = None
         self.image: dict[str, str] = {}  # the image the episode's sandbox ran (Sandbox.image)
         self.node = ""  # the cluster node the episode's sandbox ran on (Sandbox.node_name; '' here)
-        self.kept: dict[str, str] | None = None  # --keep: the sandbox left running (Sandbox.keep)
+        self.kept: dict[str, str] | None = None  # --keep: the sandbox left running (capabilities.keep)
         # Harbor's task features (the episode runtime section of the module docstring)
         self.trial_dir: Path | None = None  # set by run_trial before reset(): where artifacts are copied to
         self.artifacts: list[str] = []  # the files copied out, relative to trial_dir
@@ -295,7 +297,7 @@ class AsyncTerminalEnv:
         """Copy host files into the sandbox during an episode (used by the oracle agent)."""
         if self.sandbox is None:
             raise EpisodeError("upload() called without an active episode")
-        await self.sandbox.upload_files(files, dest)
+        await upload_files(self.sandbox, files, dest)
 
     async def close(self) -> None:
         """End the episode and stop its sandbox; with ``EnvOptions.keep`` the sandbox is left
@@ -313,7 +315,7 @@ class AsyncTerminalEnv:
         try:
             if self.options.keep and self.kept is None:
                 try:
-                    self.kept = await sandbox.keep()
+                    self.kept = await keep(sandbox)
                 except SandboxError as exc:
                     self.warnings.append(f"--keep: {exc}")
         finally:

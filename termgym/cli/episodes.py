@@ -132,7 +132,7 @@ def print_notes(record: TrialRecord) -> None:
 
 
 def print_kept(kept: dict[str, str]) -> None:
-    """How to enter and remove a sandbox ``--keep`` left running (``Sandbox.keep``)."""
+    """How to enter and remove a sandbox ``--keep`` left running (``capabilities.keep``)."""
     common.out.print(
         Text.assemble(
             ("sandbox kept", "bold"),

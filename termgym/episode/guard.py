@@ -1,9 +1,9 @@
 """The tamper check: every step that runs in the sandbox after the agent's end is traced, and a
 load of a file the agent wrote outside its work is the trial's failure (``termgym.episode.loads``).
 
-``LoadGuard`` is made once per verification with the sandbox's changes (``Sandbox.agent_changes``,
+``LoadGuard`` is made once per verification with the sandbox's changes (``capabilities.agent_changes``,
 or None where the backend cannot list them: then nothing can be checked, as on Daytona). Its
-``run`` is every in-sandbox step's way in: traced where the backend can (``Sandbox.exec_traced``),
+``run`` is every in-sandbox step's way in: traced where the backend can (``capabilities.exec_traced``),
 else run plainly, and then every change outside the agent's paths counts as loaded (the worst is
 assumed, with a warning). Once the changes are known, a step runs untraced when none of them could
 be found loaded (the agent added or changed nothing outside its paths, or nothing is checked): a
@@ -39,6 +39,7 @@ from termgym.episode.loads import (
 from termgym.errors import SandboxBroken
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 from termgym.sandboxes.base import Command, ExecResult, Sandbox
+from termgym.sandboxes.capabilities import exec_traced
 from termgym.sandboxes.changes import SYSTEM_PREFIXES
 from termgym.tasks import Task
 
@@ -99,7 +100,7 @@ class LoadGuard:
         self._image = f"{sandbox.backend}:{digest}" if digest and sandbox.image.get("source") != "host" else ""
 
     def known(self, changes: Mapping[str, str] | None) -> None:
-        """The sandbox's changes (``Sandbox.agent_changes``), once listed."""
+        """The sandbox's changes (``capabilities.agent_changes``), once listed."""
         self._everywhere = outside_work(changes or {}, ())
         self.changes = None if changes is None else outside_work(changes, self._paths)
         self._listed = True
@@ -132,7 +133,7 @@ class LoadGuard:
         command = Command(tuple(argv), timeout, env=env, cwd=cwd, output_limit=output_limit, user=user)
         if not self.traces:
             return await self._sandbox.run(command)
-        result = await self._sandbox.exec_traced(command)
+        result = await exec_traced(self._sandbox, command)
         trace = parse_trace(result.trace, cut=result.trace_dropped > 0) if result and result.trace is not None else None
         if result is None or trace is None or not any(load.how == "executed" for load in trace.loads):
             # no tracer here, or one that could not start (a traced command's first line is always

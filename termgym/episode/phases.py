@@ -3,7 +3,7 @@ healthcheck before the agent's shell opens, where the verifier runs (the agent's
 fresh one in the separate mode), and the artifacts kept after it.
 
 The sandbox starts in the agent phase's network and is switched to the verifier phase's before
-verification (``Sandbox.set_network``; less than asked is a warning); the healthcheck
+verification (``capabilities.set_network``; less than asked is a warning); the healthcheck
 (``termgym.episode.healthcheck``) passes before the agent's shell opens, else ``SandboxError``; the
 shell runs as ``[agent].user`` and the test script as ``[verifier].user`` where the backend
 ``supports_users`` (else a warning; a user the image lacks is ``ConfigError``, the trial's
@@ -29,6 +29,7 @@ from termgym.episode.overrides import network_asked
 from termgym.episode.verification import Verification, verify
 from termgym.errors import ConfigError, SandboxBroken
 from termgym.sandboxes.base import DEFAULT_PATH, Sandbox
+from termgym.sandboxes.capabilities import agent_changes, set_network
 from termgym.tasks import Task
 
 ROOT_USERS = ("root", "0", "0:0")  # the users every backend runs as without switching
@@ -81,14 +82,14 @@ class Phases:
         return time.monotonic() - started
 
     async def switch_network(self, sandbox: Sandbox, phase: str) -> str | None:
-        """Give ``sandbox`` the network ``phase`` asks for (``Sandbox.set_network``) unless it has
+        """Give ``sandbox`` the network ``phase`` asks for (``capabilities.set_network``) unless it has
         it already; a warning line when the backend cannot."""
         asked = network_asked(self.task)[phase]
         now = self._network_now
         if now == asked or (now is None and not asked):
             self._network_now = asked
             return None
-        reason = await sandbox.set_network(asked)
+        reason = await set_network(sandbox, asked)
         if reason is None:
             self._network_now = asked
             return None
@@ -127,7 +128,7 @@ class Phases:
     async def _verify_separately(self, agent_sandbox: Sandbox, task: Task, user: str | None) -> Verification:
         await agent_sandbox.check_alive()
         await agent_sandbox.kill_agent_processes()
-        listed = await agent_sandbox.agent_changes()  # for the record: they do not reach the verifier
+        listed = await agent_changes(agent_sandbox)  # for the record: they do not reach the verifier
         changes = None if listed is None else sorted(outside_work(listed, agent_paths(task, agent_sandbox.workdir)))
         paths = artifact_paths(self.task.artifacts)
         try:
@@ -142,7 +143,7 @@ class Phases:
             for line in fresh.warnings:
                 self._warn(line)
             if network_asked(self.task)["verifier"] != fresh.spec.network:
-                reason = await fresh.set_network(network_asked(self.task)["verifier"])
+                reason = await set_network(fresh, network_asked(self.task)["verifier"])
                 self._warn(f"the separate verifier's network: {reason}" if reason else None)
             if archive:
                 await fresh.upload_tar(archive, "/")

@@ -37,8 +37,10 @@ from termgym.episode.guard import HARNESS_PATH, HARNESS_PATHS, LoadGuard
 from termgym.episode.loads import Forged
 from termgym.episode.tamper import tamper_warning
 from termgym.errors import SandboxBroken, TermgymError
-from termgym.sandboxes.base import DEFAULT_PATH, HostFiles, Sandbox, tar_of_files
+from termgym.sandboxes.base import DEFAULT_PATH, Sandbox
+from termgym.sandboxes.capabilities import HostFiles, agent_changes, host_files
 from termgym.sandboxes.changes import trusted_search_paths
+from termgym.sandboxes.files import tar_of_files
 from termgym.tasks import Task
 from termgym.verifiers import (
     MAX_REPORT_BYTES,
@@ -183,7 +185,7 @@ async def verify(
     guard = LoadGuard(task, sandbox)
     # The engine lists the agent's changes while the harness resets what the verifier uses (the
     # harness's own directories, left out of the list): the list is the agent's alone.
-    listing = asyncio.ensure_future(sandbox.agent_changes())
+    listing = asyncio.ensure_future(agent_changes(sandbox))
     broken: SandboxBroken | None = None  # a harness step the agent broke: tampering, if that is what broke it
     try:
         try:
@@ -267,12 +269,12 @@ def _tampered(forged: list[Forged], changes: tuple[str, ...] | None, started: fl
 async def _prepare_tests(task: Task, sandbox: Sandbox, user: str | None, guard: LoadGuard) -> None:
     """``/logs/verifier``, ``/tests`` and the verifier's home made fresh, and the task's tests (with
     the assertion kit) written to ``/tests``: from the host where the backend reaches the files
-    (``Sandbox.host_files``), else by traced commands of the image's system paths and the backend's
+    (``capabilities.host_files``), else by traced commands of the image's system paths and the backend's
     upload. ``SandboxBroken`` when the agent left that impossible."""
     files = dict((relative, host) for host, relative in task.test_files())
     script = (task.test_script, files.pop(task.test_script).read_bytes(), 0o755)  # executable, whatever its mode
     kit = (".termgym/assert.sh", assertion_kit(), 0o755)
-    host = sandbox.host_files() if user is None else None
+    host = host_files(sandbox) if user is None else None
     if host is not None:  # no process runs in the sandbox: its files are reached from here
         blobs = [(relative, path.read_bytes(), path.stat().st_mode) for relative, path in files.items()]
         await _on_host(host.fresh_dirs, FRESH_DIRS, "could not reset /tests and /logs/verifier")
@@ -313,7 +315,7 @@ async def read_report_files(sandbox: Sandbox, guard: LoadGuard) -> dict[str, byt
     read whole. Raises ``TooManyReports`` beyond ``MAX_REPORT_FILES``, ``SandboxBroken`` when they
     cannot be read. Read from the host where the backend can, else by a step ``guard`` traces."""
     cap = MAX_REPORT_BYTES + 1
-    host = sandbox.host_files()
+    host = host_files(sandbox)
     if host is not None:  # no process runs in the sandbox: nothing can change them while read
         return await asyncio.to_thread(_read_reports_on_host, host, cap)
     limit = MAX_REPORT_FILES * (cap + 512)

@@ -26,7 +26,8 @@ import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, base64_length, last_line, tar_of_files
+from termgym.sandboxes.base import DEFAULT_PATH, Sandbox, base64_length, last_line
+from termgym.sandboxes.files import tar_of_files
 
 STAGE_ROOT = "/tmp"
 FILE_TIMEOUT = 600.0  # seconds for a file written or read

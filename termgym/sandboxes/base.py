@@ -1,23 +1,28 @@
-"""The sandbox contract every backend implements, and the few helpers built only on that contract.
+"""The sandbox contract: what a backend implements, in one screen.
 
-A sandbox is one isolated machine for one trial. Backends implement five coroutines:
-``start`` (create and prepare the task's environment), ``stop`` (remove everything; idempotent),
-``run`` (a ``Command`` to completion with a timeout; callers write ``exec``), ``open_process`` (a long-lived process with
-byte streams, used for the persistent shell) and ``kill_agent_processes`` (every process started
-since ``start`` is gone when it returns; the sandbox itself stays usable). Files travel as tar
-archives through ``exec`` (``upload_tar``, ``download_tar``); a backend with a native path
-overrides them. Two reports have defaults a backend refines: ``agent_changes`` (None: this backend
-cannot tell) and ``limit_warnings`` (the resource limits the sandbox reached); and
-``exec_traced`` (a command under the system-call tracer, the tamper check's evidence; None: this
-backend cannot trace). Harbor's
-phases add ``Command.user`` (a command as another user, where ``supports_users``)
-and ``set_network`` (the network between phases); their defaults refuse a user and keep the
-network chosen at creation.
+A sandbox is one isolated machine for one trial, used with ``async with``. A backend subclasses
+``Sandbox`` and implements nine coroutines, the first five required:
 
-Guarantees callers rely on: every command runs inside the sandbox, never on the host; ``exec``
+- ``start()``: create it and prepare the task's environment (``env``, ``workdir``, ``image`` set).
+- ``stop()``: remove everything; idempotent; runs on every path out of ``async with``.
+- ``run(command)``: a ``Command`` to completion; callers write ``exec(argv, timeout=...)``.
+- ``open_process(argv, env=, cwd=, user=)``: a long-lived process with byte streams (the shell).
+- ``kill_agent_processes()``: every process started since ``start`` is gone; files stay.
+- ``upload_tar`` / ``download_tar``: files in and out as tar archives; by default through ``run``
+  (``upload_tar_by_exec``, ``download_tar_by_exec``); a backend with a native path overrides them.
+- ``check_alive()``, ``limit_warnings()``: health reports; by default "cannot tell" and none.
+
+Data a backend sets: ``backend`` (its name), ``supports_users`` (``Command.user`` works),
+``paces_own_creation``, ``untraced_loads`` and ``node_name``. What only some backends can do
+(tracing, the agent's changes, keep, the network between phases, host-side file access) are the
+optional protocols of ``termgym.sandboxes.capabilities``, reached through its functions, which
+answer "cannot" for a sandbox without them; host-side tar helpers (``tar_of_files``,
+``upload_files``) are functions of ``termgym.sandboxes.files``.
+
+Guarantees callers rely on: every command runs inside the sandbox, never on the host; ``run``
 never raises for the command's own failure or timeout (that is data in ``ExecResult``) and raises
 ``SandboxError`` only for infrastructure faults (``SandboxBroken`` when the sandbox stopped
-working from inside); ``stop`` runs on every path out of ``async with``, including cancellation.
+working from inside).
 """
 
 from __future__ import annotations
@@ -25,12 +30,9 @@ from __future__ import annotations
 import abc
 import base64
 import binascii
-import io
-import tarfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from termgym.aio import run_to_end
 from termgym.errors import SandboxBroken, SandboxError
@@ -98,38 +100,6 @@ class ExecResult:
         return self.output.decode("utf-8", errors="replace")
 
 
-class HostFiles(Protocol):
-    """A sandbox's files reached from the host while none of its processes runs, where a backend
-    can (``Sandbox.host_files``; the embedded backend's ``LocalHostFiles``). Paths are absolute
-    paths as the sandbox sees them; every operation reaches them without following a link the
-    agent left and raises ``OSError`` when it cannot."""
-
-    def fresh_dirs(self, paths: Sequence[str]) -> None:
-        """Make each path a fresh empty directory, whatever is there now."""
-        ...
-
-    def write_files(self, dest: str, files: Sequence[tuple[str, bytes, int]]) -> None:
-        """Write ``(relative path, content, mode)`` under the fresh directory ``dest``."""
-        ...
-
-    def list_files(self, directory: str, wanted: Callable[[str], bool]) -> list[str] | None:
-        """The names ``wanted`` accepts of the regular files at the top of ``directory``, sorted;
-        None when it is not a directory."""
-        ...
-
-    def read_files(self, directory: str, names: Sequence[str], cap: int) -> dict[str, bytes]:
-        """The regular files ``names`` at the top of ``directory``, each cut at ``cap`` bytes."""
-        ...
-
-
-def base64_length(size: int, *, line: int | None = None) -> int:
-    """How long ``base64``'s output is for ``size`` bytes: 4 characters per 3 bytes, padded; with
-    ``line`` (the tool's default is 76; ``-w 0`` is None), a newline ending each line of at most
-    ``line`` characters."""
-    encoded = (size + 2) // 3 * 4
-    return encoded if line is None else encoded + -(-encoded // line)
-
-
 class ProcessChannel(abc.ABC):
     """A running process inside the sandbox: stdin in, stdout (with stderr) out."""
 
@@ -156,12 +126,19 @@ class ProcessChannel(abc.ABC):
 
 
 class Sandbox(abc.ABC):
-    """One isolated machine for one trial. Use with ``async with``."""
+    """One isolated machine for one trial (the module docstring is the contract)."""
 
     backend: str = "?"
     # True when the backend paces every create attempt (retries included) against its provider's
     # quota itself, as Daytona does; a scheduler then adds no pacing of its own in front of it.
     paces_own_creation: bool = False
+    # True when Command.user (and open_process's user) may name another user than the sandbox's root.
+    supports_users: bool = False
+    # What runs from the sandbox's own files outside the tracer's sight (Docker: each restart's
+    # keeper and entrypoint, the tracer's loader's preload list): a change to one is a forged load.
+    untraced_loads: tuple[str, ...] = ()
+    # The cluster node the sandbox runs on (--cluster: termgym.sandboxes.ray); '' on this machine.
+    node_name: str = ""
 
     def __init__(self, spec: SandboxSpec) -> None:
         self.spec = spec
@@ -180,13 +157,36 @@ class Sandbox(abc.ABC):
 
     @abc.abstractmethod
     async def run(self, command: Command) -> ExecResult:
-        """Run ``command`` to completion (the contract's one way to run a command; callers use ``exec``)."""
+        """Run ``command`` to completion (callers write ``exec``)."""
 
     @abc.abstractmethod
     async def open_process(
         self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, user: str | None = None
     ) -> ProcessChannel:
         """A long-lived process (the persistent shell); ``user`` as ``Command.user``."""
+
+    @abc.abstractmethod
+    async def kill_agent_processes(self) -> None:
+        """Kill every process started in the sandbox since ``start``; files stay as they are."""
+
+    async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
+        """Unpack a tar archive into directory ``dest`` (created if missing)."""
+        await upload_tar_by_exec(self, archive, dest, timeout=timeout)
+
+    async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
+        """A tar archive of those of the absolute ``paths`` that exist, named relative to ``/``
+        (empty when none does); ``SandboxBroken`` when it is over ``limit`` bytes or unreadable.
+        What it holds is untrusted (``termgym.episode.artifacts.safe_artifacts``)."""
+        return await download_tar_by_exec(self, paths, limit=limit, timeout=timeout)
+
+    async def check_alive(self) -> None:
+        """``SandboxBroken`` if the sandbox's own processes all ended (killed from inside),
+        ``SandboxGone`` if it was removed; the default cannot tell and returns."""
+        return None
+
+    async def limit_warnings(self) -> list[str]:
+        """One line per resource limit the sandbox reached so far (memory, processes, storage)."""
+        return []
 
     async def exec(
         self,
@@ -199,107 +199,8 @@ class Sandbox(abc.ABC):
         output_limit: int = DEFAULT_OUTPUT_LIMIT,
         user: str | None = None,
     ) -> ExecResult:
-        """``run`` of the ``Command`` these fields make (``Command`` says what each means)."""
+        """``run`` of the ``Command`` these fields make (not for a backend to override)."""
         return await self.run(Command(tuple(argv), timeout, stdin, env, cwd, output_limit, user))
-
-    @abc.abstractmethod
-    async def kill_agent_processes(self) -> None:
-        """Kill every process started in the sandbox since ``start``; files stay as they are."""
-
-    @property
-    def node_name(self) -> str:
-        """The cluster node the sandbox runs on (``--cluster``: ``termgym.sandboxes.ray``); '' on this machine."""
-        return ""
-
-    def host_files(self) -> HostFiles | None:
-        """The sandbox's files reached from the host, where the backend can (embedded) and none
-        of its processes runs (after ``kill_agent_processes``); None otherwise: use commands."""
-        return None
-
-    async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
-        """Unpack a tar archive into directory ``dest`` (created if missing)."""
-        script = 'mkdir -p "$1" && exec tar -x --no-same-owner -C "$1" -f -'
-        result = await self.exec(["/bin/sh", "-c", script, "sh", dest], stdin=archive, timeout=timeout, cwd="/")
-        if result.exit_code != 0:
-            raise SandboxBroken(f"upload to {dest} failed: {last_line(result.text)}")
-
-    async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
-        """A tar archive of those of the absolute ``paths`` that exist, named relative to ``/``
-        (empty when none does); ``SandboxBroken`` when it is over ``limit`` bytes or unreadable.
-        The archive is made by the sandbox's own ``tar`` (found on the system directories only)
-        and cut at ``limit + 1`` bytes as it streams, so a tree that claims more (a sparse file of
-        terabytes) stops the read there; what it holds is untrusted all the same
-        (``termgym.episode.artifacts.safe_artifacts``)."""
-        script = (
-            f"PATH={DEFAULT_PATH}\n"
-            'cap=$1; shift\nfor p; do shift; if [ -e "/$p" ] || [ -L "/$p" ]; then set -- "$@" "$p"; fi; done\n'
-            '[ "$#" -gt 0 ] || exit 0\ntar -C / -cf - -- "$@" 2>/dev/null | head -c "$cap" | base64 -w 0'
-        )
-        relative = [path.strip("/") for path in paths]
-        result = await self.exec(
-            ["/bin/sh", "-c", script, "sh", str(limit + 1), *relative],
-            timeout=timeout,
-            cwd="/",
-            env={"PATH": DEFAULT_PATH},
-            output_limit=base64_length(limit + 1) + 8,
-        )
-        try:
-            archive = base64.b64decode(result.output, validate=True) if result.exit_code == 0 else None
-        except (binascii.Error, ValueError) as exc:
-            raise SandboxBroken(f"could not read {', '.join(paths)}: the archive came back garbled") from exc
-        if archive is None or result.dropped_bytes or len(archive) > limit:
-            why = f"over {limit >> 20} MB" if archive is not None else f"tar failed: {last_line(result.text)}"
-            raise SandboxBroken(f"could not read {', '.join(paths)} ({why})")
-        return archive
-
-    async def check_alive(self) -> None:
-        """``SandboxBroken`` if the sandbox's own processes all ended (killed from inside),
-        ``SandboxGone`` if it was removed; the default cannot tell and returns."""
-        return None
-
-    async def agent_changes(self) -> dict[str, str] | None:
-        """Every file the sandbox's processes added (``A``), changed (``C``) or deleted (``D``) since
-        the environment was ready, as absolute paths (directories only where nothing under them is
-        listed), after ``kill_agent_processes``; None where this backend cannot tell."""
-        return None
-
-    # What runs from the sandbox's own files outside the tracer's sight (Docker: each restart's
-    # keeper and entrypoint, the tracer's loader's preload list): a change to one is a forged load.
-    untraced_loads: tuple[str, ...] = ()
-
-    async def exec_traced(self, command: Command) -> ExecResult | None:
-        """``command`` under the system-call tracer (``termgym.episode.loads.TRACE_OPTIONS``), its
-        stream in ``ExecResult.trace``, apart from the command's output (the command's stderr joins
-        its stdout); None where this backend cannot trace (the caller then assumes the worst)."""
-        return None
-
-    async def limit_warnings(self) -> list[str]:
-        """One line per resource limit the sandbox reached so far (memory, processes, storage)."""
-        return []
-
-    async def keep(self) -> dict[str, str]:
-        """Leave the sandbox running past this process (``--keep``) instead of stopping it; returns
-        ``{"backend", "id", "attach", "remove"}`` (the commands that enter and remove it). After
-        it, ``stop`` leaves the sandbox alone. ``SandboxError`` where the backend cannot keep one."""
-        raise SandboxError(f"the {self.backend} backend cannot keep a sandbox after the trial")
-
-    # -- users and network phases (Harbor's [agent]/[verifier] user and network_mode) -----------
-
-    # True when run / open_process can run a command as another user than the sandbox's root.
-    supports_users: bool = False
-
-    async def set_network(self, enabled: bool) -> str | None:
-        """Give the running sandbox network (``enabled``) or take it away, between phases. Returns
-        None when the sandbox now has what was asked, else one line saying why not (the sandbox
-        is left as it was). The default changes nothing: the network chosen at creation
-        (``spec.network``) stays."""
-        if enabled == self.spec.network:
-            return None
-        return f"the {self.backend} backend cannot change a running sandbox's network"
-
-    async def upload_files(self, files: Sequence[tuple[Path, str]], dest: str) -> None:
-        """Copy host files into ``dest``, each at its relative path, executable bits kept."""
-        await self.upload_tar(tar_of_files(files), dest)
 
     async def __aenter__(self) -> Sandbox:
         try:
@@ -331,34 +232,56 @@ class BackendHooks:
     warm_pool_on: Callable[[], bool] | None = None
 
 
-def tar_of_files(files: Sequence[tuple[Path, str]], blobs: Sequence[tuple[str, bytes, int]] = ()) -> bytes:
-    """A tar archive (in memory) of host files at the given relative paths, plus in-memory
-    ``(relative path, content, mode)`` blobs; owned by root; parent directories implicit."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for host_path, relative in files:
-            info = archive.gettarinfo(str(host_path), arcname=relative.lstrip("/"))
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            if info.isfile():
-                with open(host_path, "rb") as handle:
-                    archive.addfile(info, handle)
-            else:
-                archive.addfile(info)
-        for relative, content, mode in blobs:
-            info = tarfile.TarInfo(relative.lstrip("/"))
-            info.size, info.mode = len(content), mode
-            archive.addfile(info, io.BytesIO(content))
-    return buffer.getvalue()
+def refuse_user(sandbox: Sandbox, user: str | None) -> None:
+    """``SandboxError`` for a ``user`` (not None) where ``sandbox`` runs everything as its root."""
+    if user is not None:
+        raise SandboxError(f"the {sandbox.backend} backend cannot run a command as user {user}")
+
+
+async def upload_tar_by_exec(sandbox: Sandbox, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
+    """``Sandbox.upload_tar`` through the sandbox's own ``tar`` reading the archive on its stdin."""
+    script = 'mkdir -p "$1" && exec tar -x --no-same-owner -C "$1" -f -'
+    result = await sandbox.exec(["/bin/sh", "-c", script, "sh", dest], stdin=archive, timeout=timeout, cwd="/")
+    if result.exit_code != 0:
+        raise SandboxBroken(f"upload to {dest} failed: {last_line(result.text)}")
+
+
+async def download_tar_by_exec(sandbox: Sandbox, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
+    """``Sandbox.download_tar`` through the sandbox's own ``tar`` (found on the system directories
+    only), cut at ``limit + 1`` bytes as it streams, so a tree that claims more (a sparse file of
+    terabytes) stops the read there."""
+    script = (
+        f"PATH={DEFAULT_PATH}\n"
+        'cap=$1; shift\nfor p; do shift; if [ -e "/$p" ] || [ -L "/$p" ]; then set -- "$@" "$p"; fi; done\n'
+        '[ "$#" -gt 0 ] || exit 0\ntar -C / -cf - -- "$@" 2>/dev/null | head -c "$cap" | base64 -w 0'
+    )
+    relative = [path.strip("/") for path in paths]
+    result = await sandbox.exec(
+        ["/bin/sh", "-c", script, "sh", str(limit + 1), *relative],
+        timeout=timeout,
+        cwd="/",
+        env={"PATH": DEFAULT_PATH},
+        output_limit=base64_length(limit + 1) + 8,
+    )
+    try:
+        archive = base64.b64decode(result.output, validate=True) if result.exit_code == 0 else None
+    except (binascii.Error, ValueError) as exc:
+        raise SandboxBroken(f"could not read {', '.join(paths)}: the archive came back garbled") from exc
+    if archive is None or result.dropped_bytes or len(archive) > limit:
+        why = f"over {limit >> 20} MB" if archive is not None else f"tar failed: {last_line(result.text)}"
+        raise SandboxBroken(f"could not read {', '.join(paths)} ({why})")
+    return archive
+
+
+def base64_length(size: int, *, line: int | None = None) -> int:
+    """How long ``base64``'s output is for ``size`` bytes: 4 characters per 3 bytes, padded; with
+    ``line`` (the tool's default is 76; ``-w 0`` is None), a newline ending each line of at most
+    ``line`` characters."""
+    encoded = (size + 2) // 3 * 4
+    return encoded if line is None else encoded + -(-encoded // line)
 
 
 def last_line(text: str) -> str:
     """The last line of ``text`` that is not blank, cut at 300 characters (``no output`` when none is)."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else "no output"
-
-
-def refuse_user(sandbox: Sandbox, user: str | None) -> None:
-    """``SandboxError`` for a ``user`` (not None) where ``sandbox`` runs everything as its root."""
-    if user is not None:
-        raise SandboxError(f"the {sandbox.backend} backend cannot run a command as user {user}")

@@ -5,7 +5,7 @@ Pure answers:
 - ``manifest_changes`` and ``leaf_changes``: a backend's list of what changed since the
   environment was ready (two manifests of the writable roots on the embedded backend, the engine's
   diff on Docker) as ``{path: A|C|D}``, without the engine's own paths and without directories
-  listed only because something under them changed (``Sandbox.agent_changes``). The tamper check
+  listed only because something under them changed (``capabilities.agent_changes``). The tamper check
   (``termgym.episode.guard``) holds the verifier's traced loads against it.
 - ``trusted_search_paths``: an environment with every search-path entry the agent could have written
   taken out (``PATH``, ``PYTHONPATH``, ``LD_LIBRARY_PATH``, ``LD_PRELOAD`` and the like), so that the

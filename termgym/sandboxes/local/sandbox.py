@@ -24,6 +24,7 @@ from termgym.errors import EnvironmentBuildError, SandboxBroken, SandboxError
 from termgym.images.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
 from termgym.output import OutputCapture
 from termgym.sandboxes.base import Command, ExecResult, ProcessChannel, Resources, Sandbox, SandboxSpec, refuse_user
+from termgym.sandboxes.capabilities import fixed_network
 from termgym.sandboxes.changes import leaf_changes, manifest_changes
 from termgym.sandboxes.host_kit import UNTRACED, kit_argv, kit_dir
 from termgym.sandboxes.host_processes import (
@@ -485,7 +486,7 @@ class LocalSandbox(Sandbox):
         """User-mode network, nothing of the host's reachable (``termgym.sandboxes.local.network``),
         or none; a line saying why not where this host cannot give it."""
         if self._network is None:
-            return await super().set_network(enabled)
+            return fixed_network(self, enabled)
         return await self._network.set(enabled, self._keeper_pid)
 
     def _plan(self) -> EnvironmentPlan | None:

@@ -34,6 +34,7 @@ from typing import Any
 
 from termgym.errors import SandboxGone
 from termgym.sandboxes.base import Command, ExecResult, Sandbox, SandboxSpec
+from termgym.sandboxes.capabilities import keep
 from termgym.sandboxes.ray.exposure import FIREWALLED_VARIABLE, exposed_ray_listeners
 from termgym.sandboxes.ray.relay import Batch, OutputRelay
 
@@ -226,7 +227,7 @@ class SandboxHost:
             await sandbox.stop()
 
     async def keep(self, sandbox_id: str) -> dict[str, str]:
-        return await self._sandbox(sandbox_id).keep()
+        return await keep(self._sandbox(sandbox_id))
 
     async def run(self, sandbox_id: str, command: Command) -> ExecResult:
         return await self._sandbox(sandbox_id).run(command)

@@ -35,11 +35,8 @@ class RemoteSandbox(Sandbox):
         self.node = node
         self.backend = node.backend
         self.supports_users = node.backend == "docker"
+        self.node_name = node.name
         self._id: str | None = None
-
-    @property
-    def node_name(self) -> str:
-        return self.node.name
 
     async def start(self) -> None:
         digest = await self.node.ship(self.spec)

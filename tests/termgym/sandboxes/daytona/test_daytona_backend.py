@@ -16,6 +16,7 @@ from termgym.env import EnvOptions, sandbox_spec
 from termgym.errors import BackendUnavailable
 from termgym.sandboxes import create_sandbox, preflight
 from termgym.sandboxes.daytona.backend import DaytonaSandbox, get_provider
+from termgym.sandboxes.files import upload_files
 from termgym.tasks import load_task
 from termgym.trial import run_trial
 from tests.helpers import pids_matching, write_task
@@ -122,7 +123,7 @@ async def test_files_travel_in_bulk_with_modes(task_dir, tmp_path, daytona):
     data.write_bytes(bytes(range(256)) * 100)
     sandbox = DaytonaSandbox(sandbox_spec(load_task(task_dir), run_id="r"))
     async with sandbox:
-        await sandbox.upload_files([(script, "bin/run.sh"), (data, "deep/er/data.bin")], "/opt/up")
+        await upload_files(sandbox, [(script, "bin/run.sh"), (data, "deep/er/data.bin")], "/opt/up")
         ran = await sandbox.exec(["/opt/up/bin/run.sh"], timeout=10)
         files = await sandbox.download_files(["/opt/up/deep/er/data.bin", "/no/such/file"])
     assert ran.text == "ran\n"

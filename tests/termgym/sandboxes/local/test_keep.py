@@ -18,6 +18,7 @@ import pytest
 from termgym.errors import ConfigError
 from termgym.sandboxes import attach_sandbox, remove_leftovers
 from termgym.sandboxes.base import SandboxSpec
+from termgym.sandboxes.capabilities import keep
 from termgym.sandboxes.host_processes import alive, start_time
 from termgym.sandboxes.local import LocalSandbox, collect_garbage
 from termgym.sandboxes.local.kept import KEPT_STATE
@@ -112,7 +113,7 @@ async def test_kept_sandbox_survives_its_process(no_leaks: Path) -> None:
         assert (await sh(first, 'echo "$KEPT"')) == "yes\n"
         assert "sleep 1000" not in await sh(first, "ps -eo args")  # restarted keeper: agent processes ended
         await sh(first, "echo again > /app/again.txt")
-        assert await first.keep() == kept  # kept again by the process that attached it
+        assert await keep(first) == kept  # kept again by the process that attached it
         await first.stop()  # leaves it alone
         second = await attach_sandbox("local", kept["id"])
         assert (await sh(second, "cat /app/again.txt")) == "again\n"
@@ -211,7 +212,7 @@ async def test_docker_check_keep_then_attach(tmp_path: Path) -> None:
         assert REPORTS & set((await sh(sandbox, "ls -A /logs/verifier")).split())
         assert (await sh(sandbox, "pwd")).strip() == sandbox.workdir
         await sandbox.check_alive()
-        assert await sandbox.keep() == kept  # kept again, as it is
+        assert await keep(sandbox) == kept  # kept again, as it is
         await sandbox.stop()  # leaves it running
         again = await attach_sandbox("docker", name)
         assert (await sh(again, "cat /app/reports/2024-01-15_sales.csv")).startswith("report_date,2024-01-15")

@@ -9,7 +9,8 @@ import pytest
 
 from termgym.errors import EnvironmentBuildError, SandboxError
 from termgym.images.dockerfile import parse_dockerfile
-from termgym.sandboxes.base import SandboxSpec, tar_of_files
+from termgym.sandboxes.base import SandboxSpec
+from termgym.sandboxes.files import tar_of_files
 from termgym.sandboxes.local import LocalSandbox
 from termgym.sandboxes.local.host import BASE_WRITABLE, writable_roots
 
