@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from termgym.errors import SandboxGone
-from termgym.sandboxes.base import Command, ExecResult, Sandbox, SandboxSpec
-from termgym.sandboxes.capabilities import keep
+from termgym.sandboxes.base import Sandbox, SandboxSpec
+from termgym.sandboxes.ray.calls import Call, T
 from termgym.sandboxes.ray.exposure import FIREWALLED_VARIABLE, exposed_ray_listeners
 from termgym.sandboxes.ray.relay import Batch, OutputRelay
 
@@ -226,24 +226,9 @@ class SandboxHost:
         if sandbox is not None:
             await sandbox.stop()
 
-    async def keep(self, sandbox_id: str) -> dict[str, str]:
-        return await keep(self._sandbox(sandbox_id))
-
-    async def run(self, sandbox_id: str, command: Command) -> ExecResult:
-        return await self._sandbox(sandbox_id).run(command)
-
-    async def call(self, sandbox_id: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """One of the contract's other coroutines, by name (``CALLS``), and what it returns."""
-        if method not in CALLS:
-            raise ValueError(f"not a sandbox call: {method}")
-        if method == "set_network" and args and args[0]:
-            refusal = self.network_refusal()
-            if refusal is not None:  # the sandbox keeps the network it has: none, as started here
-                return refusal
-        return await getattr(self._sandbox(sandbox_id), method)(*args, **kwargs)
-
-    async def mirror(self, sandbox_id: str) -> dict[str, Any]:
-        return self._mirror(self._sandbox(sandbox_id))
+    async def call(self, sandbox_id: str, call: Call[T]) -> T:
+        """One operation of the contract on a sandbox of this node (``termgym.sandboxes.ray.calls``)."""
+        return await call.apply(self._sandbox(sandbox_id), self)
 
     # -- process channels -------------------------------------------------------------------------
 
@@ -291,18 +276,3 @@ def _dead_nodes(own: str) -> Callable[[str], bool]:
     if alive is None:
         return lambda node: False
     return lambda node: not node.startswith(own[: len(node)]) and not any(a.startswith(node) for a in alive)
-
-
-# The contract's coroutines ``call`` forwards as they are (the others have methods of their own).
-CALLS = frozenset(
-    {
-        "kill_agent_processes",
-        "upload_tar",
-        "download_tar",
-        "check_alive",
-        "agent_changes",
-        "exec_traced",
-        "limit_warnings",
-        "set_network",
-    }
-)

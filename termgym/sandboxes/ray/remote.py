@@ -1,10 +1,10 @@
 """The driver's side of a Ray cluster: a ``Sandbox`` whose every call runs on its node's actor.
 
-``RemoteSandbox`` forwards the whole contract (``start``, ``exec`` and ``exec_as``, the process
-channel, uploads and downloads, the kill step, the agent's changes and the traced exec, the reports,
-``set_network``, ``stop``, ``keep``) to
-the ``SandboxHost`` of its node, by sandbox id, over the Ray API. It has no host files
-(``host_files`` is None), so verification reads and writes through commands, as on Docker.
+``RemoteSandbox`` forwards the contract to the ``SandboxHost`` of its node, by sandbox id, over the
+Ray API: ``start``, ``stop`` and the process channel as the host's own methods, every other
+operation (and the capabilities of the node's backend) as one typed call object
+(``termgym.sandboxes.ray.calls``) through ``SandboxHost.call``. It has no host files, so
+verification reads and writes through commands, as on Docker.
 
 Faults: an exception the actor raised comes back as itself (a ``SandboxError`` stays one); a node
 or actor that is gone (``RayActorError``, an unavailable actor, a dead node) is ``SandboxGone``, and
@@ -23,6 +23,20 @@ from typing import Any
 from termgym.aio import cancel_and_wait
 from termgym.errors import SandboxGone
 from termgym.sandboxes.base import Command, ExecResult, ProcessChannel, Sandbox, SandboxSpec
+from termgym.sandboxes.ray.calls import (
+    AgentChanges,
+    Call,
+    CheckAlive,
+    DownloadTar,
+    ExecTraced,
+    Keep,
+    KillAgentProcesses,
+    LimitWarnings,
+    Run,
+    SetNetwork,
+    T,
+    UploadTar,
+)
 from termgym.sandboxes.ray.node import ClusterNode, remote
 from termgym.sandboxes.ray.relay import Batch, Batches
 
@@ -62,13 +76,12 @@ class RemoteSandbox(Sandbox):
         except SandboxGone:
             pass  # the node went with it: its next actor, or termgym gc --cluster, removes what is left
 
-    async def keep(self) -> dict[str, str]:
-        kept = await remote(self.node, self.node.actor.keep.remote(self._sandbox_id()))
-        self._id = None  # stop() leaves a kept sandbox alone
-        return {**kept, "node": self.node.name}
+    async def _forward(self, call: Call[T]) -> T:
+        """``call`` applied to this sandbox on its node (``SandboxHost.call``)."""
+        return await remote(self.node, self.node.actor.call.remote(self._sandbox_id(), call))
 
     async def run(self, command: Command) -> ExecResult:
-        return await remote(self.node, self.node.actor.run.remote(self._sandbox_id(), _portable(command)))
+        return await self._forward(Run(_portable(command)))
 
     async def open_process(
         self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, user: str | None = None
@@ -76,32 +89,36 @@ class RemoteSandbox(Sandbox):
         call = self.node.actor.open_process.remote(self._sandbox_id(), user, list(argv), dict(env), cwd)
         return RemoteChannel(self.node, await remote(self.node, call))
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await remote(self.node, self.node.actor.call.remote(self._sandbox_id(), method, *args, **kwargs))
-
     async def kill_agent_processes(self) -> None:
-        await self._call("kill_agent_processes")
+        await self._forward(KillAgentProcesses())
 
     async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
-        await self._call("upload_tar", archive, dest, timeout=timeout)
+        await self._forward(UploadTar(archive, dest, timeout))
 
     async def download_tar(self, paths: Sequence[str], *, limit: int, timeout: float = 120.0) -> bytes:
-        return await self._call("download_tar", list(paths), limit=limit, timeout=timeout)
+        return await self._forward(DownloadTar(list(paths), limit, timeout))
 
     async def check_alive(self) -> None:
-        await self._call("check_alive")
-
-    async def agent_changes(self) -> dict[str, str] | None:
-        return await self._call("agent_changes")
-
-    async def exec_traced(self, command: Command) -> ExecResult | None:
-        return await self._call("exec_traced", _portable(command))
+        await self._forward(CheckAlive())
 
     async def limit_warnings(self) -> list[str]:
-        return await self._call("limit_warnings")
+        return await self._forward(LimitWarnings())
+
+    # the capabilities (termgym.sandboxes.capabilities) of the node's backend, local or docker
+
+    async def exec_traced(self, command: Command) -> ExecResult | None:
+        return await self._forward(ExecTraced(_portable(command)))
+
+    async def agent_changes(self) -> dict[str, str] | None:
+        return await self._forward(AgentChanges())
 
     async def set_network(self, enabled: bool) -> str | None:
-        return await self._call("set_network", enabled)
+        return await self._forward(SetNetwork(enabled))
+
+    async def keep(self) -> dict[str, str]:
+        kept = await self._forward(Keep())
+        self._id = None  # stop() leaves a kept sandbox alone
+        return {**kept, "node": self.node.name}
 
 
 def _portable(command: Command) -> Command:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from termgym.env import EnvOptions
+from termgym.sandboxes.ray.calls import SetNetwork
 from termgym.sandboxes.ray.exposure import exposed_ray_listeners, is_loopback, parse_listeners, ray_command, shown
 from termgym.sandboxes.ray.host import SandboxHost
 from tests.helpers import require_docker
@@ -153,7 +154,7 @@ async def test_a_docker_sandbox_on_an_exposed_node_starts_without_network_and_sa
         container = host.sandboxes[sandbox_id]._container  # type: ignore[attr-defined]
         networks = docker_client().api.inspect_container(container)["NetworkSettings"]["Networks"]
         assert set(networks) == {"none"}
-        assert await host.call(sandbox_id, "set_network", True) == line  # nor later, for the verifier
+        assert await host.call(sandbox_id, SetNetwork(True)) == line  # nor later, for the verifier
         assert set(docker_client().api.inspect_container(container)["NetworkSettings"]["Networks"]) == {"none"}
     finally:
         await host.leave()

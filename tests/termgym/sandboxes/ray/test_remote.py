@@ -17,6 +17,7 @@ from termgym.errors import SandboxError, SandboxGone
 from termgym.sandboxes.base import Command, ProcessChannel, SandboxSpec
 from termgym.sandboxes.placement import current_node, placed_on
 from termgym.sandboxes.ray import relay
+from termgym.sandboxes.ray.calls import Run
 from termgym.sandboxes.ray.host import SandboxHost
 from termgym.sandboxes.ray.node import ClusterNode, forget_packed, pack_files
 from termgym.sandboxes.ray.relay import Batches, OutputRelay
@@ -87,7 +88,7 @@ async def test_a_node_that_is_gone_is_sandbox_gone_and_marked_down(task_dir, nod
         await sandbox.exec(["true"], timeout=5)
     host: SandboxHost = node.actor.host
     with pytest.raises(SandboxGone, match="no sandbox"):
-        await host.run("nope", Command(["true"], 5))
+        await host.call("nope", Run(Command(["true"], 5)))
     await sandbox.stop()  # idempotent, never started
 
 
