@@ -34,8 +34,10 @@ from termgym.agents.renderers import make_renderer
 from termgym.cli import run_command
 from termgym.tasks import Task
 from termgym.trainer.config import PRESETS, Config
+from termgym.trainer.demonstrations import record_demonstrations
+from termgym.trainer.held_out import held_out
 from termgym.trainer.models import TINY_FAMILY, tiny_tokenizer
-from termgym.trainer.pipeline import build_policy, first_demonstrations, held_out, prepare_pool, record_demonstrations
+from termgym.trainer.pipeline import build_policy, first_demonstrations, prepare_pool
 from termgym.trainer.sft import supervised_train
 
 TARGET_RESOLVED, TARGET_SHARE = 0.15, 0.30

@@ -58,17 +58,16 @@ from termgym.records import TrialRecord
 from termgym.scheduling.bias import launch_count
 from termgym.tasks import load_task
 from termgym.trainer.config import PRESETS, Config
+from termgym.trainer.demonstrations import record_demonstrations
 from termgym.trainer.evaluate import EvalSummary, paired_change, sign_test, summarise_records
+from termgym.trainer.held_out import held_out, validation_share_reached
 from termgym.trainer.models import TINY_FAMILY, load_policy, policy_renderer, tiny_tokenizer
 from termgym.trainer.pipeline import (
     Pool,
     build_policy,
     first_demonstrations,
-    held_out,
     prepare_pool,
-    record_demonstrations,
     reinforce,
-    validation_share_reached,
     warm_start,
 )
 from termgym.trainer.sft import Demonstration

@@ -34,9 +34,10 @@ from rich.console import Console
 from termgym.records import TrialRecord
 from termgym.tasks import load_task
 from termgym.trainer.config import PRESETS, Config, max_context_of
+from termgym.trainer.demonstrations import record_demonstrations
 from termgym.trainer.evaluate import evaluate
 from termgym.trainer.models import load_policy, policy_renderer
-from termgym.trainer.pipeline import build_policy, prepare_pool, record_demonstrations, warm_start
+from termgym.trainer.pipeline import build_policy, prepare_pool, warm_start
 from termgym.trainer.rollout import rollout_options, rollout_settings
 from termgym.trainer.vllm_sampler import VllmSampler
 from termgym.transcript import read_transcript

@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from termgym.trainer.config import PRESETS, Config, resolve_max_context  # noqa: E402
+from termgym.trainer.demonstrations import record_demonstrations  # noqa: E402
 from termgym.trainer.models import policy_renderer  # noqa: E402
-from termgym.trainer.pipeline import build_policy, prepare_pool, record_demonstrations, warm_start  # noqa: E402
+from termgym.trainer.pipeline import build_policy, prepare_pool, warm_start  # noqa: E402
 
 BASE_SETTINGS = dict(families="short", demonstrations="reference", ppo_pool=0, init="", heldout=0, seed=0)
 

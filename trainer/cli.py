@@ -18,8 +18,10 @@ import torch
 
 from termgym.errors import ConfigError
 from termgym.sandboxes import close_backends
-from termgym.trainer.config import Config, check_config, parse_config
+from termgym.trainer.checks import check_config
+from termgym.trainer.config import Config
 from termgym.trainer.distributed import process_group
+from termgym.trainer.flags import parse_config
 from termgym.trainer.pipeline import run_pipeline
 from termgym.trainer.ppo import train
 from termgym.trainer.vllm_sampler import close_engines

@@ -1,36 +1,25 @@
-"""The trainer's one configuration dataclass, its presets, and the command line built from it.
+"""The trainer's configuration: ``Config``, every setting of a run, built from one dataclass per
+concern (the run, the policy, tasks and sandboxes, a step's batch, episodes, the generator, reward,
+PPO, the supervised start, held-out evaluation), and the values derived from it.
 
-Every field has a docstring right under it, and the fields are grouped by concern under
-``# -- title`` comments; ``--help`` shows them in that order, under those titles (docstrings and
-titles read from this file's source, so the two cannot disagree). A
-mode is a ``Literal``: ``--help`` lists its values and ``check_config`` refuses any other, both
-read from the annotation. ``--preset NAME`` sets a preset's values first; flags given explicitly
-win. ``resolve_max_context`` fills in the one default that depends on the model: ``--max-context``
-not given, a model's own context window.
+Every field has a docstring right under it, and each group's docstring is its title: the command
+line (``trainer/flags.py``) makes every field a flag of the same name, under its group's title,
+with its docstring as the help. A run reads its fields flat (``cfg.clip``), whichever group holds
+them; code that needs one concern alone can take that group's type. A mode is a ``Literal``:
+``--help`` lists its values and ``check_config`` (``trainer/checks.py``) refuses any other.
+``PRESETS`` are named sets of values (``--preset NAME``; flags given explicitly win).
 """
 
 from __future__ import annotations
 
-import argparse
-import ast
-import dataclasses
-import inspect
-import itertools
-import re
-import types
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, Union, get_args, get_origin, get_type_hints
+from typing import Literal
 
 from termgym.agents.actions import ActionFormat
 from termgym.agents.model import ContextPolicy
 from termgym.agents.renderers.base import ThinkingRetention
-from termgym.envs.families.split import FAMILY_SETS
-from termgym.errors import ConfigError, UnknownName
 from termgym.scheduling.scheduler import SchedulerMode
-from termgym.tasks.bundled import is_task_name, unknown_task
-from termgym.tracking import require_tracker
 
 # The trainer's own modes (the others are the model agent's and the scheduler's, imported above).
 GeneratorName = Literal["torch", "vllm", "server"]
@@ -48,12 +37,12 @@ DEFAULT_MAX_CONTEXT = 1024  # tokens per segment: the tiny policy's, and a model
 
 
 @dataclass
-class Config:
-    """Every setting of a run, by group; ``termgym train --help`` lists them in this order."""
+class RunSettings:
+    """the run"""
 
-    # -- the run -----------------------------------------------------------------------------------
     out: str = ""
-    """run directory: metrics.jsonl, trajectories.jsonl, records.jsonl, checkpoint.pt, policy/ (with --pool: every phase's output, see trainer/pipeline.py); empty: runs/train-<UTC time>, or runs/pipeline-<UTC time> with --pool"""
+    """run directory: metrics.jsonl, trajectories.jsonl, records.jsonl, checkpoint.pt, policy/ (with --pool: every
+    phase's output, see trainer/pipeline.py); empty: runs/train-<UTC time>, or runs/pipeline-<UTC time> with --pool"""
     seed: int = 0
     """seeds the tiny policy, the task order, sampling and minibatch order"""
     steps: int = 10
@@ -65,15 +54,24 @@ class Config:
     fsdp: bool = False
     """under torchrun: shard policy and critic with FSDP2 (fully_shard) instead of replicating them"""
     track: TrackerName = ""
-    """also send the metrics to tensorboard (event files in OUT/tensorboard) or wandb (a W&B run in OUT/wandb, offline unless WANDB_MODE says otherwise): every step's metrics, the held-out table per family at the end (with --pool), the configuration as the run's hyperparameters; the track extra. "": metrics.jsonl alone"""
+    """also send the metrics to tensorboard (event files in OUT/tensorboard) or wandb (a W&B run in OUT/wandb, offline
+    unless WANDB_MODE says otherwise): every step's metrics, the held-out table per family at the end (with --pool), the
+    configuration as the run's hyperparameters; the track extra. "": metrics.jsonl alone"""
 
-    # -- the policy (without --model, a tiny one is built) -----------------------------------------
+
+@dataclass
+class PolicySettings:
+    """the policy (without --model, a tiny one is built)"""
+
     model: str = ""
-    """policy directory (any causal LM with its tokenizer, loaded locally); empty: build the tiny Qwen3-MoE policy into OUT/init"""
+    """policy directory (any causal LM with its tokenizer, loaded locally); empty: build the tiny Qwen3-MoE policy into
+    OUT/init"""
     renderer: RendererName = "auto"
-    """the policy's chat format: auto (decided from the model directory's files), chatml (Qwen2.5/Qwen3), qwen-xml (Qwen3.5, Qwen3-Coder), llama3, or template (the tokenizer's own chat template, its prefix checked every turn)"""
+    """the policy's chat format: auto (decided from the model directory's files), chatml (Qwen2.5/Qwen3), qwen-xml
+    (Qwen3.5, Qwen3-Coder), llama3, or template (the tokenizer's own chat template, its prefix checked every turn)"""
     thinking: ThinkingRetention = "cycle"
-    """earlier reasoning kept in the prompt: all, cycle (within the tool cycle, Qwen3's rule) or strip (every reply with reasoning then starts a new segment)"""
+    """earlier reasoning kept in the prompt: all, cycle (within the tool cycle, Qwen3's rule) or strip (every reply with
+    reasoning then starts a new segment)"""
     hidden: int = 64
     """tiny policy: hidden size (when no --model is given)"""
     layers: int = 2
@@ -81,25 +79,43 @@ class Config:
     experts: int = 4
     """tiny policy: experts per layer (top-2 routing)"""
 
-    # -- tasks and sandboxes (--pool: a generated, audited pool) -----------------------------------
+
+@dataclass
+class TaskSettings:
+    """tasks and sandboxes (--pool: a generated, audited pool)"""
+
     tasks: tuple[str, ...] = ()
     """task directories or bundled task names; empty: every bundled task"""
     backend: str = "local"
     """sandbox backend (local = the embedded one)"""
     cluster: str = ""
-    """run the sandboxes on the nodes of a Ray cluster: ray://HOST:PORT, HOST:PORT, or ray (RAY_ADDRESS, else the cluster started on this machine); the ray extra. Each node is one of the scheduler's nodes, with its CPUs / --cpus-per-sandbox at once. "": this machine"""
+    """run the sandboxes on the nodes of a Ray cluster: ray://HOST:PORT, HOST:PORT, or ray (RAY_ADDRESS, else the
+    cluster started on this machine); the ray extra. Each node is one of the scheduler's nodes, with its CPUs /
+    --cpus-per-sandbox at once. "": this machine"""
     cpus_per_sandbox: float = 1.0
     """with --cluster: the CPUs one sandbox takes on its node"""
     pool: int = 0
-    """generate a training pool of this many tasks (envs/families) and a held-out set, audit the pool and train on the accepted tasks: supervised warm start, held-out evaluation, critic warm-up and PPO, evaluation again, plots and a final table. 0: PPO alone on --tasks"""
+    """generate a training pool of this many tasks (envs/families) and a held-out set, audit the pool and train on the
+    accepted tasks: supervised warm start, held-out evaluation, critic warm-up and PPO, evaluation again, plots and a
+    final table. 0: PPO alone on --tasks"""
     families: FamilySetName = "short"
-    """with --pool: the family set the pool and the held-out set are drawn from (envs/families): short (1 to 3 turns, 3 to 6 assertions a task), long (4 to 8 turns, 8 to 20 assertions; for the recipe's comparisons, bench/recipe.py), explore (the main job's: 1 or 2 turns, each family with the scripted teacher's systematic mistake, two that must look before acting; envs/families/explore) or parts (3 to 5 independent parts, one assertion each, the teacher mistaken on each independently: where dense and binary reward differ; bench/dense_binary.py)"""
+    """with --pool: the family set the pool and the held-out set are drawn from (envs/families): short (1 to 3 turns, 3
+    to 6 assertions a task), long (4 to 8 turns, 8 to 20 assertions; for the recipe's comparisons, bench/recipe.py),
+    explore (the main job's: 1 or 2 turns, each family with the scripted teacher's systematic mistake, two that must
+    look before acting; envs/families/explore) or parts (3 to 5 independent parts, one assertion each, the teacher
+    mistaken on each independently: where dense and binary reward differ; bench/dense_binary.py)"""
     audit_k: int = 1
     """oracle runs per task when auditing the pool (flaky: rejected)"""
     audit_cache: str = ""
-    """earlier verdicts by task content (termgym audit --cache FILE): tasks whose files are unchanged are not audited again; the run writes the complete cache to OUT/audit-cache.json. "bundled": the cache shipped for the families (envs/families/audit-cache.json)"""
+    """earlier verdicts by task content (termgym audit --cache FILE): tasks whose files are unchanged are not audited
+    again; the run writes the complete cache to OUT/audit-cache.json. "bundled": the cache shipped for the families
+    (envs/families/audit-cache.json)"""
 
-    # -- a step's batch (the scheduler) ------------------------------------------------------------
+
+@dataclass
+class BatchSettings:
+    """a step's batch (the scheduler)"""
+
     batch_size: int = 8
     """trajectories kept per step (the global batch)"""
     launch: int | None = None
@@ -107,17 +123,29 @@ class Config:
     mode: SchedulerMode = "wait"
     """scheduler mode: wait, cancel, carry-over or reweight"""
     deterministic: bool = True
-    """the same seed gives the same run on one machine (metrics, checkpoints, held-out results): the scheduler keeps the first B trials by simulated work (tokens sampled and commands run, in launch order on --concurrency slots), not by wall clock, and the torch sampler gives each request a forward of its own (a batched forward rounds differently with its batch, which timing decides). --no-deterministic: the wall clock and batched forwards, faster, for production runs (docs/guides/training.md#determinism)"""
+    """the same seed gives the same run on one machine (metrics, checkpoints, held-out results): the scheduler keeps the
+    first B trials by simulated work (tokens sampled and commands run, in launch order on --concurrency slots), not by
+    wall clock, and the torch sampler gives each request a forward of its own (a batched forward rounds differently with
+    its batch, which timing decides). --no-deterministic: the wall clock and batched forwards, faster, for production
+    runs (docs/guides/training.md#determinism)"""
     concurrency: int = 8
     """trials in flight at once (one rollout node with this cap)"""
     group_size: int = 1
-    """episodes launched per task in a step (one task drawn, launched this many times); the group advantage needs at least 2"""
+    """episodes launched per task in a step (one task drawn, launched this many times); the group advantage needs at
+    least 2"""
 
-    # -- episodes (the model agent's loop) ---------------------------------------------------------
+
+@dataclass
+class EpisodeSettings:
+    """episodes (the model agent's loop)"""
+
     agent: AgentName = "model"
-    """who drives each episode (rollouts, evaluation, demonstrations): model (termgym's model agent loop) or mini-swe-agent (the unchanged mini-swe-agent harness, its model calls through the recording gateway to the policy; needs the harnesses extra and --action-format tool)"""
+    """who drives each episode (rollouts, evaluation, demonstrations): model (termgym's model agent loop) or
+    mini-swe-agent (the unchanged mini-swe-agent harness, its model calls through the recording gateway to the policy;
+    needs the harnesses extra and --action-format tool)"""
     agent_config: str = ""
-    """with --agent mini-swe-agent: its configuration (a YAML path, or a name in termgym/integrations/configs: tiny, short prompts for a small context); empty: mini-swe-agent's own mini.yaml"""
+    """with --agent mini-swe-agent: its configuration (a YAML path, or a name in termgym/integrations/configs: tiny,
+    short prompts for a small context); empty: mini-swe-agent's own mini.yaml"""
     max_turns: int = 4
     """commands per episode before the environment truncates it"""
     command_timeout: float = 10.0
@@ -125,39 +153,63 @@ class Config:
     max_new_tokens: int = 48
     """tokens the policy may sample per turn"""
     max_context: int | None = None
-    """tokens per episode, prompt and observations included; beyond it the episode is truncated. Default: with --model, the model's own context window (its config.json's max_position_embeddings or the like; 1024 when it states none); else 1024, the tiny policy's"""
+    """tokens per episode, prompt and observations included; beyond it the episode is truncated. Default: with --model,
+    the model's own context window (its config.json's max_position_embeddings or the like; 1024 when it states none);
+    else 1024, the tiny policy's"""
     observation_tokens: int = 128
     """tokens kept of each observation (head and tail)"""
     action_format: ActionFormat = "tool"
-    """how a reply asks for a command: tool (a bash tool call in the renderer's format) or text (one fenced ```bash block)"""
+    """how a reply asks for a command: tool (a bash tool call in the renderer's format) or text (one fenced ```bash
+    block)"""
     system_prompt: str = ""
     """the agent's system prompt; empty: the action format's own (a one-line prompt for the text format)"""
     context: ContextPolicy = "none"
-    """when a segment's context fills up: none (the episode ends, context_exhausted), truncate (elide old observations: a new segment) or summarize (the policy summarizes: a new segment)"""
+    """when a segment's context fills up: none (the episode ends, context_exhausted), truncate (elide old observations:
+    a new segment) or summarize (the policy summarizes: a new segment)"""
     max_parse_errors: int = 3
     """replies in a row that do not parse before the episode ends"""
     retokenize: bool = False
     """demonstration only: train on re-tokenized text instead of the sampled ids (token drift > 0)"""
 
-    # -- the generator (what samples the rollouts) -------------------------------------------------
+
+@dataclass
+class GeneratorSettings:
+    """the generator (what samples the rollouts)"""
+
     generator: GeneratorName = "torch"
-    """rollout engine: torch (the policy's own batched forward; records MoE routing), vllm (a vLLM engine in its own processes, weights published into it each step and checked against the trainer's log-probs; needs head_dim >= 64; on CPU it cannot return routed experts, so R3 is off for that run) or server (a running vllm serve at --base-url, weights published to it each step; see docs/guides/training.md)"""
+    """rollout engine: torch (the policy's own batched forward; records MoE routing), vllm (a vLLM engine in its own
+    processes, weights published into it each step and checked against the trainer's log-probs; needs head_dim >= 64; on
+    CPU it cannot return routed experts, so R3 is off for that run) or server (a running vllm serve at --base-url,
+    weights published to it each step; see docs/guides/training.md)"""
     base_url: str = ""
     """with --generator server: the server's OpenAI-compatible URL, e.g. http://127.0.0.1:8000/v1"""
     served_model: str = ""
     """with --generator server: the model's name on the server (its --served-model-name)"""
     sampler_dtype: SamplerDtype = "float32"
-    """torch generator's precision: float32 (the trainer's) or bfloat16, a sampler that differs numerically from the trainer as production samplers do (what R3 is for)"""
+    """torch generator's precision: float32 (the trainer's) or bfloat16, a sampler that differs numerically from the
+    trainer as production samplers do (what R3 is for)"""
 
-    # -- reward ------------------------------------------------------------------------------------
+
+@dataclass
+class RewardSettings:
+    """reward"""
+
     reward: RewardKind = "dense"
-    """what PPO optimises: dense (min(assertions passed, S) / S, the verifier's reward) or binary (1 if resolved, else 0)"""
+    """what PPO optimises: dense (min(assertions passed, S) / S, the verifier's reward) or binary (1 if resolved, else
+    0)"""
     reward_scale: int = 20
-    """the dense reward's assertion scale S (termgym's --reward-scale): each passed assertion is worth 1/S, up to S of them"""
+    """the dense reward's assertion scale S (termgym's --reward-scale): each passed assertion is worth 1/S, up to S of
+    them"""
 
-    # -- PPO ---------------------------------------------------------------------------------------
+
+@dataclass
+class PPOSettings:
+    """PPO"""
+
     advantage: Advantage = "gae"
-    """gae: GAE over the critic's token values (the recipe); group: no critic, each episode's reward minus the mean of the other episodes of its task in the batch (RLOO), the same for all its tokens; launch several episodes per task with --group-size"""
+    """gae: GAE over the critic's token values (the recipe); group: no critic, each episode's reward minus the mean of
+    the other episodes of its task in the batch (RLOO), the same for all its tokens; launch several episodes per task
+    with --group-size"""
     gamma: float = 1.0
     """discount over action tokens"""
     lam: float = 1.0
@@ -171,7 +223,8 @@ class Config:
     critic_lr: float = 1.5e-5
     """critic learning rate (Adam)"""
     kl_coef: float = 0.0
-    """weight of a KL penalty to the starting policy (the model as loaded, before any update; per action token, added to the policy loss). It anchors what the reward barely constrains; 0: no reference model is kept"""
+    """weight of a KL penalty to the starting policy (the model as loaded, before any update; per action token, added to
+    the policy loss). It anchors what the reward barely constrains; 0: no reference model is kept"""
     max_grad_norm: float = 1.0
     """gradient clipping, per model"""
     update_epochs: int = 2
@@ -181,45 +234,112 @@ class Config:
     critic_warmup_steps: int = 2
     """steps of critic-only updates on rollouts of the starting policy before the first policy update"""
     routing_replay: bool = True
-    """R3 for MoE policies: the log-prob recompute and the loss forwards use the experts the sampler chose at sampled tokens (prompt and observation tokens route freely); turns the router load-balancing loss off. No effect on a dense policy"""
+    """R3 for MoE policies: the log-prob recompute and the loss forwards use the experts the sampler chose at sampled
+    tokens (prompt and observation tokens route freely); turns the router load-balancing loss off. No effect on a dense
+    policy"""
 
-    # -- supervised start (with --pool) ------------------------------------------------------------
+
+@dataclass
+class SupervisedSettings:
+    """supervised start (with --pool)"""
+
     sft_steps: int = 0
     """supervised warm-start steps on the reference trajectories of the audited pool (with --pool)"""
     init: str = ""
-    """with --pool: the model directory the policy starts from (its tokenizer included) instead of a freshly built tiny one; "bundled": the tiny base shipped in trainer/tiny_base (scripts/build_tiny_base.py: the tiny architecture after 750 supervised steps on the short families' reference solutions, seed 0; it copies names from an instruction as a pretrained model does, and has seen no explore family and no held-out name)"""
+    """with --pool: the model directory the policy starts from (its tokenizer included) instead of a freshly built tiny
+    one; "bundled": the tiny base shipped in trainer/tiny_base (scripts/build_tiny_base.py: the tiny architecture after
+    750 supervised steps on the short families' reference solutions, seed 0; it copies names from an instruction as a
+    pretrained model does, and has seen no explore family and no held-out name)"""
     ppo_pool: int = 0
-    """with --pool: this many accepted tasks, spread evenly over the audit's order, are kept for PPO: the supervised start never sees them, so PPO's tasks are as new to the policy as the held-out set's names (a policy that memorised its demonstrations would sample nothing else on them); 0: PPO draws from every accepted task"""
+    """with --pool: this many accepted tasks, spread evenly over the audit's order, are kept for PPO: the supervised
+    start never sees them, so PPO's tasks are as new to the policy as the held-out set's names (a policy that memorised
+    its demonstrations would sample nothing else on them); 0: PPO draws from every accepted task"""
     demonstrations: DemonstrationSource = "reference"
-    """with --pool: what the supervised start imitates: reference (the reference solutions; only resolved episodes) or teacher (the scripted teacher of envs/families/teacher.py: the reference with each family's systematic mistakes at their stated rates, every episode kept, as a real model's distilled trajectories are; its held-out resolved rate is measured and printed beside the policy's)"""
+    """with --pool: what the supervised start imitates: reference (the reference solutions; only resolved episodes) or
+    teacher (the scripted teacher of envs/families/teacher.py: the reference with each family's systematic mistakes at
+    their stated rates, every episode kept, as a real model's distilled trajectories are; its held-out resolved rate is
+    measured and printed beside the policy's)"""
     sft_data: str = ""
-    """with --pool: ATIF trajectory files or directories of them (comma-separated; termgym export atif's, or any harness's) that the supervised start trains on instead of recording demonstrations: each trajectory's token ids where they are the policy's (--sft-data-tokens), else its messages rendered with the policy's renderer; agent steps that do not fit (beyond --max-context, no text to render, excluded by the RFC) are counted and reported, in run/sft/sft-data.json (docs/guides/atif.md)"""
+    """with --pool: ATIF trajectory files or directories of them (comma-separated; termgym export atif's, or any
+    harness's) that the supervised start trains on instead of recording demonstrations: each trajectory's token ids
+    where they are the policy's (--sft-data-tokens), else its messages rendered with the policy's renderer; agent steps
+    that do not fit (beyond --max-context, no text to render, excluded by the RFC) are counted and reported, in
+    run/sft/sft-data.json (docs/guides/atif.md)"""
     sft_data_tokens: SftDataTokens = "auto"
-    """with --sft-data: auto (a trajectory's token ids when its tokenizer fingerprint is the policy's, else its messages rendered), ids (the token ids wherever present: you vouch that the tokenizer is the policy's) or render (always the messages)"""
+    """with --sft-data: auto (a trajectory's token ids when its tokenizer fingerprint is the policy's, else its messages
+    rendered), ids (the token ids wherever present: you vouch that the tokenizer is the policy's) or render (always the
+    messages)"""
     sft_batch_size: int = 32
     """demonstrations per supervised step"""
     sft_lr: float = 3e-3
     """supervised learning rate (AdamW, linear warm-up over the first tenth)"""
     sft_stop_share: float = 0.0
-    """with --pool: stop the supervised steps on the pool's trajectories at the first check (every --sft-check-every steps, at most --sft-steps) at which the policy, greedy, passes at least this share of the assertions of a validation split (--sft-validation tasks of the training name space, none of them in the pool); 0: take every step. The tiny-long preset stops at 0.3, the recipe's condition for its start, where a fixed step count lands seeds from 12% to 60%"""
+    """with --pool: stop the supervised steps on the pool's trajectories at the first check (every --sft-check-every
+    steps, at most --sft-steps) at which the policy, greedy, passes at least this share of the assertions of a
+    validation split (--sft-validation tasks of the training name space, none of them in the pool); 0: take every step.
+    The tiny-long preset stops at 0.3, the recipe's condition for its start, where a fixed step count lands seeds from
+    12% to 60%"""
     start_floor: float = 0.0
-    """with --pool: after the supervised start, a greedy evaluation on a validation split (--sft-validation tasks of the training name space, none of them in the pool); below this share of its assertions the job says so in a line and in summary.json's start_check, and goes on. 0: no check. The tiny preset's floor is 0.2 (its starts passed 28% to 33% of the held-out assertions on seeds 0 to 2)"""
+    """with --pool: after the supervised start, a greedy evaluation on a validation split (--sft-validation tasks of the
+    training name space, none of them in the pool); below this share of its assertions the job says so in a line and in
+    summary.json's start_check, and goes on. 0: no check. The tiny preset's floor is 0.2 (its starts passed 28% to 33%
+    of the held-out assertions on seeds 0 to 2)"""
     sft_check_every: int = 20
     """with --sft-stop-share: supervised steps between two validation checks"""
     sft_validation: int = 40
     """with --sft-stop-share: tasks in the validation split"""
     sft_first_families: FamilySetName | Literal[""] = ""
-    """with --pool: a family set the supervised start learns first (--sft-first-steps on the reference trajectories of its own audited pool of --sft-first-pool training tasks), before --sft-steps on the pool's; empty: none. The tiny-long preset learns the short set first: the copying is learnt there in a third of the time a long step takes"""
+    """with --pool: a family set the supervised start learns first (--sft-first-steps on the reference trajectories of
+    its own audited pool of --sft-first-pool training tasks), before --sft-steps on the pool's; empty: none. The
+    tiny-long preset learns the short set first: the copying is learnt there in a third of the time a long step takes"""
     sft_first_pool: int = 0
     """with --sft-first-families: its pool's size"""
     sft_first_steps: int = 0
     """with --sft-first-families: supervised steps on its reference trajectories"""
 
-    # -- held-out evaluation (with --pool) ---------------------------------------------------------
+
+@dataclass
+class EvaluationSettings:
+    """held-out evaluation (with --pool)"""
+
     heldout: int = 48
-    """held-out evaluation tasks generated with the pool (names never used in training, and one family never trained on)"""
+    """held-out evaluation tasks generated with the pool (names never used in training, and one family never trained on)
+    """
     eval_samples: int = 0
-    """with --pool: besides the greedy evaluation, this many episodes per held-out task sampled at temperature 1 (the distribution PPO trains; the same draws before and after); 0: greedy only"""
+    """with --pool: besides the greedy evaluation, this many episodes per held-out task sampled at temperature 1 (the
+    distribution PPO trains; the same draws before and after); 0: greedy only"""
+
+
+# dataclasses collect the fields of the last base first: the groups are listed from the last to the
+# first, so that the fields (and --help) run in GROUPS' order, the run's first
+@dataclass
+class Config(
+    EvaluationSettings,
+    SupervisedSettings,
+    PPOSettings,
+    RewardSettings,
+    GeneratorSettings,
+    EpisodeSettings,
+    BatchSettings,
+    TaskSettings,
+    PolicySettings,
+    RunSettings,
+):
+    """Every setting of a run: the fields of every group, read flat (``cfg.clip``)."""
+
+
+GROUPS: tuple[type, ...] = (
+    RunSettings,
+    PolicySettings,
+    TaskSettings,
+    BatchSettings,
+    EpisodeSettings,
+    GeneratorSettings,
+    RewardSettings,
+    PPOSettings,
+    SupervisedSettings,
+    EvaluationSettings,
+)
 
 
 # The main job on a 2-core CPU (make demo): the explore families, whose scripted teacher makes a
@@ -314,122 +434,6 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field's docstring (the string literal right under it in the class body)."""
-    definition = ast.parse(inspect.getsource(cls)).body[0]
-    assert isinstance(definition, ast.ClassDef)  # the source of a class is its class statement
-    body = definition.body
-    docs = {}
-    for node, following in itertools.pairwise(body):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(following, ast.Expr)
-            and isinstance(following.value, ast.Constant)
-        ):
-            docs[node.target.id] = " ".join(str(following.value.value).split())
-    return docs
-
-
-GROUP_HEADER = re.compile(r"^\s*# -- (?P<title>.+?) -+$")
-FIELD_LINE = re.compile(r"^ {4}(?P<name>[a-z_]+): ")
-
-
-def field_groups(cls: type) -> dict[str, str]:
-    """Each field's group: the title of the ``# -- title ---`` comment above it in the class body."""
-    groups, title = {}, ""
-    for line in inspect.getsource(cls).splitlines():
-        if header := GROUP_HEADER.match(line):
-            title = header["title"]
-        elif field := FIELD_LINE.match(line):
-            groups[field["name"]] = title
-    return groups
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line from the caller, not argparse's usage block
-        raise ConfigError(f"{message} (see {self.prog} --help)")
-
-
-def choices_of(annotation: object) -> tuple[str, ...]:
-    """The values a ``Literal`` annotation allows (for a union of them, every member's, in order);
-    empty for any other annotation."""
-    if get_origin(annotation) is Literal:
-        return tuple(get_args(annotation))
-    if get_origin(annotation) in (Union, types.UnionType):
-        members = [choices_of(arg) for arg in get_args(annotation)]
-        if all(members):
-            return tuple(value for member in members for value in member)
-    return ()
-
-
-SCALARS: dict[object, type] = {int: int, float: float, str: str}
-
-
-def _scalar(name: str, annotation: object) -> type:
-    """What a flag's value converts to: ``int``, ``float`` or ``str`` (``X | None``: ``X``)."""
-    if annotation in SCALARS:
-        return SCALARS[annotation]
-    if get_origin(annotation) in (Union, types.UnionType):
-        present = [arg for arg in get_args(annotation) if arg is not type(None)]
-        if len(present) == 1:
-            return _scalar(name, present[0])
-    raise TypeError(f"Config.{name}: no command-line flag for {annotation!r}")
-
-
-HINTS = get_type_hints(Config)  # each field's annotation, evaluated (the module's names resolved)
-FIELD_CHOICES: dict[str, tuple[str, ...]] = {  # the modes: each Literal field and its values
-    f.name: choices_of(HINTS[f.name]) for f in dataclasses.fields(Config) if choices_of(HINTS[f.name])
-}
-POOL_ONLY = ("families", "sft_first_families")  # read only with --pool: check_config checks them then
-
-
-def build_parser(prog: str = "termgym train") -> argparse.ArgumentParser:
-    """Every field of ``Config`` as a flag, in the class's order and under its group's title, its
-    docstring as the help (with the values a mode allows and the default). Values are not checked
-    here: ``check_config`` does, for flags and for configurations built in code alike."""
-    parser = _Parser(prog=prog, description="Train a terminal agent with PPO on termgym tasks.")
-    parser.add_argument(
-        "--preset",
-        default=None,
-        help="start from a preset (tiny: the whole main job on a CPU; tiny-long: the tiny job started on the long families; tiny-ppo: PPO alone on four bundled tasks)",
-    )
-    docs, groups, sections = field_docs(Config), field_groups(Config), {}
-    for f in dataclasses.fields(Config):
-        title = groups[f.name]
-        if title not in sections:
-            sections[title] = parser.add_argument_group(title)
-        section = sections[title]
-        flag = "--" + f.name.replace("_", "-")
-        annotation, allowed = HINTS[f.name], FIELD_CHOICES.get(f.name, ())
-        notes = [f"one of: {', '.join(value or repr(value) for value in allowed)}"] if allowed else []
-        if f.default is not None:
-            notes.append(f"default: {f.default!r}")
-        text = docs[f.name] + (f" ({'; '.join(notes)})" if notes else "")
-        help_text = text.replace("%", "%%")  # argparse formats help with %
-        if annotation is bool:
-            section.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif get_origin(annotation) is tuple:
-            section.add_argument(flag, nargs="*", default=None, help=help_text)
-        else:
-            convert = str if allowed else _scalar(f.name, annotation)
-            section.add_argument(flag, type=convert, default=None, help=help_text)
-    return parser
-
-
-def parse_config(argv: Sequence[str] | None = None) -> Config:
-    """Defaults, then the preset, then the flags given explicitly."""
-    args = build_parser().parse_args(argv)
-    if args.preset is not None and args.preset not in PRESETS:
-        raise UnknownName("--preset", args.preset, PRESETS)
-    values = dict(PRESETS[args.preset]) if args.preset else {}
-    for f in dataclasses.fields(Config):
-        given = getattr(args, f.name)
-        if given is not None:
-            values[f.name] = tuple(given) if isinstance(given, list) else given
-    return Config(**values)
-
-
 def warmup_steps(cfg: Config) -> int:
     """Steps of critic-only updates before the first policy update: none without a critic."""
     return cfg.critic_warmup_steps if cfg.advantage == "gae" else 0
@@ -454,85 +458,3 @@ TINY_BASE = Path(__file__).resolve().parent / "tiny_base"  # --init bundled (scr
 def init_dir(cfg: Config) -> Path:
     """The model directory ``--init`` names (``bundled``: the shipped tiny base)."""
     return TINY_BASE if cfg.init == "bundled" else Path(cfg.init)
-
-
-def check_config(cfg: Config) -> None:
-    """One ``ValueError`` line for a value no phase could use, before any work starts."""
-    for name, allowed in FIELD_CHOICES.items():
-        if name not in POOL_ONLY and getattr(cfg, name) not in allowed:
-            raise UnknownName(f"--{name.replace('_', '-')}", getattr(cfg, name), allowed)
-    for name in () if cfg.pool else cfg.tasks:  # --pool generates its tasks
-        if not is_task_name(name):
-            raise unknown_task(name)
-    if cfg.track:
-        require_tracker(cfg.track)
-    if cfg.kl_coef < 0:
-        raise ConfigError(f"--kl-coef must be at least 0, got {cfg.kl_coef}")
-    if cfg.generator == "server" and not (cfg.base_url and cfg.served_model):
-        raise ConfigError(
-            "--generator server needs --base-url URL and --served-model NAME (the vllm serve that samples the policy)"
-        )
-    if cfg.agent != "model" and cfg.action_format != "tool":
-        raise ConfigError(f"--agent {cfg.agent} calls its bash tool: give --action-format tool")
-    if cfg.agent_config and cfg.agent == "model":
-        raise ConfigError("--agent-config applies to a harness (--agent mini-swe-agent), not the model agent")
-    if cfg.agent == "mini-swe-agent":  # the extra installed and its configuration readable, before any work
-        from termgym.integrations.mini_swe_agent import load_config
-
-        load_config(cfg.agent_config or None)
-    if cfg.cluster and cfg.cpus_per_sandbox <= 0:
-        raise ConfigError(f"--cpus-per-sandbox must be positive, got {cfg.cpus_per_sandbox}")
-    if cfg.advantage == "group" and cfg.group_size < 2:
-        raise ConfigError("--advantage group compares episodes of the same task: give --group-size 2 or more")
-    for name in (
-        "reward_scale",
-        "steps",
-        "batch_size",
-        "minibatch_size",
-        "concurrency",
-        "max_turns",
-        "max_new_tokens",
-        "max_parse_errors",
-        "update_epochs",
-        "group_size",
-    ):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
-    if cfg.pool and cfg.init and not (init_dir(cfg) / "config.json").is_file():
-        raise ConfigError(f"--init {cfg.init}: {init_dir(cfg)} is not a model directory (no config.json)")
-    if not 0.0 <= cfg.start_floor <= 1.0:
-        raise ConfigError(f"--start-floor is a share of assertions, from 0 to 1, got {cfg.start_floor}")
-    if cfg.sft_data and not cfg.pool:
-        raise ConfigError("--sft-data feeds the supervised start of the main job: give it with --pool")
-    for given in cfg.sft_data.split(",") if cfg.sft_data else ():
-        if not Path(given.strip()).exists():
-            raise ConfigError(f"--sft-data {given.strip()}: no such file or directory")
-    if cfg.pool and cfg.ppo_pool < 0:
-        raise ConfigError(f"--ppo-pool must be at least 0, got {cfg.ppo_pool}")
-    for name in POOL_ONLY if cfg.pool else ():  # a family set, or none for --sft-first-families
-        if getattr(cfg, name) not in (*FAMILY_SETS, *(("",) if name == "sft_first_families" else ())):
-            raise UnknownName(f"--{name.replace('_', '-')}", getattr(cfg, name), FAMILY_SETS)
-    if (
-        cfg.pool
-        and cfg.sft_stop_share
-        and not (0 < cfg.sft_stop_share <= 1 and cfg.sft_check_every >= 1 and cfg.sft_validation >= 1)
-    ):
-        raise ConfigError(
-            f"--sft-stop-share must be in (0, 1], with --sft-check-every and --sft-validation at least 1"
-            f" (got {cfg.sft_stop_share}, {cfg.sft_check_every}, {cfg.sft_validation})"
-        )
-    if (
-        cfg.pool
-        and cfg.sft_first_families
-        and (cfg.sft_first_families not in FAMILY_SETS or cfg.sft_first_pool < 1 or cfg.sft_first_steps < 1)
-    ):
-        raise ConfigError(
-            f"--sft-first-families must be one of {', '.join(FAMILY_SETS)}, with --sft-first-pool and"
-            f" --sft-first-steps at least 1 (got {cfg.sft_first_families!r}, {cfg.sft_first_pool}, {cfg.sft_first_steps})"
-        )
-    if cfg.pool and (
-        cfg.heldout < 1 or cfg.sft_batch_size < 1 or cfg.sft_steps < 0 or cfg.audit_k < 1 or cfg.eval_samples < 0
-    ):
-        raise ConfigError(
-            "with --pool, --heldout, --sft-batch-size and --audit-k must be at least 1 (--sft-steps and --eval-samples at least 0)"
-        )

@@ -15,6 +15,9 @@
    (``trainer/ppo.py``);
 7. evaluate again; write the curves as PNG files, ``summary.json``, and print the final table.
 
+Phase 4a's demonstrations are recorded in ``trainer/demonstrations.py``; the evaluations (phases 5
+and 7, the validation checks) and the final tables are ``trainer/held_out.py``'s.
+
 The run directory holds everything: ``tasks/{train,heldout}/`` (with ``split.json``: the held-out
 set is fixed by the seed and listed there), ``audit.json`` and ``selection.txt``, ``init/`` and
 ``sft/policy/`` (model directories), ``sft/demonstrations.jsonl`` and ``sft/records.jsonl``,
@@ -39,92 +42,26 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
-from termgym.atif import tokenizer_fingerprint
 from termgym.audit.cache import AuditCache
 from termgym.audit.rubric import select_order, with_audited_count
 from termgym.audit.runner import audit_tasks
-from termgym.envs.families import bundled_audit_cache, generate_split, reference_commands
-from termgym.envs.families.teacher import teacher_commands
+from termgym.envs.families import bundled_audit_cache, generate_split
 from termgym.errors import ConfigError, TermgymError
 from termgym.progress import progress_bar
-from termgym.records import TrialRecord, append_record
 from termgym.tasks import Task, load_task
 from termgym.tracking import Tracker
-from termgym.trainer.config import DEFAULT_MAX_CONTEXT, Config, init_dir, resolve_max_context, warmup_steps
-from termgym.trainer.evaluate import EvalSummary, evaluate, paired_change, summarise_records
+from termgym.trainer.config import Config, init_dir, resolve_max_context, warmup_steps
+from termgym.trainer.demonstrations import imported_demonstrations, record_demonstrations, teacher_held_out
+from termgym.trainer.evaluate import paired_change
+from termgym.trainer.held_out import check_start, family_table, held_out, result_table, validation_share_reached
 from termgym.trainer.models import build_tiny_policy, load_policy, policy_renderer
 from termgym.trainer.plots import write_family_plot, write_plots
 from termgym.trainer.ppo import train
-from termgym.trainer.rollout import rollout_options, rollout_settings
-from termgym.trainer.sft import Demonstration, collect_demonstrations, save_demonstrations, supervised_steps
-from termgym.trainer.sft_data import load_sft_data, write_report
+from termgym.trainer.rollout import rollout_options
+from termgym.trainer.sft import Demonstration, supervised_steps
 from termgym.trainer.tracking import log_heldout, log_job, run_tracker
 from termgym.trainer.vllm_sampler import policy_head_dim
-
-
-@dataclass(frozen=True)
-class HeldOut:
-    """One policy's held-out results: greedy, and sampled when ``--eval-samples`` asks for it."""
-
-    greedy: EvalSummary
-    sampled: EvalSummary | None = None
-
-
-def _sampled(before: HeldOut, after: HeldOut) -> tuple[EvalSummary, EvalSummary] | None:
-    """Both policies' sampled results, when both have them."""
-    if before.sampled is None or after.sampled is None:
-        return None
-    return before.sampled, after.sampled
-
-
-def result_table(before: HeldOut, after: HeldOut, teacher: EvalSummary | None = None) -> Table:
-    """The final table: held-out results of the supervised start against after PPO (and the
-    scripted teacher's, when the demonstrations were its)."""
-    sampled = _sampled(before, after)
-    table = Table(title=f"held-out set ({before.greedy.tasks} tasks)", title_justify="left")
-    for column in (
-        "policy",
-        "resolved (greedy)",
-        "assertions passed (greedy, mean)",
-        "reward (greedy, mean)",
-        *([f"resolved (sampled, {sampled[0].samples} per task)"] if sampled else []),
-    ):
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    for i, (label, s) in enumerate((("supervised start", before), ("after PPO", after))):
-        g = s.greedy
-        table.add_row(
-            label,
-            f"{g.resolved:.1%}",
-            f"{g.passed:.2f}",
-            f"{g.reward:.3f}",
-            *([f"{sampled[i].resolved:.1%}"] if sampled else []),
-        )
-    if teacher is not None:
-        row = ["teacher (scripted)", f"{teacher.resolved:.1%}", f"{teacher.passed:.2f}", f"{teacher.reward:.3f}"]
-        table.add_row(*row, *([""] if sampled else []))
-    return table
-
-
-def family_table(before: HeldOut, after: HeldOut, trained: set[str], teacher: EvalSummary | None = None) -> Table:
-    sampled = _sampled(before, after)
-    table = Table(title="held-out resolved rate per family", title_justify="left")
-    for column in (
-        "family",
-        "tasks",
-        "supervised start",
-        "after PPO",
-        *(("sampled: start", "sampled: after PPO") if sampled else ()),
-        *(("teacher",) if teacher is not None else ()),
-    ):
-        table.add_column(column, justify="left" if column == "family" else "right")
-    summaries = (before.greedy, after.greedy, *(sampled or ()), *((teacher,) if teacher is not None else ()))
-    for family, b in before.greedy.families.items():
-        name = family if family in trained else f"{family} (never trained on)"
-        rates = [s.families.get(family, {"resolved": float("nan")})["resolved"] for s in summaries]
-        table.add_row(name, str(int(b["tasks"])), *(f"{rate:.1%}" for rate in rates))
-    return table
 
 
 @dataclass
@@ -232,96 +169,6 @@ def build_policy(run: Path, cfg: Config, console: Console):
     return policy, tokenizer
 
 
-def demonstrated_commands(cfg: Config) -> Callable[[Task], tuple[str, ...]]:
-    """What a demonstration of a task types: its reference commands, or the scripted teacher's."""
-    if cfg.demonstrations == "teacher":
-        return lambda task: teacher_commands(task.path, cfg.seed).commands
-    return lambda task: tuple(reference_commands(task.path))
-
-
-async def record_demonstrations(
-    run: Path, cfg: Config, selection: list[Task], renderer, console: Console
-) -> list[Demonstration]:
-    """Phase 4a: the demonstrations of ``selection`` (the reference's, resolved ones only, or the
-    scripted teacher's, every one), recorded in fresh sandboxes; ``run/sft/demonstrations.jsonl``
-    and every trial's record in ``run/sft/records.jsonl``."""
-    records, found = await demonstrate(run / "sft" / "records.jsonl", cfg, selection, renderer, console)
-    if cfg.demonstrations == "teacher":
-        taught = summarise_records(records)
-        console.print(
-            f"  the teacher resolved {taught.resolved:.1%} of the pool (its mistakes are in the demonstrations)"
-        )
-    save_demonstrations(run / "sft" / "demonstrations.jsonl", found.demonstrations)
-    return found.demonstrations
-
-
-def imported_demonstrations(run: Path, cfg: Config, renderer, console: Console) -> list[Demonstration]:
-    """Phase 4a with ``--sft-data``: the rows of its ATIF trajectories (``trainer/sft_data.py``)
-    instead of recorded demonstrations, for the policy in ``run/init`` (its tokenizer decides whether
-    a trajectory's ids are its own); what was not trained, counted by reason, is printed and kept
-    in ``run/sft/sft-data.json``; the rows go to ``run/sft/demonstrations.jsonl`` as recorded ones do."""
-    paths = [given.strip() for given in cfg.sft_data.split(",") if given.strip()]
-    try:
-        data = load_sft_data(
-            paths,
-            renderer,
-            max_context=cfg.max_context or DEFAULT_MAX_CONTEXT,
-            fingerprint=tokenizer_fingerprint(run / "init"),
-            tokens=cfg.sft_data_tokens,
-        )
-    except ValueError as exc:
-        raise ConfigError(f"--sft-data: {exc}") from exc
-    console.print(f"  --sft-data: {data.describe()}")
-    write_report(run / "sft" / "sft-data.json", data)
-    if not data.rows:
-        raise ConfigError(f"--sft-data: no agent step to train on ({data.describe()})")
-    rows = zip(data.tasks, data.commands, data.rows)
-    demos = [Demonstration(task, commands, ids, mask) for task, commands, (ids, mask) in rows]
-    save_demonstrations(run / "sft" / "demonstrations.jsonl", demos)
-    return demos
-
-
-async def demonstrate(records_file: Path, cfg: Config, tasks: list[Task], renderer, console: Console, what: str = ""):
-    """Run the demonstrations of ``tasks`` (``demonstrated_commands``); every trial's record goes
-    to ``records_file``. Returns the records in task order and the demonstrations."""
-    records: list[TrialRecord] = []
-    teacher = cfg.demonstrations == "teacher"
-    with progress_bar(console) as progress:
-        label = what or ("4/7 the teacher's trajectories" if teacher else "4/7 reference trajectories")
-        bar = progress.add_task(label, total=len(tasks))
-
-        def recorded(record: TrialRecord) -> None:
-            append_record(records_file, record)
-            records.append(record)
-            progress.advance(bar)
-
-        found = await collect_demonstrations(
-            tasks,
-            demonstrated_commands(cfg),
-            rollout_options(cfg, f"reference-{records_file.parent.parent.name}"),
-            renderer,
-            rollout_settings(cfg),
-            concurrency=cfg.concurrency,
-            on_record=recorded,
-            resolved_only=not teacher,
-        )
-    if found.problems:
-        raise ConfigError(f"{found.problems[0]}: the policy could never complete that task (raise the budget)")
-    order = {task.name: i for i, task in enumerate(tasks)}
-    return sorted(records, key=lambda r: order.get(r.task, len(order))), found
-
-
-async def teacher_held_out(run: Path, cfg: Config, renderer, tasks: list[Task], console: Console) -> EvalSummary:
-    """The scripted teacher on the held-out set, through the same loop (records in
-    ``run/eval/teacher.jsonl``): the rate the policy's is measured against."""
-    records, _ = await demonstrate(
-        run / "eval" / "teacher.jsonl", cfg, tasks, renderer, console, "the teacher on the held-out set"
-    )
-    summary = summarise_records(records)
-    console.print(f"  teacher: resolved {summary.resolved:.1%}, mean assertions passed {summary.passed:.2f}")
-    return summary
-
-
 async def first_demonstrations(run: Path, cfg: Config, renderer, console: Console) -> list[Demonstration]:
     """Phase 4a's first part, with ``cfg.sft_first_families``: the reference trajectories of a
     pool of ``cfg.sft_first_pool`` training tasks of that family set (drawn with the run's seed
@@ -387,88 +234,6 @@ async def warm_start(
             f"  loss {losses[0]:.3f} -> {losses[-1]:.3f} in {len(losses)} steps ({time.monotonic() - began:.0f}s)"
         )
     return losses
-
-
-def validation_share_reached(
-    run: Path, cfg: Config, policy, renderer, tasks: list[Task], console: Console
-) -> Callable[[int], Awaitable[bool]]:
-    """``warm_start``'s ``stop``: a greedy evaluation of ``policy`` on ``tasks`` (the validation
-    split; records in ``run/eval/validation-STEPS.jsonl``), true once it passes at least
-    ``cfg.sft_stop_share`` of their assertions on average."""
-
-    async def reached(steps: int) -> bool:
-        summary = await on_validation(run, cfg, f"validation-{steps}", policy, renderer, tasks, console)
-        return summary.passed_share >= cfg.sft_stop_share
-
-    return reached
-
-
-async def on_validation(run: Path, cfg: Config, label: str, policy, renderer, tasks: list[Task], console: Console):
-    """``policy`` greedy on the validation split ``tasks`` (records in ``run/eval/LABEL.jsonl``)."""
-    greedy = replace(cfg, eval_samples=0)
-    return (await held_out(run, greedy, label, policy, renderer, tasks, console, "the validation split")).greedy
-
-
-async def check_start(run: Path, cfg: Config, policy, renderer, tasks: list[Task], console: Console) -> dict:
-    """The supervised start, greedy, on the validation split (records in
-    ``run/eval/validation-start.jsonl``) against ``cfg.start_floor``: the share of its assertions
-    passed, the floor, and whether the start is within its band; a start below it is said in one
-    line (the job goes on: what PPO does from there is still measured, but it is not the claim)."""
-    summary = await on_validation(run, cfg, "validation-start", policy, renderer, tasks, console)
-    within = summary.passed_share >= cfg.start_floor
-    if not within:
-        console.print(
-            f"[bold yellow]the supervised start fell short of its band[/]: {summary.passed_share:.1%} of the validation"
-            f" split's assertions, below --start-floor {cfg.start_floor:.0%}; PPO's gain from it is not the main job's claim"
-        )
-    return {
-        "passed_share": summary.passed_share,
-        "resolved": summary.resolved,
-        "floor": cfg.start_floor,
-        "within": within,
-    }
-
-
-async def held_out(
-    run: Path,
-    cfg: Config,
-    label: str,
-    model,
-    renderer,
-    tasks: list[Task],
-    console: Console,
-    what: str = "the held-out set",
-) -> HeldOut:
-    """Greedy evaluation on the held-out set (one record per task in ``run/eval/LABEL.jsonl``),
-    then ``cfg.eval_samples`` sampled episodes per task (``run/eval/LABEL-sampled.jsonl``), with
-    the same draws whatever the label."""
-    results = []
-    for samples, name in [(0, label)] + ([(cfg.eval_samples, f"{label}-sampled")] if cfg.eval_samples else []):
-        with progress_bar(console) as progress:
-            bar = progress.add_task(f"evaluation on {what} ({name})", total=len(tasks) * max(samples, 1))
-
-            def on_record(record, trajectory, name=name, bar=bar) -> None:
-                append_record(run / "eval" / f"{name}.jsonl", record)
-                progress.advance(bar)
-
-            summary, _ = await evaluate(
-                model,
-                renderer,
-                tasks,
-                rollout_options(cfg, f"eval-{name}-{run.name}"),
-                rollout_settings(cfg),
-                concurrency=cfg.concurrency,
-                samples=samples,
-                seed=cfg.seed,
-                on_record=on_record,
-                batched=not cfg.deterministic,
-            )
-        console.print(
-            f"  {name}: resolved {summary.resolved:.1%}, mean assertions passed {summary.passed:.2f}"
-            f" (a share of {summary.passed_share:.1%})"
-        )
-        results.append(summary)
-    return HeldOut(*results)
 
 
 async def reinforce(

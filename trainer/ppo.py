@@ -1,8 +1,11 @@
 """PPO for terminal agents, top to bottom, in the shape of CleanRL's ppo.py: ``train`` sets up, then
 loops over steps (roll out, update, log); ``ppo_update`` is one update. The arithmetic lives in
 ``trainer/losses.py`` as pure, table-tested functions; batches in ``trainer/batch.py``; several
-processes in ``trainer/distributed.py``; checkpoints in ``trainer/checkpoint.py``; the command
-line (and ``--pool``, the whole main job) in ``trainer/cli.py``.
+processes in ``trainer/distributed.py``; checkpoints in ``trainer/checkpoint.py``; a step's metrics
+in ``trainer/metrics.py``; the command line (and ``--pool``, the whole main job) in ``trainer/cli.py``.
+Each feature of the update is a small function ``ppo_update`` calls: rank sharding (``rank_share``),
+the KL anchor (``kl_anchor``), the group baseline (``group_advantages``) and routing replay
+(``replayed_routing``).
 
 Each step: publish the policy's weights to the generator (version = step), collect a batch of
 trajectories through termgym's ``RolloutScheduler`` (TITO: the sampled ids are trained as they
@@ -11,11 +14,11 @@ GAE over action tokens, whiten the advantages, then several epochs of minibatche
 policy loss (skipped during the critic warm-up) and the clipped value loss, each model with its own
 Adam and its own gradient clipping. ``--kl-coef`` adds a KL penalty to the starting policy;
 ``--advantage group`` replaces the critic by a leave-one-out baseline over the episodes of the
-same task (``--group-size`` launches of each task drawn). With an MoE policy and ``routing_replay`` (R3, on by
-default), the log-prob recompute and the policy-loss forwards use the experts the sampler chose at
-the sampled tokens (``trainer/routing.py``), and the router's load-balancing loss is off. Metrics
-go to ``metrics.jsonl`` and one line per step (``train`` returns every step's); a checkpoint (actor, critic, optimizers, step,
-task-pool draws) lets ``--resume`` continue bit-for-bit on CPU.
+same task (``--group-size`` launches of each task drawn). With an MoE policy and ``routing_replay``
+(R3, on by default), the log-prob recompute and the policy-loss forwards use the experts the sampler
+chose at the sampled tokens (``trainer/routing.py``), and the router's load-balancing loss is off.
+Metrics go to ``metrics.jsonl`` and one line per step (``train`` returns every step's); a checkpoint
+(actor, critic, optimizers, step, task-pool draws) lets ``--resume`` continue bit-for-bit on CPU.
 
 Multi-process (``torchrun --nproc-per-node N``, gloo on CPU): rank 0 runs the rollouts and
 broadcasts the batch; every rank computes GAE on the whole batch identically, takes its share of
@@ -31,9 +34,9 @@ import copy
 import json
 import sys
 import time
-from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -51,7 +54,6 @@ from termgym.scheduling.scheduler import (
     KeptTrial,
     RolloutScheduler,
     SchedulerConfig,
-    step_metrics,
 )
 from termgym.tasks import Task, load_task
 from termgym.tasks.bundled import bundled_task_paths
@@ -59,21 +61,16 @@ from termgym.tracking import Tracker
 from termgym.trainer import losses
 from termgym.trainer.batch import Batch, forward_logp, forward_values, make_batch
 from termgym.trainer.checkpoint import load_checkpoint, restore_optimizers, save_checkpoint
-from termgym.trainer.config import (
-    DEFAULT_MAX_CONTEXT,
-    Config,
-    check_config,
-    max_context_of,
-    resolve_max_context,
-    warmup_steps,
-)
+from termgym.trainer.checks import check_config
+from termgym.trainer.config import DEFAULT_MAX_CONTEXT, Config, max_context_of, resolve_max_context, warmup_steps
 from termgym.trainer.distributed import FULL, shard, sync_gradients, world
+from termgym.trainer.metrics import progress_line, sampler_metrics, summarise
 from termgym.trainer.models import Critic, build_tiny_policy, context_window, load_policy, policy_renderer
 from termgym.trainer.rollout import PolicyRunner, append_trajectories, rollout_options, rollout_settings
 from termgym.trainer.routing import disable_router_aux_loss, replay_routing
 from termgym.trainer.sampler import BatchedSampler, Sampler
 from termgym.trainer.tracking import run_tracker, step_scalars
-from termgym.trainer.trajectory import Trajectory, token_drift
+from termgym.trainer.trajectory import Trajectory
 from termgym.trainer.vllm_sampler import VllmSampler, policy_head_dim
 
 
@@ -100,188 +97,167 @@ class CountingPool(TaskPool):
 # -- one update ------------------------------------------------------------------------------------
 
 
-def ppo_update(
-    policy, critic, actor_opt, critic_opt, batch: Batch, cfg: Config, *, update_policy: bool, step: int, reference=None
-) -> dict:
-    """One PPO update on ``batch`` (every rank holds the same batch). Returns its metrics. With a
-    ``reference`` model (the starting policy) and ``cfg.kl_coef > 0``, the policy loss adds
-    ``kl_coef`` times the token mean of ``losses.kl_to_reference``. With ``cfg.advantage == "group"``
-    the critic is neither read nor trained: every token of an episode gets its leave-one-out
-    advantage, scaled to unit root mean square over the batch."""
-    b_ids, b_attention, b_mask = batch["ids"], batch["attention"], batch["mask"]
-    b_routing = batch.get("routing")
-    replayed = b_routing if cfg.routing_replay else None  # the experts the forwards are made to take
-    replay = replayed is not None
-    anchored = reference is not None and cfg.kl_coef > 0
-    with_critic = cfg.advantage == "gae"
+@dataclass(frozen=True)
+class BatchForwards:
+    """What the update reads of the batch under the weights it starts from (no gradient): the
+    log-probs and entropy, the critic's values (without a critic: None), the reference's log-probs
+    (without the KL anchor: None) and how often the policy's router agreed with the sampler's."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor | None
+    ref_logp: torch.Tensor | None
+    routing_agreement: float | None
+
+
+class RankShare(NamedTuple):
+    """Rank sharding: this rank's rows of a minibatch, their loss mask, the scale that makes the
+    ranks' masked means sum to the minibatch's global token mean, and whether the rows count."""
+
+    rows: torch.Tensor
+    mask: torch.Tensor
+    scale: float
+    counted: bool
+
+
+def replayed_routing(batch: Batch, cfg: Config) -> torch.Tensor | None:
+    """Routing replay (R3): the experts the sampler chose, which the forwards are made to take;
+    None without ``cfg.routing_replay`` or with nothing recorded (a dense policy)."""
+    return batch.get("routing") if cfg.routing_replay else None
+
+
+def rows_of(routing: torch.Tensor | None, rows: torch.Tensor) -> torch.Tensor | None:
+    """The replayed routing of ``rows`` (None: nothing replayed)."""
+    return routing[rows] if routing is not None else None
+
+
+def forward_batch(policy, critic, reference, batch: Batch, replayed, *, with_critic: bool) -> BatchForwards:
+    """The no-gradient forwards over the whole batch. The router's agreement with the sampler is
+    measured either way; the recorded experts are enforced only when ``replayed``."""
+    ids, attention = batch["ids"], batch["attention"]
     with torch.no_grad():
-        # agreement is measured either way; the recorded experts are used only with routing_replay
-        with replay_routing(policy, b_routing, enforce=replay) as routing_stats:
-            b_logp, b_entropy = forward_logp(policy, b_ids, b_attention, entropy=True)
-        assert b_entropy is not None  # asked for
-        b_values = forward_values(critic, b_ids, b_attention) * b_mask if with_critic else None
-        b_ref_logp = None
-        if anchored:
-            assert reference is not None  # anchored: there is a reference
+        with replay_routing(policy, batch.get("routing"), enforce=replayed is not None) as routing_stats:
+            logp, entropy = forward_logp(policy, ids, attention, entropy=True)
+        assert entropy is not None  # asked for
+        values = forward_values(critic, ids, attention) * batch["mask"] if with_critic else None
+        ref_logp = None
+        if reference is not None:
             with replay_routing(reference, replayed):
-                b_ref_logp, _ = forward_logp(reference, b_ids, b_attention)
-    if with_critic:
-        assert b_values is not None  # computed with the critic
-        b_advantages, b_returns = losses.masked_gae(batch["rewards"], b_values, b_mask, cfg.gamma, cfg.lam)
-        b_advantages = losses.whiten(b_advantages, b_mask)
-    else:
-        per_episode = losses.leave_one_out_advantages(batch["episode_rewards"], batch["groups"])
-        b_advantages = losses.scale_to_unit(per_episode[batch["row_episode"]][:, None] * b_mask, b_mask)
-    metrics = {
-        "explained_variance": losses.explained_variance(b_returns, b_values, b_mask) if b_values is not None else None,
-        "entropy": float(losses.masked_mean(b_entropy, b_mask)),
-        "logprob_gap": float(losses.masked_mean((b_logp - batch["rollout_logp"]).abs(), b_mask)),
-        "routing_replay": replay,
-        "routing_agreement": routing_stats.agreement,  # None: no routing recorded (a dense policy)
-        "kl_to_reference": float(losses.masked_mean(losses.kl_to_reference(b_logp, b_ref_logp), b_mask))
-        if b_ref_logp is not None  # set exactly when anchored
+                ref_logp, _ = forward_logp(reference, ids, attention)
+    return BatchForwards(logp, entropy, values, ref_logp, routing_stats.agreement)
+
+
+def gae_advantages(batch: Batch, values: torch.Tensor, cfg: Config) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over the critic's token values, the advantages whitened; ``(advantages, returns)``."""
+    advantages, returns = losses.masked_gae(batch["rewards"], values, batch["mask"], cfg.gamma, cfg.lam)
+    return losses.whiten(advantages, batch["mask"]), returns
+
+
+def group_advantages(batch: Batch) -> torch.Tensor:
+    """The group baseline (``--advantage group``): each episode's reward minus the mean of the other
+    episodes of its task (leave-one-out) on each of its tokens, scaled to unit root mean square."""
+    per_episode = losses.leave_one_out_advantages(batch["episode_rewards"], batch["groups"])
+    return losses.scale_to_unit(per_episode[batch["row_episode"]][:, None] * batch["mask"], batch["mask"])
+
+
+def batch_metrics(batch: Batch, forwards: BatchForwards, returns: torch.Tensor | None, replayed) -> dict:
+    """What the update measures before its first step, the batch's reward signal included."""
+    mask, values, ref_logp = batch["mask"], forwards.values, forwards.ref_logp
+    return {
+        "explained_variance": losses.explained_variance(returns, values, mask)
+        if values is not None and returns is not None  # with the critic
+        else None,
+        "entropy": float(losses.masked_mean(forwards.entropy, mask)),
+        "logprob_gap": float(losses.masked_mean((forwards.logp - batch["rollout_logp"]).abs(), mask)),
+        "routing_replay": replayed is not None,
+        "routing_agreement": forwards.routing_agreement,  # None: no routing recorded (a dense policy)
+        "kl_to_reference": float(losses.masked_mean(losses.kl_to_reference(forwards.logp, ref_logp), mask))
+        if ref_logp is not None
         else None,
         # the batch's reward signal: groups (tasks) whose episodes all scored alike, and the spread
         "equal_reward_share": losses.equal_reward_share(batch["episode_rewards"], batch["groups"]),
         "reward_std": float(batch["episode_rewards"].std(correction=0)),  # population std; 0 for one episode
     }
+
+
+def rank_share(minibatch: torch.Tensor, loss_mask: torch.Tensor, cfg: Config) -> RankShare:
+    """This rank's share of ``minibatch`` (every ``size``-th row). A short last minibatch may leave
+    a rank none: it then runs one row that counts for nothing, so every rank joins the collectives.
+    FSDP averages the gradients where the ranks' sum is wanted: the scale undoes it."""
     rank, size = world()
+    tokens = float(loss_mask[minibatch].sum().clamp(min=1.0))  # the minibatch's tokens, all ranks together
+    rows, counted = minibatch[rank::size], 1.0
+    if len(rows) == 0:
+        rows, counted = minibatch[:1], 0.0
+    mask = loss_mask[rows] * counted
+    return RankShare(rows, mask, float(mask.sum()) / tokens * (size if cfg.fsdp else 1), bool(counted))
+
+
+def kl_anchor(logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor, cfg: Config) -> torch.Tensor:
+    """The KL anchor: ``kl_coef`` times the token mean of the KL to the starting policy."""
+    return cfg.kl_coef * losses.masked_mean(losses.kl_to_reference(logp, ref_logp), mask)
+
+
+def step_model(model, optimizer, loss: torch.Tensor, scale: float, cfg: Config) -> None:
+    """Backward (``loss`` scaled to its share of the minibatch), sum the gradients across ranks,
+    clip them, step ``optimizer``."""
+    (loss * scale).backward()
+    sync_gradients(model)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+
+
+def ppo_update(
+    policy, critic, actor_opt, critic_opt, batch: Batch, cfg: Config, *, update_policy: bool, step: int, reference=None
+) -> dict:
+    """One PPO update on ``batch`` (every rank holds the same batch). Returns its metrics. With a
+    ``reference`` model (the starting policy) and ``cfg.kl_coef > 0``, the policy loss adds the KL
+    anchor. With ``cfg.advantage == "group"`` the critic is neither read nor trained: the group
+    baseline gives the advantages."""
+    replayed = replayed_routing(batch, cfg)
+    with_critic = cfg.advantage == "gae"
+    anchor = reference if reference is not None and cfg.kl_coef > 0 else None
+    b = forward_batch(policy, critic, anchor, batch, replayed, with_critic=with_critic)
+    if b.values is not None:
+        advantages, returns = gae_advantages(batch, b.values, cfg)
+    else:
+        advantages, returns = group_advantages(batch), None
+    metrics = batch_metrics(batch, b, returns, replayed)
+    ids, attention = batch["ids"], batch["attention"]
+    loss_mask = batch["mask"] * batch["weights"][:, None]  # the scheduler's reweighting, per trajectory
     order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-    b_loss_mask = b_mask * batch["weights"][:, None]  # the scheduler's reweighting, per trajectory
-    minibatch_losses: dict[str, list[float]] = {
-        "policy_loss": [],
-        "value_loss": [],
-        "clip_fraction": [],
-        "approx_kl": [],  # CleanRL's: how far the policy has moved from b_logp when the minibatch starts
-    }
+    logged: dict[str, list[float]] = {"policy_loss": [], "value_loss": [], "clip_fraction": [], "approx_kl": []}
     for _ in range(cfg.update_epochs):
-        permutation = torch.randperm(len(b_ids), generator=order)
-        for start in range(0, len(b_ids), cfg.minibatch_size):
-            mb = permutation[start : start + cfg.minibatch_size]
-            share = float(b_loss_mask[mb].sum().clamp(min=1.0))  # the minibatch's tokens, all ranks together
-            mine, counted = mb[rank::size], 1.0  # this rank's rows
-            if len(mine) == 0:  # a short last minibatch: run one row that counts for nothing, so
-                mine, counted = mb[:1], 0.0  # every rank still joins the collectives
-            mb_ids, mb_attention, mb_mask = b_ids[mine], b_attention[mine], b_loss_mask[mine] * counted
-            # masked means times this scale sum to the minibatch's global mean (FSDP averages: undo it)
-            scale = float(mb_mask.sum()) / share * (size if cfg.fsdp else 1)
+        permutation = torch.randperm(len(ids), generator=order)
+        for start in range(0, len(ids), cfg.minibatch_size):
+            mine = rank_share(permutation[start : start + cfg.minibatch_size], loss_mask, cfg)
+            rows, mask = mine.rows, mine.mask
             if update_policy:
                 actor_opt.zero_grad()
-                with replay_routing(policy, replayed[mine] if replayed is not None else None):
-                    mb_logp, _ = forward_logp(policy, mb_ids, mb_attention)
-                pg_loss, clip_fraction = losses.policy_loss(
-                    mb_logp, b_logp[mine], b_advantages[mine], mb_mask, cfg.clip
-                )
-                if anchored:
-                    assert b_ref_logp is not None  # computed above when anchored
-                    pg_loss = pg_loss + cfg.kl_coef * losses.masked_mean(
-                        losses.kl_to_reference(mb_logp, b_ref_logp[mine]), mb_mask
-                    )
-                (pg_loss * scale).backward()
-                if counted:
-                    minibatch_losses["policy_loss"].append(float(pg_loss.detach()))
-                    minibatch_losses["clip_fraction"].append(float(clip_fraction))
-                    minibatch_losses["approx_kl"].append(float(losses.approx_kl(mb_logp, b_logp[mine], mb_mask)))
-                sync_gradients(policy)
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-                actor_opt.step()
-            if not with_critic:
+                with replay_routing(policy, rows_of(replayed, rows)):
+                    logp, _ = forward_logp(policy, ids[rows], attention[rows])
+                pg_loss, clip_fraction = losses.policy_loss(logp, b.logp[rows], advantages[rows], mask, cfg.clip)
+                if b.ref_logp is not None:
+                    pg_loss = pg_loss + kl_anchor(logp, b.ref_logp[rows], mask, cfg)
+                if mine.counted:
+                    logged["policy_loss"].append(float(pg_loss.detach()))
+                    logged["clip_fraction"].append(float(clip_fraction))
+                    # CleanRL's approx_kl: how far the policy has moved from b.logp when the minibatch starts
+                    logged["approx_kl"].append(float(losses.approx_kl(logp, b.logp[rows], mask)))
+                step_model(policy, actor_opt, pg_loss, mine.scale, cfg)
+            if b.values is None or returns is None:  # the group baseline: no critic
                 continue
-            assert b_values is not None  # with the critic
             critic_opt.zero_grad()
-            mb_values = forward_values(critic, mb_ids, mb_attention)
-            v_loss = losses.value_loss(mb_values, b_values[mine], b_returns[mine], mb_mask, cfg.value_clip)
-            (v_loss * scale).backward()
-            if counted:
-                minibatch_losses["value_loss"].append(float(v_loss.detach()))
-            sync_gradients(critic)
-            torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
-            critic_opt.step()
-    metrics.update({name: (sum(v) / len(v) if v else None) for name, v in minibatch_losses.items()})
+            values = forward_values(critic, ids[rows], attention[rows])
+            v_loss = losses.value_loss(values, b.values[rows], returns[rows], mask, cfg.value_clip)
+            if mine.counted:
+                logged["value_loss"].append(float(v_loss.detach()))
+            step_model(critic, critic_opt, v_loss, mine.scale, cfg)
+    metrics.update({name: (sum(v) / len(v) if v else None) for name, v in logged.items()})
     return metrics
 
 
-# -- the loop --------------------------------------------------------------------------------------
-
-
-def episode_metrics(trajectories: Sequence[Trajectory]) -> dict:
-    """Pure: what the episode loop counted over a step's trajectories. ``bridge_break_rate``: the
-    share of turn boundaries whose prefix could not be kept; ``segments_per_episode``: training
-    samples per episode; ``parse_error_rate``: replies that did not parse, per reply;
-    ``context_exhausted``: the share of episodes that ended for want of context; compaction
-    attempts and failures (summaries asked for, and those that failed)."""
-    n = max(len(trajectories), 1)
-    boundaries = sum(t.bridges + t.bridge_breaks for t in trajectories)
-    replies = sum(t.replies for t in trajectories)
-    return {
-        "bridge_break_rate": sum(t.bridge_breaks for t in trajectories) / boundaries if boundaries else 0.0,
-        "segments_per_episode": sum(len(t.samples) for t in trajectories) / n,
-        "parse_error_rate": sum(t.parse_errors for t in trajectories) / replies if replies else 0.0,
-        "context_exhausted": sum(t.context_exhausted for t in trajectories) / n,
-        "compactions": sum(t.summaries + t.summaries_failed for t in trajectories),
-        "compaction_failures": sum(t.summaries_failed for t in trajectories),
-    }
-
-
-def summarise(step: int, kept: Sequence[KeptTrial[Trajectory]], update: dict, result, timings: dict) -> dict:
-    trajectories = [k.result for k in kept]
-    records = [k.record for k in kept]
-    n = max(len(kept), 1)
-    samples = [s for t in trajectories for s in t.samples]
-    action_tokens = sum(sum(s.loss_mask) for s in samples)
-    return {
-        "step": step,
-        "reward": sum(t.reward for t in trajectories) / n,
-        "resolved": sum(r.resolved for r in records) / n,
-        "passed": sum(r.passed for r in records) / n,
-        "turns": sum(r.turns for r in records) / n,
-        # families whose episodes all got the same reward: no two outcomes of that kind of task to learn from
-        "equal_reward_families": losses.equal_reward_share(
-            torch.tensor([t.reward for t in trajectories], dtype=torch.float64), [r.family for r in records]
-        ),
-        "tokens": sum(len(s.ids) for s in samples),
-        "action_tokens": action_tokens,
-        "token_drift": sum(token_drift(t) for t in trajectories),
-        "policy_versions": sorted({t.policy_version for t in trajectories}),
-        **episode_metrics(trajectories),
-        "staleness_max": max((k.staleness for k in kept), default=0),
-        "staleness_mean": sum(k.staleness for k in kept) / n,
-        **update,
-        **timings,
-        "update_tokens_per_second": action_tokens / timings["update_seconds"] if timings["update_seconds"] else None,
-        "scheduler": step_metrics(result),
-    }
-
-
-# Metrics that measure time (and the scheduler's peaks of trials in flight at once, which timing decides):
-# everything else in metrics.jsonl is the same for two runs of one seed on one machine (--deterministic).
-TIMING_METRICS = ("node_peaks", "lower_bound", "update_tokens_per_second")
-
-
-def without_timings(metrics: object) -> object:
-    """Pure: ``metrics`` (a step's, nested) without what measures time: every key with ``seconds``
-    in its name and ``TIMING_METRICS``; what two deterministic runs of one seed must agree on."""
-    if isinstance(metrics, dict):
-        return {k: without_timings(v) for k, v in metrics.items() if "seconds" not in k and k not in TIMING_METRICS}
-    if isinstance(metrics, list):
-        return [without_timings(v) for v in metrics]
-    return metrics
-
-
-def progress_line(m: dict, steps: int) -> str:
-    ev = m["explained_variance"]
-    return (
-        f"step {m['step'] + 1}/{steps} reward {m['reward']:.3f} resolved {m['resolved']:.2f} passed {m['passed']:.1f} "
-        f"turns {m['turns']:.1f} tokens {m['tokens']} "
-        + (f"ev {ev:.2f} " if ev is not None else "")
-        + f"clip {m['clip_fraction'] or 0:.2f} "
-        + (f"kl {m['approx_kl']:.1e} " if m.get("approx_kl") is not None else "")  # none during the warm-up
-        + f"entropy {m['entropy']:.2f} gap {m['logprob_gap']:.2e} drift {m['token_drift']} "
-        f"breaks {m['bridge_break_rate']:.2f} segs {m['segments_per_episode']:.2f} "
-        + (f"agree {m['routing_agreement']:.3f} " if m.get("routing_agreement") is not None else "")
-        + (f"ref_kl {m['kl_to_reference']:.4f} " if m.get("kl_to_reference") is not None else "")
-        + f"stale {m['staleness_max']} ({m['rollout_seconds']:.1f}s rollout, {m['update_seconds']:.1f}s update)"
-    )
+# -- set-up ----------------------------------------------------------------------------------------
 
 
 def make_sampler(cfg: Config, policy, model_dir: Path, pad_id: int, rank: int) -> Sampler:
@@ -315,17 +291,17 @@ def bundled_tasks() -> list[Task]:
     return [load_task(path) for path in bundled_task_paths()]
 
 
-async def train(cfg: Config, tracker: Tracker | None = None) -> list[dict]:
-    """Run ``cfg.steps`` steps (continuing from the checkpoint with ``cfg.resume``); returns every
-    step this call ran, its metrics in order (on every rank; empty when no step ran). Rank 0 sends
-    each step's metrics to ``tracker``, or with ``cfg.track`` to a tracker of its own
-    (``trainer/tracking.py``)."""
-    check_config(cfg)
+def check_world(cfg: Config) -> tuple[int, int]:
+    """This process's rank and the number of processes, once the batch divides among them."""
     rank, size = world()
     if cfg.batch_size % size or cfg.minibatch_size % size:
         raise ConfigError(f"batch_size and minibatch_size must be multiples of the {size} processes")
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    return rank, size
+
+
+def prepare_model_dir(cfg: Config, out: Path, rank: int) -> tuple[Config, Path]:
+    """``cfg`` with its context window resolved, and the policy's directory: ``--model``, else
+    ``OUT/init``, where rank 0 builds the tiny policy unless one is there (a resumed run)."""
     model_dir = Path(cfg.model) if cfg.model else out / "init"
     from_model = cfg.max_context is None and bool(cfg.model)  # not given: the model's own window
     window = context_window(model_dir) if from_model else None
@@ -335,51 +311,107 @@ async def train(cfg: Config, tracker: Tracker | None = None) -> list[dict]:
     cfg = resolve_max_context(cfg, window)
     if not cfg.model and rank == 0 and not (model_dir / "config.json").exists():
         build_tiny_policy(model_dir, seed=cfg.seed, head_dim=policy_head_dim(cfg.generator))
-    if size > 1:
+    if world()[1] > 1:
         dist.barrier()
+    return cfg, model_dir
+
+
+def load_models(cfg: Config, model_dir: Path):
+    """The policy and its tokenizer's pad id, the KL anchor's reference (the policy as loaded,
+    before any update or resumed checkpoint; unsharded, frozen; None without ``--kl-coef``), and
+    the critic."""
     policy, tokenizer = load_policy(model_dir)
     if cfg.routing_replay:
         disable_router_aux_loss(policy)  # fixed routing: nothing to balance (and the loss never adds it anyway)
-    # the KL anchor: the policy as loaded, before any update or resumed checkpoint (unsharded, frozen)
     reference = copy.deepcopy(policy).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
     critic = Critic(model_dir)
     pad_id = tokenizer.pad_token_id
     assert isinstance(pad_id, int), f"{model_dir}: the trainer pads batches with the tokenizer's pad token"
-    sampler = make_sampler(cfg, policy, model_dir, pad_id, rank)
-    pool = CountingPool(
-        [resolve_task(name) for name in cfg.tasks] or bundled_tasks(), seed=cfg.seed, group_size=cfg.group_size
-    )
+    return policy, tokenizer, pad_id, reference, critic
+
+
+def optimizers(cfg: Config, out: Path, policy, critic, pool: CountingPool) -> tuple[Any, Any, int]:
+    """Both Adams and the first step: from ``OUT/checkpoint.pt`` with ``--resume`` (weights,
+    optimizers, the pool's draws), else fresh; the models sharded first with ``--fsdp``."""
     state = load_checkpoint(out) if cfg.resume else None
     if state is not None:
         policy.load_state_dict(state["policy"])
         critic.load_state_dict(state["critic"])
-    if cfg.fsdp and size > 1:
+    if cfg.fsdp and world()[1] > 1:
         shard(policy, policy.model.layers)
         shard(critic, critic.backbone.layers)
     actor_opt = torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr)
     critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
-    start = 0
-    if state is not None:
-        restore_optimizers(state, policy, critic, actor_opt, critic_opt)
-        pool.replay(state["drawn"])  # the pool's order is a function of its seed and the draws so far
-        start = state["step"]
+    if state is None:
+        return actor_opt, critic_opt, 0
+    restore_optimizers(state, policy, critic, actor_opt, critic_opt)
+    pool.replay(state["drawn"])  # the pool's order is a function of its seed and the draws so far
+    return actor_opt, critic_opt, state["step"]
+
+
+def policy_runner(cfg: Config, sampler: Sampler, model_dir: Path, tokenizer, out: Path) -> PolicyRunner:
+    """What the scheduler runs for each trial: one policy episode through ``sampler``."""
     options = rollout_options(cfg, f"train-{out.name}")
-    runner = PolicyRunner(
-        sampler,
-        policy_renderer(model_dir, tokenizer, cfg),
-        options,
-        Pacer(),
-        rollout_settings(cfg),
-        seed=cfg.seed,
-        binary_reward=cfg.reward == "binary",
+    renderer = policy_renderer(model_dir, tokenizer, cfg)
+    return PolicyRunner(
+        sampler, renderer, options, Pacer(), rollout_settings(cfg), seed=cfg.seed, binary_reward=cfg.reward == "binary"
     )
-    scheduler_config = SchedulerConfig(
-        batch_size=cfg.batch_size,
-        launch=cfg.launch,
-        mode=cfg.mode,
-        clock="work" if cfg.deterministic else "wall",
-        **rollout_nodes(cfg),
+
+
+def scheduler_config(cfg: Config) -> SchedulerConfig:
+    """A step's batch: ``cfg.batch_size`` kept of the trials launched, by simulated work (``--deterministic``)."""
+    clock = "work" if cfg.deterministic else "wall"
+    return SchedulerConfig(
+        batch_size=cfg.batch_size, launch=cfg.launch, mode=cfg.mode, clock=clock, **rollout_nodes(cfg)
     )
+
+
+# -- the loop's steps ------------------------------------------------------------------------------
+
+
+async def roll_out(scheduler: RolloutScheduler, step: int, out: Path) -> tuple[list[KeptTrial], BatchResult]:
+    """Rank 0 runs a step's rollouts and broadcasts the batch (kept trials in launch order, an order
+    timing cannot change); every rank returns it."""
+    rank, size = world()
+    payload: list[tuple[list[KeptTrial[Trajectory]], BatchResult[Trajectory]] | None] = [None]
+    if rank == 0:
+        result = await scheduler.step(policy_version=step)
+        payload = [(sorted(result.kept, key=lambda k: k.result.launch), result)]
+    if size > 1:
+        dist.broadcast_object_list(payload, src=0)
+    shared = payload[0]
+    assert shared is not None  # rank 0's, broadcast to every rank
+    if not shared[0]:
+        raise TrainingError(f"step {step}: no trajectory finished (see {out / 'records.jsonl'})")
+    return shared
+
+
+def write_step(out: Path, metrics: dict, kept: list[KeptTrial[Trajectory]], step: int, tracker) -> None:
+    """Rank 0: the step's trajectories, its line of ``metrics.jsonl``, and the tracker's scalars."""
+    append_trajectories(out / "trajectories.jsonl", [k.result for k in kept], step)
+    with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(metrics) + "\n")
+    if tracker is not None:
+        tracker.log(step_scalars(metrics), step + 1)
+
+
+async def train(cfg: Config, tracker: Tracker | None = None) -> list[dict]:
+    """Run ``cfg.steps`` steps (continuing from the checkpoint with ``cfg.resume``); returns every
+    step this call ran, its metrics in order (on every rank; empty when no step ran). Rank 0 sends
+    each step's metrics to ``tracker``, or with ``cfg.track`` to a tracker of its own
+    (``trainer/tracking.py``)."""
+    check_config(cfg)
+    rank, _ = check_world(cfg)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg, model_dir = prepare_model_dir(cfg, out, rank)
+    policy, tokenizer, pad_id, reference, critic = load_models(cfg, model_dir)
+    sampler = make_sampler(cfg, policy, model_dir, pad_id, rank)
+    tasks = [resolve_task(name) for name in cfg.tasks] or bundled_tasks()
+    pool = CountingPool(tasks, seed=cfg.seed, group_size=cfg.group_size)
+    actor_opt, critic_opt, start = optimizers(cfg, out, policy, critic, pool)
+    runner = policy_runner(cfg, sampler, model_dir, tokenizer, out)
+    config = scheduler_config(cfg)
     history: list[dict] = []
     progress = progress_bar(Console(file=sys.stderr), disable=rank != 0)
     steps_bar = progress.add_task("steps", total=cfg.steps, completed=start)
@@ -391,27 +423,16 @@ async def train(cfg: Config, tracker: Tracker | None = None) -> list[dict]:
 
     tracking = run_tracker(cfg, out, tracker) if rank == 0 else contextlib.nullcontext()
     with progress, contextlib.closing(sampler), tracking as tracker:  # the samplers hold processes, connections
-        async with RolloutScheduler(runner, pool, scheduler_config, pacer=Pacer(), on_record=on_record) as scheduler:
+        async with RolloutScheduler(runner, pool, config, pacer=Pacer(), on_record=on_record) as scheduler:
             for step in range(start, cfg.steps):
                 progress.reset(trials_bar, total=cfg.batch_size)
-                # 1. publish the weights, then roll out (rank 0) and share the batch
+                # 1. publish the weights (version = step), then roll out on rank 0 and share the batch
                 began = time.monotonic()
                 weights = get_model_state_dict(policy, options=FULL)  # a collective when sharded
                 if rank == 0:
                     sampler.publish(weights, version=step)
-                forwards, requests = sampler.forwards, sampler.requests
-                payload: list[tuple[list[KeptTrial[Trajectory]], BatchResult[Trajectory]] | None] = [None]
-                if rank == 0:
-                    result = await scheduler.step(policy_version=step)
-                    kept = sorted(result.kept, key=lambda k: k.result.launch)  # a batch order that timing cannot change
-                    payload = [(kept, result)]
-                if size > 1:
-                    dist.broadcast_object_list(payload, src=0)
-                shared = payload[0]
-                assert shared is not None  # rank 0's, broadcast to every rank
-                kept, result = shared
-                if not kept:
-                    raise TrainingError(f"step {step}: no trajectory finished (see {out / 'records.jsonl'})")
+                served_before = sampler.forwards, sampler.requests
+                kept, result = await roll_out(scheduler, step, out)
                 rollout_seconds = time.monotonic() - began
                 # 2. the PPO update (critic only during the warm-up)
                 began = time.monotonic()
@@ -431,18 +452,11 @@ async def train(cfg: Config, tracker: Tracker | None = None) -> list[dict]:
                 )
                 timings = {"rollout_seconds": rollout_seconds, "update_seconds": time.monotonic() - began}
                 # 3. metrics, trajectories, checkpoint
-                metrics = summarise(step, kept, update, result, timings)
-                metrics["warmup"] = step < warmup_steps(cfg)
-                served = sampler.forwards - forwards  # rank 0's sampler; other ranks sample nothing
-                metrics["generation_batch_mean"] = (sampler.requests - requests) / served if served else None
-                metrics["routing_recorded"] = sampler.records_routing  # False: R3 had nothing to replay
-                metrics["publication_gap"] = sampler.publication_gap  # vllm: engine vs trainer
+                metrics = summarise(step, kept, update, result, timings) | sampler_metrics(
+                    sampler, served_before, cfg, step
+                )
                 if rank == 0:
-                    append_trajectories(out / "trajectories.jsonl", [k.result for k in kept], step)
-                    with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
-                        handle.write(json.dumps(metrics) + "\n")
-                    if tracker is not None:
-                        tracker.log(step_scalars(metrics), step + 1)
+                    write_step(out, metrics, kept, step, tracker)
                     progress.console.print(progress_line(metrics, cfg.steps), highlight=False, soft_wrap=True)
                     progress.advance(steps_bar)
                 history.append(metrics)

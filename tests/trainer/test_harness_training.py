@@ -19,7 +19,8 @@ from termgym.envs.families import generate_split, reference_commands
 from termgym.errors import ConfigError
 from termgym.integrations.mini_swe_agent import SUBMIT_LINE, MiniSweAgent, load_config
 from termgym.tasks import load_task
-from termgym.trainer.config import Config, check_config
+from termgym.trainer.checks import check_config
+from termgym.trainer.config import Config
 from termgym.trainer.rollout import RolloutSettings, run_policy_episode
 from termgym.trainer.sampler import Sampler
 from termgym.trainer.sft import collect_demonstrations, reference_replies

@@ -14,19 +14,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from termgym.agents.renderers import RENDERER_NAMES, format_spec, renderer_for_model_dir
 from termgym.envs.families import FAMILY_SETS
-from termgym.trainer.config import (
-    FIELD_CHOICES,
-    PRESETS,
-    Config,
-    FamilySetName,
-    RendererName,
-    build_parser,
-    choices_of,
-    field_docs,
-    field_groups,
-    parse_config,
-    resolve_max_context,
-)
+from termgym.trainer.checks import FIELD_CHOICES, choices_of
+from termgym.trainer.config import PRESETS, Config, FamilySetName, RendererName, resolve_max_context
+from termgym.trainer.flags import build_parser, field_docs, field_groups, parse_config
 from termgym.trainer.models import TINY_FAMILY, Critic, context_window
 
 

@@ -436,7 +436,8 @@ def test_a_supervised_start_that_cannot_run_is_one_line(changes, flag):
     from dataclasses import replace
 
     from termgym.errors import ConfigError
-    from termgym.trainer.config import PRESETS, Config, check_config
+    from termgym.trainer.checks import check_config
+    from termgym.trainer.config import PRESETS, Config
 
     check_config(Config(**PRESETS["tiny-long"]))  # the preset itself is fine
     with pytest.raises(ConfigError, match=flag) as caught:
@@ -448,7 +449,8 @@ def test_an_init_that_is_no_model_a_negative_ppo_pool_or_a_floor_above_one_is_on
     from dataclasses import replace
 
     from termgym.errors import ConfigError
-    from termgym.trainer.config import PRESETS, TINY_BASE, Config, check_config
+    from termgym.trainer.checks import check_config
+    from termgym.trainer.config import PRESETS, TINY_BASE, Config
 
     assert (TINY_BASE / "config.json").is_file() and (TINY_BASE / "tokenizer.json").is_file()  # shipped
     for changes, said in (

@@ -17,8 +17,8 @@ import torch
 
 from termgym.cli import main as termgym_main
 from termgym.trainer.config import Advantage
+from termgym.trainer.metrics import without_timings
 from termgym.trainer.models import load_policy
-from termgym.trainer.ppo import without_timings
 from tests.trainer.test_learning import one_thread
 
 TASKS = ["archives/extract-configs", "file-ops/organize-by-extension"]
@@ -349,7 +349,7 @@ def test_ppo_update_reports_cleanrls_diagnostics(tiny_policy_dir):
 
 
 def test_the_progress_line_shows_approx_kl_as_kl_and_the_anchor_as_ref_kl():
-    from termgym.trainer.ppo import progress_line
+    from termgym.trainer.metrics import progress_line
 
     m = {
         "step": 4,

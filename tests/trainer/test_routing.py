@@ -21,7 +21,8 @@ from termgym.agents.model import LoopSettings
 from termgym.agents.renderers import make_renderer
 from termgym.trainer import losses
 from termgym.trainer.batch import forward_logp, make_batch
-from termgym.trainer.config import Config, parse_config
+from termgym.trainer.config import Config
+from termgym.trainer.flags import parse_config
 from termgym.trainer.models import tiny_config
 from termgym.trainer.ppo import ppo_update
 from termgym.trainer.rollout import RolloutSettings, run_policy_episode

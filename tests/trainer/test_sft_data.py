@@ -19,9 +19,10 @@ from termgym.envs.families import generate_split
 from termgym.errors import ConfigError
 from termgym.tasks import load_task
 from termgym.trainer import sft_data
-from termgym.trainer.config import PRESETS, TINY_BASE, Config, check_config
+from termgym.trainer.checks import check_config
+from termgym.trainer.config import PRESETS, TINY_BASE, Config
+from termgym.trainer.demonstrations import imported_demonstrations, record_demonstrations
 from termgym.trainer.models import TINY_FAMILY
-from termgym.trainer.pipeline import imported_demonstrations, record_demonstrations
 from termgym.trainer.sft_data import load_sft_data
 
 FIXTURES = Path(__file__).parents[1] / "termgym" / "fixtures" / "atif"
@@ -214,7 +215,8 @@ def test_bad_or_empty_sft_data_is_one_line(tmp_path, base_renderer):
 def test_the_flags_parse_and_their_modes_are_the_loaders():
     from typing import get_args
 
-    from termgym.trainer.config import SftDataTokens, parse_config
+    from termgym.trainer.config import SftDataTokens
+    from termgym.trainer.flags import parse_config
 
     assert get_args(SftDataTokens) == sft_data.TOKEN_USES
     cfg = parse_config(["--preset", "tiny", "--sft-data", "a.json,b", "--sft-data-tokens", "render"])

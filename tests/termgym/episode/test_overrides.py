@@ -109,7 +109,9 @@ def test_check_shows_the_verifier_output_tail_and_v_shows_all(tmp_path, no_leaks
 
 
 def test_the_trainer_config_carries_the_reward_scale():
-    from termgym.trainer.config import Config, check_config, parse_config
+    from termgym.trainer.checks import check_config
+    from termgym.trainer.config import Config
+    from termgym.trainer.flags import parse_config
     from termgym.trainer.rollout import rollout_options
 
     cfg = parse_config(["--reward-scale", "5"])
