@@ -56,12 +56,7 @@ def options_sandbox_spec(task: Task, options: EnvOptions) -> SandboxSpec:
 def default_sandbox_factory(task: Task, options: EnvOptions) -> Sandbox:
     """The sandbox ``options.backend`` makes for ``task``, labelled with the run id, with image
     aliases; with ``options.cluster``, on a node of that Ray cluster (``termgym.sandboxes.ray``)."""
-    spec = options_sandbox_spec(task, options)
-    if options.cluster:
-        from termgym.sandboxes.ray.cluster import connect
-
-        return connect(options.cluster, options.backend).sandbox(spec)
-    return create_sandbox(options.backend, spec)
+    return create_sandbox(options.backend, options_sandbox_spec(task, options), cluster=options.cluster)
 
 
 async def prewarm_sandboxes(tasks: Sequence[Task], options: EnvOptions) -> int:

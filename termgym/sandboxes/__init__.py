@@ -9,6 +9,10 @@ in one line when this machine cannot run it), ``remove_leftovers`` (``termgym gc
 (enter a sandbox ``--keep`` left running), ``prewarm`` and ``warm_pool_on`` (a warm pool). What a
 backend does not offer is a no-op here, or one line saying the backend cannot.
 
+A Ray cluster (``--cluster``) is the ``ray`` entry: a layer over the embedded or Docker backend that
+runs their sandboxes on the cluster's nodes, chosen by ``create_sandbox(backend, spec, cluster=...)``
+rather than by name, and closed at a run's end like every other backend (its ``HOOKS``).
+
 Adding a backend is one ``Backend`` line here and a module with a ``Sandbox`` class (CONTRIBUTING.md).
 """
 
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -27,12 +31,14 @@ from termgym.sandboxes.base import BackendHooks, ExecResult, ProcessChannel, Res
 @dataclass(frozen=True)
 class Backend:
     """One registered backend: ``module`` holds the class ``sandbox`` and the hooks above;
-    ``extra`` is the ``pip install -e '.[extra]'`` its SDK needs (None: none beyond the core)."""
+    ``extra`` is the ``pip install -e '.[extra]'`` its SDK needs (None: none beyond the core);
+    ``layer``: it runs another backend's sandboxes elsewhere (Ray), so it is not a ``--backend``."""
 
     name: str
     module: str
     sandbox: str
     extra: str | None = None
+    layer: bool = False
 
 
 REGISTRY: dict[str, Backend] = {
@@ -41,9 +47,10 @@ REGISTRY: dict[str, Backend] = {
         Backend("local", "termgym.sandboxes.local", "LocalSandbox"),
         Backend("docker", "termgym.sandboxes.docker", "DockerSandbox"),
         Backend("daytona", "termgym.sandboxes.daytona.backend", "DaytonaSandbox", extra="daytona"),
+        Backend("ray", "termgym.sandboxes.ray.cluster", "ClusterSandbox", extra="ray", layer=True),
     )
 }
-BACKENDS = tuple(REGISTRY)
+BACKENDS = tuple(name for name, backend in REGISTRY.items() if not backend.layer)
 
 
 def backend_module(name: str) -> ModuleType:
@@ -59,8 +66,11 @@ def backend_module(name: str) -> ModuleType:
         raise BackendUnavailable(f"the {name} backend cannot be loaded{hint}: {exc}") from exc
 
 
-def create_sandbox(backend: str, spec: SandboxSpec) -> Sandbox:
-    """A new (not yet started) sandbox of ``backend`` for ``spec``."""
+def create_sandbox(backend: str, spec: SandboxSpec, *, cluster: str | None = None) -> Sandbox:
+    """A new (not yet started) sandbox of ``backend`` for ``spec``; with ``cluster`` (a Ray cluster's
+    address, ``--cluster``), one of ``backend`` on a node of that cluster (the ``ray`` layer)."""
+    if cluster is not None:
+        return getattr(backend_module("ray"), REGISTRY["ray"].sandbox)(spec, backend=backend, address=cluster)
     return getattr(backend_module(backend), REGISTRY[backend].sandbox)(spec)
 
 
@@ -112,23 +122,12 @@ async def prewarm(backend: str, specs: Sequence[SandboxSpec], count: int | None 
 
 async def close_backends() -> None:
     """Close what loaded backends share across sandboxes (Daytona's HTTP sessions, Docker's warm
-    pool and its pending removals)."""
+    pool and its pending removals, the Ray cluster's connection)."""
     for name, backend in REGISTRY.items():
         if backend.module in sys.modules:
             close = hooks(name).close_shared
             if close is not None:
                 await close()
-    for closer in list(_closers):  # what a layer over the backends shares (a Ray cluster's connection)
-        await closer()
-
-
-_closers: list[Callable[[], Awaitable[None]]] = []
-
-
-def on_close(closer: Callable[[], Awaitable[None]]) -> None:
-    """Have ``close_backends`` also await ``closer`` (once, however often it is registered)."""
-    if closer not in _closers:
-        _closers.append(closer)
 
 
 __all__ = [
@@ -147,7 +146,6 @@ __all__ = [
     "create_sandbox",
     "hooks",
     "keeps_warm_pool",
-    "on_close",
     "preflight",
     "prewarm",
     "remove_leftovers",

@@ -24,8 +24,7 @@ from typing import Any
 
 from termgym.aio import cancel_and_wait
 from termgym.errors import ConfigError, SandboxGone
-from termgym.sandboxes import on_close
-from termgym.sandboxes.base import SandboxSpec
+from termgym.sandboxes.base import BackendHooks, SandboxSpec
 from termgym.sandboxes.placement import current_node
 from termgym.sandboxes.ray.exposure import FIREWALLED_VARIABLE
 from termgym.sandboxes.ray.host import SandboxHost
@@ -109,11 +108,11 @@ class Cluster:
             raise SandboxGone("no node of the Ray cluster is alive")
         return min(nodes, key=lambda node: (node.busy / node.cap, node.name))
 
-    def sandbox(self, spec: SandboxSpec) -> RemoteSandbox:
-        """A sandbox on the node ``place`` chooses; the first one starts the liveness watch."""
+    def place_watched(self) -> ClusterNode:
+        """``place``, the liveness watch started with the first sandbox."""
         if self._watch is None or self._watch.done():
             self._watch = asyncio.get_running_loop().create_task(self.watch(), name="ray cluster: node liveness")
-        return _Counted(spec, self.place())
+        return self.place()
 
     async def gc(self) -> list[str]:
         """``termgym gc --cluster``: on every alive node, its actor stops its sandboxes and removes
@@ -127,10 +126,15 @@ class Cluster:
         return lines
 
 
-class _Counted(RemoteSandbox):
-    """A ``RemoteSandbox`` counted in its node's load from ``start`` to ``stop``."""
+class ClusterSandbox(RemoteSandbox):
+    """The registry's ``ray`` sandbox (``create_sandbox(backend, spec, cluster=address)``): one of
+    ``backend`` on the node the cluster at ``address`` places it on (joined on first use,
+    ``connect``), counted in its node's load from ``start`` to ``stop``."""
 
     _counted = False
+
+    def __init__(self, spec: SandboxSpec, *, backend: str, address: str) -> None:
+        super().__init__(spec, connect(address, backend).place_watched())
 
     async def start(self) -> None:
         self.node.busy += 1
@@ -197,4 +201,4 @@ async def close_clusters() -> None:
     ray.shutdown()
 
 
-on_close(close_clusters)  # close_backends (a run's end) leaves the cluster
+HOOKS = BackendHooks(close_shared=close_clusters)  # close_backends (a run's end) leaves the cluster

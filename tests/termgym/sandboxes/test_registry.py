@@ -71,3 +71,33 @@ async def test_a_modules_hooks_are_what_the_registry_calls(registered):
     assert await sandboxes.remove_leftovers("minimal", images=True) == "removed 3"
     await sandboxes.close_backends()
     assert calls == ["preflight", "gc images=True", "close"]
+
+
+async def test_a_cluster_sandbox_is_the_ray_entrys_and_closes_with_every_backend(registered, monkeypatch):
+    """``create_sandbox(..., cluster=)`` builds the registry's ``ray`` entry's class (a layer, not a
+    ``--backend`` choice), and ``close_backends`` closes it through its ``HOOKS`` like any other."""
+    assert sandboxes.REGISTRY["ray"].layer and "ray" not in sandboxes.BACKENDS
+    made: list[tuple[str, str]] = []
+    closed: list[str] = []
+
+    class LayerSandbox(MinimalSandbox):
+        def __init__(self, spec, *, backend: str, address: str) -> None:
+            super().__init__(spec)
+            made.append((backend, address))
+
+    async def close() -> None:
+        closed.append("cluster")
+
+    layer = types.ModuleType("layer_backend")
+    layer.LayerSandbox = LayerSandbox  # pyright: ignore[reportAttributeAccessIssue]
+    layer.HOOKS = BackendHooks(close_shared=close)  # pyright: ignore[reportAttributeAccessIssue]
+    monkeypatch.setitem(sys.modules, "layer_backend", layer)
+    monkeypatch.setitem(
+        sandboxes.REGISTRY, "ray", sandboxes.Backend("ray", "layer_backend", "LayerSandbox", layer=True)
+    )
+    spec = SandboxSpec(name="t", context_dir=None, dockerfile=None)
+    assert isinstance(sandboxes.create_sandbox("minimal", spec, cluster="ray://head:10001"), LayerSandbox)
+    assert isinstance(sandboxes.create_sandbox("minimal", spec), MinimalSandbox)
+    assert made == [("minimal", "ray://head:10001")]
+    await sandboxes.close_backends()
+    assert closed == ["cluster"]

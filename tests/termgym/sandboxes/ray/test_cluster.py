@@ -148,7 +148,7 @@ async def test_ray_listens_on_every_interface_yet_an_embedded_sandbox_on_a_node_
     loopback and no other network, so it reaches the GCS port on no address of the host."""
     from termgym.env import EnvOptions
     from termgym.episode.spec import options_sandbox_spec
-    from termgym.sandboxes.ray.cluster import close_clusters, connect
+    from termgym.sandboxes import close_backends, create_sandbox
     from termgym.sandboxes.ray.exposure import exposed_ray_listeners
     from termgym.tasks import load_task
 
@@ -159,11 +159,12 @@ async def test_ray_listens_on_every_interface_yet_an_embedded_sandbox_on_a_node_
     control = subprocess.run(["bash", "-c", REACH], capture_output=True, text=True, env=env, timeout=60)
     assert "reached 127.0.0.1" in control.stdout  # the probe reaches the GCS from the host itself
     task = write_task(tmp_path / "tasks")
-    sandbox = connect(ray_cluster.address, "local").sandbox(options_sandbox_spec(load_task(task), EnvOptions()))
+    spec = options_sandbox_spec(load_task(task), EnvOptions())
+    sandbox = create_sandbox("local", spec, cluster=ray_cluster.address)
     try:
         await sandbox.start()
         result = await sandbox.exec(["bash", "-c", REACH], timeout=60, env=env, cwd="/")
     finally:
         await sandbox.stop()
-        await close_clusters()
+        await close_backends()  # the registry's ray entry leaves the cluster
     assert result.exit_code == 0 and b"reached" not in result.output, result.output
