@@ -4,7 +4,7 @@ whole or not at all, and read back only while the very processes it names still 
 ``kept.json`` sits in the kept sandbox's host directory. It names the keeper's bubblewrap process
 and the keeper (each with its start time, against pid reuse), the sandbox's uid, writable roots,
 cgroups, storage, environment and working directory (``LocalSandbox.keep`` writes it,
-``LocalSandbox.from_kept`` reads it).
+``leftovers.enter_kept`` reads it).
 """
 
 from __future__ import annotations

@@ -8,16 +8,20 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from termgym.errors import ConfigError
+from termgym.errors import ConfigError, SandboxError
+from termgym.sandboxes.base import Resources, SandboxSpec
 from termgym.sandboxes.host_processes import alive
 from termgym.sandboxes.limits import SandboxCgroup, remove_stale
+from termgym.sandboxes.local.commands import ImageRoot
 from termgym.sandboxes.local.env_cache import EnvCache, cache_root
 from termgym.sandboxes.local.home import remove_sandbox_dir
 from termgym.sandboxes.local.host import legacy_root_dirs, require_tools, sandbox_root_dir
 from termgym.sandboxes.local.images import ImageStore, image_store_root
+from termgym.sandboxes.local.keeper import Keeper
 from termgym.sandboxes.local.kept import KEPT_STATE, end_kept, read_kept
+from termgym.sandboxes.local.namespace import MountNamespace
 from termgym.sandboxes.local.sandbox import LocalSandbox
-from termgym.sandboxes.local.storage import unmount_sync
+from termgym.sandboxes.local.storage import SizedFilesystem, unmount_sync
 
 
 def collect_garbage(root: Path | None = None) -> int:
@@ -107,9 +111,47 @@ async def attach(sandbox_id: str) -> LocalSandbox:
     if state is None:
         raise missing
     try:
-        return LocalSandbox.from_kept(directory, state)
+        return enter_kept(directory, state)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"kept sandbox {sandbox_id}: its {KEPT_STATE} is unreadable ({exc})") from exc
+
+
+def enter_kept(directory: Path, state: dict) -> LocalSandbox:
+    """A started sandbox entering the kept one in ``directory`` (``state``: its ``kept.json``)."""
+    spec = SandboxSpec(
+        name=state["name"],
+        context_dir=None,
+        dockerfile=None,
+        resources=Resources(**state["resources"]),
+        labels=state.get("labels") or {},
+    )
+    sandbox = LocalSandbox(spec)
+    sandbox._dir = directory
+    sandbox._roots = list(state["roots"])
+    sandbox._uid = state["uid"]
+    sandbox._keeper = Keeper(sandbox._keeper_argv, directory / "keeper.pid")
+    sandbox._keeper.attach((int(state["bwrap"][0]), state["bwrap"][1]), int(state["keeper"]))
+    if state.get("cgroup"):
+        dirs = {c: (int(v), Path(d)) for c, (v, d) in state["cgroup"].items()}
+        sandbox._cgroup = SandboxCgroup(dirs, spec.resources)
+    try:
+        sandbox._mounts = MountNamespace.join(directory, int(state["bwrap"][0]))
+    except OSError as exc:
+        raise SandboxError(f"could not enter the kept sandbox's mount namespace: {exc}") from exc
+    if state.get("storage"):
+        image = state["storage"]["image"]
+        size_mb = state["storage"]["size_mb"]
+        sandbox._storage = SizedFilesystem(image and Path(image), directory / "fs", size_mb, sandbox._mounts)
+    sandbox._file_size_limit = state.get("file_size_limit")
+    sandbox._view = Path(state["view"]) if state.get("view") else None
+    if state.get("image_root"):
+        root = state["image_root"]
+        resolv = Path(root["resolv"]) if root.get("resolv") else None
+        sandbox._image_root = ImageRoot(Path(root["root"]), Path(root["kit"]), root["kit_at"], resolv)
+    sandbox.env = dict(state["env"])
+    sandbox.workdir = state["workdir"]
+    sandbox.image = dict(state.get("image") or {})
+    return sandbox
 
 
 async def close_shared() -> None:
