@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from termgym.errors import BackendUnavailable, SandboxBroken, SandboxError, SandboxGone
+from termgym.sandboxes.limits import CONTROLLERS, WHAT
 
 START_HINT = "start it with scripts/docker-engine.sh, or as root: dockerd --iptables=false --bridge=none &"
 
@@ -146,6 +147,15 @@ class Dialect:
 
     podman: bool = False
     version: str = ""
+    unenforced: tuple[str, ...] = ()  # the limits it ignores (``unenforced_limits``)
+
+    def limit_warnings(self) -> list[str]:
+        """A warning for each limit a container is created with that the engine will not enforce."""
+        return [
+            f"{what} limit not enforced: {UNENFORCED[limit]}"
+            for limit, what in LIMITS.items()
+            if limit in self.unenforced
+        ]
 
     @property
     def top_args(self) -> str | None:
@@ -195,20 +205,45 @@ class Dialect:
 
 
 DOCKER = Dialect()
+LIMITS = {**WHAT, "storage": "storage"}  # what a container is created with: its cgroup limits, the per-file size
+UNENFORCED = {
+    **dict.fromkeys(CONTROLLERS, "rootless Podman here has no such cgroup controller to set"),
+    "storage": "rootless Podman's Docker-compatible API drops a container's ulimits (the per-file size)",
+}
 OPEN_FILES = (1024, 16384)  # soft, hard: Docker's soft default; a hard limit an unprivileged engine can give
 USER_PROCESSES = 32768  # the kernel's default pid_max; the pids limit bounds a container far below it
 
 
 @functools.cache
 def dialect_of(client: Any) -> Dialect:
-    """The engine's ``Dialect``, asked once per client; Docker's where the engine does not say."""
+    """The engine's ``Dialect``, asked once per client; Docker's where the engine does not say.
+    For Podman, its own host report (``/libpod/info``) tells which limits it enforces."""
     try:
         report = client.version()
     except Exception:  # an engine that does not report itself is taken for Docker
         report = {}
     names = [str(c.get("Name") or "") for c in report.get("Components") or [] if isinstance(c, dict)]
-    podman = any(name.startswith("Podman") for name in names)
-    return Dialect(podman=True, version=str(report.get("Version") or "")) if podman else DOCKER
+    if not any(name.startswith("Podman") for name in names):
+        return DOCKER
+    try:
+        answer = client.api.get(f"{client.api.base_url}/v{client.api.api_version}/libpod/info", timeout=30)
+        host = answer.json().get("host") or {} if answer.ok else {}
+    except Exception:  # a Podman that does not report its host: taken to enforce what it is given
+        host = {}
+    return Dialect(podman=True, version=str(report.get("Version") or ""), unenforced=unenforced_limits(host))
+
+
+def unenforced_limits(host: dict) -> tuple[str, ...]:
+    """The limits of ``LIMITS`` that Podman, by its host report, ignores: as root, none. Rootless:
+    the per-file size (its Docker-compatible API drops a rootless container's ``Ulimits``, as 4.3
+    does: the container's inspection lists none), and the cgroup limits: on cgroup v1 all ("Resource
+    limits are not supported and ignored on cgroups V1 rootless systems", Podman says per
+    container), on v2 those whose controller is not delegated to the user (not in
+    ``cgroupControllers``)."""
+    if not (host.get("security") or {}).get("rootless"):
+        return ()
+    delegated = set(host.get("cgroupControllers") or ()) if host.get("cgroupVersion") == "v2" else set()
+    return (*(controller for controller in CONTROLLERS if controller not in delegated), "storage")
 
 
 def processes(client: Any, container: str) -> dict:

@@ -136,6 +136,7 @@ class DockerSandbox(Sandbox):
                 f"the task asks for {cpus:g} CPUs; the Docker engine has {available}: limited to {available}"
             )
             cpus = float(available)
+        self.warnings += (await in_thread(dialect_of, client)).limit_warnings()
         recipe = make_recipe(
             image_id=image.id,
             command=KEEPER,

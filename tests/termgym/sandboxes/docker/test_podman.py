@@ -1,8 +1,10 @@
 """The Docker backend against Podman's Docker-compatible API (``podman system service``, Debian's
-podman, rootful): real trials resolve, fail and are caught tampering as on Docker, and the
-sandbox's limits and removal hold.
+podman), rootful and rootless (as a user of its own, where users without root run it): real
+trials resolve, fail and are caught tampering as on Docker, and the sandbox's limits and removal
+hold; a limit the rootless engine cannot set (no cgroup controller delegated to the user: all of
+them on a cgroup v1 host like this one) is a warning of the trial's.
 
-The module's service is its own: installed if missing, started on a socket and a storage under a
+Each mode's service is its own: installed if missing, started on a socket and a storage under a
 temporary directory by ``scripts/podman-service.sh`` (the offline base image copied in from the
 Docker engine), stopped at the end with every process it left.
 """
@@ -16,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -42,13 +45,20 @@ REPO = Path(__file__).resolve().parents[4]
 BUNDLED = REPO / "envs" / "file-ops" / "bulk-rename"
 
 
+ROOTLESS_USER = "termgym-podman"  # made by the script where missing
+
+
 @dataclass(frozen=True)
 class Podman:
     host: str  # DOCKER_HOST
     storage: Path
+    user: str | None = None  # rootless: the user the service runs as
+    runtime: Path | None = None  # rootless: its XDG_RUNTIME_DIR
 
     def cli(self, *args: str) -> str:
         command = ["podman", "--root", str(self.storage / "root"), "--runroot", str(self.storage / "run"), *args]
+        if self.user is not None:
+            command = ["runuser", "-u", self.user, "--", "env", f"XDG_RUNTIME_DIR={self.runtime}", *command]
         return subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
 
     def containers(self) -> list[str]:
@@ -61,33 +71,62 @@ def processes_under(path: Path) -> list[int]:
     return [int(pid) for pid in found if int(pid) != os.getpid()]
 
 
-@pytest.fixture(scope="module")
-def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
-    root = tmp_path_factory.mktemp("podman")
-    socket, storage = root / "podman.sock", root / "storage"
+@pytest.fixture(scope="module", params=["rootful", "rootless"])
+def podman(request: pytest.FixtureRequest) -> Iterator[Podman]:
+    rootless = request.param == "rootless"
+    root = Path(tempfile.mkdtemp(prefix="termgym-test-podman-", dir="/tmp"))
+    root.chmod(0o755)  # the rootless service's user reaches its storage and socket under it
+    socket, storage = root / "service" / "podman.sock", root / "storage"
     env = {**os.environ, "TERMGYM_PODMAN_SOCKET": str(socket), "TERMGYM_PODMAN_STORAGE": str(storage)}
+    if rootless:
+        env["TERMGYM_PODMAN_USER"] = ROOTLESS_USER
     started = subprocess.run(
         ["bash", "scripts/podman-service.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
     )
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip().splitlines()[-1] == f"DOCKER_HOST=unix://{socket}"
-    service = int((root / "podman.pid").read_text())
+    service = int((socket.parent / "podman.pid").read_text())
     try:
-        yield Podman(host=f"unix://{socket}", storage=storage)
+        if rootless:
+            yield Podman(f"unix://{socket}", storage, ROOTLESS_USER, socket.parent / "runtime")
+        else:
+            yield Podman(f"unix://{socket}", storage)
     finally:
         os.kill(service, signal.SIGTERM)
         deadline = time.monotonic() + 30
         while Path(f"/proc/{service}").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         # Podman keeps each exec's conmon for five minutes after it ended (exit_command_delay),
-        # the container long removed: this service's are ended here.
-        for pid in processes_under(storage):
+        # the container long removed: this service's are ended here; rootless, every process of
+        # the service's user (its pause process holds the user namespace).
+        leftovers = processes_of(ROOTLESS_USER) if rootless else processes_under(storage)
+        for pid in leftovers:
             os.kill(pid, signal.SIGKILL)
         mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines() if str(root) in line]
         for mount in sorted(mounts, key=len, reverse=True):
             subprocess.run(["umount", "-l", mount], check=False)
         subprocess.run(["rm", "-rf", str(root)], check=False)
         assert not processes_under(storage), "processes of the service left running"
+
+
+def processes_of(user: str) -> list[int]:
+    found = subprocess.run(["pgrep", "-u", user], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in found]
+
+
+def limit_warnings(podman: Podman) -> list[str]:
+    """The warnings a trial on ``podman`` carries for the limits it cannot set: none rootful; rootless
+    on a cgroup v1 host (no ``cgroup.controllers`` at the root), one for each of the three."""
+    if podman.user is None:
+        return []
+    client = docker.DockerClient(base_url=podman.host)
+    try:
+        warnings = engine.dialect_of(client).limit_warnings()
+    finally:
+        client.close()
+    if not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        assert [warning.split(" limit")[0] for warning in warnings] == ["memory", "process-count", "CPU", "storage"]
+    return warnings
 
 
 @pytest.fixture
@@ -122,7 +161,12 @@ def check(podman: Podman, task: str = str(BUNDLED), *args: str) -> dict:
 def test_the_backend_tells_podman_from_its_version_report(podman: Podman):
     client = docker.DockerClient(base_url=podman.host)
     try:
-        assert engine.dialect_of(client).podman and engine.dialect_of(client).version.startswith("4.")
+        dialect = engine.dialect_of(client)
+        assert dialect.podman and dialect.version.startswith("4.")
+        if podman.user is None:
+            assert dialect.unenforced == ()
+        elif not Path("/sys/fs/cgroup/cgroup.controllers").exists():  # cgroup v1: rootless sets none
+            assert dialect.unenforced == ("memory", "pids", "cpu", "storage")
     finally:
         client.close()
 
@@ -130,6 +174,7 @@ def test_the_backend_tells_podman_from_its_version_report(podman: Podman):
 def test_an_oracle_trial_resolves_a_bundled_task(podman: Podman):
     record = check(podman, str(BUNDLED), "--agent", "oracle")
     assert record["resolved"] and record["error"] is None, record
+    assert [w for w in record["warnings"] if "limit not enforced" in w] == limit_warnings(podman), record["warnings"]
     assert record["passed"] == record["total"] == 5
     # Podman's own files (its init, /etc/hosts, /etc/mtab, /run/.containerenv) are not the agent's
     assert record["system_changes"] == ["/solution/solve.sh"], record["system_changes"]
@@ -198,18 +243,25 @@ async def test_the_sandboxs_limits_hold_and_it_is_removed(on_podman: Podman):
     try:
         container = sandbox._container
         assert container is not None and sandbox._keeper is not None  # the keeper, in Podman's process list
+        unenforced = limit_warnings(on_podman)
+        assert [w for w in sandbox.warnings if "limit not enforced" in w] == unenforced, sandbox.warnings
         host = engine.docker_client().api.inspect_container(container)["HostConfig"]
-        assert (host["PidsLimit"], host["Memory"], host["NanoCpus"]) == (PIDS_LIMIT, 128 << 20, 10**9)
+        if not unenforced:
+            assert (host["PidsLimit"], host["Memory"], host["NanoCpus"]) == (PIDS_LIMIT, 128 << 20, 10**9)
         big = await sandbox.exec(
             ["/bin/sh", "-c", "head -c 40000000 /dev/zero > /tmp/big; wc -c < /tmp/big"], timeout=30
         )
         # the shell's message (stderr) and wc's count (stdout) come through Podman's attach stream in
         # either order
         sizes = [int(word) for word in big.text.split() if word.isdigit()]
-        assert "File size limit exceeded" in big.text and sizes == [16 << 20], big.text
-        spawn = f"for i in $(seq {PIDS_LIMIT + 50}); do /bin/sleep 30 >/dev/null 2>&1 & done 2>&1 | tail -1"
-        forks = await sandbox.exec(["/bin/sh", "-c", spawn], timeout=60)
-        assert "fork" in forks.text, forks.text
+        if unenforced:  # rootless: as the trial's warning says, the container has no per-file limit
+            assert sizes == [40000000] and "storage limit not enforced" in unenforced[-1], big.text
+        else:
+            assert "File size limit exceeded" in big.text and sizes == [16 << 20], big.text
+        if not unenforced:  # the process-count limit, where the engine sets it
+            spawn = f"for i in $(seq {PIDS_LIMIT + 50}); do /bin/sleep 30 >/dev/null 2>&1 & done 2>&1 | tail -1"
+            forks = await sandbox.exec(["/bin/sh", "-c", spawn], timeout=60)
+            assert "fork" in forks.text, forks.text
         await sandbox.kill_agent_processes()  # a restart: every process ended, a new keeper
         await sandbox.check_alive()
         left = await sandbox.exec(["/bin/sh", "-c", "ls /proc | grep -c '^[0-9]'"], timeout=30)
