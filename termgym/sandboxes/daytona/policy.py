@@ -283,7 +283,8 @@ def exec_script(
             "tg_s=$?",
             'tg_n=$(wc -c < "$tg_o")',
             "printf '%s\\n' $tg_n",
-            f'if [ "$tg_n" -le {output_limit} ]; then cat "$tg_o"; else head -c {head} "$tg_o"; tail -c {tail} "$tg_o"; fi',
+            f'if [ "$tg_n" -le {output_limit} ]; then cat "$tg_o"; '
+            f'else head -c {head} "$tg_o"; tail -c {tail} "$tg_o"; fi',
             cleanup,
             'exit "$tg_s"',
         ]

@@ -236,7 +236,12 @@ def keeper_argv(
 _OWNER = r"""
 my ($pid, $count) = splice(@ARGV, 0, 2);
 sub fail { print STDERR "termgym: cannot enter the sandbox: $_[0]: $!\n"; exit 125 }
-sub held { my ($fd) = @_; open(my $handle, "<&=", $fd) or fail("hold $fd"); fcntl($handle, 2, 0) or fail("pass $fd on"); $handle }
+sub held {
+    my ($fd) = @_;
+    open(my $handle, "<&=", $fd) or fail("hold $fd");
+    fcntl($handle, 2, 0) or fail("pass $fd on");
+    $handle
+}
 open(my $ipc, "<", "/proc/$pid/ns/ipc") or fail("open its namespaces");
 my $owner = ioctl($ipc, 0xb701, 0);
 defined $owner or fail("find the user namespace owning them");

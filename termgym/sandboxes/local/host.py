@@ -95,7 +95,8 @@ def _probe_user_namespaces() -> None:
         why = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise BackendUnavailable(
             f"the embedded backend runs each sandbox as an unprivileged user, which needs unprivileged user namespaces "
-            f"({why}); enable them (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0) or use --backend docker"
+            f"({why}); enable them (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0) "
+            "or use --backend docker"
         )
 
 

@@ -1,10 +1,11 @@
 """Mounts the embedded backend makes on the host, by system call (no ``mount`` process to spawn).
 
-``mount_tmpfs`` and ``mount_loop`` (an image file on a free loop device, detached by the kernel
-when it is unmounted) make a sandbox's storage; ``mount_overlay`` puts a copy-on-write view of a read-only lower directory at a mount point: reads
-see the lower files, writes land in the upper directory (copied up first), deletions are whiteouts
-in the upper one; the lower directory never changes. Mounted ``nosuid,nodev``. Needs root;
-``OSError`` saying why otherwise (the caller copies instead).
+``mount_tmpfs`` and ``mount_loop`` (an image file on a free loop device, detached by the kernel when
+it is unmounted) make a sandbox's storage; ``mount_overlay`` puts a copy-on-write view of a
+read-only lower directory at a mount point: reads see the lower files, writes land in the upper
+directory (copied up first), deletions are whiteouts in the upper one; the lower directory never
+changes. Mounted ``nosuid,nodev``. Needs root; ``OSError`` saying why otherwise (the caller copies
+instead).
 """
 
 from __future__ import annotations

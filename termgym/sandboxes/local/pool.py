@@ -8,9 +8,10 @@ all; ``TERMGYM_LOCAL_POOL_FILLERS``, default 2, started at once; ``TERMGYM_LOCAL
 started sandbox depends on, names and labels aside: the environment's files by content (the
 Dockerfile's bytes and every name, mode, byte and symlink target of the build context,
 ``termgym.images.context``; never sizes or times, which two different contexts can share), the
-image, the resources, the network, the environment, the build timeout and the image aliases. A pooled sandbox is started in full, the prepared-environment cache used as for any
-trial, the tamper check's baseline taken; the trial adopts it (its directory's labels rewritten to the trial's) and
-it never goes back. The pool is filled in the background after each take (unless
+image, the resources, the network, the environment, the build timeout and the image aliases. A
+pooled sandbox is started in full, the prepared-environment cache used as for any trial, the tamper
+check's baseline taken; the trial adopts it (its directory's labels rewritten to the trial's) and it
+never goes back. The pool is filled in the background after each take (unless
 ``REFILL=prewarm``), and ahead of a step by the scheduler's prewarm (``HOOKS.prewarm``). Pooled
 sandboxes end with the process (their keepers run with ``--die-with-parent``), so ``termgym gc``
 removes what a killed run's pool left like any other leftover; ``close_shared`` (a run's end)

@@ -20,7 +20,10 @@ from termgym.errors import EnvironmentBuildError
 from termgym.images.dockerfile import CopyStep, EnvironmentPlan, RunStep, WorkdirStep
 from termgym.sandboxes.base import Sandbox, SandboxSpec
 
-NEEDS_DOCKER = "over the host's system the embedded backend runs RUN steps with this machine's tools and a read-only /usr; use --backend docker for this task"
+NEEDS_DOCKER = (
+    "over the host's system the embedded backend runs RUN steps with this machine's tools and a read-only /usr; "
+    "use --backend docker for this task"
+)
 
 
 async def prepare_environment(sandbox: Sandbox, plan: EnvironmentPlan, spec: SandboxSpec) -> None:
@@ -55,7 +58,10 @@ async def prepare_environment(sandbox: Sandbox, plan: EnvironmentPlan, spec: San
 
 
 # mkdir -p the first $1 arguments after it, cd into the next one, exec the rest.
-_DIRS_THEN = 'n=$1; shift; while [ "$n" -gt 0 ]; do mkdir -p -- "$1" || exit 1; shift; n=$((n - 1)); done; cd -- "$1" || exit 1; shift; exec "$@"'
+_DIRS_THEN = (
+    'n=$1; shift; while [ "$n" -gt 0 ]; do mkdir -p -- "$1" || exit 1; shift; n=$((n - 1)); done; '
+    'cd -- "$1" || exit 1; shift; exec "$@"'
+)
 
 
 async def _make_dirs(sandbox: Sandbox, pending: list[tuple[str, str]], timeout: float) -> None:

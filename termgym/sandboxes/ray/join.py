@@ -89,7 +89,9 @@ def probe(host: str, port: int, timeout: float) -> str | None:
                     break
                 header += data
         except TimeoutError:
-            return f"something listens there but said nothing within {timeout:g}s; {CONNECT_TIMEOUT_VARIABLE} sets the wait"
+            return f"something listens there but said nothing within {timeout:g}s; " + (
+                f"{CONNECT_TIMEOUT_VARIABLE} sets the wait"
+            )
         except OSError as exc:
             return (exc.strerror or str(exc)).lower()
     if len(header) == 9 and header[3] == SETTINGS_FRAME:
