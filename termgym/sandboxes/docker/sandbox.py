@@ -195,7 +195,8 @@ class DockerSandbox(Sandbox):
                 state = (await in_thread(client.api.inspect_container, container)).get("State") or {}
                 if not state.get("Running"):
                     raise SandboxBroken(
-                        f"the container stopped as soon as it restarted (exit {state.get('ExitCode')}): its keeper was broken from inside"
+                        f"the container stopped as soon as it restarted (exit {state.get('ExitCode')}): "
+                        "its keeper was broken from inside"
                     )
                 top = await in_thread(processes, client, container)
                 keeper = keeper_of(top)
