@@ -103,9 +103,9 @@ async def keep(sandbox: Sandbox) -> dict[str, str]:
 
 
 async def set_network(sandbox: Sandbox, enabled: bool) -> str | None:
-    return (
-        await sandbox.set_network(enabled) if isinstance(sandbox, SwitchesNetwork) else fixed_network(sandbox, enabled)
-    )
+    if isinstance(sandbox, SwitchesNetwork):
+        return await sandbox.set_network(enabled)
+    return fixed_network(sandbox, enabled)
 
 
 def fixed_network(sandbox: Sandbox, enabled: bool) -> str | None:
