@@ -1,6 +1,8 @@
 """The tree's package rules: every folder of library code is a package (an ``__init__.py`` of its
-own, listed in pyproject.toml's ``[tool.setuptools] packages``), and no test module imports from a
-``conftest.py`` (fixtures reach a test by name; what tests share otherwise is in a helpers module)."""
+own, listed in pyproject.toml's ``[tool.setuptools] packages``), the folders installed under
+another name (``trainer/`` as ``termgym.trainer``, ...) import their own modules relatively, and no
+test module imports from a ``conftest.py`` (fixtures reach a test by name; what tests share
+otherwise is in a helpers module)."""
 
 from __future__ import annotations
 
@@ -69,3 +71,45 @@ def test_the_conftest_check_sees_every_spelling_of_the_import(tmp_path: Path):
         assert conftest_imports(tmp_path / "test_x.py"), line
     (tmp_path / "test_x.py").write_text("from tests.a.helpers import conftest_like\nimport tests.a.helpers\n")
     assert conftest_imports(tmp_path / "test_x.py") == []
+
+
+def own_package_imports(path: Path, package: str) -> list[str]:
+    """The imports in ``path`` that name ``package`` or a module under it by its installed name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [name for name in names if name == package or name.startswith(package + ".")]
+    return found
+
+
+def test_a_folder_installed_under_another_name_imports_its_own_modules_relatively():
+    found = {}
+    for folder, package in PACKAGES.items():
+        if folder == package:  # termgym/: its installed name is its path
+            continue
+        for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+            relative = path.relative_to(REPO_ROOT / folder)
+            if folder == "envs" and relative.parts[0] in TASK_DIRS:
+                continue
+            if imports := own_package_imports(path, package):
+                found[str(path.relative_to(REPO_ROOT))] = imports
+    assert found == {}, "import the folder's own modules relatively (CONTRIBUTING.md: finding a module's file)"
+
+
+def test_the_own_package_check_sees_the_installed_name_only(tmp_path: Path):
+    for line in (
+        "from termgym.trainer.config import Config",
+        "from termgym.trainer import losses",
+        "import termgym.trainer",
+    ):
+        (tmp_path / "x.py").write_text(line + "\n")
+        assert own_package_imports(tmp_path / "x.py", "termgym.trainer"), line
+    (tmp_path / "x.py").write_text(
+        "from .config import Config\nfrom termgym.trainers import x\nimport termgym.errors\n"
+    )
+    assert own_package_imports(tmp_path / "x.py", "termgym.trainer") == []

@@ -10,9 +10,10 @@ from typing import TypedDict
 import torch
 
 from termgym.errors import TrainingError
-from termgym.trainer import losses
-from termgym.trainer.routing import NOT_RECORDED, ROUTING_DTYPE
-from termgym.trainer.trajectory import Trajectory
+
+from . import losses
+from .routing import NOT_RECORDED, ROUTING_DTYPE
+from .trajectory import Trajectory
 
 
 def pad_ids(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

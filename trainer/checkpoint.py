@@ -16,8 +16,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from termgym.trainer.config import Config
-from termgym.trainer.distributed import FULL, world
+from .config import Config
+from .distributed import FULL, world
 
 
 def save_checkpoint(

@@ -13,7 +13,8 @@ from termgym.envs.families.split import FAMILY_SETS
 from termgym.errors import ConfigError, UnknownName
 from termgym.tasks.bundled import is_task_name, unknown_task
 from termgym.tracking import require_tracker
-from termgym.trainer.config import Config, init_dir
+
+from .config import Config, init_dir
 
 
 def choices_of(annotation: object) -> tuple[str, ...]:

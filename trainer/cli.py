@@ -18,13 +18,14 @@ import torch
 
 from termgym.errors import ConfigError
 from termgym.sandboxes import close_backends
-from termgym.trainer.checks import check_config
-from termgym.trainer.config import Config
-from termgym.trainer.distributed import process_group
-from termgym.trainer.flags import parse_config
-from termgym.trainer.pipeline import run_pipeline
-from termgym.trainer.ppo import train
-from termgym.trainer.vllm_sampler import close_engines
+
+from .checks import check_config
+from .config import Config
+from .distributed import process_group
+from .flags import parse_config
+from .pipeline import run_pipeline
+from .ppo import train
+from .vllm_sampler import close_engines
 
 
 async def _closing(job):

@@ -17,11 +17,12 @@ from termgym.errors import ConfigError
 from termgym.progress import progress_bar
 from termgym.records import TrialRecord, append_record
 from termgym.tasks import Task
-from termgym.trainer.config import DEFAULT_MAX_CONTEXT, Config
-from termgym.trainer.evaluate import EvalSummary, summarise_records
-from termgym.trainer.rollout import rollout_options, rollout_settings
-from termgym.trainer.sft import Demonstration, collect_demonstrations, save_demonstrations
-from termgym.trainer.sft_data import load_sft_data, write_report
+
+from .config import DEFAULT_MAX_CONTEXT, Config
+from .evaluate import EvalSummary, summarise_records
+from .rollout import rollout_options, rollout_settings
+from .sft import Demonstration, collect_demonstrations, save_demonstrations
+from .sft_data import load_sft_data, write_report
 
 
 def demonstrated_commands(cfg: Config) -> Callable[[Task], tuple[str, ...]]:

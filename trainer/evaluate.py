@@ -26,10 +26,11 @@ from termgym.agents.renderers import Renderer
 from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.records import TrialRecord
 from termgym.tasks import Task
-from termgym.trainer.rollout import RolloutSettings, run_policy_episode, stream_seed
-from termgym.trainer.sampler import BatchedSampler, Sampler
-from termgym.trainer.trajectory import Trajectory
 from termgym.trial import StepReturn, run_trials
+
+from .rollout import RolloutSettings, run_policy_episode, stream_seed
+from .sampler import BatchedSampler, Sampler
+from .trajectory import Trajectory
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from typing import Union, get_args, get_origin
 
 from termgym.errors import ConfigError, UnknownName
-from termgym.trainer.checks import FIELD_CHOICES, HINTS
-from termgym.trainer.config import PRESETS, Config
+
+from .checks import FIELD_CHOICES, HINTS
+from .config import PRESETS, Config
 
 
 def field_docs(cls: type) -> dict[str, str]:

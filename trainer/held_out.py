@@ -14,9 +14,10 @@ from rich.table import Table
 from termgym.progress import progress_bar
 from termgym.records import append_record
 from termgym.tasks import Task
-from termgym.trainer.config import Config
-from termgym.trainer.evaluate import EvalSummary, evaluate
-from termgym.trainer.rollout import rollout_options, rollout_settings
+
+from .config import Config
+from .evaluate import EvalSummary, evaluate
+from .rollout import rollout_options, rollout_settings
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,8 @@ from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
 from termgym.errors import ConfigError
-from termgym.trainer.routing import record_routing, stack_routing
+
+from .routing import record_routing, stack_routing
 
 
 class UnsupportedPrefixCache(ConfigError):

@@ -9,10 +9,11 @@ from collections.abc import Sequence
 import torch
 
 from termgym.scheduling.scheduler import KeptTrial, step_metrics
-from termgym.trainer import losses
-from termgym.trainer.config import Config, warmup_steps
-from termgym.trainer.sampler import Sampler
-from termgym.trainer.trajectory import Trajectory, token_drift
+
+from . import losses
+from .config import Config, warmup_steps
+from .sampler import Sampler
+from .trajectory import Trajectory, token_drift
 
 
 def episode_metrics(trajectories: Sequence[Trajectory]) -> dict:

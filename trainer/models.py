@@ -30,7 +30,8 @@ from transformers.utils import logging as hf_logging
 
 from termgym.agents.renderers import Renderer, renderer_for_model_dir
 from termgym.errors import ConfigError
-from termgym.trainer.tokenizer import train_family_tokenizer
+
+from .tokenizer import train_family_tokenizer
 
 hf_logging.disable_progress_bar()  # loading a local directory needs no progress bar
 
@@ -71,7 +72,8 @@ def agent_framing() -> list[str]:
     """What the model agent says around the task in the tiny presets' text format: the trainer's
     system prompt, the working directory line, an observation's exit code."""
     from termgym.agents.prompts import observation, task_prompt
-    from termgym.trainer.rollout import SHORT_TEXT_SYSTEM
+
+    from .rollout import SHORT_TEXT_SYSTEM
 
     return [SHORT_TEXT_SYSTEM, task_prompt("", "/app"), observation("", 0, False, max_chars=10)]
 

@@ -51,17 +51,18 @@ from termgym.errors import ConfigError, TermgymError
 from termgym.progress import progress_bar
 from termgym.tasks import Task, load_task
 from termgym.tracking import Tracker
-from termgym.trainer.config import Config, init_dir, resolve_max_context, warmup_steps
-from termgym.trainer.demonstrations import imported_demonstrations, record_demonstrations, teacher_held_out
-from termgym.trainer.evaluate import paired_change
-from termgym.trainer.held_out import check_start, family_table, held_out, result_table, validation_share_reached
-from termgym.trainer.models import build_tiny_policy, load_policy, policy_renderer
-from termgym.trainer.plots import write_family_plot, write_plots
-from termgym.trainer.ppo import train
-from termgym.trainer.rollout import rollout_options
-from termgym.trainer.sft import Demonstration, supervised_steps
-from termgym.trainer.tracking import log_heldout, log_job, run_tracker
-from termgym.trainer.vllm_sampler import policy_head_dim
+
+from .config import Config, init_dir, resolve_max_context, warmup_steps
+from .demonstrations import imported_demonstrations, record_demonstrations, teacher_held_out
+from .evaluate import paired_change
+from .held_out import check_start, family_table, held_out, result_table, validation_share_reached
+from .models import build_tiny_policy, load_policy, policy_renderer
+from .plots import write_family_plot, write_plots
+from .ppo import train
+from .rollout import rollout_options
+from .sft import Demonstration, supervised_steps
+from .tracking import log_heldout, log_job, run_tracker
+from .vllm_sampler import policy_head_dim
 
 
 @dataclass

@@ -28,8 +28,9 @@ import torch
 from termgym.agents.renderers import Renderer
 from termgym.agents.tokens import Generated, RenderedSession
 from termgym.errors import AgentDeadline
-from termgym.trainer.sampler import Sampler
 from termgym.transcript import Segment, Transcript
+
+from .sampler import Sampler
 
 
 @dataclass(frozen=True)

@@ -58,20 +58,21 @@ from termgym.scheduling.scheduler import (
 from termgym.tasks import Task, load_task
 from termgym.tasks.bundled import bundled_task_paths
 from termgym.tracking import Tracker
-from termgym.trainer import losses
-from termgym.trainer.batch import Batch, forward_logp, forward_values, make_batch
-from termgym.trainer.checkpoint import load_checkpoint, restore_optimizers, save_checkpoint
-from termgym.trainer.checks import check_config
-from termgym.trainer.config import DEFAULT_MAX_CONTEXT, Config, max_context_of, resolve_max_context, warmup_steps
-from termgym.trainer.distributed import FULL, shard, sync_gradients, world
-from termgym.trainer.metrics import progress_line, sampler_metrics, summarise
-from termgym.trainer.models import Critic, build_tiny_policy, context_window, load_policy, policy_renderer
-from termgym.trainer.rollout import PolicyRunner, append_trajectories, rollout_options, rollout_settings
-from termgym.trainer.routing import disable_router_aux_loss, replay_routing
-from termgym.trainer.sampler import BatchedSampler, Sampler
-from termgym.trainer.tracking import run_tracker, step_scalars
-from termgym.trainer.trajectory import Trajectory
-from termgym.trainer.vllm_sampler import VllmSampler, policy_head_dim
+
+from . import losses
+from .batch import Batch, forward_logp, forward_values, make_batch
+from .checkpoint import load_checkpoint, restore_optimizers, save_checkpoint
+from .checks import check_config
+from .config import DEFAULT_MAX_CONTEXT, Config, max_context_of, resolve_max_context, warmup_steps
+from .distributed import FULL, shard, sync_gradients, world
+from .metrics import progress_line, sampler_metrics, summarise
+from .models import Critic, build_tiny_policy, context_window, load_policy, policy_renderer
+from .rollout import PolicyRunner, append_trajectories, rollout_options, rollout_settings
+from .routing import disable_router_aux_loss, replay_routing
+from .sampler import BatchedSampler, Sampler
+from .tracking import run_tracker, step_scalars
+from .trajectory import Trajectory
+from .vllm_sampler import VllmSampler, policy_head_dim
 
 
 class CountingPool(TaskPool):
@@ -265,7 +266,7 @@ def make_sampler(cfg: Config, policy, model_dir: Path, pad_id: int, rank: int) -
     vllm`` rank 0 starts an engine, with ``--generator server`` rank 0 reaches the server at
     ``--base-url`` (other ranks sample nothing)."""
     if cfg.generator == "server" and rank == 0:
-        from termgym.trainer.server_sampler import ServerSampler
+        from .server_sampler import ServerSampler
 
         return ServerSampler(copy.deepcopy(policy), cfg.base_url, cfg.served_model, max_context=max_context_of(cfg))
     if cfg.generator == "vllm" and rank == 0:

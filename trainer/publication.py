@@ -39,7 +39,8 @@ from typing import ClassVar
 import torch
 
 from termgym.errors import ConfigError, TrainingError
-from termgym.trainer import losses
+
+from . import losses
 
 PUBLICATION_TOLERANCE = 1e-3  # max |logp_engine - logp_trainer| after a publication (measured: 1e-6 in float32)
 PROBE_LENGTH = 48  # ids in the publication check's fixed prompt

@@ -49,14 +49,15 @@ from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling.pool import Node
 from termgym.scheduling.runners import TrialProgress, run_paced_trial
 from termgym.tasks import Task
-from termgym.trainer.config import Config, max_context_of
-from termgym.trainer.policy_client import PolicyClient, SamplerBackend, TurnLog
-from termgym.trainer.routing import NOT_RECORDED, ROUTING_DTYPE
-from termgym.trainer.sampler import Sampler
-from termgym.trainer.trajectory import Sample, Trajectory
-from termgym.trainer.trajectory import token_drift as token_drift  # re-exported: its home before trajectory.py
 from termgym.transcript import Transcript
 from termgym.trial import StepReturn
+
+from .config import Config, max_context_of
+from .policy_client import PolicyClient, SamplerBackend, TurnLog
+from .routing import NOT_RECORDED, ROUTING_DTYPE
+from .sampler import Sampler
+from .trajectory import Sample, Trajectory
+from .trajectory import token_drift as token_drift  # re-exported: its home before trajectory.py
 
 # The trainer's default system prompt for the text action format: short, because a small policy's
 # context is short; it says what the format's parser reads (``termgym.agents.actions.parse_text``).

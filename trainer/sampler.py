@@ -29,9 +29,9 @@ from typing import Protocol
 
 import torch
 
-from termgym.trainer.batch import pad_ids
-from termgym.trainer.kv_cache import PrefixCache, cached_next_token_logprobs, supports_prefix_cache
-from termgym.trainer.routing import is_moe, record_routing, routing_shape, stack_routing
+from .batch import pad_ids
+from .kv_cache import PrefixCache, cached_next_token_logprobs, supports_prefix_cache
+from .routing import is_moe, record_routing, routing_shape, stack_routing
 
 
 @dataclass

@@ -42,15 +42,16 @@ from termgym.agents.transport import (
     post,
 )
 from termgym.errors import AgentDeadline, ConfigError, ContextExceeded, ModelError, TrainingError
-from termgym.trainer.publication import (
+
+from .publication import (
     LOAD_METHOD,
     PUBLICATION_TOLERANCE,
     WORKER_EXTENSION,
     WORKER_EXTENSIONS,
     WeightPublisher,
 )
-from termgym.trainer.routing import routing_shape
-from termgym.trainer.sampler import TurnResult
+from .routing import routing_shape
+from .sampler import TurnResult
 
 T = TypeVar("T")
 

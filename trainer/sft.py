@@ -34,11 +34,12 @@ from termgym.env import AsyncTerminalEnv, EnvOptions
 from termgym.errors import TrainingError
 from termgym.records import TrialRecord
 from termgym.tasks import Task
-from termgym.trainer import losses
-from termgym.trainer.batch import forward_logp, pad_batch
-from termgym.trainer.policy_client import TeacherClient
-from termgym.trainer.rollout import RolloutSettings, run_client_episode
 from termgym.trial import StepReturn, run_trials
+
+from . import losses
+from .batch import forward_logp, pad_batch
+from .policy_client import TeacherClient
+from .rollout import RolloutSettings, run_client_episode
 
 
 @dataclass(frozen=True)

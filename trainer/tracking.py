@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from termgym.tracking import Tracker, flatten, open_tracker
-from termgym.trainer.config import Config
-from termgym.trainer.evaluate import EvalSummary
+
+from .config import Config
+from .evaluate import EvalSummary
 
 SECTIONS: dict[str, str] = {
     **dict.fromkeys(

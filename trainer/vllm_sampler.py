@@ -21,8 +21,9 @@ compared with the trainer-side copy's, ``PublicationMismatch`` beyond the tolera
 
 Not guaranteed: per-episode reproducibility of sampled (non-greedy) turns. Per-request seeds are
 not used (they are reported to fail on the CPU backend), so the engine is seeded once (``seed``)
-and what an episode samples depends on which requests share a call. Routed experts (R3): vLLM returns them only from its GPU model runner (V2, with prefix
-caching); on a CUDA platform the generator asks for them and fills ``Trajectory.routing`` with
+and what an episode samples depends on which requests share a call. Routed experts (R3): vLLM
+returns them only from its GPU model runner (V2, with prefix caching); on a CUDA platform the
+generator asks for them and fills ``Trajectory.routing`` with
 the same rows ``BatchedSampler`` records (``routing_rows``). Elsewhere ``records_routing`` is
 False, ``routing_note`` says why, and no routing is recorded: never a substitute.
 
@@ -48,15 +49,16 @@ from typing import TYPE_CHECKING, TypedDict
 import torch
 
 from termgym.errors import ConfigError
-from termgym.trainer.publication import (
+
+from .publication import (
     LOAD_METHOD,
     PUBLICATION_TOLERANCE,
     WORKER_EXTENSION,
     WeightPublisher,
 )
-from termgym.trainer.publication import WeightSync as WeightSync  # re-exported: servers started with its earlier name
-from termgym.trainer.routing import ROUTING_DTYPE, is_moe, routing_shape
-from termgym.trainer.sampler import TurnResult
+from .publication import WeightSync as WeightSync  # re-exported: servers started with its earlier name
+from .routing import ROUTING_DTYPE, is_moe, routing_shape
+from .sampler import TurnResult
 
 if TYPE_CHECKING:  # types only: vllm (and what it pulls in) is imported when an engine starts
     from numpy.typing import ArrayLike
@@ -196,8 +198,9 @@ class VllmSampler(WeightPublisher):
     ) -> TurnResult:
         """Sample one turn after ``ids``: up to ``max_new_tokens`` ids, ending with the first of
         ``stop_ids`` if one is sampled. ``generator`` None: greedy; otherwise sampled from the
-        engine's stream (the generator itself is not used: no per-request seeds). With routing recorded, ``routing`` holds the rows of ``positions`` (earlier
-        positions no forward had consumed) and of every sampled id but the last."""
+        engine's stream (the generator itself is not used: no per-request seeds). With routing
+        recorded, ``routing`` holds the rows of ``positions`` (earlier positions no forward had
+        consumed) and of every sampled id but the last."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
         if self.llm is None:

@@ -20,20 +20,20 @@ The reward (`compute_reward`): 0.0 for a report with an error; 1.0 or 0.0 for bi
 and is not a pass ratio: each passing assertion is worth 1/scale; skipped ones count neither way.
 """
 
-from termgym.verifiers.ctrf import parse_ctrf
-from termgym.verifiers.junit import parse_junit
-from termgym.verifiers.pytest_summary import parse_pytest_summary
-from termgym.verifiers.report import Assertion, AssertionReport, ReportFormat, ReportParseError, Status
-from termgym.verifiers.reward import DEFAULT_SCALE, compute_reward
-from termgym.verifiers.reward_files import from_exit_code, parse_reward_json, parse_reward_txt
-from termgym.verifiers.select import (
+from .ctrf import parse_ctrf
+from .junit import parse_junit
+from .pytest_summary import parse_pytest_summary
+from .report import Assertion, AssertionReport, ReportFormat, ReportParseError, Status
+from .reward import DEFAULT_SCALE, compute_reward
+from .reward_files import from_exit_code, parse_reward_json, parse_reward_txt
+from .select import (
     MAX_REPORT_BYTES,
     check_assertion_count,
     report_format_of,
     select_report,
     too_many_files_report,
 )
-from termgym.verifiers.tap import parse_tap
+from .tap import parse_tap
 
 __all__ = [
     "DEFAULT_SCALE",

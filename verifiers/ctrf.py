@@ -7,8 +7,8 @@ Guarantees: returns a `ctrf` report with one assertion per test, in file order, 
 
 from __future__ import annotations
 
-from termgym.verifiers.jsonsafe import is_array, is_object, json_kind, load_json
-from termgym.verifiers.report import Assertion, AssertionReport, ReportParseError, Status
+from .jsonsafe import is_array, is_object, json_kind, load_json
+from .report import Assertion, AssertionReport, ReportParseError, Status
 
 _STATUS_MAP: dict[str, Status] = {
     "passed": "passed",

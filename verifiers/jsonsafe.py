@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, TypeGuard
 
-from termgym.verifiers.report import ReportParseError
+from .report import ReportParseError
 
 
 def _reject_constant(name: str) -> Any:

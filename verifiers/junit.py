@@ -19,7 +19,7 @@ from xml.etree.ElementTree import Element, ParseError
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring
 
-from termgym.verifiers.report import Assertion, AssertionReport, ReportParseError
+from .report import Assertion, AssertionReport, ReportParseError
 
 _ROOT_TAGS = ("testsuites", "testsuite")
 

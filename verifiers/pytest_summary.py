@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 
-from termgym.verifiers.report import MAX_MESSAGE_CHARS, Assertion, AssertionReport, Status
+from .report import MAX_MESSAGE_CHARS, Assertion, AssertionReport, Status
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _BANNER = re.compile(r"=+ short test summary info =+")

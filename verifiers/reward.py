@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from termgym.verifiers.report import AssertionReport
+from .report import AssertionReport
 
 DEFAULT_SCALE = 20
 

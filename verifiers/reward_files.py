@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 import re
 
-from termgym.verifiers.jsonsafe import is_object, json_kind, load_json
-from termgym.verifiers.report import Assertion, AssertionReport, ReportParseError
+from .jsonsafe import is_object, json_kind, load_json
+from .report import Assertion, AssertionReport, ReportParseError
 
 _NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 

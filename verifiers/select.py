@@ -32,10 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import cast
 
-from termgym.verifiers.ctrf import parse_ctrf
-from termgym.verifiers.junit import parse_junit
-from termgym.verifiers.pytest_summary import parse_pytest_summary
-from termgym.verifiers.report import (
+from .ctrf import parse_ctrf
+from .junit import parse_junit
+from .pytest_summary import parse_pytest_summary
+from .report import (
     BINARY_FORMATS,
     REPORT_FORMATS,
     Assertion,
@@ -43,8 +43,8 @@ from termgym.verifiers.report import (
     ReportFormat,
     ReportParseError,
 )
-from termgym.verifiers.reward_files import from_exit_code, parse_reward_json, parse_reward_txt
-from termgym.verifiers.tap import parse_tap
+from .reward_files import from_exit_code, parse_reward_json, parse_reward_txt
+from .tap import parse_tap
 
 MAX_REPORT_BYTES = 4 * 1024 * 1024
 NO_RESULT = "verifier produced no result"

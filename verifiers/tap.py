@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from termgym.verifiers.report import Assertion, AssertionReport, ReportParseError
+from .report import Assertion, AssertionReport, ReportParseError
 
 _TEST = re.compile(r"(not ok|ok)\b[ \t]*(\d+)?[ \t]*(?:-[ \t]*)?(.*)")
 _PLAN = re.compile(r"1\.\.(\d+)[ \t]*(?:#.*)?")

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from termgym.envs.families import copy_file, dir_and_file, dir_file_copy, make_dir, two_files, write_file
-from termgym.envs.families.names import NamePool, split_of
-from termgym.envs.families.spec import TaskSpec
-from termgym.envs.families.split import (
+from . import copy_file, dir_and_file, dir_file_copy, make_dir, two_files, write_file
+from .names import NamePool, split_of
+from .spec import TaskSpec
+from .split import (
     FAMILIES,
     FAMILY_SETS,
     HELDOUT_ONLY,
@@ -29,7 +29,7 @@ from termgym.envs.families.split import (
     generate_split,
     make_task,
 )
-from termgym.envs.families.writer import reference_commands, write_task
+from .writer import reference_commands, write_task
 
 
 def bundled_audit_cache() -> Path:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from termgym.envs.families.names import SPLITS
-from termgym.envs.families.split import FAMILY_SETS, generate_split
+from .names import SPLITS
+from .split import FAMILY_SETS, generate_split
 
 
 class _Parser(argparse.ArgumentParser):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import TaskSpec, is_dir, only
+from .names import NamePool
+from .spec import TaskSpec, is_dir, only
 
 FAMILY = "make-dir"
 

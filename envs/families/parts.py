@@ -37,8 +37,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import Flaw, TaskSpec, holds_exactly, is_dir
+from .names import NamePool
+from .spec import Flaw, TaskSpec, holds_exactly, is_dir
 
 FORGETS_CONTENT, FORGETS_PARENTS, MOVES = 0.3, 0.6, 0.6  # the explore set's rates for these mistakes
 

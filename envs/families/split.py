@@ -28,13 +28,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
-from termgym.envs.families import copy_file, dir_and_file, dir_file_copy, make_dir, parts, two_files, write_file
-from termgym.envs.families.explore import find_file, flawed, make_path, read_config
-from termgym.envs.families.long import copy_chain, dir_files, file_set, nested_tree, two_dirs
-from termgym.envs.families.names import MAX_LENGTH, SPLITS, NamePool
-from termgym.envs.families.spec import TaskSpec
-from termgym.envs.families.writer import write_task
 from termgym.errors import ConfigError, UnknownName
+
+from . import copy_file, dir_and_file, dir_file_copy, make_dir, parts, two_files, write_file
+from .explore import find_file, flawed, make_path, read_config
+from .long import copy_chain, dir_files, file_set, nested_tree, two_dirs
+from .names import MAX_LENGTH, SPLITS, NamePool
+from .spec import TaskSpec
+from .writer import write_task
 
 MAX_COUNT = 100_000
 

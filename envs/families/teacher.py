@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from termgym.envs.families.writer import reference_commands
+from .writer import reference_commands
 
 
 @dataclass(frozen=True)

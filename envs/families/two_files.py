@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import random
 
-from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import TaskSpec, holds_exactly, is_file, only
+from .names import NamePool
+from .spec import TaskSpec, holds_exactly, is_file, only
 
 FAMILY = "two-files"
 

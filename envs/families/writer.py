@@ -21,7 +21,7 @@ import posixpath
 import shlex
 from pathlib import Path
 
-from termgym.envs.families.spec import TaskSpec
+from .spec import TaskSpec
 
 SHEBANG = "#!/bin/sh"
 KIT = '. "${TERMGYM_ASSERT:-/tests/.termgym/assert.sh}"'

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import random
 
-from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import Flaw, TaskSpec, holds_exactly, is_file, only
+from ..names import NamePool
+from ..spec import Flaw, TaskSpec, holds_exactly, is_file, only
 
 FAMILY = "find-file"
 INBOX, GUESS = "/app/inbox", "file"  # never drawn as a name (names.RESERVED): the guess stays wrong

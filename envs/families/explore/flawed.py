@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from termgym.envs.families import copy_file, dir_and_file, two_files, write_file
-from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import Flaw, TaskSpec
+from .. import copy_file, dir_and_file, two_files, write_file
+from ..names import NamePool
+from ..spec import Flaw, TaskSpec
 
 FORGETS_CONTENT, MOVES, STOPS_EARLY = 0.3, 0.6, 0.6
 

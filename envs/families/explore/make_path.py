@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import random
 
-from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import Flaw, TaskSpec, is_dir, only
+from ..names import NamePool
+from ..spec import Flaw, TaskSpec, is_dir, only
 
 FAMILY = "make-path"
 FORGETS_PARENTS = 0.6

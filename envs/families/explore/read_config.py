@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import random
 
-from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import Flaw, TaskSpec, is_dir, only
+from ..names import NamePool
+from ..spec import Flaw, TaskSpec, is_dir, only
 
 FAMILY = "read-config"
 CONFIG, KEY = "/app/settings.conf", "target"  # never drawn as a name (names.RESERVED): the guess stays wrong

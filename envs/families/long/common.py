@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from termgym.envs.families.spec import holds_exactly, is_file
+from ..spec import holds_exactly, is_file
 
 
 def file_holds(path: str, word: str) -> tuple[tuple[str, str], tuple[str, str]]:

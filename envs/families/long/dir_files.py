@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import random
 
-from termgym.envs.families.long.common import file_holds
-from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import TaskSpec, is_dir, only
+from ..names import NamePool
+from ..spec import TaskSpec, is_dir, only
+from .common import file_holds
 
 FAMILY = "dir-files"
 

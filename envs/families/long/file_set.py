@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from termgym.envs.families.long.common import file_holds
-from termgym.envs.families.names import NamePool
-from termgym.envs.families.spec import TaskSpec, only
+from ..names import NamePool
+from ..spec import TaskSpec, only
+from .common import file_holds
 
 FAMILY = "file-set"
 
