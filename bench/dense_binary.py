@@ -138,6 +138,21 @@ def per_task(records: list[TrialRecord]) -> dict[str, tuple[bool, float]]:
     return {r.task: (r.resolved, r.passed / r.total if r.total else 0.0) for r in records}
 
 
+PART_KINDS = {"write": "holds exactly", "nest": "is a directory", "copy": "has the content of"}
+
+
+def part_kinds(records: list[TrialRecord]) -> dict[str, list[int]]:
+    """Pure: per kind of part (``envs/families/parts.py``), its assertions passed and in all, over
+    ``records`` (a part's kind read from its assertion's description)."""
+    counts = {kind: [0, 0] for kind in PART_KINDS}
+    for record in records:
+        for assertion in record.assertions:
+            kind = next(k for k, says in PART_KINDS.items() if says in assertion["name"])
+            counts[kind][0] += bool(assertion["passed"])
+            counts[kind][1] += 1
+    return counts
+
+
 def signal(metrics: list[dict]) -> dict:
     """What an arm's batches gave PPO to learn from (pure): over its policy updates, the share whose
     batch held no resolved episode (a binary reward zero everywhere: its advantages are the
@@ -337,6 +352,17 @@ def table(results: list[dict]) -> str:
                 f"| {s['first_resolved']:.1%} | {s['resolved_mean']:.1%} | {s['passed_mean']:.2f} "
                 f"| {'n/a' if ev is None or not math.isfinite(ev) else f'{ev:.2f}'} |"
             )
+    with_kinds = [r for r in results if "kinds" in r]
+    if with_kinds:
+        lines += [
+            "",
+            "| seed | policy | " + " | ".join(f"{kind} parts passed" for kind in PART_KINDS) + " |",
+            "|---|---|" + "---|" * len(PART_KINDS),
+        ]
+        for r in with_kinds:
+            for label, counts in r["kinds"].items():
+                cells = " | ".join(f"{p / n:.1%} ({p}/{n})" if n else "-" for p, n in counts.values())
+                lines.append(f"| {r['seed']} | {label} | {cells} |")
     critic = [r for r in results if "cold-critic" in r["arms"]]
     if critic:
         warm = [r["arms"]["dense"]["first_ev"] for r in critic]
@@ -364,7 +390,11 @@ async def main_async(args) -> int:
             await one_seed(root, bench_config(seed, args.quick), console, args.critic, args.teacher)
             print(f"seed {seed}: {time.monotonic() - began:.0f}s", file=sys.stderr)
         result = json.loads(done.read_text())
-        results.append({**result, "arms": arm_signals(done.parent) or result["arms"]})
+        evaluated = [label for label in result["heldout"] if (done.parent / "eval" / f"{label}.jsonl").exists()]
+        kinds = {label: part_kinds(eval_records(done.parent, label)) for label in evaluated}
+        results.append(
+            {**result, "arms": arm_signals(done.parent) or result["arms"], **({"kinds": kinds} if kinds else {})}
+        )
     print(table(results))
     return 0
 

@@ -40,6 +40,26 @@ def test_intervals_apart_only_when_they_do_not_overlap():
     assert not bench.Estimate(0.5, 0.4, 0.6).apart_from(bench.Estimate(0.3, 0.2, 0.4))
 
 
+def test_parts_are_counted_by_kind_from_their_assertions():
+    from termgym.records import TrialRecord
+
+    def record(*passed: tuple[str, bool]) -> TrialRecord:
+        return TrialRecord(
+            task="t", backend="local", agent="model", assertions=[{"name": name, "passed": ok} for name, ok in passed]
+        )
+
+    counts = bench.part_kinds(
+        [
+            record(("/app/a.txt holds exactly word", True), ("/app/b/c is a directory", False)),
+            record(
+                ("/app/d.txt has the content of /app/e.txt, which is still there", True),
+                ("/app/f/g is a directory", True),
+            ),
+        ]
+    )
+    assert counts == {"write": [1, 1], "nest": [1, 2], "copy": [1, 1]}
+
+
 def metrics(resolved: list[float], warmup: int = 2) -> list[dict]:
     return [
         {"warmup": i < warmup, "resolved": r, "reward_std": 0.1 * i, "passed": 2.0, "explained_variance": 0.5 + i}
