@@ -173,6 +173,8 @@ def held() -> int:
 
 
 def _name(sandbox: Sandbox) -> str:
-    """A pooled sandbox's name in ``WarmPool.idle``: its directory (the embedded backend's)."""
-    files_dir = getattr(sandbox, "files_dir", None)
-    return str(files_dir.parent) if isinstance(files_dir, Path) else repr(sandbox)
+    """A pooled sandbox's name in ``WarmPool.idle``: its host directory (the embedded backend's;
+    not the path its files are reached by, which names a descriptor number that a later sandbox
+    may reuse)."""
+    host_dir = getattr(sandbox, "host_dir", None)
+    return str(host_dir) if isinstance(host_dir, Path) else repr(sandbox)

@@ -35,7 +35,7 @@ def pool_on(monkeypatch: pytest.MonkeyPatch):
     original = LocalSandbox._adopt
 
     def counting(self: LocalSandbox, ready: LocalSandbox) -> None:
-        adopted.append(str(ready.files_dir.parent))
+        adopted.append(str(ready.host_dir))
         original(self, ready)
 
     monkeypatch.setattr(LocalSandbox, "_adopt", counting)
