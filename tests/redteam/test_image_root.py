@@ -21,6 +21,7 @@ from termgym.sandboxes.local.images import ImageStore
 from termgym.tasks import load_task
 from termgym.trial import run_trial
 from tests.helpers import KIT_SOURCE, require_docker, write_task
+from tests.redteam.helpers import FORGED_CTRF, REAL_TEST_SH, forged
 
 pytestmark = [pytest.mark.redteam, pytest.mark.docker, pytest.mark.slow]
 IMAGE = "termgym-test/image-root:1"
@@ -29,21 +30,39 @@ IMAGE = "termgym-test/image-root:1"
 @pytest.fixture(scope="module")
 def image() -> str:
     """``IMAGE`` on the engine: the offline base with ``/etc/image-marker`` and ``/usr/share/doc``."""
+    return build(IMAGE, f"FROM {BASE_IMAGE}\nRUN echo image > /etc/image-marker && mkdir -p /usr/share/doc/kept\n")
+
+
+ENTRYPOINT_IMAGE = "termgym-test/image-entrypoint:1"
+ENTRY = "/usr/local/bin/entry.sh"
+
+
+def build(tag: str, dockerfile: str) -> str:
+    """``dockerfile`` (no context) built on the engine as ``tag``."""
     require_docker()
     from termgym.sandboxes.docker import docker_client
 
-    dockerfile = f"FROM {BASE_IMAGE}\nRUN echo image > /etc/image-marker && mkdir -p /usr/share/doc/kept\n".encode()
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile)
-        archive.addfile(info, io.BytesIO(dockerfile))
+        info.size = len(dockerfile.encode())
+        archive.addfile(info, io.BytesIO(dockerfile.encode()))
     client = docker_client()
     for chunk in client.api.build(
-        fileobj=io.BytesIO(buffer.getvalue()), custom_context=True, tag=IMAGE, network_mode="none", decode=True
+        fileobj=io.BytesIO(buffer.getvalue()), custom_context=True, tag=tag, network_mode="none", decode=True
     ):
         assert "error" not in chunk, chunk
-    return IMAGE
+    return tag
+
+
+@pytest.fixture(scope="module")
+def entrypoint_image() -> str:
+    """The offline base whose entrypoint notes each start in /run/entry-starts, then runs its command."""
+    script = '#!/bin/sh\\necho start >> /run/entry-starts\\nexec \\"$@\\"\\n'
+    return build(
+        ENTRYPOINT_IMAGE,
+        f'FROM {BASE_IMAGE}\nRUN printf "{script}" > {ENTRY} && chmod +x {ENTRY}\nENTRYPOINT ["{ENTRY}"]\n',
+    )
 
 
 def options() -> EnvOptions:
@@ -130,3 +149,42 @@ async def test_the_storage_limit_holds_anywhere_in_the_root(tmp_path, image, no_
     record = await run_trial(task, OracleAgent(), options())
     assert record.error is not None and record.error["kind"] == "broken_by_agent", record
     assert "the sandbox reached its storage limit (32 MB)" in record.warnings
+
+
+async def test_the_images_entrypoint_runs_before_the_agent_and_again_before_the_verifier(
+    tmp_path, entrypoint_image, no_leaks
+):
+    """As on Docker: the agent's first command finds the entrypoint ran once; the verifier, after
+    the kill step's restart, twice."""
+    solve = "#!/bin/sh\nwc -l < /run/entry-starts > /app/seen && echo done > /app/result.txt\n"
+    checks = """\
+    tg_check "the agent saw one start" grep -qx 1 /app/seen
+    tg_check_sh "the verifier sees two" '[ "$(wc -l < /run/entry-starts)" -eq 2 ]'
+    """
+    task_dir = write_task(
+        tmp_path,
+        "entrypoint",
+        dockerfile=f"FROM {entrypoint_image}\nWORKDIR /app\n",
+        solve_sh=solve,
+        test_sh=f"#!/bin/sh\n{KIT_SOURCE}\n{textwrap.dedent(checks)}\ntg_finish\n",
+    )
+    record = await run_trial(load_task(task_dir), OracleAgent(), options())
+    assert record.error is None and record.resolved, (record.error, record.assertions)
+
+
+async def test_an_entrypoint_the_agent_rewrote_to_forge_the_report_is_caught(tmp_path, entrypoint_image, no_leaks):
+    """The kill step's restart runs the entrypoint before the verifier (and its listing of the
+    agent's changes): the agent's version would plant a passing report. The tamper check counts the
+    entrypoint as loaded, never traced."""
+    forge = f"mkdir -p /logs/verifier && printf '%s' '{FORGED_CTRF}' > /logs/verifier/ctrf.json"
+    solve = f"#!/bin/sh\nprintf '#!/bin/sh\\n{forge}\\nexec \"$@\"\\n' > {ENTRY}\n"
+    task_dir = write_task(
+        tmp_path,
+        "entrypoint-forge",
+        dockerfile=f"FROM {entrypoint_image}\nWORKDIR /app\n",
+        solve_sh=solve,
+        test_sh=REAL_TEST_SH,
+    )
+    record = await run_trial(load_task(task_dir), OracleAgent(), options())
+    assert not forged(record), record
+    assert record.error is not None and record.error["kind"] == "tampered" and ENTRY in record.error["message"]

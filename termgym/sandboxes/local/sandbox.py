@@ -32,6 +32,7 @@ from termgym.sandboxes.host_processes import (
 )
 from termgym.sandboxes.local import pool
 from termgym.sandboxes.local.commands import RootEntry, enter_argv
+from termgym.sandboxes.local.entrypoint import run_entrypoint
 from termgym.sandboxes.local.home import remove_home, write_labels
 from termgym.sandboxes.local.host import (
     host_strace,
@@ -59,9 +60,28 @@ class LocalSandbox(SandboxStartup):
                 self._adopt(ready)
                 return
         await self._start()  # SandboxStartup's
+        if self._entrypoint:
+            await self._start_entrypoint()
+            # what it wrote before the agent's first command is not the agent's
+            self._baseline = await asyncio.to_thread(self._upper_manifest)
         if self._lower is None:  # what agent_changes compares against: the roots before the agent's first command
             roots = ["/" + root for root in self._roots]
             self._baseline = await asyncio.to_thread(LocalHostFiles(self.files_dir, self.owner).manifest, roots)
+
+    async def _start_entrypoint(self) -> None:
+        """The image's entrypoint, as Docker runs it at each (re)start of a container
+        (``termgym.sandboxes.local.entrypoint``); ended with the agent's processes."""
+        if not self._entrypoint or self._image_root is None or self._dir is None:
+            return
+        sleep = kit_argv(self._image_root.kit_at, "sleep")
+
+        def enter(argv: list[str]) -> list[str]:
+            return self._enter_argv(argv, self.env, self.workdir, lasting=True)
+
+        process, warning = await run_entrypoint(self._entrypoint, sleep, enter, self._dir / "entrypoint.log")
+        self._channels.append(HostChannel(process))
+        if warning is not None and warning not in self.warnings:
+            self.warnings.append(warning)
 
     def _adopt(self, ready: LocalSandbox) -> None:
         """Become the pooled sandbox ``ready`` (started from a spec of this one's recipe): its
@@ -120,15 +140,20 @@ class LocalSandbox(SandboxStartup):
             self._state = Processes.QUIET
         else:
             self._state = Processes.IDLE
+        if self._entrypoint:  # run again at once, as a container's restart does: before anything
+            await self._before_command()  # lists or reads the files (what it changes is listed too)
 
     async def _before_command(self) -> None:
         """A command is about to run: the keeper started again after ``kill_agent_processes``
         ended every process; the files are no longer the host's to reach."""
+        restarted = self._state in (Processes.QUIET, Processes.IDLE)
         if self._state is Processes.IDLE and self._keeper is not None:
             await self._keeper.start()
         self._state = Processes.RUNNING
         if self._network is not None:  # a new keeper (a new namespace) gets the network too
             await self._network.follow(self._keeper_pid)
+        if restarted:
+            await self._start_entrypoint()
 
     def host_files(self) -> LocalHostFiles | None:
         """The sandbox's writable roots from the host while none of the agent's processes runs

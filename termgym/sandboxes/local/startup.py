@@ -21,6 +21,7 @@ from pathlib import Path
 from termgym.errors import EnvironmentBuildError, SandboxError
 from termgym.images.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
 from termgym.sandboxes.base import Sandbox, SandboxSpec
+from termgym.sandboxes.changes import entrypoint_files
 from termgym.sandboxes.host_kit import UNTRACED, kit_dir
 from termgym.sandboxes.host_processes import HostChannel
 from termgym.sandboxes.limits import SandboxCgroup
@@ -71,6 +72,7 @@ class SandboxStartup(Sandbox):
         self._holder: asyncio.subprocess.Process | None = None  # without root: the image root's mount (``holder``)
         self._mounts: MountNamespace | None = None  # where its storage and overlay are mounted (as root)
         self._image_hold: int | None = None  # over an image: its use lock, held shared (``ImageStore.hold``)
+        self._entrypoint: tuple[str, ...] = ()  # over an image: its ENTRYPOINT (``entrypoint``)
 
     # -- start-up ---------------------------------------------------------------------------------
 
@@ -181,6 +183,7 @@ class SandboxStartup(Sandbox):
         self.image = image.record(source)
         self.env = {"PATH": DEFAULT_PATH, **image.config.env}
         self.workdir = image.config.workdir
+        self._entrypoint = image.config.entrypoint
         if plan is not None and plan.user not in (None, "root", "0"):
             self.warnings.append(f"USER {plan.user} ignored: the embedded backend runs as root")
         elif plan is None and image.config.user not in ("", "root", "0"):
@@ -250,7 +253,8 @@ class SandboxStartup(Sandbox):
         await asyncio.to_thread(LocalHostFiles(root_dir, self.owner).make_missing_dirs, self.workdir)
         kit_at, resolv = f"/.termgym-{secrets.token_hex(8)}", await _resolver_copy(home)
         self._image_root = ImageRoot(view, kit, kit_at, resolv, holder)
-        self.untraced_loads = UNTRACED  # what the kit's loader reads from the root before any trace
+        # what the kit's loader reads from the root before any trace; the entrypoint every restart runs
+        self.untraced_loads = (*UNTRACED, *entrypoint_files(self._entrypoint, self.workdir))
         await self._start_processes()
         # what bubblewrap made there (the mount points an image lacks) is not the agent's
         self._baseline = await asyncio.to_thread(self._upper_manifest)
