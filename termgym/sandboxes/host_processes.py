@@ -288,6 +288,16 @@ def children(pid: int) -> list[int]:
     return children
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first, then theirs), as /proc lists them now."""
+    found, queue = [], [pid]
+    while queue:
+        for child in children(queue.pop()):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
 SIGKILL_BIT = 1 << (9 - 1)  # SIGKILL in /proc/<pid>/status's pending-signal masks
 PF_EXITING = 0x4  # the kernel's "process is exiting" flag, field 9 of /proc/<pid>/stat
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from termgym.sandboxes.host_processes import alive, children, end_entered, spawn
+from termgym.sandboxes.host_processes import alive, descendants, end_entered, spawn
 
 READY_TIMEOUT = 30.0  # seconds an entrypoint has to run its command
 MARK = "0.00002718281828"  # the command's last word: the sleep that shows "$@" ran
@@ -36,15 +36,6 @@ def ready_in(command_lines: Mapping[int, bytes], command: Sequence[str]) -> bool
     entrypoint's own process holds it too, as its arguments, until it runs it)."""
     line = "\0".join(command).encode() + b"\0"
     return any(found == line for found in command_lines.values())
-
-
-def _descendants(pid: int) -> list[int]:
-    found, stack = [], [pid]
-    while stack:
-        for child in children(stack.pop()):
-            found.append(child)
-            stack.append(child)
-    return found
 
 
 def _command_lines(pids: Sequence[int]) -> dict[int, bytes]:
@@ -75,7 +66,7 @@ async def run_entrypoint(
         )
     shown = " ".join(entrypoint)[:200]
     deadline = time.monotonic() + READY_TIMEOUT
-    while not ready_in(_command_lines(_descendants(process.pid)), command):
+    while not ready_in(_command_lines(descendants(process.pid)), command):
         if process.returncode is not None or not alive(process.pid):
             await end_entered(process)
             return process, f"the image's entrypoint ({shown}) exited ({process.returncode}) before running its command"

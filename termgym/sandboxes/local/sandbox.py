@@ -24,8 +24,8 @@ from termgym.sandboxes.host_processes import (
     POLL_SEC,
     HostChannel,
     alive,
-    children,
     communicate,
+    descendants,
     end_entered,
     end_process,
     spawn,
@@ -131,7 +131,7 @@ class LocalSandbox(SandboxStartup):
         await self._end_keeper(keeper)
         cgroup = self._cgroup
         if cgroup is not None:
-            spared = set() if spare is None else {spare[0].pid, *_descendants(spare[0].pid)}
+            spared = set() if spare is None else {spare[0].pid, *descendants(spare[0].pid)}
             if not await self._wait_until(lambda: cgroup.pids() <= spared):
                 await keeper.discard_spare()
                 raise SandboxError("the sandbox's processes did not all end after its keeper was killed")
@@ -396,15 +396,6 @@ class LocalSandbox(SandboxStartup):
         if self._dir is None:
             raise SandboxError("the sandbox is not running")
         return reach(self._mounts, self._view or self._dir / "fs")
-
-
-def _descendants(pid: int) -> list[int]:
-    found, queue = [], [pid]
-    while queue:
-        for child in children(queue.pop()):
-            found.append(child)
-            queue.append(child)
-    return found
 
 
 def pooled_sandbox(spec: SandboxSpec) -> LocalSandbox:

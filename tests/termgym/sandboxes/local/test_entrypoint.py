@@ -5,7 +5,6 @@ their libraries, and an entrypoint script."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -17,10 +16,10 @@ import pytest
 from termgym.sandboxes.base import SandboxSpec
 from termgym.sandboxes.local import LocalSandbox
 from termgym.sandboxes.local.entrypoint import MARK, marked_command, ready_in
+from tests.termgym.sandboxes.local.tiny_images import tiny_image
 
 pytestmark = pytest.mark.skipif(shutil.which("umoci") is None, reason="umoci makes the image")
 
-PROGRAMS = ("/usr/bin/dash", "/usr/bin/sleep", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2")
 SERVICE = """#!/bin/sh
 sleep 1000 &
 echo $! > /run/service.pid
@@ -32,30 +31,9 @@ UP = 'read p < /run/service.pid && kill -0 "$p" && echo "up $p"'
 STARTS = "n=0; while read l; do n=$((n + 1)); done < /run/starts; echo $n"
 
 
-def _run(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True)
-
-
 def entrypoint_image(root: Path, script: str) -> str:
-    """An OCI layout under ``root`` whose image runs ``script`` (at /entry.sh) as its entrypoint."""
-    layout, bundle = root / "layout", root / "bundle"
-    _run("umoci", "init", "--layout", str(layout))
-    _run("umoci", "new", "--image", f"{layout}:1")
-    _run("umoci", "unpack", "--rootless", "--image", f"{layout}:1", str(bundle))
-    rootfs = bundle / "rootfs"
-    for path in PROGRAMS:
-        target = rootfs / path.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(os.path.realpath(path), target)
-    (rootfs / "bin").mkdir()
-    (rootfs / "bin" / "sh").symlink_to("/usr/bin/dash")
-    (rootfs / "run").mkdir()
-    (rootfs / "entry.sh").write_text(script)
-    (rootfs / "entry.sh").chmod(0o755)
-    _run("umoci", "repack", "--image", f"{layout}:1", str(bundle))
-    _run("umoci", "config", "--image", f"{layout}:1", "--config.entrypoint", "/entry.sh")
-    _run("chmod", "-R", "a+rX", str(layout))
-    return f"oci:{layout}:1"
+    """An image whose entrypoint is ``script`` (at /entry.sh), with sleep and an empty /run."""
+    return tiny_image(root, ("/usr/bin/sleep",), {"entry.sh": script, "run/.keep": ""}, entrypoint="/entry.sh")
 
 
 @pytest.fixture

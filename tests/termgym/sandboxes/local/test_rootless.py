@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ import pytest
 
 from termgym.sandboxes.host_processes import children
 from termgym.sandboxes.local.commands import RootEntry, enter_argv, keeper_argv, within_limits
+from tests.termgym.sandboxes.local.tiny_images import tiny_image
 from tests.termgym.sandboxes.local.unprivileged import NOBODY, SYSTEM_PYTHON, as_nobody, nobody_home, run_as_nobody
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs the sandbox as another, unprivileged uid")
@@ -79,7 +79,6 @@ def test_the_plain_way_in_is_refused_to_an_unprivileged_user(keeper):
 
 # -- a sandbox over an image, termgym itself unprivileged -------------------------------------------
 
-SHELL_FILES = ("/usr/bin/dash", "/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2")
 SCRIPT = textwrap.dedent("""\
     import asyncio, json, os, site, sys
     site.addsitedir(sys.argv[1])
@@ -100,24 +99,9 @@ SCRIPT = textwrap.dedent("""\
     """)
 
 
-def shell_image(root: Path) -> str:
-    """An OCI layout holding one image: dash as /bin/sh, its libraries and /etc/marker."""
-    layout, bundle = root / "layout", root / "bundle"
-    subprocess.run(["umoci", "init", "--layout", str(layout)], check=True)
-    subprocess.run(["umoci", "new", "--image", f"{layout}:1"], check=True)
-    subprocess.run(["umoci", "unpack", "--rootless", "--image", f"{layout}:1", str(bundle)], check=True)
-    rootfs = bundle / "rootfs"
-    for path in SHELL_FILES:
-        target = rootfs / path.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(os.path.realpath(path), target)
-    (rootfs / "bin").mkdir()
-    (rootfs / "bin" / "sh").symlink_to("/usr/bin/dash")
-    (rootfs / "etc").mkdir()
-    (rootfs / "etc" / "marker").write_text("from-the-image\n")
-    subprocess.run(["umoci", "repack", "--image", f"{layout}:1", str(bundle)], check=True)
-    subprocess.run(["chmod", "-R", "a+rX", str(layout)], check=True)
-    return f"oci:{layout}:1"
+def shell_image(root: Path, programs: tuple[str, ...] = ()) -> str:
+    """An OCI layout holding one image: dash as /bin/sh, its libraries, ``programs`` and /etc/marker."""
+    return tiny_image(root, programs, {"etc/marker": "from-the-image\n"})
 
 
 @pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason="Debian's python3.11 runs termgym as nobody")
@@ -183,15 +167,14 @@ PREPARED = textwrap.dedent("""\
 
 
 @pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason="Debian's python3.11 runs termgym as nobody")
-def test_an_unprivileged_termgym_keeps_the_deletions_of_a_prepared_layer_and_of_the_agent(tmp_path, monkeypatch):
+def test_an_unprivileged_termgym_keeps_the_deletions_of_a_prepared_layer_and_of_the_agent(tmp_path):
     """``FROM`` an image, a ``RUN`` that deletes one of its files: the file is gone in the sandbox
     that prepared the layer and in the next, started from the cache (the layer's whiteout made and
     copied without root); an agent's own deletion is listed as one."""
-    monkeypatch.setattr(sys.modules[__name__], "SHELL_FILES", (*SHELL_FILES, "/usr/bin/rm"))
     scratch = Path(tempfile.mkdtemp(prefix="termgym-test-rootless-prepared-", dir="/tmp"))
     try:
         home = nobody_home(scratch)
-        ref = shell_image(scratch)
+        ref = shell_image(scratch, ("/usr/bin/rm",))
         context = scratch / "context"
         context.mkdir()
         (context / "Dockerfile").write_text("FROM base\nRUN rm /etc/marker && echo made > /etc/made\n")
