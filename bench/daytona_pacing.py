@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from termgym.agents import OracleAgent  # noqa: E402
-from termgym.env import EnvOptions  # noqa: E402
+from termgym.episode.options import EnvOptions  # noqa: E402
 from termgym.records import TrialRecord  # noqa: E402
-from termgym.sandboxes.daytona.backend import DaytonaSettings, close_providers, get_provider  # noqa: E402
+from termgym.sandboxes.daytona.provider import DaytonaSettings, close_providers, get_provider  # noqa: E402
 from termgym.sandboxes.pacing import max_in_any_window  # noqa: E402
 from termgym.tasks import load_task  # noqa: E402
 from termgym.trial import run_trial  # noqa: E402

@@ -33,7 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from termgym.agents import OracleAgent
-from termgym.env import AsyncTerminalEnv, EnvOptions, default_sandbox_factory
+from termgym.env import AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
+from termgym.episode.spec import default_sandbox_factory
 from termgym.sandboxes import docker
 from termgym.sandboxes.docker import DockerSandbox, FrameDemux, docker_client
 from termgym.tasks import load_task

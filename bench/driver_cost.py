@@ -52,7 +52,8 @@ sys.path.insert(0, str(ROOT))
 
 from daytona_pacing import start_server  # noqa: E402  (bench/, this script's directory, is on sys.path)
 
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions  # noqa: E402
+from termgym.env import SUBMIT, AsyncTerminalEnv  # noqa: E402
+from termgym.episode.options import EnvOptions  # noqa: E402
 from termgym.sandboxes import BACKENDS, close_backends  # noqa: E402
 from termgym.tasks import Task, load_task  # noqa: E402
 from tests.helpers import write_task  # noqa: E402

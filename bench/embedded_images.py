@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.embedded_trial import trivial_task
 from bench.step_latency import measure_spawn, timed
 from termgym.agents.basic import ScriptedAgent
-from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.env import AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.images import build as images
 from termgym.images.build import BASE_IMAGE
 from termgym.sandboxes import close_backends

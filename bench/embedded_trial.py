@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.step_latency import measure_spawn
 from termgym.agents.basic import OracleAgent, ScriptedAgent
-from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.env import AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.episode.verification import verifier_env, verify
 from termgym.sandboxes.local.env_cache import EnvCache
 from termgym.tasks import Task, load_task

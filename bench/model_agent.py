@@ -97,7 +97,8 @@ from termgym.agents.model import ModelAgent
 from termgym.agents.settings import ModelConfig, build_model_agent
 from termgym.agents.transport import Endpoint, openai_client
 from termgym.cli import run_command
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.env import SUBMIT, AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.transcript import Transcript
 
 MODEL = "bench-model"

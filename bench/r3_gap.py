@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from termgym.agents.model import LoopSettings
 from termgym.agents.renderers import make_renderer
-from termgym.env import SUBMIT, EnvOptions
+from termgym.env import SUBMIT
+from termgym.episode.options import EnvOptions
 from termgym.trainer import losses
 from termgym.trainer.batch import forward_logp, make_batch
 from termgym.trainer.models import build_tiny_policy, load_policy

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from termgym.agents import ScriptedAgent
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.sandboxes.docker import DockerSandbox
 from termgym.sandboxes.local import LocalSandbox
 from termgym.tasks import load_task

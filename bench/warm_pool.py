@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.embedded_trial import OUTSIDE_WORK, one_trial, trivial_task
 from bench.step_latency import measure_spawn
-from termgym.env import EnvOptions, options_sandbox_spec
+from termgym.episode.options import EnvOptions
+from termgym.episode.spec import options_sandbox_spec
 from termgym.sandboxes import close_backends, prewarm
 from termgym.tasks import Task
 

@@ -5,7 +5,8 @@ layout); ``termgym.make(task, backend="local")`` gives an ``AsyncTerminalEnv``; 
 registers the Gymnasium environment ``termgym/Terminal-v0``.
 """
 
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, make
+from termgym.env import SUBMIT, AsyncTerminalEnv, make
+from termgym.episode.options import EnvOptions
 from termgym.errors import SandboxError, TermgymError
 from termgym.gym_env import TerminalEnv, register
 from termgym.tasks import Task, TaskError, load_task

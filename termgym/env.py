@@ -37,18 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from termgym.aio import run_to_end
-from termgym.episode.options import DEFAULT_COMMAND_TIMEOUT, DEFAULT_MAX_TURNS, EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.episode.outcomes import fault, fault_stop_reason, verification_error
 from termgym.episode.overrides import apply_overrides
 from termgym.episode.persistent_shell import CommandResult, PersistentShell
 from termgym.episode.phases import Phases
-from termgym.episode.spec import (
-    SandboxFactory,
-    default_sandbox_factory,
-    options_sandbox_spec,
-    prewarm_sandboxes,
-    sandbox_spec,
-)
+from termgym.episode.spec import SandboxFactory, default_sandbox_factory
+from termgym.episode.spec import prewarm_sandboxes as prewarm_sandboxes  # held for trainer/rollout.py
 from termgym.episode.steps import Grade, StepResult, combine, step_task
 from termgym.episode.verification import Verification
 from termgym.errors import ConfigError, EpisodeError, SandboxError
@@ -60,26 +55,9 @@ from termgym.tasks import Task
 from termgym.tasks.bundled import resolve_task
 from termgym.transcript import StopReason, Transcript
 
-# What users import from here (``termgym.env`` is where the environment and its options live for
-# them), the parts of the episode package among them.
-__all__ = [
-    "DEFAULT_COMMAND_TIMEOUT",
-    "DEFAULT_MAX_TURNS",
-    "SUBMIT",
-    "AsyncTerminalEnv",
-    "EnvOptions",
-    "SandboxFactory",
-    "default_sandbox_factory",
-    "fault",
-    "fault_stop_reason",
-    "format_observation",
-    "make",
-    "options_sandbox_spec",
-    "prewarm_sandboxes",
-    "resolve_task",
-    "sandbox_spec",
-    "verification_error",
-]
+# Defined here; what the environment is made with lives where it is defined (termgym.episode.options,
+# termgym.episode.spec, termgym.episode.outcomes, termgym.tasks.bundled): one import path per name.
+__all__ = ["SUBMIT", "AsyncTerminalEnv", "format_observation", "make"]
 
 SUBMIT = ":submit"
 

@@ -14,8 +14,10 @@ from typing import Any, ClassVar
 import gymnasium as gym
 from gymnasium import spaces
 
-from termgym.env import AsyncTerminalEnv, EnvOptions, resolve_task
+from termgym.env import AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.tasks import Task
+from termgym.tasks.bundled import resolve_task
 
 MAX_OBSERVATION_CHARS = 1 << 20
 MAX_ACTION_CHARS = 1 << 16

@@ -6,7 +6,7 @@ does anything unexpected (a bug of termgym's, whatever the agent left triggering
 ``internal_error``, the traceback in ``record.logs["traceback"]``, counted like any verdict (reward
 0, never retried), so that neither the batch nor the trial's own record is lost; only cancellation
 propagates, after the sandbox has been stopped. A sandbox the agent broke is
-``broken_by_agent`` (``termgym.env.fault``). With ``EnvOptions.trials_dir`` every trial, failed
+``broken_by_agent`` (``termgym.episode.outcomes.fault``). With ``EnvOptions.trials_dir`` every trial, failed
 and cancelled ones too, writes its transcript to ``trials_dir/<trial_id>/trajectory.json``, and
 the task's artifacts go to ``trials_dir/<trial_id>/artifacts/`` (``record.artifacts``). The record
 also holds the network each phase asked for and got (``record.network``) and, for a multi-step
@@ -25,7 +25,10 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from termgym.aio import gather_limited
-from termgym.env import AsyncTerminalEnv, EnvOptions, SandboxFactory, fault, fault_stop_reason
+from termgym.env import AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
+from termgym.episode.outcomes import fault, fault_stop_reason
+from termgym.episode.spec import SandboxFactory
 from termgym.errors import ConfigError, EnvironmentBuildError, ModelError, SandboxError
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox

@@ -7,11 +7,12 @@ otherwise is in a helpers module)."""
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
 from tests.helpers import REPO_ROOT
-from tests.test_layers import PACKAGES, TASK_DIRS
+from tests.test_layers import PACKAGES, TASK_DIRS, module_files
 
 
 def package_dirs(root: Path) -> dict[str, Path]:
@@ -113,3 +114,102 @@ def test_the_own_package_check_sees_the_installed_name_only(tmp_path: Path):
         "from .config import Config\nfrom termgym.trainers import x\nimport termgym.errors\n"
     )
     assert own_package_imports(tmp_path / "x.py", "termgym.trainer") == []
+
+
+# (module, name) -> "who still imports name from module: where it is defined"; module does not
+# define it. Each entry must still be in use (a stale one fails); drop it as its importers move.
+HELD_REEXPORTS = {
+    ("termgym.env", "EnvOptions"): "trainer/ (being re-laid out by another change): termgym.episode.options",
+    ("termgym.env", "SandboxFactory"): "trainer/rollout.py: termgym.episode.spec",
+    ("termgym.env", "prewarm_sandboxes"): "trainer/rollout.py: termgym.episode.spec",
+    ("termgym.env", "resolve_task"): "trainer/ppo.py: termgym.tasks.bundled",
+    ("termgym.sandboxes.docker.pool", "POOL_LABEL"): "sandboxes/docker/containers.py: sandboxes/warm_pool.py",
+    ("termgym.sandboxes.docker.pool", "owner_gone"): "sandboxes/docker/containers.py: sandboxes/warm_pool.py",
+    ("termgym.trainer.pipeline", "held_out"): "bench/dense_binary.py (being edited): trainer/held_out.py",
+    ("termgym.trainer.pipeline", "record_demonstrations"): "bench/dense_binary.py: trainer/demonstrations.py",
+    ("termgym.trainer.pipeline", "teacher_held_out"): "bench/dense_binary.py: trainer/demonstrations.py",
+    ("termgym.trainer.vllm_sampler", "WeightSync"): "deliberate: the class path vLLM servers started earlier load",
+}
+
+
+def defined_names(path: Path) -> set[str]:
+    """The names a module's own top-level code defines (functions, classes, assignments, also under
+    a top-level ``if`` or ``try``), not the ones it imports."""
+    found: set[str] = set()
+    for statement in ast.parse(path.read_text()).body:
+        nodes = ast.walk(statement) if isinstance(statement, (ast.If, ast.Try)) else [statement]
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                found |= {name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name)}
+    return found
+
+
+def imported_names(path: Path) -> list[tuple[str, str]]:
+    """Every ``(module, name)`` of an absolute ``from termgym... import name`` in ``path``: a module's
+    code, or the Python snippets of a Markdown page (one line each)."""
+    if path.suffix == ".md":
+        lines = re.findall(r"^\s*from (termgym[\w.]*) import ([\w, ]+)$", path.read_text(), re.MULTILINE)
+        return [(module, name.strip()) for module, names in lines for name in names.split(",")]
+    return [
+        (module, alias.name)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and not node.level and (module := node.module or "").startswith("termgym")
+        for alias in node.names
+    ]
+
+
+def reexports(root: Path) -> dict[tuple[str, str], list[str]]:
+    """``(module, name)`` -> the files of ``root`` that import ``name`` from ``module``, a module (not a
+    package: its ``__init__.py`` is its face) that does not define it."""
+    modules = module_files(root)
+    importers = [
+        path
+        for folder in ("termgym", "verifiers", "trainer", "envs", "tests", "bench", "scripts")
+        for path in sorted((root / folder).rglob("*.py"))
+    ]
+    importers += [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    found: dict[tuple[str, str], list[str]] = {}
+    for path in importers:
+        for module, name in imported_names(path) if path.is_file() else []:
+            source = modules.get(module)
+            if source is None or source.name == "__init__.py" or name in defined_names(source):
+                continue
+            found.setdefault((module, name), []).append(str(path.relative_to(root)))
+    return found
+
+
+def test_every_name_has_one_import_path():
+    found = reexports(REPO_ROOT)
+    assert ("termgym.env", "AsyncTerminalEnv") not in found  # the check reads the module's own definitions
+    new = {key: files for key, files in found.items() if key not in HELD_REEXPORTS}
+    assert new == {}, "import a name from the module that defines it (issue 46: one import path per name)"
+    stale = sorted(set(HELD_REEXPORTS) - set(found))
+    assert stale == [], "no importer takes these from a re-export any more: drop them from HELD_REEXPORTS"
+
+
+def test_termgym_env_exports_only_what_it_defines():
+    import termgym.env
+
+    own = defined_names(REPO_ROOT / "termgym" / "env.py")
+    assert set(termgym.env.__all__) <= own
+    assert {"AsyncTerminalEnv", "SUBMIT", "make"} <= set(termgym.env.__all__)
+
+
+def test_the_reexport_check_sees_a_name_taken_from_where_it_is_not_defined(tmp_path: Path):
+    (tmp_path / "termgym").mkdir()
+    (tmp_path / "termgym" / "__init__.py").write_text("from termgym.a import A\n")
+    (tmp_path / "termgym" / "a.py").write_text("class A: ...\nif True:\n    B = 1\n")
+    (tmp_path / "termgym" / "b.py").write_text("from termgym.a import A\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "from termgym import A\nfrom termgym.a import A, B\nfrom termgym.b import A\n"
+    )
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "x.md").write_text("```python\nfrom termgym.b import A, C\n```\n")
+    assert reexports(tmp_path) == {
+        ("termgym.b", "A"): ["tests/test_x.py", "docs/x.md"],
+        ("termgym.b", "C"): ["docs/x.md"],
+    }

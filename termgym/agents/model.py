@@ -47,7 +47,8 @@ from termgym.agents.prompts import (
     system_prompt,
     task_prompt,
 )
-from termgym.env import SUBMIT, EnvOptions
+from termgym.env import SUBMIT
+from termgym.episode.options import EnvOptions
 from termgym.errors import AgentDeadline, ConfigError, ContextExceeded, ModelError
 from termgym.transcript import StopReason, Transcript
 from termgym.trial import StepReturn

@@ -40,11 +40,13 @@ from termgym.audit.rubric import (
     scan_roots,
     solution_prefixes,
 )
-from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.env import AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.episode.overrides import override_fields
 from termgym.episode.verification import verify
 from termgym.errors import ConfigError, TermgymError
-from termgym.images.dockerfile import CopyStep, DockerfileError, WorkdirStep, parse_dockerfile
+from termgym.images.dockerfile import CopyStep, WorkdirStep, parse_dockerfile
+from termgym.images.dockerfile_syntax import DockerfileError
 from termgym.output import plain_text as plain
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox

@@ -18,7 +18,7 @@ from termgym.agents.model import CONTEXT_POLICIES
 from termgym.agents.renderers.base import THINKING_RETENTIONS
 from termgym.agents.settings import CLIENTS, HARNESS_MODEL_SETTINGS, HARNESSES, build_model_agent
 from termgym.cli.summary import INFRASTRUCTURE
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.episode.overrides import NETWORK_CHOICES, override_fields
 from termgym.episode.tamper import TAMPER_POLICIES
 from termgym.errors import ConfigError, did_you_mean

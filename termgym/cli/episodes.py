@@ -14,11 +14,11 @@ from rich.text import Text
 from termgym.cli import common
 from termgym.cli.common import INFRA_ERRORS, UsageError, agent_from_args, close_agent, env_options
 from termgym.cli.replay import print_transcript
-from termgym.env import resolve_task
 from termgym.output import plain_text as plain
 from termgym.output import terminal_safe
 from termgym.records import TrialRecord, append_record
 from termgym.sandboxes import preflight
+from termgym.tasks.bundled import resolve_task
 from termgym.transcript import read_transcript
 from termgym.trial import run_trial
 

@@ -20,7 +20,7 @@ from termgym.agents.heap import settled_heap
 from termgym.cli import common
 from termgym.cli.common import UsageError, agent_from_args, close_agent, env_options
 from termgym.cli.summary import is_scored, summarize
-from termgym.env import EnvOptions, resolve_task
+from termgym.episode.options import EnvOptions
 from termgym.integrations.harness import HarnessAgent
 from termgym.output import plain_text as plain
 from termgym.progress import progress_bar
@@ -34,6 +34,7 @@ from termgym.scheduling.runners import TrialRunner
 from termgym.scheduling.scheduler import RolloutScheduler, SchedulerConfig, step_metrics
 from termgym.scheduling.simulated import SimulatedAgent, SimulatedBackend
 from termgym.tasks import Task, discover_tasks
+from termgym.tasks.bundled import resolve_task
 from termgym.tracking import Tracker, flatten, open_tracker, require_tracker
 from termgym.trial import Agent, run_trials
 

@@ -37,7 +37,8 @@ from rich.text import Text
 from termgym.cli import common
 from termgym.cli.common import UsageError
 from termgym.cli.episodes import print_notes, print_record
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions, resolve_task
+from termgym.env import SUBMIT, AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.episode.overrides import override_fields
 from termgym.images.build import load_aliases
 from termgym.output import display_safe, terminal_safe
@@ -46,6 +47,7 @@ from termgym.records import TrialRecord
 from termgym.sandboxes import attach_sandbox, preflight
 from termgym.sandboxes.base import Sandbox
 from termgym.tasks import Task
+from termgym.tasks.bundled import resolve_task
 from termgym.trial import StepReturn, run_trial
 
 QUIT = ":quit"

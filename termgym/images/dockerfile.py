@@ -33,7 +33,7 @@ from termgym.images.dockerfile_syntax import (
     split_words,
 )
 
-__all__ = ["CopyStep", "DockerfileError", "EnvironmentPlan", "RunStep", "WorkdirStep", "parse_dockerfile"]
+__all__ = ["CopyStep", "EnvironmentPlan", "RunStep", "WorkdirStep", "parse_dockerfile"]
 
 
 @dataclass(frozen=True)

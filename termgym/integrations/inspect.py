@@ -46,7 +46,8 @@ from inspect_ai.util import (
 from pydantic import BaseModel, ConfigDict
 
 from termgym.agents.prompts import task_prompt
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.env import SUBMIT, AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.errors import BackendUnavailable, ConfigError, SandboxError, TermgymError
 from termgym.integrations import sandbox_io
 from termgym.integrations.outcome import outcome

@@ -282,7 +282,9 @@ class _OwnEpisode:
 
     @classmethod
     def start(cls, task_path: str, backend: str, max_turns: int) -> _OwnEpisode:
-        from termgym.env import AsyncTerminalEnv, EnvOptions, resolve_task
+        from termgym.env import AsyncTerminalEnv
+        from termgym.episode.options import EnvOptions
+        from termgym.tasks.bundled import resolve_task
 
         task = resolve_task(task_path)
         loop = asyncio.new_event_loop()

@@ -47,7 +47,8 @@ from termgym.agents.actions import (
 )
 from termgym.agents.model import ReplyActor
 from termgym.agents.prompts import system_prompt, task_prompt
-from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.env import AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.errors import ConfigError, TermgymError
 from termgym.integrations import sync_loop
 from termgym.integrations.outcome import outcome

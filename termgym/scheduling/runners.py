@@ -17,7 +17,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from termgym.env import AsyncTerminalEnv, EnvOptions, SandboxFactory, default_sandbox_factory, prewarm_sandboxes
+from termgym.env import AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
+from termgym.episode.spec import SandboxFactory, default_sandbox_factory, prewarm_sandboxes
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox
 from termgym.sandboxes.pacing import Pacer

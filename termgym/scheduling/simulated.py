@@ -34,7 +34,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.env import SUBMIT, AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.errors import SandboxError, SandboxGone
 from termgym.sandboxes.base import Command, ExecResult, ProcessChannel, Sandbox, SandboxSpec, refuse_user
 from termgym.scheduling.latency import BUNDLED, LatencyModel, TrialPlan, plan_trial

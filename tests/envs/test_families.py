@@ -15,7 +15,6 @@ import pytest
 
 from termgym.agents import NullAgent, OracleAgent, ScriptedAgent
 from termgym.audit.runner import audit_tasks
-from termgym.env import EnvOptions
 from termgym.envs.families import (
     FAMILIES,
     FAMILY_SETS,
@@ -30,6 +29,7 @@ from termgym.envs.families import (
     write_task,
 )
 from termgym.envs.families.names import MAX_LENGTH, MIN_LENGTH
+from termgym.episode.options import EnvOptions
 from termgym.tasks import discover_tasks, load_task
 from termgym.tasks.bundled import bundled_root, bundled_task_paths
 from termgym.trial import run_trial

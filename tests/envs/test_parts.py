@@ -14,10 +14,10 @@ import pytest
 
 from termgym.agents import OracleAgent, ScriptedAgent
 from termgym.audit.runner import audit_tasks
-from termgym.env import EnvOptions
 from termgym.envs.families import FAMILY_SETS, NamePool, generate_split, make_task, write_task
 from termgym.envs.families.parts import FAMILIES, FORGETS_CONTENT, FORGETS_PARENTS, KINDS, MOVES, draw_parts, flaws_of
 from termgym.envs.families.teacher import teacher_commands
+from termgym.episode.options import EnvOptions
 from termgym.tasks import load_task
 from termgym.trial import run_trial
 

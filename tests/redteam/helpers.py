@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from termgym.agents import OracleAgent, ScriptedAgent
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.records import TrialRecord
 from termgym.tasks import load_task
 from termgym.trial import run_trial

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from termgym.agents import ScriptedAgent
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.tasks import load_task
 from termgym.trial import run_trials
 from tests.helpers import write_task

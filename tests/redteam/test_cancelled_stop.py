@@ -10,7 +10,7 @@ import asyncio
 import time
 
 from termgym.agents import ScriptedAgent
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.tasks import load_task
 from termgym.trial import run_trial
 from tests.helpers import write_task

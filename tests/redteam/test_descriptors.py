@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.env import AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.sandboxes.host_processes import children
 from termgym.sandboxes.local.commands import GUARD_SCRIPTS, within_limits
 from termgym.tasks import load_task

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from termgym.agents import ScriptedAgent
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling.pool import TaskPool, make_nodes
 from termgym.scheduling.runners import TrialRunner

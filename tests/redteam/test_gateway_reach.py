@@ -15,10 +15,11 @@ import asyncio
 import pytest
 
 from termgym.agents import ModelConfig
-from termgym.env import EnvOptions, resolve_task
+from termgym.episode.options import EnvOptions
 from termgym.gateway import SESSION_HEADER, Gateway
 from termgym.integrations.harness import HarnessAgent
 from termgym.integrations.settings import build_harness_agent
+from termgym.tasks.bundled import resolve_task
 from termgym.transcript import read_transcript
 from termgym.trial import run_trial
 from tests.termgym.agents.fault_server import MODEL, FaultServer, tool_call

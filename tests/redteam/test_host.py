@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.env import AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.sandboxes.local import LocalSandbox
 from termgym.sandboxes.local.commands import COMMAND_CAPABILITIES
 from termgym.tasks import load_task
@@ -96,7 +97,7 @@ async def test_sandbox_root_is_an_unprivileged_host_user_with_docker_capabilitie
 
 @root_only
 async def test_files_the_sandbox_writes_belong_to_an_unprivileged_host_uid(task_dir, no_leaks):
-    from termgym.env import sandbox_spec
+    from termgym.episode.spec import sandbox_spec
 
     sandbox = LocalSandbox(sandbox_spec(load_task(task_dir), run_id="redteam"))
     async with sandbox:
@@ -106,7 +107,7 @@ async def test_files_the_sandbox_writes_belong_to_an_unprivileged_host_uid(task_
 
 
 async def test_helpers_are_run_by_absolute_path(task_dir, no_leaks):
-    from termgym.env import sandbox_spec
+    from termgym.episode.spec import sandbox_spec
 
     sandbox = LocalSandbox(sandbox_spec(load_task(task_dir), run_id="redteam"))
     async with sandbox:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from termgym.agents import NullAgent, OracleAgent
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.images.build import BASE_IMAGE
 from termgym.sandboxes.local.images import ImageStore
 from termgym.tasks import load_task

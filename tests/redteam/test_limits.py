@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.env import SUBMIT, AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.tasks import load_task
 from tests.helpers import write_task
 from tests.redteam.helpers import attack, running_as_root

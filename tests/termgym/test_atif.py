@@ -408,7 +408,8 @@ SOLUTION = Path(__file__).resolve().parents[2] / "envs" / "file-ops" / "bulk-ren
 
 async def served_trial(tmp_path: Path, agent) -> tuple[TrialRecord, dict]:
     """One trial of the bulk-rename task by ``agent`` (on the scripted server), kept as a run."""
-    from termgym.env import EnvOptions, resolve_task
+    from termgym.episode.options import EnvOptions
+    from termgym.tasks.bundled import resolve_task
     from termgym.trial import run_trial
 
     run = tmp_path / "run"

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from termgym.agents import OracleAgent, ScriptedAgent
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.tasks import load_task
 from termgym.trial import run_trial
 from tests.helpers import write_task

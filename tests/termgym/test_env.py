@@ -9,7 +9,8 @@ import pytest
 
 import termgym
 from termgym.agents import ScriptedAgent
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.env import SUBMIT, AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.errors import EpisodeError
 from termgym.sandboxes.local.sandbox import LocalSandbox
 from termgym.tasks import load_task

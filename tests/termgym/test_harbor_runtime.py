@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from termgym.agents import NullAgent, OracleAgent, ScriptedAgent
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.env import SUBMIT, AsyncTerminalEnv
 from termgym.episode.artifacts import export_artifacts
 from termgym.episode.healthcheck import Try, judge, next_try_after, worst_case_sec
+from termgym.episode.options import EnvOptions
 from termgym.episode.overrides import RunOverrides
 from termgym.episode.steps import StepResult, combine
 from termgym.tasks import Healthcheck, Task, TaskStep, load_task

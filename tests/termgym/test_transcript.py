@@ -9,7 +9,8 @@ import json
 import pytest
 
 from termgym.agents import NullAgent, OracleAgent, ScriptedAgent
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
+from termgym.env import SUBMIT, AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.tasks import load_task
 from termgym.transcript import SCHEMA, read_transcript
 from termgym.trial import run_trial

@@ -4,7 +4,8 @@ fixed list (hostile text welcome); SUBMIT ends the episode."""
 
 from __future__ import annotations
 
-from termgym.env import SUBMIT, EnvOptions
+from termgym.env import SUBMIT
+from termgym.episode.options import EnvOptions
 from termgym.transcript import Transcript
 
 

@@ -14,8 +14,9 @@ import pytest
 from termgym.agents.model import LoopSettings
 from termgym.agents.renderers import make_renderer
 from termgym.cli import main as termgym_main
-from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.env import AsyncTerminalEnv
 from termgym.envs.families import generate_split, reference_commands
+from termgym.episode.options import EnvOptions
 from termgym.errors import ConfigError
 from termgym.integrations.mini_swe_agent import SUBMIT_LINE, MiniSweAgent, load_config
 from termgym.tasks import load_task

@@ -11,8 +11,8 @@ import pytest
 from termgym.agents.model import LoopSettings
 from termgym.agents.renderers import make_renderer
 from termgym.cli import main as termgym_main
-from termgym.env import EnvOptions
 from termgym.envs.families import generate_split
+from termgym.episode.options import EnvOptions
 from termgym.records import TrialRecord
 from termgym.tasks import load_task
 from termgym.trainer.evaluate import EvalSummary, evaluate, paired_change, summarise_records

@@ -241,7 +241,7 @@ def test_retokenizing_drifts_where_tito_does_not(tiny_policy):
 
 def test_policy_runner_on_the_embedded_backend(tiny_policy, tmp_path, no_leaks):
     """One real episode through the scheduler's Runner seam; a broken task becomes a record, not an exception."""
-    from termgym.env import EnvOptions
+    from termgym.episode.options import EnvOptions
     from termgym.sandboxes.pacing import Pacer
     from termgym.scheduling.pool import Node
     from termgym.scheduling.runners import TrialProgress

@@ -17,10 +17,9 @@ import pytest
 import torch
 
 from termgym.errors import ConfigError, ModelError
-from termgym.trainer.publication import PublicationMismatch, trainer_logprobs
+from termgym.trainer.publication import WORKER_EXTENSION, PublicationMismatch, trainer_logprobs
 from termgym.trainer.sampler import BatchedSampler
 from termgym.trainer.server_sampler import (
-    WORKER_EXTENSION,
     ServerSampler,
     check_server_info,
     parse_turn,

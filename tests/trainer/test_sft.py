@@ -14,8 +14,9 @@ import torch
 
 from termgym.agents.model import LoopSettings, ModelAgent
 from termgym.agents.renderers import make_renderer
-from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.env import AsyncTerminalEnv
 from termgym.envs.families import generate_split, reference_commands
+from termgym.episode.options import EnvOptions
 from termgym.errors import TrainingError
 from termgym.tasks import load_task
 from termgym.trainer.policy_client import TeacherClient

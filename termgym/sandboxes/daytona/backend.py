@@ -44,7 +44,8 @@ from typing import Any
 
 from termgym.aio import wait_for
 from termgym.errors import SandboxError, SandboxGone
-from termgym.images.dockerfile import DockerfileError, parse_dockerfile
+from termgym.images.dockerfile import parse_dockerfile
+from termgym.images.dockerfile_syntax import DockerfileError
 from termgym.sandboxes.base import (
     BackendHooks,
     Command,

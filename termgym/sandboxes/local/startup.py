@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from termgym.errors import EnvironmentBuildError, SandboxError
-from termgym.images.dockerfile import DockerfileError, EnvironmentPlan, parse_dockerfile
+from termgym.images.dockerfile import EnvironmentPlan, parse_dockerfile
+from termgym.images.dockerfile_syntax import DockerfileError
 from termgym.sandboxes.base import Sandbox, SandboxSpec
 from termgym.sandboxes.changes import entrypoint_files
 from termgym.sandboxes.host_kit import UNTRACED, kit_dir

@@ -46,11 +46,11 @@ from pathlib import Path
 
 import torch
 from tokenizers import AddedToken
+from transformers import Qwen3MoeForCausalLM
 
 from termgym.agents.actions import TOOLS as AGENT_TOOLS
 from termgym.agents.prompts import system_prompt, task_prompt
 from termgym.trainer.models import (
-    Qwen3MoeForCausalLM,
     corpus_texts,
     tiny_config,
     train_tokenizer,

@@ -24,8 +24,9 @@ from termgym.agents.model import ModelAgent
 from termgym.agents.prompts import ELIDED, SUMMARY_REQUEST
 from termgym.agents.settings import build_model_agent
 from termgym.cli import main
-from termgym.env import EnvOptions, resolve_task
+from termgym.episode.options import EnvOptions
 from termgym.records import TrialRecord, read_records
+from termgym.tasks.bundled import resolve_task
 from termgym.transcript import read_transcript
 from termgym.trial import run_trial
 from tests.termgym.agents.fault_server import (

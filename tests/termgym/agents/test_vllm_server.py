@@ -23,8 +23,9 @@ torch = pytest.importorskip("torch")
 from termgym.agents import ModelConfig  # noqa: E402
 from termgym.agents.settings import build_model_agent  # noqa: E402
 from termgym.cli import main  # noqa: E402
-from termgym.env import EnvOptions, resolve_task  # noqa: E402
+from termgym.episode.options import EnvOptions  # noqa: E402
 from termgym.records import read_records  # noqa: E402
+from termgym.tasks.bundled import resolve_task  # noqa: E402
 from termgym.transcript import read_transcript  # noqa: E402
 from termgym.trial import run_trial  # noqa: E402
 from tests.termgym.agents.chat_model import render_ids  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 
 from termgym.audit.judge import OpenAIJudge
 from termgym.audit.runner import audit_task, leakage
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.tasks import load_task
 from tests.helpers import KIT_SOURCE, REPO_ROOT, termgym, write_task
 

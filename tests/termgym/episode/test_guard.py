@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from termgym.agents.basic import ScriptedAgent
-from termgym.env import EnvOptions
 from termgym.episode.guard import outside_work
+from termgym.episode.options import EnvOptions
 from termgym.sandboxes.local.sandbox import LocalSandbox
 from termgym.tasks import load_task
 from termgym.trial import run_trial

@@ -9,12 +9,12 @@ import pytest
 
 from termgym.images.dockerfile import (
     CopyStep,
-    DockerfileError,
     EnvironmentPlan,
     RunStep,
     WorkdirStep,
     parse_dockerfile,
 )
+from termgym.images.dockerfile_syntax import DockerfileError
 
 
 def run(command, env=(), workdir="/", line=2):

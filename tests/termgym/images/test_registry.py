@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from termgym.agents import NullAgent
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.images.build import BASE_IMAGE
 from termgym.tasks import load_task
 from termgym.trial import run_trial

@@ -25,12 +25,13 @@ from termgym.agents.actions import ToolCall
 from termgym.agents.client import Completion
 from termgym.cli import main
 from termgym.cli.gateway import cmd_gateway
-from termgym.env import EnvOptions, resolve_task
+from termgym.episode.options import EnvOptions
 from termgym.errors import AgentDeadline, ContextExceeded, ModelError
 from termgym.gateway import SESSION_HEADER, SessionUpstream
 from termgym.gateway.files import session_file_name
 from termgym.integrations import harness as harness_module
 from termgym.integrations.harness import EnvBridge, HarnessAgent, HarnessResult, HarnessStopped, client_upstream
+from termgym.tasks.bundled import resolve_task
 from termgym.transcript import Transcript
 from termgym.trial import run_trial
 from tests.termgym.agents.fault_server import MODEL, FaultServer, text

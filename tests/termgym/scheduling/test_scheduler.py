@@ -9,7 +9,7 @@ from typing import cast
 
 import pytest
 
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.errors import SandboxError
 from termgym.records import TrialRecord
 from termgym.sandboxes.base import Sandbox, SandboxSpec

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from termgym.agents import OracleAgent
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.sandboxes.pacing import Pacer
 from termgym.scheduling.pool import TaskPool, make_nodes
 from termgym.scheduling.runners import TrialRunner

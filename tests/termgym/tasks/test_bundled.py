@@ -8,7 +8,7 @@ import hashlib
 import pytest
 
 from termgym.agents import NullAgent, OracleAgent
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.tasks import discover_tasks, load_task
 from termgym.tasks.bundled import bundled_root, bundled_task_paths
 from termgym.trial import run_trial

@@ -498,7 +498,7 @@ async def test_tb1_compose_environment_reaches_the_tests(tmp_path, no_leaks):
     """End to end on the local backend: the compose file's filled-in environment is what the
     tests see (TB1's harness contract), and the record carries no loader warning."""
     from termgym.agents import OracleAgent
-    from termgym.env import EnvOptions
+    from termgym.episode.options import EnvOptions
     from termgym.trial import run_trial
 
     task_dir = tb1_task(tmp_path, yaml_text="instruction: Write hi into /tmp/out.txt\nmax_agent_timeout_sec: 30\n")

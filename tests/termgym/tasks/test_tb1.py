@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from termgym.agents import NullAgent, OracleAgent
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.images.build import BASE_IMAGE
 from termgym.tasks import load_task
 

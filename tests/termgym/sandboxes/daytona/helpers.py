@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from termgym.sandboxes.daytona.backend import DaytonaSettings, close_providers, get_provider
 from termgym.sandboxes.daytona.policy import RetryPolicy
+from termgym.sandboxes.daytona.provider import DaytonaSettings, close_providers, get_provider
 from tests.termgym.sandboxes.daytona.server import FakeDaytona, Faults
 
 # Test-sized waits: the decisions are the production ones, only the delays are shorter.

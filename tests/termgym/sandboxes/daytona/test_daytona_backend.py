@@ -12,10 +12,12 @@ import time
 import pytest
 
 from termgym.agents import NullAgent, OracleAgent, ScriptedAgent
-from termgym.env import EnvOptions, sandbox_spec
+from termgym.episode.options import EnvOptions
+from termgym.episode.spec import sandbox_spec
 from termgym.errors import BackendUnavailable
 from termgym.sandboxes import create_sandbox, preflight
-from termgym.sandboxes.daytona.backend import DaytonaSandbox, get_provider
+from termgym.sandboxes.daytona.backend import DaytonaSandbox
+from termgym.sandboxes.daytona.provider import get_provider
 from termgym.sandboxes.files import upload_files
 from termgym.tasks import load_task
 from termgym.trial import run_trial

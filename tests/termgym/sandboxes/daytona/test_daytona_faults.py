@@ -11,9 +11,11 @@ from collections import deque
 import pytest
 
 from termgym.agents import NullAgent, OracleAgent
-from termgym.env import SUBMIT, AsyncTerminalEnv, EnvOptions
-from termgym.sandboxes.daytona.backend import DaytonaSandbox, get_provider
+from termgym.env import SUBMIT, AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
+from termgym.sandboxes.daytona.backend import DaytonaSandbox
 from termgym.sandboxes.daytona.policy import paced_windows
+from termgym.sandboxes.daytona.provider import get_provider
 from termgym.sandboxes.pacing import Pacer, Window, max_in_any_window
 from termgym.tasks import load_task
 from termgym.trial import run_trial

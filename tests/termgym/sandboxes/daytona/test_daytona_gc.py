@@ -10,8 +10,9 @@ import sys
 
 from daytona import CreateSandboxFromSnapshotParams
 
-from termgym.env import sandbox_spec
-from termgym.sandboxes.daytona.backend import DaytonaSandbox, collect_garbage, get_provider
+from termgym.episode.spec import sandbox_spec
+from termgym.sandboxes.daytona.backend import DaytonaSandbox, collect_garbage
+from termgym.sandboxes.daytona.provider import get_provider
 from termgym.tasks import load_task
 from tests.helpers import write_task
 

@@ -9,7 +9,6 @@ import subprocess
 
 import pytest
 
-from termgym.sandboxes.daytona.backend import DaytonaSettings
 from termgym.sandboxes.daytona.policy import (
     ContextEntry,
     RetryPolicy,
@@ -27,6 +26,7 @@ from termgym.sandboxes.daytona.policy import (
     retry_delay,
     snapshot_name,
 )
+from termgym.sandboxes.daytona.provider import DaytonaSettings
 from termgym.sandboxes.pacing import Window, max_in_any_window
 from termgym.tasks import Resources
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from termgym.env import sandbox_spec
+from termgym.episode.spec import sandbox_spec
 from termgym.sandboxes import create_sandbox
-from termgym.sandboxes.daytona.backend import close_providers, get_provider
 from termgym.sandboxes.daytona.policy import environment_routes_requests
+from termgym.sandboxes.daytona.provider import close_providers, get_provider
 from termgym.tasks import load_task
 from tests.helpers import write_task
 from tests.termgym.sandboxes.daytona.helpers import fast_settings

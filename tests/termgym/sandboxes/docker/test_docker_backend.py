@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from termgym.agents import OracleAgent, ScriptedAgent
-from termgym.env import SUBMIT, EnvOptions
+from termgym.env import SUBMIT
+from termgym.episode.options import EnvOptions
 from termgym.images import build as images
 from termgym.sandboxes.docker import docker_client
 from termgym.tasks import load_task

@@ -21,26 +21,24 @@ from pathlib import Path
 import pytest
 
 from termgym.agents import ScriptedAgent
-from termgym.env import AsyncTerminalEnv, EnvOptions, default_sandbox_factory
+from termgym.env import AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
+from termgym.episode.spec import default_sandbox_factory
 from termgym.errors import ConfigError
 from termgym.images.build import BASE_IMAGE
 from termgym.sandboxes.base import Resources, SandboxSpec
 from termgym.sandboxes.docker import DockerSandbox
-from termgym.sandboxes.docker.pool import (
+from termgym.sandboxes.docker.pool import Ready, Recipe, WarmPool, make_recipe, settings_from_env
+from termgym.sandboxes.host_processes import start_time
+from termgym.sandboxes.warm_pool import (
     DEFAULT_TOTAL,
     POOL_LABEL,
     PoolSettings,
-    Ready,
-    Recipe,
-    WarmPool,
-    make_recipe,
     owner_gone,
     owner_label,
     refill_count,
-    settings_from_env,
     this_owner,
 )
-from termgym.sandboxes.host_processes import start_time
 from termgym.tasks import load_task
 from termgym.trial import run_trial
 from tests.helpers import REPO_ROOT, require_docker, write_task

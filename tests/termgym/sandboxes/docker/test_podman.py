@@ -29,7 +29,7 @@ import docker
 import pytest
 
 from termgym.agents import ScriptedAgent
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.images import build as images
 from termgym.sandboxes.base import Resources, SandboxSpec
 from termgym.sandboxes.docker import DockerSandbox, engine, wait_for_removals

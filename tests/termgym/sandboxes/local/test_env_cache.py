@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from termgym.env import sandbox_spec
+from termgym.episode.spec import sandbox_spec
 from termgym.sandboxes import remove_leftovers
 from termgym.sandboxes.base import Sandbox
 from termgym.sandboxes.limits import SandboxCgroup

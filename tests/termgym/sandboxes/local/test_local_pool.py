@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from termgym.agents import OracleAgent, ScriptedAgent
-from termgym.env import EnvOptions, options_sandbox_spec
+from termgym.episode.options import EnvOptions
+from termgym.episode.spec import options_sandbox_spec
 from termgym.sandboxes import close_backends, prewarm
 from termgym.sandboxes.local import pool
 from termgym.sandboxes.local.sandbox import LocalSandbox

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from termgym.env import sandbox_spec
+from termgym.episode.spec import sandbox_spec
 from termgym.sandboxes.base import Sandbox
 from termgym.sandboxes.local import LocalSandbox
 from termgym.sandboxes.local.commands import keeper_argv, within_limits

@@ -146,7 +146,7 @@ async def test_ray_listens_on_every_interface_yet_an_embedded_sandbox_on_a_node_
     """Ray 2.60 binds its GCS to every interface whatever --node-ip-address says (so a Docker sandbox
     with network gets none on such a node: test_exposure.py); an embedded sandbox has a private
     loopback and no other network, so it reaches the GCS port on no address of the host."""
-    from termgym.env import EnvOptions
+    from termgym.episode.options import EnvOptions
     from termgym.episode.spec import options_sandbox_spec
     from termgym.sandboxes import close_backends, create_sandbox
     from termgym.sandboxes.ray.exposure import exposed_ray_listeners

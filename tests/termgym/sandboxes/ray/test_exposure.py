@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from termgym.env import EnvOptions
+from termgym.episode.options import EnvOptions
 from termgym.sandboxes.ray.calls import SetNetwork
 from termgym.sandboxes.ray.exposure import exposed_ray_listeners, is_loopback, parse_listeners, ray_command, shown
 from termgym.sandboxes.ray.host import SandboxHost

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from termgym.agents import OracleAgent
-from termgym.env import AsyncTerminalEnv, EnvOptions
+from termgym.env import AsyncTerminalEnv
+from termgym.episode.options import EnvOptions
 from termgym.errors import SandboxError, SandboxGone
 from termgym.sandboxes.base import Command, ProcessChannel, SandboxSpec
 from termgym.sandboxes.placement import current_node, placed_on
