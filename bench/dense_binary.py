@@ -48,18 +48,11 @@ from termgym.envs.families import generate_split
 from termgym.records import TrialRecord
 from termgym.tasks import Task, load_task
 from termgym.trainer.config import PRESETS, Config
+from termgym.trainer.demonstrations import record_demonstrations, teacher_held_out
 from termgym.trainer.evaluate import EvalSummary, paired_change
+from termgym.trainer.held_out import held_out
 from termgym.trainer.models import load_policy, policy_renderer
-from termgym.trainer.pipeline import (
-    Pool,
-    build_policy,
-    held_out,
-    kept_for_ppo,
-    record_demonstrations,
-    reinforce,
-    teacher_held_out,
-    warm_start,
-)
+from termgym.trainer.pipeline import Pool, build_policy, kept_for_ppo, reinforce, warm_start
 from termgym.trainer.sft import Demonstration
 
 # The main job's preset on the parts set, made to fit: a smaller pool and held-out set, fewer

@@ -125,9 +125,6 @@ HELD_REEXPORTS = {
     ("termgym.env", "resolve_task"): "trainer/ppo.py: termgym.tasks.bundled",
     ("termgym.sandboxes.docker.pool", "POOL_LABEL"): "sandboxes/docker/containers.py: sandboxes/warm_pool.py",
     ("termgym.sandboxes.docker.pool", "owner_gone"): "sandboxes/docker/containers.py: sandboxes/warm_pool.py",
-    ("termgym.trainer.pipeline", "held_out"): "bench/dense_binary.py (being edited): trainer/held_out.py",
-    ("termgym.trainer.pipeline", "record_demonstrations"): "bench/dense_binary.py: trainer/demonstrations.py",
-    ("termgym.trainer.pipeline", "teacher_held_out"): "bench/dense_binary.py: trainer/demonstrations.py",
     ("termgym.trainer.vllm_sampler", "WeightSync"): "deliberate: the class path vLLM servers started earlier load",
 }
 
