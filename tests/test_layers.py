@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "termgym.gym_env",
             "termgym.transcript",
             "termgym.atif",
+            "termgym.atif_rules",
         ),
     ),
     ("agents", ("termgym.agents",)),

@@ -9,35 +9,20 @@ simulated), spreads them over rollout nodes that each cap how many run at once
 ``termgym.sandboxes.pacing.Pacer`` (6/s and 600/min by default). As soon as B trials have finished the step
 ends, and what happens to the rest is the mode:
 
-- ``wait``: launch exactly B and wait for all of them. No cancellation, no bias; the step lasts as
-  long as its slowest trial, so the heavy tail sets the pace. Oversampling is not used.
-- ``cancel``: launch N > B (560 for 512), keep the first B, cancel the rest. Fastest, but the cut
-  tail is mostly the long families, so the batch under-represents them: the straggler bias.
-- ``carry-over``: like ``cancel``, but the tail keeps running and enters the next step's batch,
-  which then launches only N minus the carried trials. Nothing is wasted and, in steady state,
-  the batch has the launched mix; the price is staleness: a carried trajectory was launched under
-  an older policy version (``KeptTrial.policy_version``; ``staleness`` 1, more for the longest),
-  and tokens sampled after a weight update come from the newer policy, so the trainer must treat
-  it as off-policy (per-token importance ratios from the recorded sampler log-probs). At the end
-  of a run, ``close()`` cancels whatever is still carried.
-- ``reweight``: like ``cancel`` (same wall time, same cancellations), and each kept trial gets
-  the importance weight launched share / kept share of its family (``KeptTrial.weight``, mean 1),
-  so the weighted batch has the launched family mix. The price is variance (an effective sample
-  size below B, reported), and it corrects only between families: within a family the shorter
-  trials still dominate.
+- ``wait``: launch exactly B and wait for all of them (no cancellation, no bias, no oversampling).
+- ``cancel``: launch N > B (560 for 512), keep the first B, cancel the rest: fastest, but the cut
+  tail is mostly the long families (the straggler bias).
+- ``carry-over``: the tail keeps running and joins the next step's batch, which launches N minus
+  the carried trials. A carried trial is stale (``KeptTrial.staleness`` >= 1) and partly sampled
+  after a weight update: the trainer treats it as off-policy. ``close()`` cancels what is carried.
+- ``reweight``: as ``cancel``; each kept trial weighs its family's launched share / kept share
+  (``KeptTrial.weight``, mean 1), at the price of variance (the effective sample size).
 
-"First" is measured on a clock (``SchedulerConfig.clock``):
-
-- ``wall`` (the default here; production runs): the loop's clock. Fastest, and the kept set
-  depends on timing: two runs of one seed keep different trials.
-- ``work``: a clock the run controls. Every launched trial runs to its end; then each gets a
-  simulated finish time (``bias.simulated_finish``: trials start in launch order on as many slots
-  as the nodes' caps add up to and run for their work, the runner's ``work_of(result)``, e.g.
-  tokens sampled and commands run, else their turns) and the first B by that time are kept, ties
-  to the earlier launch. The rest are surplus (cancel, reweight), or carried with the work they
-  had left (carry-over). The kept set is a function of what the trials did, never of when they
-  ended; the price is waiting for the tail a wall-clock step would have cut. ``wait`` mode keeps
-  every trial, so the clock does not change it. The trainer's deterministic runs use it.
+"First" is measured on ``SchedulerConfig.clock``: ``wall``, the loop's clock (production runs:
+fastest, the kept set depends on timing), or ``work``, a clock the run controls (every trial runs
+to its end and the first B by their simulated finish, ``bias.simulated_finish`` over the runner's
+``work_of(result)``, are kept: a function of what the trials did, never of when they ended).
+docs/guides/scheduling.md explains the modes and clocks and their measured costs.
 
 Guarantees: never more than B kept per step (exactly B unless failures exhaust their retries,
 then ``BatchResult.short`` says how many are missing); failed trials (infrastructure faults, error

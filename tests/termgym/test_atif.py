@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from termgym import atif
+from termgym import atif, atif_rules
 from termgym.cli import main
 from termgym.cli.export import export_atif
 from termgym.records import TrialRecord, append_record
@@ -25,7 +25,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "atif"
 def valid(data: dict) -> dict:
     """``data`` after both the independent models and termgym's own check accept it."""
     models.Trajectory.model_validate(data)
-    assert atif.check(data) == []
+    assert atif_rules.check(data) == []
     return data
 
 
@@ -354,7 +354,7 @@ def test_what_the_independent_models_refuse_termgyms_check_refuses(name):
     data = _broken(BROKEN[name])
     with pytest.raises(ValidationError):
         models.Trajectory.model_validate(data)
-    assert atif.check(data)
+    assert atif_rules.check(data)
 
 
 def test_read_trajectories_skips_other_json_in_directories_and_names_a_bad_file(tmp_path):
@@ -371,7 +371,7 @@ def test_read_trajectories_skips_other_json_in_directories_and_names_a_bad_file(
         list(atif.read_trajectories([tmp_path / "torn.json"]))
     with pytest.raises(ValueError, match="no such file"):
         list(atif.read_trajectories([tmp_path / "missing"]))
-    assert atif.check([]) == ["a trajectory is a JSON object"]
+    assert atif_rules.check([]) == ["a trajectory is a JSON object"]
 
 
 @pytest.mark.parametrize(
