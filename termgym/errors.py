@@ -5,10 +5,10 @@ Expected outcomes (a command's non-zero exit, a command timeout, truncated outpu
 verifier) are data in results, never exceptions. These are for faults of the infrastructure or of
 the input; the one exception that is no fault, ``AgentDeadline``, unwinds a request that the
 episode's time budget ended, and the model agent turns it into data (the ``agent_timeout``
-truncation) before it leaves the agent. Every message is one line, fit to show a user as it is. The CLI and ``run_trial`` map
-these and only these: ``ConfigError`` (bad input: one line, exit 2; a trial's ``invalid_task``),
-any other ``TermgymError`` (a fault: one line, exit 1). Anything else is a bug and is not dressed
-up as the user's bad input.
+truncation) before it leaves the agent. Every message is one line, fit to show a user as it is.
+The CLI and ``run_trial`` map these and only these: ``ConfigError`` (bad input: one line, exit 2;
+a trial's ``invalid_task``), any other ``TermgymError`` (a fault: one line, exit 1). Anything else
+is a bug and is not dressed up as the user's bad input.
 
     TermgymError
       ConfigError (also a ValueError)   bad input: a flag, an option, a file, a task (TaskError)

@@ -1,1 +1,2 @@
-"""The task audit: pure scoring and verdicts (``rubric``), the checks in fresh sandboxes (``runner``), the verdict cache (``cache``) and the optional judge (``judge``)."""
+"""The task audit: pure scoring and verdicts (``rubric``), the checks in fresh sandboxes
+(``runner``), the verdict cache (``cache``) and the optional judge (``judge``)."""

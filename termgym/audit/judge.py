@@ -6,9 +6,10 @@ clarity and completeness, task value), each with a reason, plus hard rejects
 (``hidden_requirements``, ``solution_shortcut``, ``test_leakage``, ``weak_verifier``).
 
 ``OpenAIJudge`` asks any OpenAI-compatible ``/v1/chat/completions`` endpoint (a vLLM server, for
-one) through the same transport as the model agent (``termgym.agents.transport``). The answer is parsed defensively: the first JSON
-object in the reply; unknown dimensions and reject kinds are dropped, scores are clamped to
-[0, 1] (a 1-5 or 0-10 scale is rescaled), and a reply with no usable score raises ``JudgeError``.
+one) through the same transport as the model agent (``termgym.agents.transport``). The answer is
+parsed defensively: the first JSON object in the reply; unknown dimensions and reject kinds are
+dropped, scores are clamped to [0, 1] (a 1-5 or 0-10 scale is rescaled), and a reply with no
+usable score raises ``JudgeError``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The ``termgym`` command line: check, shell, run, replay, report, export, audit, list, demo, gc, images, gateway, train.
+"""The ``termgym`` command line: check, shell, run, replay, report, export, audit, list, demo, gc,
+images, gateway, train.
 
 Exit codes: 0 when the trials ran (whatever they scored), 2 for bad usage or an invalid task (one
 line on stderr, no traceback), 1 for an infrastructure failure (the trial's record says which).
@@ -54,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=None,
-        help="run directory: the record appended to OUT/trials.jsonl, the transcript in OUT/trials/ (default runs/check-<id>)",
+        help="run directory: the record appended to OUT/trials.jsonl, the transcript in OUT/trials/"
+        " (default runs/check-<id>)",
     )
     check.add_argument(
         "-v", "--verbose", action="store_true", help="all of the verifier's output (and the build log), not its tail"

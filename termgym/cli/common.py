@@ -121,13 +121,15 @@ def run_overrides_options(sub: argparse.ArgumentParser, *, build: bool = True) -
         "--network",
         choices=NETWORK_CHOICES,
         default="task",
-        help="task: each phase gets the network its task asks for; none: no network anywhere, recorded as a warning (default: task)",
+        help="task: each phase gets the network its task asks for; none: no network anywhere, recorded as a"
+        " warning (default: task)",
     )
     group.add_argument(
         "--pull",
         choices=PULL_POLICIES,
         default="missing",
-        help="images from a registry (docker): missing pulls what is absent, as docker run does; never; always (default: missing)",
+        help="images from a registry (docker): missing pulls what is absent, as docker run does; never; always"
+        " (default: missing)",
     )
     if build:
         group.add_argument(
@@ -194,13 +196,15 @@ def agent_options(sub: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--renderer",
         default=None,
-        help="tokens client: the chat format (auto, chatml, qwen-xml, llama3, template; default auto: from the model's files)",
+        help="tokens client: the chat format (auto, chatml, qwen-xml, llama3, template; default auto: from the"
+        " model's files)",
     )
     group.add_argument(
         "--thinking",
         choices=THINKING_RETENTIONS,
         default=None,
-        help="tokens client: earlier reasoning kept in the prompt (all, cycle: within the tool cycle, strip; default cycle)",
+        help="tokens client: earlier reasoning kept in the prompt (all, cycle: within the tool cycle, strip;"
+        " default cycle)",
     )
     group.add_argument("--system-prompt", default=None, help="the system prompt (default: the action format's own)")
     group.add_argument(
@@ -230,7 +234,8 @@ def agent_from_args(args: argparse.Namespace, *, connections: int = 1) -> Agent:
         if extra:
             flags = ", ".join("--" + n.replace("_", "-") for n in extra)
             raise UsageError(
-                f"{flags}: the model agent's settings; --agent {name} takes only --model, --base-url, --api-key-env, --temperature"
+                f"{flags}: the model agent's settings; --agent {name} takes only --model, --base-url, --api-key-env,"
+                " --temperature"
             )
         config = ModelConfig.from_mapping({k: v for k, v in given.items() if k != "temperature"})
         return build_harness_agent(

@@ -92,7 +92,9 @@ for f in * .[!.]*; do
   esac
   n=$((n + 1))
 done
-if [ "$n" -gt "$max" ]; then printf 'ctrf=%d junit=%d tap=%d reward-file=%d' "$ctrf" "$junit" "$tap" "$reward"; exit 4; fi
+if [ "$n" -gt "$max" ]; then
+  printf 'ctrf=%d junit=%d tap=%d reward-file=%d' "$ctrf" "$junit" "$tap" "$reward"; exit 4
+fi
 for f in * .[!.]*; do
   [ -f "$f" ] && [ ! -L "$f" ] || continue
   case $f in ctrf.json|*.xml|*.tap|reward.json|reward.txt) ;; *) continue ;; esac

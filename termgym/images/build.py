@@ -6,8 +6,8 @@ to an alias when the named image is absent), ``context_digest`` (the hash of a b
 task never rebuilds and a changed one never runs an old image). I/O parts take a
 docker-py client: ``ensure_task_image`` picks the task's ``docker_image`` or its Dockerfile
 (``builds_dockerfile``), pulls per the pull policy (``termgym.images.pull``) and builds at most once
-per tag per process (concurrent trials of one task wait for the same build); ``bootstrap_base_image`` makes ``termgym/base:bookworm`` with
-debootstrap, no registry needed.
+per tag per process (concurrent trials of one task wait for the same build);
+``bootstrap_base_image`` makes ``termgym/base:bookworm`` with debootstrap, no registry needed.
 """
 
 from __future__ import annotations

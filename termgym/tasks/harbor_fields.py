@@ -26,8 +26,8 @@ _SIZE_FACTOR_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 _HOST_TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
 
 # Every key Harbor's TaskConfig defines (harbor 0.13, schema 1.3), per table, plus termgym's own
-# ([verifier].report_format / assertions / allow_system_changes, allow_internet on a phase) and [task].version (written by
-# schema 1.4 tasks). Anything else is accepted with a warning naming it.
+# ([verifier].report_format / assertions / allow_system_changes, allow_internet on a phase) and
+# [task].version (written by schema 1.4 tasks). Anything else is accepted with a warning naming it.
 _PHASE_NETWORK = ("network_mode", "allowed_hosts", "allow_internet")
 KNOWN_KEYS: dict[str, frozenset[str]] = {
     "top": frozenset(

@@ -1,12 +1,15 @@
 """ChatML as Qwen2.5 and Qwen3 write it: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` turns,
 Hermes JSON tool calls, tool results grouped in one user turn, reasoning in ``<think>`` blocks.
 
-What a conversation renders to (``templates/chatml.jinja`` renders the same text)::
+What a conversation renders to (``templates/chatml.jinja`` renders the same text; a turn a line,
+a long one continued indented: ``\\n`` is the only newline)::
 
     <|im_start|>system\\n{system}\\n\\n# Tools ... <tools>\\n{tool JSON per line}\\n</tools> ...<|im_end|>\\n
     <|im_start|>user\\n{content}<|im_end|>\\n
-    <|im_start|>assistant\\n<think>\\n{reasoning}\\n</think>\\n\\n{content}\\n<tool_call>\\n{"name": N, "arguments": A}\\n</tool_call><|im_end|>\\n
-    <|im_start|>user\\n<tool_response>\\n{result}\\n</tool_response>\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n
+    <|im_start|>assistant\\n<think>\\n{reasoning}\\n</think>\\n\\n{content}\\n
+        <tool_call>\\n{"name": N, "arguments": A}\\n</tool_call><|im_end|>\\n
+    <|im_start|>user\\n<tool_response>\\n{result}\\n</tool_response>\\n
+        <tool_response>\\n...\\n</tool_response><|im_end|>\\n
     <|im_start|>assistant\\n                                                   (the generation prompt)
 
 The system turn exists when there is a system message or tools; without tools it is the system

@@ -1,9 +1,11 @@
 """Llama 3 (3.1 and later; 3.0 without ``<|eom_id|>``): header-framed turns, tool results in the
 ``ipython`` role, tool calls as the reply's whole text.
 
-What a conversation renders to (``templates/llama3.jinja`` renders the same text)::
+What a conversation renders to (``templates/llama3.jinja`` renders the same text; a turn a line,
+a long one continued indented: ``\\n`` is the only newline)::
 
-    <|begin_of_text|><|start_header_id|>system<|end_header_id|>\\n\\nEnvironment: ipython\\n\\n{how to call}\\n\\n{tool JSON, indent 4}\\n\\n...{system}<|eot_id|>
+    <|begin_of_text|><|start_header_id|>system<|end_header_id|>\\n\\nEnvironment: ipython\\n\\n
+        {how to call}\\n\\n{tool JSON, indent 4}\\n\\n...{system}<|eot_id|>
     <|start_header_id|>user<|end_header_id|>\\n\\n{content}<|eot_id|>
     <|start_header_id|>assistant<|end_header_id|>\\n\\n{"name": N, "parameters": A}<|eot_id|>
     <|start_header_id|>ipython<|end_header_id|>\\n\\n{result}<|eot_id|>

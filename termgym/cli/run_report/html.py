@@ -20,26 +20,35 @@ from termgym.cli.run_report.data import COLUMNS, STATUSES, Bin, Clip, ReportData
 CSS = """
 :root{--ok:#1a7f37;--bad:#cf222e;--muted:#57606a;--line:#d0d7de;--bg:#f6f8fa;--ex:#9a6700}
 *{box-sizing:border-box}
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1400px;padding:16px 24px;color:#1f2328}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:24px 0 8px;border-bottom:1px solid var(--line);padding-bottom:4px}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1400px;padding:16px 24px;
+  color:#1f2328}
+h1{font-size:22px;margin:0 0 4px}
+h2{font-size:17px;margin:24px 0 8px;border-bottom:1px solid var(--line);padding-bottom:4px}
 .meta{color:var(--muted);margin:0}
 .cards{display:flex;flex-wrap:wrap;gap:12px;margin:12px 0}
 .card{border:1px solid var(--line);border-radius:6px;padding:10px 14px;min-width:150px;background:var(--bg)}
 .card .value{display:block;font-size:24px;font-weight:600}.card .label{color:var(--muted);font-size:12px}
-table{border-collapse:collapse;width:100%}th,td{border-bottom:1px solid var(--line);padding:4px 8px;text-align:left;vertical-align:top}
+table{border-collapse:collapse;width:100%}
+th,td{border-bottom:1px solid var(--line);padding:4px 8px;text-align:left;vertical-align:top}
 th{background:var(--bg);white-space:nowrap}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
-#trials th{cursor:pointer;user-select:none}#trials th[aria-sort=ascending]::after{content:" ▲"}#trials th[aria-sort=descending]::after{content:" ▼"}
-.resolved{color:var(--ok);font-weight:600}.failed{color:var(--bad);font-weight:600}.excluded{color:var(--ex);font-weight:600}
+#trials th{cursor:pointer;user-select:none}#trials th[aria-sort=ascending]::after{content:" ▲"}
+#trials th[aria-sort=descending]::after{content:" ▼"}
+.resolved{color:var(--ok);font-weight:600}.failed{color:var(--bad);font-weight:600}
+.excluded{color:var(--ex);font-weight:600}
 .controls{display:flex;gap:12px;align-items:center;margin:8px 0}.controls input{padding:4px 8px;min-width:280px}
-.charts{display:flex;flex-wrap:wrap;gap:24px}.charts figure{margin:0}.charts figcaption{font-weight:600;margin-bottom:4px}
+.charts{display:flex;flex-wrap:wrap;gap:24px}.charts figure{margin:0}
+.charts figcaption{font-weight:600;margin-bottom:4px}
 svg text{font:11px system-ui,sans-serif;fill:#1f2328}svg .bar{fill:#0969da}svg .axis{stroke:#8c959f}
 details.trial{border:1px solid var(--line);border-radius:6px;margin:6px 0;padding:4px 10px}
 details.trial>summary{cursor:pointer;font-weight:600}
-pre{background:var(--bg);border:1px solid var(--line);border-radius:4px;padding:6px 8px;white-space:pre-wrap;word-break:break-all;margin:4px 0;max-height:480px;overflow:auto}
+pre{background:var(--bg);border:1px solid var(--line);border-radius:4px;padding:6px 8px;white-space:pre-wrap;
+  word-break:break-all;margin:4px 0;max-height:480px;overflow:auto}
 .cut{display:block;color:var(--ex);font-style:italic;margin:4px 0}
-ul.assertions{list-style:none;padding-left:0}ul.assertions li::before{content:"✔ ";color:var(--ok)}ul.assertions li.fail::before{content:"✘ ";color:var(--bad)}
+ul.assertions{list-style:none;padding-left:0}ul.assertions li::before{content:"✔ ";color:var(--ok)}
+ul.assertions li.fail::before{content:"✘ ";color:var(--bad)}
 .step{border-left:3px solid var(--line);padding-left:8px;margin:8px 0}.step .head{color:var(--muted);font-size:12px}
-dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:6px 0}dl.facts dt{color:var(--muted)}dl.facts dd{margin:0}
+dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:6px 0}dl.facts dt{color:var(--muted)}
+dl.facts dd{margin:0}
 """
 
 SCRIPT = """
@@ -156,7 +165,8 @@ def _header(data: ReportData) -> str:
         f"agent {', '.join(data.agents)}" if data.agents else "",
         f"backend {', '.join(data.backends)}" if data.backends else "",
     ]
-    return f'<header><h1>termgym report · {e(data.title)}</h1><p class="meta">{e(" · ".join(m for m in meta if m))}</p></header>'
+    line = " · ".join(m for m in meta if m)
+    return f'<header><h1>termgym report · {e(data.title)}</h1><p class="meta">{e(line)}</p></header>'
 
 
 def _pct(value: float) -> str:
