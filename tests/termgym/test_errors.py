@@ -71,7 +71,7 @@ def test_a_mistyped_family_set_names_the_closest(tmp_path):
     cli = [sys.executable, "-m", "termgym.envs.families", str(tmp_path / "x"), "--count", "2", "--families", "explor"]
     result = subprocess.run(cli, capture_output=True, text=True, check=False)
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        "error: unknown family set 'explor': did you mean explore? (choose one of short, long, explore)"
+        "error: unknown family set 'explor': did you mean explore? (choose one of short, long, explore, parts)"
     ]
     assert not (tmp_path / "x").exists()
 
