@@ -162,7 +162,8 @@ def signal(metrics: list[dict]) -> dict:
         "first_resolved": metrics[0]["resolved"] if metrics else math.nan,
         "resolved_mean": statistics.mean(resolved) if n else math.nan,
         "passed_mean": statistics.mean(m["passed"] for m in updates) if n else math.nan,
-        "first_ev": next((m["explained_variance"] for m in updates), None),
+        # none where the first update's batch had one reward throughout (its returns do not vary)
+        "first_ev": updates[0]["explained_variance"] if n and updates[0]["reward_std"] >= 1e-12 else None,
         "resolved_by_update": resolved,
     }
 
@@ -358,8 +359,10 @@ def table(results: list[dict]) -> str:
                 lines.append(f"| {r['seed']} | {label} | {cells} |")
     critic = [r for r in results if "cold-critic" in r["arms"]]
     if critic:
-        warm = [r["arms"]["dense"]["first_ev"] for r in critic]
-        cold = [r["arms"]["cold-critic"]["first_ev"] for r in critic]
+        warm, cold = (
+            [math.nan if ev is None else ev for ev in (r["arms"][arm]["first_ev"] for r in critic)]
+            for arm in ("dense", "cold-critic")
+        )
         lines += [
             "",
             f"Explained variance at the first policy update (dense reward), warm critic against cold, seeds "

@@ -73,7 +73,7 @@ def test_the_signal_counts_only_policy_updates():
     assert s["first_resolved"] == 0.5 and s["resolved_mean"] == pytest.approx(0.3125) and s["first_ev"] == 2.5
     assert s["passed_mean"] == 2.0 and s["resolved_by_update"] == [0.0, 0.25, 0.0, 1.0]
     flat = bench.signal([{**m, "reward_std": 0.0} for m in metrics([0.0, 0.0, 0.0])])
-    assert flat["flat_share"] == 1.0 and flat["no_resolved_share"] == 1.0
+    assert flat["flat_share"] == 1.0 and flat["no_resolved_share"] == 1.0 and flat["first_ev"] is None
 
 
 def result(seed: int, dense: list[bool], binary: list[bool], cold_ev: float | None = None) -> dict:
