@@ -532,7 +532,8 @@ async def test_gc_removes_pooled_containers(tmp_path, pooled):
 FILL_AND_WAIT = textwrap.dedent(
     """
     import asyncio, sys
-    from termgym.env import EnvOptions, default_sandbox_factory
+    from termgym.episode.options import EnvOptions
+    from termgym.episode.spec import default_sandbox_factory
     from termgym.sandboxes import docker
     from termgym.tasks import load_task
 

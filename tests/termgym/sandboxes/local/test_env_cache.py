@@ -135,7 +135,7 @@ async def test_concurrent_sandboxes_prepare_once(tmp_path: Path, cache_dir: Path
 CHILD = textwrap.dedent(
     """
     import asyncio, sys
-    from termgym.env import sandbox_spec
+    from termgym.episode.spec import sandbox_spec
     from termgym.sandboxes.local import LocalSandbox
     from termgym.tasks import load_task
 

@@ -172,7 +172,7 @@ def test_off_by_default_and_a_bad_size_is_one_line(task_dir, monkeypatch):
 KILLED = textwrap.dedent("""\
     import asyncio, sys
     from termgym.agents import ScriptedAgent
-    from termgym.env import EnvOptions
+    from termgym.episode.options import EnvOptions
     from termgym.tasks import load_task
     from termgym.trial import run_trial
 
