@@ -11,6 +11,7 @@ Docker engine), stopped at the end with every process it left.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -80,21 +81,24 @@ def podman(request: pytest.FixtureRequest) -> Iterator[Podman]:
     env = {**os.environ, "TERMGYM_PODMAN_SOCKET": str(socket), "TERMGYM_PODMAN_STORAGE": str(storage)}
     if rootless:
         env["TERMGYM_PODMAN_USER"] = ROOTLESS_USER
-    started = subprocess.run(
-        ["bash", "scripts/podman-service.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert started.returncode == 0, started.stderr
-    assert started.stdout.strip().splitlines()[-1] == f"DOCKER_HOST=unix://{socket}"
-    service = int((socket.parent / "podman.pid").read_text())
-    try:
+    pid_file = socket.parent / "podman.pid"
+    try:  # a set-up that fails half-way (the service started, the image not copied) is ended too
+        started = subprocess.run(
+            ["bash", "scripts/podman-service.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+        )
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.strip().splitlines()[-1] == f"DOCKER_HOST=unix://{socket}"
         if rootless:
             yield Podman(f"unix://{socket}", storage, ROOTLESS_USER, socket.parent / "runtime")
         else:
             yield Podman(f"unix://{socket}", storage)
     finally:
-        os.kill(service, signal.SIGTERM)
+        service = int(pid_file.read_text()) if pid_file.exists() else None
+        if service is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(service, signal.SIGTERM)
         deadline = time.monotonic() + 30
-        while Path(f"/proc/{service}").exists() and time.monotonic() < deadline:
+        while service is not None and Path(f"/proc/{service}").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         # Podman keeps each exec's conmon for five minutes after it ended (exit_command_delay),
         # the container long removed: this service's are ended here; rootless, every process of
