@@ -16,7 +16,7 @@
 #                           socket), with the kernel's own overlay where it allows one unprivileged
 #
 # Stop the service with: kill "$(cat /run/termgym-podman/podman.pid)" (rootless: and the user's
-# pause process, which holds its user namespace: pkill -u USER)
+# pause process, which holds its user namespace: kill "$(cat DIR/runtime/libpod/tmp/pause.pid)")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -101,9 +101,9 @@ def podman(request: pytest.FixtureRequest) -> Iterator[Podman]:
         while service is not None and Path(f"/proc/{service}").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         # Podman keeps each exec's conmon for five minutes after it ended (exit_command_delay),
-        # the container long removed: this service's are ended here; rootless, every process of
-        # the service's user (its pause process holds the user namespace).
-        leftovers = processes_of(ROOTLESS_USER) if rootless else processes_under(storage)
+        # the container long removed: this service's are ended here; rootless, its pause process
+        # too (it holds the user namespace), by the pid it wrote.
+        leftovers = processes_under(storage) + (pause_process(socket.parent / "runtime") if rootless else [])
         for pid in leftovers:
             os.kill(pid, signal.SIGKILL)
         mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines() if str(root) in line]
@@ -113,9 +113,10 @@ def podman(request: pytest.FixtureRequest) -> Iterator[Podman]:
         assert not processes_under(storage), "processes of the service left running"
 
 
-def processes_of(user: str) -> list[int]:
-    found = subprocess.run(["pgrep", "-u", user], capture_output=True, text=True).stdout.split()
-    return [int(pid) for pid in found]
+def pause_process(runtime: Path) -> list[int]:
+    """The rootless service's pause process (it holds the user's namespaces), by the pid it wrote."""
+    pid_file = runtime / "libpod" / "tmp" / "pause.pid"
+    return [int(pid_file.read_text())] if pid_file.exists() else []
 
 
 def limit_warnings(podman: Podman) -> list[str]:
