@@ -1,1 +1,2 @@
-"""The bundled task directories (data) and the parametric task families (``families``), installed as ``termgym.envs``."""
+"""The bundled task directories (data) and the parametric task families (``families``), installed
+as ``termgym.envs``."""

@@ -168,10 +168,12 @@ class WeightSync:
         from vllm.platforms import current_platform
 
         named = load_file(path)
+        weights = iter(named.items())
         # model_runner is the vLLM worker's, which this class is mixed into (worker_extension_cls)
-        self.model_runner.reload_weights(weights_iterator=iter(named.items()))  # pyright: ignore[reportAttributeAccessIssue]  # vLLM worker attribute
+        self.model_runner.reload_weights(weights_iterator=weights)  # pyright: ignore[reportAttributeAccessIssue]
         if current_platform.is_cpu():
-            for module in self.model_runner.get_model().modules():  # pyright: ignore[reportAttributeAccessIssue]  # vLLM worker attribute
+            # model_runner is the vLLM worker's, as above
+            for module in self.model_runner.get_model().modules():  # pyright: ignore[reportAttributeAccessIssue]
                 method = getattr(module, "quant_method", None)
                 experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
                 if experts is not None and hasattr(module, "w13_weight"):

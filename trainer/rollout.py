@@ -61,7 +61,10 @@ from .trajectory import token_drift as token_drift  # re-exported: its home befo
 
 # The trainer's default system prompt for the text action format: short, because a small policy's
 # context is short; it says what the format's parser reads (``termgym.agents.actions.parse_text``).
-SHORT_TEXT_SYSTEM = "Run shell commands to do the task: one command per reply in a ```bash block. When done, reply ```bash\n:submit\n```."
+SHORT_TEXT_SYSTEM = (
+    "Run shell commands to do the task: one command per reply in a ```bash block. "
+    "When done, reply ```bash\n:submit\n```."
+)
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,8 @@ def replay_routing(model: nn.Module, routing: torch.Tensor | None, *, enforce: b
         return
     if routing.dim() != 4 or routing.shape[2] != len(routers):
         raise ValueError(
-            f"routing of shape {tuple(routing.shape)} does not fit {len(routers)} MoE layers ([batch, time, layers, top_k])"
+            f"routing of shape {tuple(routing.shape)} does not fit {len(routers)} MoE layers"
+            " ([batch, time, layers, top_k])"
         )
     saved = [router.__dict__.get("forward") for router in routers]
 

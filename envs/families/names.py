@@ -2,8 +2,8 @@
 
 Every name and word a family generator uses comes from ``NamePool.draw``. Guarantees:
 
-- a name is 3 to 9 lowercase ASCII letters (at most ``NamePool.longest``), built from consonant-vowel syllables, so it is safe
-  unquoted in a shell command and in a file name;
+- a name is 3 to 9 lowercase ASCII letters (at most ``NamePool.longest``), built from
+  consonant-vowel syllables, so it is safe unquoted in a shell command and in a file name;
 - ``split_of(word)`` is a fixed function of the word alone (a salted SHA-256), and a pool only
   ever returns words of its own split, so no held-out name or word can occur in a training task,
   whatever the seeds (about a quarter of the name space is held out);

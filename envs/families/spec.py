@@ -13,9 +13,10 @@ turns one into a task directory). Its guarantees, which every generator keeps:
   family that must find something out first; what they find is in ``files``, and the commands
   after them copy it from there, not from ``instruction``;
 - ``assertions`` are ``(description, POSIX sh snippet)``, 3 to 20 of them (each family set
-  narrows it: 3 to 6 in ``short``, 8 to 20 in ``long``); each snippet exits 0 when its requirement holds. Doing nothing passes none of them, and a command with a misspelt
-  name never scores below stopping before it (``tests/envs/test_families.py``): trying is never
-  worse than not trying.
+  narrows it: 3 to 6 in ``short``, 8 to 20 in ``long``); each snippet exits 0 when its
+  requirement holds. Doing nothing passes none of them, and a command with a misspelt name never
+  scores below stopping before it (``tests/envs/test_families.py``): trying is never worse than
+  not trying.
 """
 
 from __future__ import annotations
