@@ -2,28 +2,22 @@
 
 A sandbox is one isolated machine for one trial, used with ``async with``. A backend subclasses
 ``Sandbox`` and implements nine coroutines, the first five required:
-
 - ``start()``: create it and prepare the task's environment (``env``, ``workdir``, ``image`` set).
 - ``stop()``: remove everything; idempotent; runs on every path out of ``async with``.
 - ``run(command)``: a ``Command`` to completion; callers write ``exec(argv, timeout=...)``.
 - ``open_process(argv, env=, cwd=, user=)``: a long-lived process with byte streams (the shell).
 - ``kill_agent_processes()``: every process started since ``start`` is gone; files stay.
-- ``upload_tar`` / ``download_tar``: files in and out as tar archives; by default through ``run``
-  (``upload_tar_by_exec``, ``download_tar_by_exec``); a backend with a native path overrides them.
+- ``upload_tar`` / ``download_tar``: files as tar archives; by default through ``run``
+  (``upload_tar_by_exec``, ``download_tar_by_exec``), overridden where a backend has a native path.
 - ``check_alive()``, ``limit_warnings()``: health reports; by default "cannot tell" and none.
-
-Data a backend sets: ``backend`` (its name), ``supports_users`` (``Command.user`` works),
-``paces_own_creation``, ``untraced_loads`` and ``node_name``. What only some backends can do
-(tracing, the agent's changes, keep, the network between phases, host-side file access) are the
-optional protocols of ``termgym.sandboxes.capabilities``, reached through its functions, which
-answer "cannot" for a sandbox without them; host-side tar helpers (``tar_of_files``,
-``upload_files``) are functions of ``termgym.sandboxes.files``.
-
+Data a backend sets: ``backend``, ``supports_users`` (``Command.user`` works), ``paces_own_creation``,
+``untraced_loads``, ``node_name``. Optional abilities (tracing, the agent's changes, keep, the
+network between phases, host-side file access) are the protocols of ``termgym.sandboxes.capabilities``,
+whose functions answer "cannot" for a sandbox without them; host-side tar helpers
+(``tar_of_files``, ``upload_files``) are in ``termgym.sandboxes.files``.
 Guarantees callers rely on: every command runs inside the sandbox, never on the host; ``run``
 never raises for the command's own failure or timeout (that is data in ``ExecResult``) and raises
-``SandboxError`` only for infrastructure faults (``SandboxBroken`` when the sandbox stopped
-working from inside).
-"""
+``SandboxError`` only for infrastructure faults (``SandboxBroken`` when the sandbox broke inside)."""
 
 from __future__ import annotations
 

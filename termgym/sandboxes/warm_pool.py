@@ -3,27 +3,20 @@ Docker backend's pool (``termgym.sandboxes.docker.pool``: containers per ``Recip
 embedded backend's (``termgym.sandboxes.local.pool``: sandboxes per spec) run, over an engine
 adapter (``PoolEngine``) that makes, checks and removes the backend's sandboxes.
 
-What it guarantees:
-
-- **Identical or nothing.** The key is everything a sandbox is made from; a trial gets a pooled
-  one only when its own key is equal, that is when it would have made the identical sandbox.
-- **Once.** ``take`` hands an item out and forgets it; nothing ever gives one back, so an item
-  serves at most one trial (used, cancelled and failed trials alike remove theirs).
+Guarantees:
+- **Identical or nothing.** A trial gets a pooled sandbox only when its own key (everything a
+  sandbox is made from) is equal.
+- **Once.** ``take`` hands an item out and forgets it; an item serves at most one trial.
 - **Running.** An item the engine says is not running when taken is discarded and the next one
-  is taken (or None: the trial makes its own).
-- **Bounded.** Per key, idle plus being-made items never exceed ``PoolSettings.per_recipe``, and
-  over all keys never ``PoolSettings.total`` (``refill_count``). A take, and a trial that found
-  its key's pool empty (``want``), refill it in the background up to the bound,
-  ``PoolSettings.fillers`` makings at a time; with ``PoolSettings.refill_on_take`` off, only
-  ``prewarm`` fills it (on a machine whose cores the trials already use, a refill during a step
-  only competes with them).
-- **Clean.** Every pooled item carries the label ``termgym.pool=<owner>`` (``owner_label``: host,
-  pid and the pid's start time), so ``termgym gc`` removes it; ``close`` waits for makings under
-  way and discards every idle item.
+  taken (or None: the trial makes its own).
+- **Bounded.** Idle plus being-made items never exceed ``PoolSettings.per_recipe`` per key nor
+  ``PoolSettings.total`` over all (``refill_count``); refills run ``PoolSettings.fillers`` at a
+  time, after a take or ``want`` unless ``refill_on_take`` is off (then ``prewarm`` alone fills).
+- **Clean.** Every item carries ``termgym.pool=<owner>`` (``owner_label``), so ``termgym gc``
+  removes it; ``close`` waits for makings under way and discards every idle item.
 
-What it does not do: evict one key's idle items to make room for another's (the first keys to fill
-take the total), or share a pool between processes.
-"""
+Not done: eviction of one key's idle items for another's, a pool shared between processes.
+Settings and measurements: docs/guides/backends.md#warm-pool-rollouts."""
 
 from __future__ import annotations
 

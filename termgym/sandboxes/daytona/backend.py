@@ -1,36 +1,16 @@
 """The Daytona backend: one minimal Daytona cloud sandbox per trial, through the official async SDK.
 
-What it covers:
-- **Images.** Each task environment becomes a Daytona snapshot named from its content hash
-  (``termgym-<hash12>``: Dockerfile, build context, base image, resources), made from the task's
-  ``docker_image`` as an image reference when it names one (unless ``--build``), else from its
-  Dockerfile; looked up first and built once when missing (one build at a time per name in this
-  process; a build another process started is waited for), reused across trials and runs. When the
-  organization cannot create snapshots, each sandbox is made from the image or the Dockerfile
-  instead (``buildInfo``; slow: every create builds). A build
-  that fails is an ``EnvironmentBuildError``; this process remembers it and does not rebuild.
-- **Sandboxes.** Resources from the task (whole vCPUs and GiB, rounded up); ``network_block_all``
-  unless the task needs network; labels ``termgym=1``, ``termgym.run``, ``termgym.task``;
-  ``ephemeral`` (deleted when stopped), an auto-stop interval and a hard TTL, so nothing outlives
-  a crashed run by long; run as root. ``stop`` always deletes, and a create that failed or timed
-  out after the sandbox existed (looked up by the unique name each attempt gets) is deleted too.
-- **Pacing and quotas.** Every create attempt, retries included, first takes a slot from the
-  provider's ``Pacer`` (6/s and 600/min by default, both at once), inside a per-provider cap on
-  live sandboxes. 429: wait at least the retry-after headers, with exponential backoff and jitter;
-  quota 400s: wait and retry; 5xx and connection errors: a bounded number of retries; anything
-  else, or a create timeout, fails the trial as a ``SandboxError``.
-- **Commands.** ``exec`` runs through ``process.exec`` under ``timeout -k 1`` inside the sandbox
-  (its output capped in the sandbox, head and tail); ``open_process`` is a session command
-  (``daytona_channel``); ``kill_agent_processes`` kills every process that was not there when the
-  sandbox started. Files travel in bulk: one tar archive per upload (``fs.upload_files``), and
-  ``download_files`` (``fs.download_files``). Every SDK call has an explicit timeout.
+Guarantees: each task environment is one snapshot named from its content hash, built once when
+missing and reused (a failed build is an ``EnvironmentBuildError``, not retried in this process);
+a sandbox gets the task's resources, ``network_block_all`` unless the task needs network, the
+``termgym`` labels, ``ephemeral`` with an auto-stop interval and a hard TTL; ``stop`` always
+deletes, and so does a failed or timed-out create whose sandbox existed. Every create attempt takes
+a slot from the provider's ``Pacer`` inside a cap on live sandboxes; failures are retried per
+``policy``, else the trial fails as a ``SandboxError``. Every SDK call has an explicit timeout.
 
-Not covered: build contexts reach Daytona through its object storage (S3 over HTTPS), which the
-local test server does not provide; images need ``sh`` and coreutils (``timeout``, ``mktemp``,
-``head``, ``tail``, ``tar``); output is text as the daemon sends it (invalid UTF-8 becomes U+FFFD).
-Configuration: the SDK's ``DAYTONA_*`` variables for credentials, URL and region, and
-``TERMGYM_DAYTONA_*`` for pacing and limits (``DaytonaSettings.from_env``).
-"""
+Configuration: the SDK's ``DAYTONA_*`` variables and ``TERMGYM_DAYTONA_*``
+(``DaytonaSettings.from_env``). What it covers and not, in full:
+docs/guides/backends.md#cloud-rollouts-on-daytona---backend-daytona."""
 
 from __future__ import annotations
 

@@ -1,27 +1,18 @@
 """A long-lived process in a Daytona sandbox, as a ``ProcessChannel``: one session command.
 
-The process runs as an asynchronous command of its own Daytona session
-(``execute_session_command(run_async=True)``). Its input goes through
-``send_session_command_input`` (the daemon writes it to the command's input FIFO, echo suppressed);
-its output (stdout and stderr) comes from the command's log stream (``get_session_command_logs_async``,
-a websocket that follows the log until the command exits); ``close`` deletes the session, which
-makes the daemon kill the session's process group.
+The process runs as an asynchronous command of its own Daytona session; its input goes through
+``send_session_command_input``, its output (stdout and stderr) comes from the command's log stream,
+and ``close`` deletes the session (the daemon kills its process group). Guarantees and limits:
+- input arrives byte for byte as long as it is UTF-8 and travels in whole lines (``write`` holds a
+  trailing partial line until its newline; ``close`` sends what is left);
+- output is the log stream's text (invalid UTF-8 as U+FFFD) re-encoded; a line reaches the reader
+  once it is complete or the process has exited;
+- a dropped log stream is reopened (at most ``MAX_RECONNECTS`` times) without repeating a byte;
+- the process never reads end-of-file on its input while it runs (``HOLD_INPUT``);
+- every call has an explicit timeout; a refused write is retried for up to
+  ``INPUT_READY_TIMEOUT`` seconds; every other failure is a ``SandboxError``.
 
-Guarantees and limits:
-- input arrives byte for byte as long as it is UTF-8 and travels in whole lines: ``write`` holds a
-  trailing partial line until its newline (the daemon appends a newline to every input it gets),
-  and ``close`` sends what is left; the persistent shell only ever writes whole ASCII lines;
-- output is what the SDK decodes from the log stream (UTF-8, invalid bytes as U+FFFD) re-encoded;
-  the daemon labels output line by line, so a line reaches the reader once it is complete or the
-  process has exited;
-- if the log stream drops while the command still runs, it is reopened (at most
-  ``MAX_RECONNECTS`` times) and the bytes already delivered are skipped, since the daemon replays
-  the log from its start;
-- the process never reads end-of-file on its input while it runs (see ``HOLD_INPUT``);
-- every call has an explicit timeout (the log stream, which follows the process, ends with it or
-  with ``close``); a write the daemon refuses (the command has not opened its input yet) is
-  retried for up to ``INPUT_READY_TIMEOUT`` seconds; every other failure is a ``SandboxError``.
-"""
+How: docs/guides/backends.md#cloud-rollouts-on-daytona---backend-daytona."""
 
 from __future__ import annotations
 

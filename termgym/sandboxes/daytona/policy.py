@@ -1,9 +1,7 @@
 """Pure decisions of the Daytona backend: retries, backoff, snapshot names, resources, commands.
 
 Nothing here does I/O or imports the SDK, so tables of cases test it. ``daytona.py`` maps SDK
-exceptions to the inputs these functions take (HTTP status, message, transport fault) by exception
-class and status code, never by exception names.
-
+exceptions to these functions' inputs by exception class and status code, never by names.
 Guarantees:
 - ``classify_failure`` puts every create failure in exactly one class: ``rate_limited`` (429),
   ``quota`` (HTTP 400 whose message says a limit was exceeded or reached), ``transient`` (500, 502,
@@ -13,13 +11,10 @@ Guarantees:
   policy's attempts for that class;
 - ``snapshot_name`` depends only on the environment's content (Dockerfile, build context paths,
   bytes and executable bits, base image, resources), never on paths on this machine or times;
-- ``encode_command`` turns any script into a command line made of ``sh -c '...'`` around ASCII
-  letters, digits and octal escapes, which survives both a shell and the naive quote splitter of
-  older Daytona daemons;
+- ``encode_command`` turns any script into ``sh -c '...'`` around ASCII letters, digits and octal
+  escapes, which survives a shell and the naive quote splitter of older Daytona daemons;
 - ``environment_routes_requests`` is False only when the environment names no proxy for HTTP or
-  websockets and has no netrc file: then an HTTP client's environment lookups (aiohttp's
-  ``trust_env``) cannot change any request.
-"""
+  websockets and has no netrc file: then aiohttp's ``trust_env`` cannot change any request."""
 
 from __future__ import annotations
 

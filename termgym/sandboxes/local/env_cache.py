@@ -1,39 +1,15 @@
 """The embedded backend's prepared environments: a task's Dockerfile subset run once per content
 hash, every later trial started from the result copy-on-write.
 
-Layout, under ``cache_root() / "envs"`` (``TERMGYM_ENV_CACHE_DIR``, else ``cache`` next to the
-sandboxes)::
+Guarantees: ``environment_key`` hashes every byte a preparation reads (no size or time stands in
+for content), so a change is another key and an old entry is never served for it; an entry is
+visible only once complete; ``building`` holds the key's exclusive lock across processes, so one
+task is prepared once; at most ``max_entries`` entries and ``max_bytes`` bytes, least recently used
+removed first; an entry is removed only while no trial holds it and no mount has it as a lower
+layer. Trials started from one entry run as its owner (the host uid that prepared it).
 
-    <key>/tree/<root>/...   the prepared writable directories (what WORKDIR, COPY and RUN left)
-    <key>/meta.json         owner, roots, environment, working directory, bytes; written last
-    <key>.lock              flock: exclusive while one trial prepares or one eviction removes it,
-                            shared while a trial mounts or copies it
-    .staging-<pid>-<hex>/   an entry being written; renamed into place whole
-
-Guarantees:
-- **Invalidation.** ``environment_key`` hashes every byte a preparation reads: the Dockerfile, the
-  build context by content (``termgym.images.context.context_digest``: every entry's name, kind and
-  mode, every file's bytes, every symlink's target; ``.git`` included, as ``COPY`` copies it), the
-  environment the ``RUN`` steps see, and this host's installed packages (the bytes of
-  ``/var/lib/dpkg/status``, whose ``RUN`` steps use the host's tools). No file's size or time
-  stands in for its content. Any change is another key; an old entry is never served for it.
-- **Whole entries.** An entry is visible only once complete (a staging directory renamed into
-  place, ``meta.json`` inside it); one left half-written by a killed process is a staging directory
-  that ``clear`` and the next ``publish`` remove once its process is gone.
-- **One preparation at a time.** ``building`` holds the key's exclusive lock across processes, so
-  concurrent trials of one task prepare it once: the others wait, then start from the entry.
-- **Bounds.** At most ``max_entries`` entries and ``max_bytes`` bytes, least recently used
-  removed first (``TERMGYM_ENV_CACHE_ENTRIES``, ``TERMGYM_ENV_CACHE_MB``); an entry larger than
-  the whole budget is not kept. ``TERMGYM_ENV_CACHE=0`` turns the cache off.
-- **Never pulled from under a trial.** An entry is removed (by eviction or ``clear``) only while
-  no trial holds it (shared lock: while a trial mounts or copies it, and for as long as a sandbox
-  whose overlay stands on it lives, ``namespace.MountNamespace.hold``) and no mount in any mount
-  namespace a process is in has it as a lower layer: a sandbox started from it, even one whose
-  keeper outlived a killed process, keeps it until ``termgym gc`` ends the sandbox.
-
-Trials started from one entry run as its owner (the host uid that prepared it): its files are that
-uid's, and a sandbox's root must own them. They share nothing else (``termgym.sandboxes.local``).
-"""
+Layout under ``cache_root() / "envs"`` and the guarantees in full:
+docs/guides/backends.md#prepared-environments-the-embedded-backends-cache."""
 
 from __future__ import annotations
 

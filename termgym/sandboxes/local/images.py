@@ -1,45 +1,15 @@
 """Images for the embedded backend, without a daemon: a task's ``docker_image`` or ``FROM`` as a
 root file system every sandbox of it starts from.
 
-An image (``termgym.images.refs``: a registry name, an OCI layout, a ``docker save`` archive, a
-local Docker engine's image) is copied by ``skopeo`` and unpacked by ``umoci`` (the tools Podman
-and CRI-O are built on; Debian packages, installed as the backend needs them), rootless, as the
-unprivileged host user its sandboxes run as: every file of the image is that user's, set-id bits
-and device nodes are dropped, and a hostile layer reaches nothing the unpacking user cannot.
+An image (``termgym.images.refs``) is copied by ``skopeo`` and unpacked by ``umoci``, rootless, as
+the unprivileged host user its sandboxes run as. Guarantees: an image is visible only once
+unpacked completely (a failure leaves no entry); it is copied and unpacked once per digest, across
+trials and processes; the pull policy (``missing``, ``always``, ``never``) is Docker's, and so are
+the credentials; errors are one line naming the image (``EnvironmentBuildError``); an image in use
+(its ``use-`` lock held, or a lower layer of any mount) is never removed.
 
-Layout, under ``cache_root() / "images"``::
-
-    images/<hex>/rootfs/...   an unpacked image, named by its manifest digest (``sha256:<hex>``)
-    images/<hex>/meta.json    its digest, owner, configuration and size; written last; its
-                              modification time is the image's last use
-    refs/<hash>.json          the digest a reference resolved to (``--pull missing`` reads it)
-    locks/<name>.lock         flock: one copy per reference, one unpacking per digest, and
-                              ``use-<hex>.lock``, held shared by every sandbox over the image
-    .staging-<pid>-<hex>/     an image being copied and unpacked; renamed into place whole
-
-Guarantees:
-- **Whole images.** An image is visible only once unpacked completely (its staging directory
-  renamed into place, ``meta.json`` inside). A failed copy (an unreachable registry, a layer whose
-  digest does not match, a truncated archive), a failed unpacking or a full disk leaves no entry,
-  only a staging directory that the next copy removes once its process is gone.
-- **Once per digest.** Two trials, or two processes, that want one image copy and unpack it once:
-  the second waits for the first's lock, then finds the image.
-- **Pull policy.** ``missing`` copies a registry image only when no earlier copy of that name is
-  here (or in the local Docker engine, copied from there then); ``always`` asks the registry once
-  per process; ``never`` uses what is here, else fails. Images that are not in a registry (an OCI
-  layout, an archive, the engine's) are read again whenever their manifest changed.
-- **Credentials** are Docker's: ``$DOCKER_CONFIG/config.json``, else ``~/.docker/config.json``,
-  with its credential helpers. A registry on loopback is reached over plain HTTP, as Docker's
-  engine reaches it.
-- **Errors** are one line naming the image and the registry's (or tool's) answer
-  (``EnvironmentBuildError``).
-- **Never removed from under a sandbox.** ``clear`` (``termgym gc --images``) removes every image
-  no sandbox uses; with ``TERMGYM_IMAGE_STORE_MB`` set, each new image evicts the least recently
-  used others down to that size (unset or 0: no bound, as Docker and Podman keep what they pulled
-  until pruned). In use: its ``use-`` lock held (``hold``), or its root file system a lower layer
-  of a mount in any namespace (a kept sandbox whose run has ended). An image is renamed away whole
-  before it is deleted, so a reader never sees half of one.
-"""
+Layout under ``cache_root() / "images"``, and the guarantees in full:
+docs/guides/backends.md#task-images-without-a-daemon."""
 
 from __future__ import annotations
 

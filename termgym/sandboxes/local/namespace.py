@@ -1,39 +1,16 @@
 """A sandbox's own mount namespace, where its storage and its overlay are mounted (as root) instead
 of in this process's namespace, so that the host's mount table does not grow with the sandboxes
-alive.
+alive. Every keeper of the sandbox is started inside it.
 
-Why: every mount namespace starts as a copy of the whole mount table of the one it is made from,
-and bubblewrap then reads that table once per bind it makes; a keeper started from a host holding
-two mounts per live sandbox cost 17 ms with none alive and 160 ms with 512 (issue 43, "Scale on one
-machine"). Here each sandbox's mounts live in a namespace of its own: a copy of this process's,
-made when the sandbox's home is, whose mounts propagate nowhere (``MS_SLAVE``: it still receives
-the host's own), and every keeper of the sandbox (the first, its spare, one started again, a kept
-one) is started inside it (``nsenter --mount``, ``path``), so it copies the host's few mounts and
-the sandbox's own two, however many sandboxes are alive.
+Guarantees: what ``run`` mounts is in the sandbox's namespace only, copied into no namespace made
+later; ``reach`` names a path of the sandbox's directory as the host reaches it in the namespace
+(never the empty directory under the mounts); the kernel unmounts everything once neither this
+object nor a process holds the namespace, so a killed run leaves no mount; ``hold`` keeps the
+prepared environment an overlay in it stands on from eviction while the namespace is open. Each
+operation inside runs in a thread of its own that enters the namespace, never the event loop's
+thread or a pooled one. Without root there is no such namespace (``holder``).
 
-Guarantees:
-- **Nothing in the host's table.** What ``run`` mounts is in the sandbox's namespace only; no
-  namespace made later from this process's (another sandbox's, another keeper's) holds a copy.
-- **Reached from the host.** ``reach`` names a path of the sandbox's directory as this process (or a
-  root process it starts) reaches it in the namespace: ``/proc/<pid>/fd/<n>/...`` through a
-  descriptor of that directory opened inside it, so the host's reads and writes of the sandbox's
-  files (``host_files``, the tamper check's manifests, the prepared-environment cache's copy) see
-  its storage, never the empty directory under it.
-- **Gone with its sandbox.** The namespace lives while this object is open or a process is in it
-  (a keeper's bubblewrap); then the kernel unmounts everything in it (a loop device is detached with
-  its file system). When this process dies its descriptors close and its keepers die with it
-  (``--die-with-parent``), so a killed run leaves no mount behind for ``termgym gc`` (only its
-  directory and cgroups); a kept sandbox's namespace lives as long as its detached keeper.
-- **Its cache entry stays.** ``hold`` keeps a shared lock on the prepared environment an overlay in
-  it stands on, for as long as the namespace is open: eviction (``env_cache``) never removes it,
-  from this process or another, even while the sandbox holds no process.
-
-Each operation inside the namespace runs in a thread of its own that enters it (``unshare`` of its
-file-system attributes, then ``setns``), never in the event loop's thread or a pooled one. Without
-root there is no such namespace: a sandbox mounts nothing, or, over an image, mounts its root in a
-user and mount namespace of the user's own that a process holds (``holder``: the kernel lets only a
-single-threaded process make a user namespace).
-"""
+Why and how: docs/guides/backends.md#inside-one-embedded-sandbox."""
 
 from __future__ import annotations
 

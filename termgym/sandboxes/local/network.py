@@ -1,47 +1,15 @@
 """User-mode network for an embedded sandbox whose task asks for it: ``pasta`` (Debian ``passt``)
 attached to the keeper's network namespace, and taken away again.
 
-What the sandbox reaches with it: every address that is not the host's own, over TCP, UDP and
-ICMP echo, through ``pasta``, which opens the connections from the host's network namespace as the
-sandbox's unprivileged host uid. Its ``eth0`` gets the host's address, route and MTU
-(``--config-net``). Names resolve through the resolver its ``/etc/resolv.conf`` names (over the
-host's system, the host's file), so not where that resolver is on the host's loopback
-(systemd-resolved's ``127.0.0.53``). Other machines' addresses, the gateway included, and the
-host's other network namespaces (containers, Docker's bridge peers) are "outside" and reachable,
-as from a Docker container; so is a cloud's metadata address.
+Guarantees: the sandbox reaches every address that is not the host's own (TCP, UDP, ICMP echo),
+and never the host's loopback, the host's own addresses (as listed at each attach) or the host's
+ports by any forwarding. The nftables ruleset that drops those is loaded in the sandbox's network
+namespace before ``pasta`` brings the device up, and nothing in the sandbox can change it (no
+``CAP_NET_ADMIN`` over the namespace). ``pasta`` never outlives the keeper it serves. Needs Linux
+5.16 or later and ``nft``; where either is missing the sandbox gets no network and the record says
+why.
 
-What it never reaches, whatever it sends:
-
-- **The host's loopback**: no address of ``127.0.0.0/8``, ``::1``, ``0.0.0.0/8`` or ``::`` (which the
-  host's kernel would deliver to itself), nor an IPv4-mapped IPv6 address standing for one.
-- **The host's own addresses**: every address on the host's interfaces when the network was
-  attached (each time it is: at start, after a keeper restart, on ``set_network``), and their
-  broadcast addresses, and any multicast destination other than ICMPv6 (neighbour discovery);
-  so no service the host runs, on any of its addresses (a Ray node, termgym's gateway), is
-  reachable. An address the host gains later is not in the list until the next attach.
-- **The host's ports by any forwarding**: ``pasta`` maps the gateway's address to the gateway, not
-  to the host (``--no-map-gw``), forwards no port of the sandbox's loopback to the host's
-  (``-T none -U none``) and no host port into the sandbox (``-t none -u none``).
-
-How: before ``pasta`` starts, the host makes the tap device (``eth0``) in the sandbox's network
-namespace, still down, and loads an nftables ruleset there that drops every packet to those
-destinations: in the ``output`` hook (refused at once, for ordinary sockets) and in the
-device's ``egress`` hook, which also sees frames written to the device directly (a packet
-socket), so no frame for a host address ever reaches ``pasta``. Only then does ``pasta`` attach
-to that device and bring it up. Sandbox commands hold no ``CAP_NET_ADMIN`` over the namespace
-(``commands.COMMAND_CAPABILITIES``, and with bubblewrap's ``--disable-userns`` no capability
-over it at all: it belongs to the user namespace above theirs), so nothing in the sandbox can
-change the rules, the device or its routes. Needs Linux 5.16 or later (the egress hook) and
-``nft``; where either is missing the sandbox gets no network and the record says why.
-
-Lifetime: ``pasta`` runs under a small helper that SIGKILLs it as soon as the keeper it serves has
-ended (checked every second, against pid reuse by the keeper's start time), so no ``pasta``
-outlives its namespace: not when the sandbox stops (``stop`` ends it at once), not when the
-keeper is replaced (``kill_agent_processes``; the next keeper gets a ``pasta`` of its own before
-its first command) and not when termgym dies (the keeper dies with it, ``--die-with-parent``).
-The helper and ``pasta`` are no sandbox process: the sandbox cannot see or signal them, and
-their memory (about 30 MB, ``pasta``'s buffers) is outside the sandbox's cgroups.
-"""
+Design, what is reachable and how: docs/guides/backends.md#network-embedded."""
 
 from __future__ import annotations
 
