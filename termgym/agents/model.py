@@ -4,22 +4,17 @@ Per turn: ask the model (``Session.complete``), parse its reply in the action fo
 (``termgym.agents.actions``), run the command or submit, and show the model the observation
 (``termgym.agents.prompts``). The same loop, prompt and parser serve evaluation and training.
 
-Budgets, each ending the episode with a named stop reason (``termgym.transcript.StopReason``):
-``max_turns`` (the env's turn budget counts every model reply, replies that did not parse too);
-``agent_timeout`` (no request outlives the episode's agent time); ``parse_errors``
-(``max_parse_errors`` replies in a row that did not parse); ``context_exhausted`` (the next reply has
-no room in the context window and the context policy cannot make any). Each is a Gymnasium
-truncation, then verification; a submit is the only termination. The reply's token budget is
-``max_tokens`` clamped to what remains of the context window.
+Budgets, each ending the episode with a named stop reason (``termgym.transcript.StopReason``), a
+Gymnasium truncation followed by verification: ``max_turns`` (every model reply counts, unparsable
+ones too), ``agent_timeout`` (no request outlives the episode's agent time), ``parse_errors``
+(``max_parse_errors`` unparsable replies in a row), ``context_exhausted`` (the next reply has no
+room and the context policy cannot make any). A submit is the only termination. The reply's token
+budget is ``max_tokens`` clamped to what remains of the context window.
 
-Context policies: ``none``; ``truncate`` elides the oldest observations' bodies (the structure
-stays; the two latest observations are kept whole); ``summarize`` asks the model for a summary and
-continues in a new segment that starts from it (a failed summary is counted, and the agent falls
-back to ``truncate``). Either rewrite of the history starts a new segment: a new token sample.
-
-A model that cannot be reached past the client's retries raises ``ModelError``; the trial records
-``model_error`` and the run goes on.
-"""
+Context policies (``none``, ``truncate``, ``summarize``): either rewrite of the history starts a new
+segment, a new token sample. A model that cannot be reached past the client's retries raises
+``ModelError``; the trial records ``model_error`` and the run goes on.
+Details: docs/guides/agents.md#budgets-and-stop-reasons."""
 
 from __future__ import annotations
 

@@ -1,32 +1,21 @@
 """The renderer seam: a conversation to token ids, a completion's ids back to a reply, and the bridge
 between turns that keeps an episode token-exact (TITO).
 
-A renderer is the one place that knows a model family's chat format. The session that samples
-(``termgym.agents.tokens.RenderedSession``) keeps, per segment::
+A renderer is the one place that knows a model family's chat format. Per segment, the sampling
+session (``termgym.agents.tokens.RenderedSession``) keeps
+``ids = render(opening) + sampled_1 + bridge_1 + sampled_2 + ...``, where each ``sampled_t`` is
+exactly what the model produced (through its close token) and ``bridge(history_t, new_t)`` is the
+only text tokenized after the first prompt. ``bridge`` answers None when the prefix cannot be kept;
+the session then starts a new segment from a full ``render``.
 
-    ids = render(opening) + sampled_1 + bridge_1 + sampled_2 + bridge_2 + ...
-
-where each ``sampled_t`` is exactly what the model produced (through its close token) and each
-``bridge_t = bridge(history_t, new_t)`` is the only text tokenized after the first prompt: the ids
-after the last reply's close token up to the next generation prompt. ``bridge`` answers None when
-the prefix cannot be kept (the format rewrites an earlier turn: stripped thinking, a template that
-re-renders differently); the session then starts a new segment from a full ``render``.
-
-Guaranteed by every renderer:
-
-* text from messages is encoded with special tokens split, so no content (an observation holding
-  ``<|im_end|>`` or ``<tool_call>``) ever becomes a special id;
-* ``parse`` reads structure (reasoning, tool calls) on special-token ids where the family has them,
-  never on text, so a literal ``<tool_call>`` in a reply's text is content, not a call; it never
-  raises;
-* ``close_id`` is in ``stop_ids``; a reply cut short (no stop id at its end) is closed by the
-  session with ``close_id`` as context outside the loss.
-
-Family renderers (``exact = True``) build ids piece by piece, so ``render(history + new)`` equals
-the segment's ids whenever each assistant message in ``history`` renders to the ids that were
-sampled for it; the tokenizer's own ``apply_chat_template`` renders the same text. The generic
+Guaranteed by every renderer: text from messages is encoded with special tokens split, so no
+content ever becomes a special id; ``parse`` reads structure on special-token ids where the family
+has them, never on text, and never raises; ``close_id`` is in ``stop_ids`` (a reply cut short is
+closed with it, outside the loss). Family renderers (``exact = True``) render ``history + new`` to
+the segment's ids whenever each assistant message renders to the ids sampled for it; the generic
 ``TemplateRenderer`` (``exact = False``) proves each bridge by rendering twice and reports breaks.
-"""
+
+More: docs/guides/training.md#renderers."""
 
 from __future__ import annotations
 
@@ -36,7 +25,7 @@ from typing import Any, Literal, Protocol
 
 from termgym.agents.actions import ToolCall
 
-# How much of earlier replies' reasoning the prompt keeps (docs/guides/renderers.md has the costs):
+# How much of earlier replies' reasoning the prompt keeps (docs/guides/training.md#thinking-retention has the costs):
 # all: every reply keeps its reasoning (the prefix always holds; prompts are longest);
 # cycle: reasoning is kept for replies after the last user message (Qwen3's own rule: tool results
 # do not end the cycle, a user turn does, and then earlier reasoning is dropped: a new segment);

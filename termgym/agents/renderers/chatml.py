@@ -1,35 +1,17 @@
-"""ChatML as Qwen2.5 and Qwen3 write it: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` turns,
+"""ChatML as Qwen2.5 and Qwen3 write it: ``<|im_start|>{role}\n{content}<|im_end|>\n`` turns,
 Hermes JSON tool calls, tool results grouped in one user turn, reasoning in ``<think>`` blocks.
 
-What a conversation renders to (``templates/chatml.jinja`` renders the same text; a turn a line,
-a long one continued indented: ``\\n`` is the only newline)::
-
-    <|im_start|>system\\n{system}\\n\\n# Tools ... <tools>\\n{tool JSON per line}\\n</tools> ...<|im_end|>\\n
-    <|im_start|>user\\n{content}<|im_end|>\\n
-    <|im_start|>assistant\\n<think>\\n{reasoning}\\n</think>\\n\\n{content}\\n
-        <tool_call>\\n{"name": N, "arguments": A}\\n</tool_call><|im_end|>\\n
-    <|im_start|>user\\n<tool_response>\\n{result}\\n</tool_response>\\n
-        <tool_response>\\n...\\n</tool_response><|im_end|>\\n
-    <|im_start|>assistant\\n                                                   (the generation prompt)
-
-The system turn exists when there is a system message or tools; without tools it is the system
-message alone. The think block is written only for a message with ``reasoning_content`` whose
-reasoning the retention keeps (``formats``: all, cycle, strip); unlike Qwen3's own template no
-empty think block is ever added, so the last reply renders the same before and after the next
-turn. The newline before the first call is written only when there is content; calls are
-separated by a newline. Arguments that are a string are written as they are; a mapping as JSON
-(``json.dumps``, ``ensure_ascii=False``: what the templates' ``tojson`` writes). A call with no name
-and string arguments (a call ``parse`` could not read) is written back as its raw text.
-
-``parse`` reads structure on ids only: a reply that starts with ``<think>`` (or holds ``</think>``
-before any call) has reasoning up to ``</think>``; a reply that never closes its think block is all
-reasoning; each ``<tool_call>`` ... ``</tool_call>`` span is one call, a span that is not a JSON
-object with a string ``name`` is kept with ``name=None`` and its raw text; text after the calls is
-appended to the content. A literal ``<tool_call>`` in text is content. On a tokenizer without
-``<think>`` (Qwen2.5) reasoning is rendered as text and never parsed back. The stop ids are
-``<|im_end|>`` and ``<|endoftext|>`` (Qwen's generation config stops on both); the close id is
+``templates/chatml.jinja`` renders the same text. Guarantees: unlike Qwen3's own template no empty
+think block is ever added, so the last reply renders the same before and after the next turn; a
+call ``parse`` could not read (no name, string arguments) is written back as its raw text.
+``parse`` reads structure on ids only, never raises, and keeps a span that is not a JSON object
+with a string ``name`` as a call with ``name=None`` and its raw text; a literal ``<tool_call>`` in
+text is content. On a tokenizer without ``<think>`` (Qwen2.5) reasoning is rendered as text and
+never parsed back. The stop ids are ``<|im_end|>`` and ``<|endoftext|>``; the close id is
 ``<|im_end|>``.
-"""
+
+What a conversation renders to, and the parse rules in full:
+docs/guides/training.md#the-chatml-format."""
 
 from __future__ import annotations
 

@@ -1,37 +1,21 @@
 """The chat formats termgym renders itself, and the machinery their renderers share.
 
 A ``FormatSpec`` names a format's structural tokens (each one id in every tokenizer of the format),
-which of them are eos, pad and bos, which its real tokenizers leave unmarked as special (Qwen's
-``<think>`` and ``<tool_call>``: ordinary added tokens, matched in text even when special tokens
-are split), and its chat template: a jinja file written by this project
-(``templates/*.jinja``) that renders, as text, exactly what the format's renderer renders as ids.
+which of them are eos, pad and bos, which its real tokenizers leave unmarked as special, and its
+chat template (``templates/*.jinja``, written by this project), which renders as text exactly what
+the format's renderer renders as ids.
 
 ``FormatRenderer`` is the base of the format renderers (``chatml``, ``qwen-xml``, ``llama3``). It
 guarantees, for every subclass:
-
-* a rendered conversation is a sequence of parts, structural ids and text runs; each text run is
-  encoded on its own (``encode``: special tokens split, and every spelling of an unmarked added or
-  structural token cut after its first character), so no text, whatever it holds, becomes a
+* each text run is encoded on its own (``encode``), so no text, whatever it holds, becomes a
   structural id, and the ids of a run never depend on what is rendered around it;
 * the generation prompt and the reply that follows it are separate runs, so a history turn renders
-  to ``generation prompt + render_assistant(message)``: what was sampled, when the reply was the
-  canonical one;
+  to ``generation prompt + render_assistant(message)``;
 * ``bridge`` is built from the new messages alone, and answers None exactly when the thinking
   retention renders some earlier turn differently than when it was first rendered or sampled
-  (``_retention_breaks``): the segment then has to start again from a full ``render``.
+  (``_retention_breaks``): the segment then starts again from a full ``render``.
 
-How much each retention costs (``base.ThinkingRetention``):
-
-* ``all``: no reply's reasoning is ever dropped, so a bridge never breaks for it; the prompt is the
-  longest (every earlier reasoning stays in context), and differs from what the formats' own
-  templates show a model after a new user turn.
-* ``cycle`` (the default, Qwen3's rule): reasoning is kept for replies after the last user message
-  (tool results do not end the cycle). Inside a tool cycle the prefix holds; a new user message
-  drops earlier reasoning, so it starts a new segment (one break per user turn at most, none when no
-  reply since the last user message carried reasoning).
-* ``strip``: no reasoning is kept in the prompt: the shortest prompts, and every reply that carries
-  reasoning starts a new segment (a full render and a new token sample each turn).
-"""
+How text runs are encoded, and what each retention costs: docs/guides/training.md#renderers."""
 
 from __future__ import annotations
 

@@ -1,29 +1,16 @@
 """Llama 3 (3.1 and later; 3.0 without ``<|eom_id|>``): header-framed turns, tool results in the
 ``ipython`` role, tool calls as the reply's whole text.
 
-What a conversation renders to (``templates/llama3.jinja`` renders the same text; a turn a line,
-a long one continued indented: ``\\n`` is the only newline)::
+``templates/llama3.jinja`` renders the same text. A reply is its content, or one tool call and
+nothing else (Llama 3.1's documented JSON ``{"name": ..., "parameters": {...}}``); a message with
+two calls, or a call and content, is a ``ValueError``. Reasoning is never rendered and never parsed
+(``reasoning`` is None), so no retention ever breaks a bridge. ``parse`` reads the whole reply's
+text (Llama has no tool-call token): one JSON object with a string ``name`` is a call; a reply
+starting with ``<|python_tag|>`` or ``{"name"`` that is not such an object is an unreadable call
+(``name=None``, the raw text); anything else is content. The stop ids are ``<|eot_id|>``,
+``<|eom_id|>`` and ``<|end_of_text|>`` (those the tokenizer has); the close id is ``<|eot_id|>``.
 
-    <|begin_of_text|><|start_header_id|>system<|end_header_id|>\\n\\nEnvironment: ipython\\n\\n
-        {how to call}\\n\\n{tool JSON, indent 4}\\n\\n...{system}<|eot_id|>
-    <|start_header_id|>user<|end_header_id|>\\n\\n{content}<|eot_id|>
-    <|start_header_id|>assistant<|end_header_id|>\\n\\n{"name": N, "parameters": A}<|eot_id|>
-    <|start_header_id|>ipython<|end_header_id|>\\n\\n{result}<|eot_id|>
-    <|start_header_id|>assistant<|end_header_id|>\\n\\n                    (the generation prompt)
-
-The system turn exists when there is a system message or tools. A reply is its content, or one
-tool call and nothing else, written as Llama 3.1's documented JSON ``{"name": ..., "parameters":
-{...}}`` (string arguments as they are, a mapping as ``json.dumps``); a message with two calls, or
-a call and content, is a ``ValueError``. Llama has no reasoning blocks: reasoning is never
-rendered and never parsed (``reasoning`` is None), so no retention ever breaks a bridge.
-
-Llama has no tool-call token, so ``parse`` reads the text of the whole reply: it is a call when it
-is one JSON object with a string ``name`` (arguments from ``parameters``, or ``arguments``, or
-none); it is an unreadable call (``name=None``, the raw text) when it starts with
-``<|python_tag|>`` or with ``{"name"`` and is not such an object; otherwise it is content. The
-stop ids are ``<|eot_id|>``, ``<|eom_id|>`` and ``<|end_of_text|>`` (those the tokenizer has); the
-close id is ``<|eot_id|>``.
-"""
+What a conversation renders to: docs/guides/training.md#the-llama3-format."""
 
 from __future__ import annotations
 

@@ -1,31 +1,19 @@
 """Qwen3.5 and Qwen3-Coder: ChatML turns with XML tool calls.
 
-What changes from ``chatml`` (``templates/qwen_xml.jinja`` renders the same text):
+What changes from ``chatml`` (``templates/qwen_xml.jinja`` renders the same text): a call is
+``<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>``;
+the tools are listed in the system turn first; with ``open_think`` (Qwen3.5, the default when the
+tokenizer's chat template writes ``<think>``) the generation prompt opens ``<think>\n`` and every
+kept reply renders with a think block, so bridges stay exact but every turn depends on the
+retention. ``open_think=False`` (Qwen3-Coder) writes reasoning as ``chatml`` does.
 
-* a call is ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>``,
-  two newlines between the content and the first call (none without content), one between calls;
-* the tools are listed in the system turn first, as JSON lines inside ``<tools>``, with the XML
-  call format spelled out, and the system message follows them;
-* ``open_think`` (Qwen3.5's generation prompt, the default when the tokenizer's chat template
-  writes ``<think>``): the generation prompt is ``<|im_start|>assistant\\n<think>\\n``, so a reply
-  is ``{reasoning}\\n</think>\\n\\n{content}...<|im_end|>`` and every reply whose reasoning the
-  retention keeps renders with a think block, empty when it has no reasoning (Qwen3.5's own rule).
-  Bridges stay exact: a history turn renders to that same prompt plus the reply. The cost: every
-  turn depends on the retention, so ``cycle`` starts a new segment at every user message after a
-  reply and ``strip`` at every turn. ``open_think=False`` (Qwen3-Coder, whose template has no
-  ``<think>``): the generation prompt is ``<|im_start|>assistant\\n`` and reasoning is written
-  exactly as ``chatml`` writes it.
-
-Argument values: a string is written as it is, anything else as JSON (``true``, ``3``,
-``{"a": 1}``; Qwen3.5's own template writes Python's ``True``, a drift between the model's text and
-its re-render this format avoids). Parsing cannot know the tools' schemas, so a value is read back
+Argument values: a string is written as it is, anything else as JSON. Parsing reads a value back
 as a number when it is a JSON number, as an object or array when it is valid JSON of that kind,
-and as a string otherwise: ``true``, ``false`` and ``null`` stay strings (they are shell commands
-too), so ``bash.command`` is always a string unless it is a bare number, and ``bash.timeout`` is a
-number. ``arguments`` is the JSON text of the mapping of the parameters read. A call whose body has
-no ``<function=NAME>`` header keeps ``name=None`` and its raw text; a value with no closing
-``</parameter>`` runs to the end of the function.
-"""
+and as a string otherwise (``true``, ``false`` and ``null`` stay strings), so ``bash.command`` is a
+string unless it is a bare number. A call with no ``<function=NAME>`` header keeps ``name=None``
+and its raw text.
+
+The format in full: docs/guides/training.md#the-qwen-xml-format."""
 
 from __future__ import annotations
 
