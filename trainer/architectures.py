@@ -1,40 +1,20 @@
 """Tiny, randomly initialised policies of real model architectures, built from configurations alone.
 
-``ARCHITECTURES`` names the architectures ``termgym train --model DIR`` is tested on (a model's
-chat format is another matter: the renderers', ``termgym.agents.renderers``):
-
-- ``qwen3``: dense ``Qwen3ForCausalLM`` (``model_type`` ``qwen3``);
-- ``qwen3-moe``: ``Qwen3MoeForCausalLM`` (``qwen3_moe``), every layer sparse;
-- ``qwen3.5-moe``: the text-only ``Qwen3_5MoeForCausalLM`` (``qwen3_5_moe_text``; the published
-  checkpoints say ``qwen3_5_moe``, the vision-language wrapper whose text model this is): a hybrid
-  of Gated DeltaNet linear-attention layers and gated full-attention layers (three linear to one
-  full, as the real models, with the pattern shortened to ``layers`` when fewer than four: two
-  layers are one of each), every layer sparse with a sigmoid-gated shared expert, partial rotary
-  embeddings (a quarter of each head);
-- ``llama``: ``LlamaForCausalLM`` (``llama``), Llama 3 style: rope theta 500000, grouped-query
-  attention.
+``ARCHITECTURES`` names the architectures ``termgym train --model DIR`` is tested on: ``qwen3``
+(dense ``Qwen3ForCausalLM``), ``qwen3-moe`` (``Qwen3MoeForCausalLM``, every layer sparse),
+``qwen3.5-moe`` (the text-only ``Qwen3_5MoeForCausalLM``: Gated DeltaNet linear-attention and
+gated full-attention layers, every layer sparse) and ``llama`` (``LlamaForCausalLM``, Llama 3 style).
 
 Guarantees: ``tiny_architecture_config`` returns the architecture's own ``transformers``
 configuration class, of a few hundred thousand parameters at the default size, with 4 query and 2
-key/value heads (GQA), tied input and output embeddings (every architecture here allows it), the
-given special-token ids, and for the MoE architectures every layer sparse, top-2 of ``experts``,
-the router's auxiliary loss off (``router_aux_loss_coef`` 0, ``output_router_logits`` False).
-``build_architecture_policy`` writes an ordinary Hugging Face model directory (``config.json`` with
-the architecture's real ``model_type``, safetensors weights, the tokenizer it was given) that
-``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load offline, and
-the same ``seed`` gives the same weights. Nothing here touches the network.
-Not guaranteed: that a tiny policy does anything useful (it is randomly initialised).
+key/value heads, tied input and output embeddings, the given special-token ids, and for the MoE
+architectures every layer sparse, top-2 of ``experts``, the router's auxiliary loss off.
+``build_architecture_policy`` writes an ordinary Hugging Face model directory that
+``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained`` load offline; the
+same ``seed`` gives the same weights. Nothing here touches the network. Not guaranteed: that a
+tiny policy does anything useful.
 
-Every trainer component is tested on every architecture (``tests/trainer/test_architectures.py``):
-the critic, the batched sampler against a no-cache recompute, ``forward_logp`` against the
-sampler's log-probs, routing record and replay (R3) for the MoE architectures, and a gradient
-step. The sampler's prefix key/value cache is used for the architectures whose every layer is full
-attention; Qwen3.5-MoE's linear-attention layers keep a recurrent state instead of per-position
-keys and values, so the sampler runs it without the cache (``trainer/kv_cache.py``,
-``supports_prefix_cache``). On CPU, without ``flash-linear-attention`` or ``causal-conv1d``
-installed, transformers runs Qwen3.5's linear attention through its reference PyTorch
-implementation (it says so once, on first use).
-"""
+Each architecture's shape, and what is tested on each: docs/guides/training.md#models."""
 
 from __future__ import annotations
 

@@ -2,28 +2,19 @@
 forward runs only the tokens appended since (the sampled token, or an observation).
 
 ``PrefixCache`` keeps, per cached sequence, each attention layer's keys and values and (with
-routing) the experts each position was routed to in the forward that computed it. A request reuses
-the longest cached sequence that is a prefix of its ids, so episodes need no handle: an episode's
-next request always extends the sequence its last forward cached. ``cached_next_token_logprobs``
-runs one batched forward over the uncached suffixes of several requests, each row with its own
-cached prefix (padded to the longest; the attention mask hides the padding and each row's position
-ids continue from its own prefix), and caches every row's whole sequence.
+routing) the experts each position was routed to. A request reuses the longest cached sequence that
+is a prefix of its ids, so episodes need no handle. ``cached_next_token_logprobs`` runs one batched
+forward over the uncached suffixes of several requests, each row with its own cached prefix, and
+caches every row's whole sequence.
 
 Guarantees (tests/trainer/test_kv_cache.py): the log-probs equal a full recompute's to float
 rounding, whatever is cached and however rows are batched; a forward never computes a cached
 position again; ``forget`` drops an ended episode's entries; the cache holds at most ``capacity``
 entries (least recently used dropped first). Weights that change make every entry stale: call
-``clear``.
+``clear``. Only for models whose every layer is full attention (``supports_prefix_cache``); any
+other is refused (``UnsupportedPrefixCache``) and ``BatchedSampler`` runs it without the cache.
 
-Only for models whose every layer is full attention (``supports_prefix_cache``): a prefix's keys
-and values then are all its later positions read. A model with any other layer is refused
-(``UnsupportedPrefixCache``) and ``BatchedSampler`` runs it without the cache: a sliding-window
-layer, and a linear-attention or other recurrent layer (Qwen3.5's Gated DeltaNet), whose cache is
-a state after the last position read, not per-position keys and values. Reusing that state would
-need, per row, the state at the row's own end (a right-padded batch runs its padding through the
-recurrence, which decays the state) and the state one position back (the last position is always
-recomputed); transformers' layers return only the state after the whole padded forward.
-"""
+How rows are padded, and why recurrent layers are not cached: docs/guides/training.md#rollouts-tito."""
 
 from __future__ import annotations
 

@@ -1,34 +1,20 @@
 """The main job, end to end (``termgym train --preset tiny``, what ``make demo`` runs):
 
-1. generate a training pool and a held-out set from the task families (``envs/families``): the
-   held-out names are never used in training, and one held-out family is never trained on;
-2. audit the pool (``termgym audit``'s mechanical checks); only accepted tasks train, in the
-   audit's score order, which the task pool reshuffles every epoch;
-3. copy the ``--init`` model (the tiny preset's: the shipped tiny base) or build a tiny MoE
-   policy (its tokenizer trained on the bundled tasks' text, not on the pool);
-4. record the demonstrations of the accepted tasks (all but the ``--ppo-pool`` ones kept for PPO)
-   in real sandboxes, the reference solutions or the scripted teacher's commands, and train on
-   them (the supervised warm start); with ``--start-floor``, check the start on a validation split;
-5. evaluate on the held-out set: greedily, and with ``--eval-samples`` episodes per task sampled at
-   temperature 1; with the teacher's demonstrations, the teacher on the same tasks;
-6. critic warm-up, then PPO with the dense per-assertion reward through the scheduler
-   (``trainer/ppo.py``);
-7. evaluate again; write the curves as PNG files, ``summary.json``, and print the final table.
+1. generate a training pool and a held-out set from the task families (``envs/families``);
+2. audit the pool (``termgym audit``'s mechanical checks); only accepted tasks train;
+3. copy the ``--init`` model or build a tiny MoE policy;
+4. record the demonstrations of the accepted tasks (all but the ``--ppo-pool`` ones) in real
+   sandboxes and train on them (the supervised warm start; ``trainer/demonstrations.py``); with
+   ``--start-floor``, check the start on a validation split;
+5. evaluate on the held-out set, greedily and with ``--eval-samples`` sampled episodes, and the
+   teacher on the same tasks (``trainer/held_out.py``, as phase 7);
+6. critic warm-up, then PPO with the dense per-assertion reward (``trainer/ppo.py``);
+7. evaluate again; write the curves, ``summary.json``, and print the final table.
 
-Phase 4a's demonstrations are recorded in ``trainer/demonstrations.py``; the evaluations (phases 5
-and 7, the validation checks) and the final tables are ``trainer/held_out.py``'s.
-
-The run directory holds everything: ``tasks/{train,heldout}/`` (with ``split.json``: the held-out
-set is fixed by the seed and listed there), ``audit.json`` and ``selection.txt``, ``init/`` and
-``sft/policy/`` (model directories), ``sft/demonstrations.jsonl`` and ``sft/records.jsonl``,
-``eval/{sft,ppo,teacher}.jsonl`` (one trial record per held-out task) and ``eval/{sft,ppo}-sampled.jsonl``
-(one per sampled episode), ``ppo/`` (metrics, trajectories, records, checkpoint, policy),
-``plots/*.png``, ``summary.json``.
-
-Honesty: nothing of the held-out set reaches training (different names by construction, neither set is in
-the tokenizer's corpus, no held-out trial updates weights);
-nothing is tuned on it here: it is evaluated twice, with the same greedy decoding.
-"""
+Honesty: nothing of the held-out set reaches training (different names by construction, one
+held-out family never trained on, neither set in the tokenizer's corpus, no held-out trial updates
+weights); nothing is tuned on it here: it is evaluated twice, with the same greedy decoding.
+The phases in full and the run directory's layout: docs/guides/training.md#the-main-job-make-demo."""
 
 from __future__ import annotations
 

@@ -2,30 +2,17 @@
 loops over steps (roll out, update, log); ``ppo_update`` is one update. The arithmetic lives in
 ``trainer/losses.py`` as pure, table-tested functions; batches in ``trainer/batch.py``; several
 processes in ``trainer/distributed.py``; checkpoints in ``trainer/checkpoint.py``; a step's metrics
-in ``trainer/metrics.py``; the command line (and ``--pool``, the whole main job) in ``trainer/cli.py``.
-Each feature of the update is a small function ``ppo_update`` calls: rank sharding (``rank_share``),
-the KL anchor (``kl_anchor``), the group baseline (``group_advantages``) and routing replay
-(``replayed_routing``).
+in ``trainer/metrics.py``; the command line in ``trainer/cli.py``. Each feature of the update is a
+small function ``ppo_update`` calls: rank sharding (``rank_share``), the KL anchor (``kl_anchor``),
+the group baseline (``group_advantages``) and routing replay (``replayed_routing``).
 
-Each step: publish the policy's weights to the generator (version = step), collect a batch of
-trajectories through termgym's ``RolloutScheduler`` (TITO: the sampled ids are trained as they
-are), recompute log-probs under the current weights and token-level values with the critic, run
-GAE over action tokens, whiten the advantages, then several epochs of minibatches of the clipped
-policy loss (skipped during the critic warm-up) and the clipped value loss, each model with its own
-Adam and its own gradient clipping. ``--kl-coef`` adds a KL penalty to the starting policy;
-``--advantage group`` replaces the critic by a leave-one-out baseline over the episodes of the
-same task (``--group-size`` launches of each task drawn). With an MoE policy and ``routing_replay``
-(R3, on by default), the log-prob recompute and the policy-loss forwards use the experts the sampler
-chose at the sampled tokens (``trainer/routing.py``), and the router's load-balancing loss is off.
-Metrics go to ``metrics.jsonl`` and one line per step (``train`` returns every step's); a checkpoint
-(actor, critic, optimizers, step, task-pool draws) lets ``--resume`` continue bit-for-bit on CPU.
+Each step publishes the policy's weights to the generator (version = step), collects a batch
+through termgym's ``RolloutScheduler`` (TITO: the sampled ids are trained as they are), and updates
+actor and critic (each with its own Adam and gradient clipping). Guarantees: a checkpoint lets
+``--resume`` continue bit-for-bit on CPU; N processes (``torchrun``) compute the same update as one.
 
-Multi-process (``torchrun --nproc-per-node N``, gloo on CPU): rank 0 runs the rollouts and
-broadcasts the batch; every rank computes GAE on the whole batch identically, takes its share of
-each minibatch's rows, and gradients are summed across ranks with losses normalised by the
-minibatch's global token count, so N processes compute the same update as one. ``--fsdp`` shards
-both models with FSDP2 instead (FSDP reduces the gradients; checkpoints hold whole tensors).
-"""
+The step and the options (``--kl-coef``, ``--advantage group``, R3, ``--fsdp``):
+docs/guides/training.md#ppo, #routing-replay-r3 and #multi-process."""
 
 from __future__ import annotations
 

@@ -1,29 +1,22 @@
 """Weight publication: how the trainer's weights get into an engine that samples with its own copy
-of them, and the check that they did. Two samplers have such an engine: ``VllmSampler`` (a vLLM
-engine in processes of its own, ``trainer/vllm_sampler.py``) and ``ServerSampler`` (a running
-``vllm serve``, ``trainer/server_sampler.py``); both publish through ``WeightPublisher``.
+of them, and the check that they did. Two samplers have such an engine: ``VllmSampler``
+(``trainer/vllm_sampler.py``) and ``ServerSampler`` (a running ``vllm serve``,
+``trainer/server_sampler.py``); both publish through ``WeightPublisher``.
 
 One publication (``WeightPublisher.publish``, once per PPO step): load the weights into the
-trainer-side copy (``model``); write them as a safetensors file under the names a checkpoint on
-disk uses (``checkpoint_state_dict``) in the sampler's scratch directory (``/dev/shm`` where there
-is one); the engine loads that file in place, without a restart, through the worker extension
-(``WeightSync.termgym_load_weights``, called by ``collective_rpc``) and drops its prefix cache (what
-each sampler does in ``_load_weights``); then the engine's prompt log-probs on a fixed prompt
-(``probe_ids``) are compared with the trainer-side copy's (``trainer_logprobs``).
+trainer-side copy (``model``), write them as a safetensors file in the sampler's scratch directory,
+have the engine load it in place through the worker extension (``WeightSync``, by
+``collective_rpc``) and drop its prefix cache, then compare the engine's prompt log-probs on a fixed
+prompt (``probe_ids``) with the trainer-side copy's (``trainer_logprobs``).
 
-Guaranteed: after ``publish`` returns, ``publication_gap`` (the largest absolute log-prob
-difference on the fixed prompt) is at most ``tolerance``; beyond it ``publish`` raises
-``PublicationMismatch`` (one line, the gap recorded). The file is removed whether the load works
-or not. Not guaranteed: agreement on prompts other than the probe (``check_publication(ids)``
-measures any), or anything about the engine's sampling between publications.
+Guaranteed: after ``publish`` returns, ``publication_gap`` is at most ``tolerance``; beyond it
+``publish`` raises ``PublicationMismatch`` (one line, the gap recorded). The file is removed whether
+the load works or not. Not guaranteed: agreement on prompts other than the probe
+(``check_publication(ids)`` measures any), or anything about sampling between publications. A vLLM
+server must import the worker extension: ``--worker-extension-cls`` ``WORKER_EXTENSION`` (its
+earlier name, ``termgym.trainer.vllm_sampler.WeightSync``, is still accepted).
 
-The worker extension runs inside vLLM's worker processes, so a vLLM server must be able to import
-it: ``--worker-extension-cls termgym.trainer.publication.WeightSync`` (``WORKER_EXTENSION``). Its
-earlier name, ``termgym.trainer.vllm_sampler.WeightSync``, still imports (a re-export) and is
-accepted. Why it exists: after vLLM 0.32's in-place reload the CPU backend keeps two stale copies
-derived from the old weights, the prepacked MoE expert weights and the packed weight of a tied LM
-head; the extension reloads and then refreshes both (docs/guides/training.md, the server generator).
-"""
+Why a file and an extension: docs/guides/training.md#how-weights-get-in-and-why-this-way."""
 
 from __future__ import annotations
 

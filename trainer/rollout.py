@@ -2,32 +2,20 @@
 termgym environments through ``termgym.agents.model.ModelAgent`` with the trainer's sampler as its
 client (``trainer/policy_client.py``), and the trainer later trains on exactly the ids sampled.
 
-One episode: the agent's opening (system prompt, the task's instruction) is rendered once by the
-policy's renderer (``termgym.agents.renderers``: ChatML/Qwen3, Qwen3.5 XML, Llama 3, or the
-tokenizer's own template); each reply is sampled up to ``max_new_tokens`` (clamped to the context),
-ending at the renderer's stop ids; the agent parses it in its action format (a fenced command or a
-tool call), runs the command or submits, and the observation (exit code, output cut head and tail
-to ``observation_tokens``) is rendered as the bridge onto the sampled ids. The episode ends with a
-submit, the turn budget, the agent time, too many unparsable replies, or a context that has no
-room for a reply (``context_exhausted``): each is verified, so every episode has its reward.
-
-Segments. When the prefix cannot be kept (the renderer cannot prove its bridge, stripped thinking,
-elided or summarized history), the episode continues in a new segment, and every segment is its
-own training ``Sample`` (``trainer/trajectory.py``, beside ``Trajectory``): its earlier tokens are
-prompt (outside the loss), and it carries the episode's reward (each segment's actions shaped the
-one outcome; splitting it would make a summarizing episode's tokens worth less than a short one's).
+Every episode ends verified, so each has its reward. When the prefix cannot be kept the episode
+continues in a new segment, and every segment is its own training ``Sample``
+(``trainer/trajectory.py``) carrying the episode's reward.
 
 Guarantees (tests/trainer/test_rollout.py checks them by property): each ``Sample.ids`` is the
 segment's prompt, then for every turn the sampled ids unchanged, then that turn's bridge;
 ``loss_mask`` is 1 exactly on the sampled ids; ``logprobs`` holds the sampler's log-probability of
 each sampled id (0.0 elsewhere); no text of an observation or instruction becomes a special id.
 Only ``retokenize=True`` (a demonstration of what TITO avoids) re-encodes the decoded text, and
-the drift then shows in ``token_drift``.
+the drift then shows in ``token_drift``. With a mixture-of-experts policy each sample's ``routing``
+(``[len(ids), layers, top_k]``, int16) holds the experts of the forward that first read each
+sampled position; every other row is ``-1`` and routes freely in training (``trainer/routing.py``).
 
-Routing (R3, ``trainer/routing.py``): with a mixture-of-experts policy each sample's ``routing``
-(``[len(ids), layers, top_k]``, int16) holds the experts of the forward that first read each sampled
-position (``trainer/policy_client.py``); every other row is ``-1`` and routes freely in training.
-"""
+One episode step by step, and why segments share the reward: docs/guides/training.md#rollouts-tito."""
 
 from __future__ import annotations
 

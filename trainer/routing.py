@@ -1,27 +1,21 @@
 """Rollout routing replay (R3) for mixture-of-experts policies: record the experts the sampler's
 forward chose, and make the training forward use the same experts.
 
-Supported routers: the ``transformers`` Qwen3-MoE router (``Qwen3MoeTopKRouter``, with or without
-``norm_topk_prob``) and the Qwen3.5-MoE router (``Qwen3_5MoeTopKRouter``, the architecture of
-Qwen3.5-122B-A10B; always renormalised), and any router of the same shape: the ``gate`` child of a
-sparse MoE block (a module with ``gate`` and ``experts`` children) with a ``weight`` of
-``[num_experts, hidden]``, a ``top_k``, and a forward ``hidden -> (router_logits, scores,
-indices)`` computing ``softmax(hidden @ weight.T)``, its top-k, optionally renormalised to sum 1.
-The first replayed call of each router checks that reading against the router's own forward and
-raises ``UnsupportedRouter`` when it does not match (a router with a bias or a sigmoid, say).
+Supported routers: Qwen3-MoE's and Qwen3.5-MoE's ``transformers`` routers and any of the same
+shape (softmax over ``hidden @ weight.T``, its top-k, optionally renormalised); the first replayed
+call of each router checks that and raises ``UnsupportedRouter`` when it does not match.
 
 Layout of recorded routing: an integer tensor ``[tokens, layers, top_k]`` per sequence (``layers``
 counts MoE layers, in model order), ``-1`` in every row that carries no recorded routing; a batch
 is ``[batch, time, layers, top_k]`` aligned with ``input_ids``.
 
-``record_routing(model)`` captures each router's top-k ids during a forward (forward hooks; the
-forward is unchanged). ``replay_routing(model, routing)`` patches each router's ``forward`` (an
-instance attribute, removed on exit, exception or not): a row with recorded ids uses exactly those
-experts, with gate weights taken from the *training-side* router's softmax at those ids (so the
-router still gets gradient); a row of ``-1`` (prompt, observation, padding) routes as the model
-would on its own. It also counts how often the router, on its own, would have picked the recorded
-set (``agreement``). Nothing here changes any parameter or the global random state.
-"""
+``record_routing(model)`` captures each router's top-k ids during a forward, leaving it unchanged.
+``replay_routing(model, routing)`` makes a row with recorded ids use exactly those experts, with
+gate weights from the *training-side* router's softmax at those ids (so the router still gets
+gradient); a row of ``-1`` routes as the model would on its own; ``agreement`` counts how often the
+router would have picked the recorded set. The patch is undone on exit, exception or not. Nothing
+here changes any parameter or the global random state.
+Which routers, in full: docs/guides/training.md#routing-replay-r3."""
 
 from __future__ import annotations
 

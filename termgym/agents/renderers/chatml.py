@@ -1,4 +1,4 @@
-"""ChatML as Qwen2.5 and Qwen3 write it: ``<|im_start|>{role}\n{content}<|im_end|>\n`` turns,
+"""ChatML as Qwen2.5 and Qwen3 write it: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` turns,
 Hermes JSON tool calls, tool results grouped in one user turn, reasoning in ``<think>`` blocks.
 
 ``templates/chatml.jinja`` renders the same text. Guarantees: unlike Qwen3's own template no empty

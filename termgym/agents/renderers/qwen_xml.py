@@ -1,9 +1,9 @@
 """Qwen3.5 and Qwen3-Coder: ChatML turns with XML tool calls.
 
 What changes from ``chatml`` (``templates/qwen_xml.jinja`` renders the same text): a call is
-``<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n...</function>\n</tool_call>``;
+``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n...</function>\\n</tool_call>``;
 the tools are listed in the system turn first; with ``open_think`` (Qwen3.5, the default when the
-tokenizer's chat template writes ``<think>``) the generation prompt opens ``<think>\n`` and every
+tokenizer's chat template writes ``<think>``) the generation prompt opens ``<think>\\n`` and every
 kept reply renders with a think block, so bridges stay exact but every turn depends on the
 retention. ``open_think=False`` (Qwen3-Coder) writes reasoning as ``chatml`` does.
 
