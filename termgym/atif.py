@@ -2,30 +2,16 @@
 written as ``ATIF-v1.7``), and trajectories read back, each checked against the format's structural
 rules (``termgym.atif_rules``).
 
-What maps (docs/guides/atif.md has the whole table and what does not map):
-
-* the task's instruction is the first step (``source: user``);
-* each agent turn is one ``agent`` step: the reply's text and reasoning, the command as its tool
-  call (the model's own call in the tool format; in the text format a call named ``bash`` marked
-  ``extra.termgym.parsed_from_text``), and the command's output and exit code as the observation;
-  per-step ``metrics`` hold the token counts, and ``prompt_token_ids``, ``completion_token_ids``
-  and ``logprobs`` where the trial has them (the prompt's ids are the whole prompt of that call,
-  history included, as the RFC asks: rebuilt from the first prompt and the bridges);
-* agents without a model (the oracle, a script) have steps with ``llm_call_count: 0``, the RFC's
-  deterministic dispatch, which SFT consumers skip;
-* a harness behind the recording gateway has one agent step per model call, its commands attached
-  in order (``_harness_steps``);
-* a rewrite of the context (a summary, elided observations) is a ``system`` step with the RFC's
-  ``context_management`` convention;
-* the verifier's result is in ``final_metrics.extra`` (reward, resolved, passed/total, assertions,
-  report format, stop reason, error); the rest of the record and transcript under ``extra.termgym``.
-
-A training run's files carry token ids and no text: ``sft/demonstrations.jsonl`` and
-``ppo/trajectories.jsonl`` become trajectories whose agent steps hold the ids (empty messages), with
-the tokenizer's fingerprint (``tokenizer_fingerprint``) so a trainer can tell whether the ids are its own.
+The instruction is the first step; each agent turn is one ``agent`` step (reply, the command as a
+tool call, the output as the observation, token ids and log-probs where the trial has them);
+agents without a model have steps with ``llm_call_count: 0``; a harness behind the recording
+gateway has one agent step per model call (``_harness_steps``); a context rewrite is a ``system``
+step; the verifier's result is in ``final_metrics.extra`` and the rest under ``extra.termgym``. A
+training run's files (token ids, no text) become trajectories whose agent steps hold the ids, with
+the tokenizer's fingerprint (``tokenizer_fingerprint``).
 
 Pure functions over the stored JSON (no import of the trainer; the files are read as data).
-"""
+What maps and what does not, field by field: docs/guides/atif.md#how-a-trial-maps."""
 
 from __future__ import annotations
 

@@ -4,27 +4,18 @@ Gymnasium semantics: ``reset(*, seed, options) -> (obs, info)`` starts a fresh s
 (obs is the task's instruction); ``step(action) -> (obs, reward, terminated, truncated, info)``.
 An action is one shell command, or ``SUBMIT`` to end the episode. ``terminated`` means the agent
 submitted; ``truncated`` means the turn budget or the agent timeout ran out, or the agent gave up
-on a budget of its own (``truncate(reason)``: its context window, its parse errors). Every step
-goes into ``env.transcript`` (``termgym.transcript``), with the episode's stop reason. The reward comes on the
-final step, after verification; every other step gives 0.0. ``async with`` stops the sandbox on
-every path out, exceptions and cancellation included.
+on a budget of its own (``truncate(reason)``). Every step goes into ``env.transcript``
+(``termgym.transcript``), with the episode's stop reason. The reward comes on the final step, after
+verification; every other step gives 0.0. ``async with`` stops the sandbox on every path out,
+exceptions and cancellation included.
 
 Outcomes the agent cannot erase: once the agent has run a command, a sandbox that stops working
-from inside (``SandboxBroken``: its processes all killed, its shell off the protocol, a tool the
-harness needs broken) ends the episode with reward 0 and error kind ``broken_by_agent``, which no
-scheduler retries; ``sandbox_error`` is left for faults of the infrastructure.
+from inside (``SandboxBroken``) ends the episode with reward 0 and error kind ``broken_by_agent``,
+which no scheduler retries; ``sandbox_error`` is left for faults of the infrastructure.
 
-Harbor's task features (docs/guides/tasks.md, "Healthchecks, users, network phases, artifacts and
-steps"): the sandbox starts in the agent phase's network and is switched to the verifier phase's
-before verification (``capabilities.set_network``; less than asked is a warning); the healthcheck
-(``termgym.episode.healthcheck``) passes before the agent's shell opens, else ``reset`` raises
-``SandboxError``; the shell runs as ``[agent].user`` and the test script as ``[verifier].user``
-where the backend ``supports_users`` (else a warning); after verification the artifacts go to
-``trial_dir/artifacts`` (``termgym.episode.artifacts``; ``trial_dir`` is set by ``run_trial``). A
-multi-step task (``[[steps]]``) is one episode: ``SUBMIT`` before the last step verifies that step
-and returns the next step's instruction (reward 0, not terminated, ``info["step"]``); the final
-reward is the steps' grade (``termgym.episode.steps.combine``).
-"""
+Harbor's task features (network per phase, the healthcheck, users, artifacts, multi-step tasks:
+a ``SUBMIT`` before the last step returns the next step's instruction, ``info["step"]``):
+docs/guides/tasks.md#healthchecks-users-network-phases-artifacts-and-steps."""
 
 from __future__ import annotations
 

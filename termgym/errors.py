@@ -1,27 +1,23 @@
 """The exceptions termgym raises: one tree under ``TermgymError``, each a narrow fault with a
 one-line meaning.
 
-Expected outcomes (a command's non-zero exit, a command timeout, truncated output, a failing
-verifier) are data in results, never exceptions. These are for faults of the infrastructure or of
-the input; the one exception that is no fault, ``AgentDeadline``, unwinds a request that the
-episode's time budget ended, and the model agent turns it into data (the ``agent_timeout``
-truncation) before it leaves the agent. Every message is one line, fit to show a user as it is.
-The CLI and ``run_trial`` map these and only these: ``ConfigError`` (bad input: one line, exit 2;
-a trial's ``invalid_task``), any other ``TermgymError`` (a fault: one line, exit 1). Anything else
-is a bug and is not dressed up as the user's bad input.
+Expected outcomes (a command's non-zero exit or timeout, truncated output, a failing verifier) are
+data in results, never exceptions. ``AgentDeadline``, the one exception that is no fault, is turned
+into data (the ``agent_timeout`` truncation) before it leaves the model agent. Every message is one
+line, fit to show a user as it is. The CLI and ``run_trial`` map these and only these:
+``ConfigError`` (bad input: one line, exit 2; a trial's ``invalid_task``), any other
+``TermgymError`` (a fault: one line, exit 1). Anything else is a bug, not the user's bad input.
 
     TermgymError
       ConfigError (also a ValueError)   bad input: a flag, an option, a file, a task (TaskError)
         UnknownName                     a name none of those known: the closest ones suggested
       SandboxError                      the sandbox could not be created, used or reached
-        BackendUnavailable, EnvironmentBuildError, SandboxGone,
-        SandboxBroken > ShellProtocolError
+        BackendUnavailable, EnvironmentBuildError, SandboxGone, SandboxBroken > ShellProtocolError
       EpisodeError                      the environment used out of order
       ModelError                        the agent's model could not be reached or answered unusably
         ContextExceeded                 the next turn does not fit the model's context window
       AgentDeadline                     the episode's agent time ran out during a request
-      TrainingError                     the trainer cannot go on (nothing finished, a check failed)
-"""
+      TrainingError                     the trainer cannot go on (nothing finished, a check failed)"""
 
 from __future__ import annotations
 

@@ -79,29 +79,17 @@ def terminal_safe(text: str) -> str:
     """``text`` with nothing a terminal would act on, for printing what a task, a sandbox or a
     verifier wrote.
 
-    Guarantees, applied in this order:
+    Guarantees: every complete escape sequence (CSI, OSC, DCS, SOS, PM, APC, and the ESC-intermediate
+    and two-character ones) is removed whole; any remaining ESC is removed alone; carriage returns, the
+    other C0 controls but tab and newline, DEL and the C1 controls are removed; every lone surrogate
+    becomes U+FFFD; every other character, all printable Unicode included, is kept unchanged and in
+    order. So the result holds no character below U+0020 but tab and newline, none from U+007F to
+    U+009F, and no surrogate: it always encodes as strict UTF-8. It runs in time linear in
+    ``len(text)`` whatever the input (no match attempt backtracks). The result is plain text, not Rich
+    markup: print it with ``markup=False`` or as a ``rich.text.Text``.
 
-    - every complete escape sequence is removed whole: ESC ``[`` (CSI), parameter and intermediate
-      bytes (0x20-0x3F), a final byte (0x40-0x7E); ESC ``]`` (OSC) up to and including BEL or ST;
-      ESC ``P`` (DCS), ``X`` (SOS), ``^`` (PM) or ``_`` (APC) up to and including ST; ESC,
-      intermediate bytes (0x20-0x2F), a final byte (0x30-0x7E); and ESC followed by any other
-      character from 0x30 to 0x7E (the two-character sequences such as ESC 7, ESC M, ESC c).
-      ST is ESC ``\\`` or U+009C; a string body holds no ESC and no U+009C (and an OSC body no BEL);
-    - any remaining ESC is removed alone (an unterminated or interrupted sequence loses its ESC and
-      keeps the rest as text);
-    - the C1 controls U+0080..U+009F are removed;
-    - every carriage return is removed: ``\\r\\n`` becomes ``\\n``, a lone ``\\r`` disappears;
-    - the other C0 controls (U+0000..U+001F) except tab and newline are removed, and so is DEL
-      (U+007F);
-    - every lone surrogate (U+D800..U+DFFF: a name that is not UTF-8, decoded with
-      ``surrogateescape``) becomes U+FFFD, so the result always encodes as strict UTF-8;
-    - every other character, all printable Unicode included, is kept unchanged and in order.
-
-    So the result holds no character below U+0020 but tab and newline, none from U+007F to
-    U+009F, and no surrogate. It runs in time linear in ``len(text)`` whatever the input (no match attempt backtracks).
-    The result is plain text, not Rich markup: print it with ``markup=False`` or as a
-    ``rich.text.Text``.
-    """
+    Each sequence's exact grammar: docs/security.md#what-every-backend-guarantees-the-verdict
+    ("The terminal")."""
     if text.isprintable():  # the common case: nothing to remove
         return text
     return _ESCAPE_SEQUENCE.sub("", text).translate(_CONTROLS)
@@ -129,25 +117,16 @@ def display_safe(text: str) -> str:
     (``termgym shell``). Not for logs or pipes: there, use ``terminal_safe``.
 
     Guarantees:
-
     - kept verbatim: every printable character, tab, newline, carriage return and backspace, and
       the CSI sequences ``ESC [ <digits ; :> F`` whose final byte ``F`` is ``m`` (SGR: colours and
       attributes), ``K`` (erase in line), ``C``/``D`` (cursor forward/back) or ``G`` (to a column);
-    - removed whole (the same sequences ``terminal_safe`` recognises): every other CSI (clear
-      screen, scroll regions, cursor positioning across lines, device status and cursor position
-      requests such as ``ESC [ 6 n`` and ``ESC [ c``, window reports, and every private-mode change
-      ``ESC [ ? ... h/l``: alternate screen, bracketed paste, mouse reporting, a hidden cursor),
-      every OSC (window title, clipboard ``OSC 52``, hyperlinks ``OSC 8``: their text stays),
-      DCS, SOS, PM and APC strings, and the ESC-letter and character-set sequences (``ESC c``
-      reset, ``ESC 7``/``ESC 8``, ``ESC ( 0``);
-    - removed alone: any other ESC, the other C0 controls (BEL, shift-out/in among them), DEL and
-      the C1 controls (so an 8-bit CSI ``U+009B`` never reaches the terminal); a lone surrogate
-      becomes U+FFFD;
-    - when the last SGR sequence kept is not a reset, the result ends with ``ESC [ 0 m``, so
-      colours do not run into what is printed next.
-
-    Linear in ``len(text)``, like ``terminal_safe``.
-    """
+    - removed whole: every other sequence ``terminal_safe`` recognises (OSC text such as a hyperlink's
+      stays);
+    - removed alone: any other ESC, the other C0 controls, DEL and the C1 controls (so an 8-bit CSI
+      ``U+009B`` never reaches the terminal); a lone surrogate becomes U+FFFD;
+    - when the last SGR sequence kept is not a reset, the result ends with ``ESC [ 0 m``.
+    Linear in ``len(text)``, like ``terminal_safe``. What is removed, by example:
+    docs/guides/debugging.md#termgym-shell."""
     if text.isprintable():
         return text
     out: list[str] = []

@@ -1,27 +1,15 @@
 """An episode's transcript: what the agent was told, what it replied, what ran, what came back.
 
 Every trial writes one to ``RUN/trials/<trial_id>/trajectory.json`` (``write_transcript``); the
-trial record points to it. The schema is versioned (``SCHEMA``); docs/guides/agents.md documents
-every field. The environment records every step itself, so every agent (the oracle, a scripted
-agent, a person in ``termgym shell``) leaves one; a model agent adds its replies, messages,
-token samples and usage.
+trial record points to it. The schema is versioned (``SCHEMA``). The environment records every
+step itself, so every agent (the oracle, a scripted agent, a person in ``termgym shell``) leaves
+one; a model agent adds its replies, messages, token samples and usage; an agent harness behind the
+recording gateway adds ``harness`` and ``calls`` (``termgym.gateway.calls.Call``). One ``turns``
+entry per agent turn, in order: ``index``, ``reply`` (null for agents without a model), ``action``,
+``result`` (null when nothing ran), ``observation``, ``segment``. Token ids and log-probs appear
+only where the model's server returned them.
 
-One ``turns`` entry per agent turn, in order::
-
-    {"index": 0,
-     "reply": {"content", "reasoning", "tool_calls", "finish_reason", "usage", "tokens", "latency"} | null,
-     "action": {"kind": "command" | "submit" | "invalid", "command"?, "timeout"?, "error"?},
-     "result": {"output", "exit_code", "timed_out", "duration", "cwd", "dropped_bytes"} | null,
-     "observation": "what the agent was shown next" | null,
-     "segment": 0}
-
-An agent harness behind the recording gateway adds ``harness`` (its name, exit status and own
-messages) and ``calls`` (every model call as the gateway saw it: request, status, reply, token
-ids, log-probs, usage, timing; ``termgym.gateway.calls.Call``).
-
-``reply`` is null for agents without a model. ``result`` is null for a submit or an invalid reply
-(nothing ran). Token ids and log-probs appear only where the model's server returned them.
-"""
+Every field: docs/guides/agents.md#the-transcript-trajectoryjson-schema-termgymtranscript1."""
 
 from __future__ import annotations
 

@@ -1,41 +1,17 @@
 """The task audit: keep only tasks whose verifiers can be trusted (issue 9).
 
-The rubric has eight weighted dimensions in four groups: the verifier 45% (instruction-verifier
-alignment 20, verifier correctness 15, granularity 10), the reference solution 25% (reliability
-15, legitimacy 10), the instruction 20% (clarity 10, completeness 10) and task value 10%.
-The mechanical audit (``termgym.audit.runner``) scores three of them from trials in fresh
-sandboxes; a judge (``termgym.audit.judge``) may score the other five. A dimension that did not run is
-left out and the score is renormalised over the weights that did run: without a judge the score is
-``(15 c + 10 g + 15 r) / 40``.
+The rubric has eight weighted dimensions; the mechanical audit (``termgym.audit.runner``) scores
+three of them from trials (``verifier_correctness``, ``granularity``, ``solution_reliability``, each
+in [0, 1]), a judge (``termgym.audit.judge``) may score the other five. A dimension that did not
+run is left out and the score renormalised over the weights that did run.
 
-Mechanical dimensions, each in [0, 1]:
+A task is accepted when it has no hard reject (``solution_fails``, ``flaky``, ``weak_verifier``,
+``test_leakage``, and from a judge ``hidden_requirements`` and ``solution_shortcut``) and its score
+reaches ``min_score`` (default 0.5). Flags (``binary_in_disguise``, ``test_content_in_sandbox``)
+are reported without rejecting.
 
-- ``verifier_correctness``: ``1 - null_passed / total`` (what doing nothing earns is lost), and 0
-  when verifying the same final state twice gave different reports.
-- ``granularity``: half ``min(total, S) / S`` (S = 20, the reward scale), half partial credit: 1
-  when a prefix of the reference solution passes more assertions than doing nothing does but not
-  all of them, 0 otherwise (binary in disguise), 0.5 when the solution has a single top-level step.
-- ``solution_reliability``: the share of the k oracle runs that resolved the task.
-
-Hard rejects (any one rejects the task, whatever the score): ``solution_fails`` (the oracle
-resolved none of its runs), ``flaky`` (it resolved some but not all, or the same state verified
-twice gave different reports), ``weak_verifier`` (doing nothing resolves it, or no assertion is
-counted), ``test_leakage`` (a file of ``tests/`` or ``solution/`` is in the build context the
-environment copies in, by path or content), and from a judge ``hidden_requirements`` and
-``solution_shortcut``. A task is accepted when it has no hard reject and its score reaches
-``min_score`` (default 0.5).
-
-Flags are reported without rejecting. ``binary_in_disguise`` (no prefix of the reference solution
-passes more assertions than doing nothing and fewer than all; it zeroes the partial-credit half of
-granularity) is a flag because a solution whose work is one command (a single ``for`` loop after
-``set -e`` and ``cd``) has no prefix that makes progress, however fine-grained its verifier.
-``test_content_in_sandbox``: a file of ``tests/`` or ``solution/`` has the same content as a file
-of the prepared sandbox under the Dockerfile's ``COPY`` destinations and working directories (a
-``RUN`` step may have written the answers, or the verifier keeps a pristine copy of an input the
-agent is meant to read: a judge or a person tells).
-
-Everything here is pure: no I/O, tested with tables of cases.
-"""
+Everything here is pure: no I/O, tested with tables of cases. The weights, each dimension's formula
+and each reject's condition: docs/guides/audit.md#score."""
 
 from __future__ import annotations
 

@@ -1,32 +1,22 @@
 """The persistent shell: one long-lived bash per episode, framed with per-command sentinels.
 
 The agent's commands run in the shell process itself, so ``cd``, variables, functions and
-background jobs persist from one command to the next, as in a terminal. Each command is sent as one
-line, ``__tg_run $'...'`` (the command ANSI-C quoted, so any bytes survive), followed by a line
-holding a random nonce. The shell runs the command with standard input from ``/dev/null`` and the
-frame descriptor closed, and only then reads the nonce and answers on the frame descriptor with
-``\\n__TG_<nonce>_ <status> <cwd>`` (a newline in the cwd written as ``\\n``), the pids of its
-background jobs, and an end line. So the nonce is in no variable, argument or environment of the
-shell while a command runs, and output cannot forge the end of a command.
-
+background jobs persist from one command to the next, as in a terminal. Output cannot forge the
+end of a command: the per-command nonce is read by the shell only after the command has returned.
 Guarantees:
-- output (stdout and stderr interleaved) is capped: the head and tail are kept, with the number of
-  bytes dropped; memory stays bounded however much a command prints; binary and invalid UTF-8
-  decode to U+FFFD;
-- a command that outlives its timeout has its process groups killed (everything it started in the
-  foreground, not the background jobs of earlier commands) and an in-shell loop is broken by a
-  signal the shell traps; the result says ``timed_out`` and the shell survives with its state;
-- if the shell cannot be brought back (the command trapped the signal, ran ``exit``, or killed the
-  shell), a new shell starts in the last known directory and the result says ``shell_restarted``;
-- ``run(..., interrupt=event)``: setting the event while the command runs stops it the same way
-  (its foreground killed, the shell and its state kept) and the result says ``interrupted``, with
-  the output printed until then;
+- output (stdout and stderr interleaved) is capped, head and tail kept with the number of bytes
+  dropped; memory stays bounded; binary and invalid UTF-8 decode to U+FFFD;
+- a command that outlives its timeout has its foreground process groups killed and an in-shell
+  loop broken by a trapped signal; the result says ``timed_out`` and the shell keeps its state;
+- a shell that cannot be brought back is replaced by a new one in the last known directory, and
+  the result says ``shell_restarted``;
+- ``run(..., interrupt=event)`` stops the command the same way when the event is set (the result
+  says ``interrupted``, with the output printed until then);
 - a shell that answers anything but a well-formed frame raises ``ShellProtocolError``, and one that
   cannot be started again raises ``SandboxBroken``: never ``ValueError``.
-Not guaranteed: commands that read standard input get end-of-file (there is no terminal). A command
-that reads the shell's own saved input descriptor (bash keeps it open while a redirection is in
-force) can take the nonce line; it only garbles its own observation, never the verdict.
-"""
+Not guaranteed: commands that read standard input get end-of-file (there is no terminal).
+
+The framing, byte by byte, and its one known leak: docs/guides/tasks.md#the-agents-shell."""
 
 from __future__ import annotations
 

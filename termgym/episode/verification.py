@@ -1,27 +1,20 @@
 """Verification, exactly as DESIGN.md orders it, on any backend, hardened against the agent.
 
-After the agent ends: every process in the sandbox is ended (``kill_agent_processes``);
-``/logs/verifier`` and ``/tests`` are replaced by fresh empty directories (whatever the agent made of
-them: a file, a symlink, a full directory), and so is the verifier's own ``HOME``; ``/tests`` gets a
-fresh copy of the task's tests (with the assertion kit at ``/tests/.termgym/assert.sh``); the test
-script runs as root in the image's working directory under the verifier timeout, with a clean
-environment (``verifier_env``). When it exits, every process is ended again, and only then are the
-reports read from ``/logs/verifier``: the report files only (regular files, size-capped, at most
-``MAX_REPORT_FILES`` of them, more is an error), graded by ``verifiers.select_report`` (report
-files above the output; the task's declared format alone when it declares one) and held to the
-number of assertions the task's verifier defines (``verifiers.check_assertion_count``).
+After the agent ends, every process in the sandbox is ended; ``/logs/verifier``, ``/tests`` and the
+verifier's ``HOME`` are replaced by fresh directories, ``/tests`` gets a fresh copy of the task's
+tests, and the test script runs as root under the verifier timeout with a clean environment
+(``verifier_env``). When it exits, every process is ended again, and only then are the report files
+read (regular files, size-capped, at most ``MAX_REPORT_FILES``), graded by
+``verifiers.select_report`` and held to the task's assertion count
+(``verifiers.check_assertion_count``).
 
-What the agent did to ``/logs/verifier``, ``/tests`` or its home cannot count: they are recreated
-after its processes are gone; a process the verifier started cannot rewrite a report while it is
-read. A harness step that fails inside the sandbox (the reset, the upload, reading the reports)
-raises ``SandboxBroken``: the sandbox's own tools or directories were broken.
+Guarantees: what the agent did to ``/logs/verifier``, ``/tests`` or its home cannot count; a
+process the verifier started cannot rewrite a report while it is read; a harness step that fails
+inside the sandbox raises ``SandboxBroken``. Where the agent is root in the file system the
+verifier runs in (Docker, Daytona), a tool it replaced is not prevented but detected: a load of a
+file the agent wrote outside its work fails the trial (``termgym.episode.guard``).
 
-What it cannot prevent on a backend where the agent is root in the file system the verifier then
-executes (Docker, Daytona): tools the verifier runs replaced by the agent. It detects them instead:
-every step that runs in the sandbox is traced, and a load of a file the agent wrote outside its work
-fails the trial (``termgym.episode.guard``). The separate verification mode
-(``[verifier].environment_mode``) grades without the agent's changes at all.
-"""
+The order step by step: docs/guides/tasks.md#verification; the threat model: docs/security.md."""
 
 from __future__ import annotations
 

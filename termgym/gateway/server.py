@@ -1,27 +1,22 @@
 """The recording model gateway: an OpenAI-compatible HTTP server on 127.0.0.1 that a harness uses
 as its base URL, one session per trial, every call recorded (``termgym.gateway.calls``).
 
-Addresses. A session's base URL is ``http://127.0.0.1:PORT/sessions/<id>/v1``: a harness that takes
-a base URL needs nothing else. A harness that cannot change its path may use
-``http://127.0.0.1:PORT/v1`` with the header ``X-Termgym-Session: <id>``. Under either:
-``POST /chat/completions``, ``POST /completions``, ``GET /models``. ``GET /sessions/<id>/calls``
-answers the session's calls and token samples as JSON.
+A session's base URL is ``http://127.0.0.1:PORT/sessions/<id>/v1`` (or ``/v1`` with the header
+``X-Termgym-Session: <id>``): ``POST /chat/completions``, ``POST /completions``, ``GET /models``;
+``GET /sessions/<id>/calls`` answers the session's calls and token samples as JSON.
 
 Guaranteed:
-
-* a request never outlives its session's deadline (the trial's agent time): when the deadline
-  passes, or the session is closed, while a call waits, the call is answered at once with a 404
-  ``session_ended`` error, as is every later call of that session (``session_not_found`` once
-  ``close`` has forgotten it: a 404 either way). Harnesses treat a 404 as final
-  (litellm's ``NotFoundError``; mini-swe-agent aborts on it), so a harness never waits out its
-  retries on a finished trial;
+* a request never outlives its session's deadline (the trial's agent time): past it, or once the
+  session is closed, a call is answered at once with a 404 (``session_ended``, or
+  ``session_not_found`` once ``close`` has forgotten it), which harnesses treat as final;
 * an unknown session is a 404 ``session_not_found`` (unless the gateway opens sessions on demand,
   as ``termgym gateway`` does); a body that is not a JSON object is a 400; ``"stream": true`` is a
-  400 (the gateway records whole answers; streaming is not supported);
+  400 (the gateway records whole answers);
 * every call that reached a session is recorded, failed ones included, in arrival order, with the
   status the harness got;
 * ``aclose`` ends every session and stops listening; nothing is left running.
-"""
+
+In full: docs/guides/harnesses.md#the-gateway."""
 
 from __future__ import annotations
 

@@ -6,20 +6,15 @@ Guaranteed: ``context_digest`` is a function of what the context holds, never of
 written. Two contexts get the same digest only when they have the same entries (relative names,
 compared byte for byte), each of the same kind (directory, regular file, symlink or other) with the
 same permission bits (``mode & 0o7777``), every regular file with the same bytes and every symlink
-with the same target (a SHA-256 collision aside). Names, sizes, times, owners and inode numbers alone
-never make two contexts equal, and the encoding is framed (every field length-prefixed, one
-SHA-256 per file), so no two different contexts are concatenated into the same hashed bytes.
+with the same target (a SHA-256 collision aside). Names, sizes, times, owners and inode numbers
+alone never make two contexts equal, and the encoding is framed (every field length-prefixed, one
+SHA-256 per file). Symlinks are hashed as links, never followed. ``skip_git`` leaves out any path
+with a ``.git`` component; no other ignore file is read (no builder here honours
+``.dockerignore``). A directory that cannot be read raises ``OSError`` rather than hashing as
+empty. Nothing is memoized: every call reads every byte.
 
-Symlinks are hashed as links (their target text), never followed. ``skip_git`` leaves out any path
-with a ``.git`` component, for a builder that does not send it (the Docker backend's tar); no other
-ignore file is read (no builder here honours ``.dockerignore``). A directory that cannot be read
-raises ``OSError`` rather than hashing as empty.
-
-Nothing is memoized: every call reads every byte (about 100 ms for 50 MB in 2,000 files on two
-cores, ``bench/context_key.py``, docs/results/warm-pool.md), because file metadata cannot prove a
-file unchanged: a file rewritten to the same size within one timestamp tick keeps its size, mtime
-and ctime.
-"""
+Why nothing is memoized, and what that costs:
+docs/results/warm-pool.md#the-recipe-keys-cost-issue-42."""
 
 from __future__ import annotations
 

@@ -2,26 +2,20 @@
 own, reaches its model through a session of the recording gateway (``termgym.gateway``) and the
 trial's sandbox through ``EnvBridge``; termgym verifies when it ends, as for any agent.
 
-``HarnessAgent`` implements termgym's ``Agent``. Per trial it opens a gateway session bounded by the
-episode's agent time, with the upstream ``upstream(env)`` gives (a server over HTTP, or a model
-session in this process), runs ``harness.run(base_url, bridge, instruction, info)`` in a thread,
-and when that returns, raises or is cancelled, closes the session and records in the transcript
-the harness's own account (``harness``: its name, exit status, messages) and every gateway call
-(``calls``); with an HTTP upstream the token samples are merged from the calls
-(``termgym.gateway.calls.merge_calls``), an in-process one wrote them already.
-
-How the episode ends, when the harness itself did not submit: a session past its deadline is
-``agent_timeout``; a harness that gave up after model calls failed is a ``ModelError`` (the trial's
-``model_error``, as for the model agent); the harness's own limits map to ``max_turns``
-(``LimitsExceeded``), ``parse_errors`` (``RepeatedFormatError``), ``context_exhausted`` (a
-context-window error), and anything else to ``harness_exit``, each verified.
+``HarnessAgent`` implements termgym's ``Agent``: per trial it opens a gateway session bounded by
+the episode's agent time, runs ``harness.run(base_url, bridge, instruction, info)`` in a thread,
+and when that returns, raises or is cancelled, closes the session and records the harness's own
+account (``harness``) and every gateway call (``calls``) in the transcript. A harness that did not
+submit ends as ``agent_timeout``, ``model_error``, ``max_turns``, ``parse_errors``,
+``context_exhausted`` or ``harness_exit``, each verified.
 
 Guaranteed: no trial outlives its agent time by more than ``DEADLINE_GRACE`` plus ``JOIN_GRACE``:
-at the deadline (or when the trial is cancelled) the session and the bridge end, so the harness's
-next call or command stops it, and its thread is waited for; a harness that neither calls nor acts
-by then is left to end on its own (a daemon thread holding no session and no sandbox) and recorded
-as ``Unresponsive``. The bridge refuses every command once the episode is over.
-"""
+at the deadline (or on cancellation) the session and the bridge end, so the harness's next call or
+command stops it, and its thread is waited for; a harness that neither calls nor acts by then is
+left to end on its own (a daemon thread holding no session and no sandbox) and recorded as
+``Unresponsive``. The bridge refuses every command once the episode is over.
+
+Which harness outcome maps to which stop reason: docs/guides/harnesses.md#mini-swe-agent-as-a-termgym-agent."""
 
 from __future__ import annotations
 

@@ -1,25 +1,17 @@
-"""termgym as an inspect-ai sandbox provider (``sandbox=("termgym", TASK)``) and scorer (``termgym_scorer``).
+"""termgym as an inspect-ai sandbox provider (``sandbox=("termgym", TASK)``) and scorer
+(``termgym_scorer``).
 
-inspect finds the provider through the package's ``inspect_ai`` entry point, so an eval file needs
-no import for it. A sample's sandbox is one termgym episode (``AsyncTerminalEnv``) of the task the
-sandbox config names: a task directory or a bundled task's name, or a ``TermgymSandboxConfig`` for
-the backend (embedded ``local`` by default, ``docker``, ``daytona``) and the run's settings. The
-sandbox starts as termgym starts it (the task's image, healthcheck, the agent phase's network);
-the agent's commands reach it through ``exec`` (``termgym.integrations.sandbox_io``), as the task's
-agent user. ``termgym_scorer()`` ends the episode and grades it with the task's own verifier, by
-the very path ``termgym run`` takes (agent processes killed, the tamper check, the verifier phase's
-network and user), into a ``Score`` whose value is ``{"resolved": 1 or 0, "reward": passed / S}``
-and whose metadata holds the assertions.
+inspect finds the provider through the package's ``inspect_ai`` entry point. A sample's sandbox
+is one termgym episode (``AsyncTerminalEnv``) of the task the sandbox config names (a task, or a
+``TermgymSandboxConfig``), started as termgym starts it; the agent's commands reach it through
+``exec`` as the task's agent user. ``termgym_scorer()`` ends the episode and grades it with the
+task's own verifier, by the very path ``termgym run`` takes, into a ``Score`` whose value is
+``{"resolved": 1 or 0, "reward": passed / S}`` and whose metadata holds the assertions.
 
-inspect's terms: a command's own timeout is ``TimeoutError`` (never retried: termgym's deadline
-kills the command's processes, so a retry would run it twice); output past inspect's limits is
-``OutputLimitExceededError``; a user the backend cannot run as is ``SandboxUserUnsupportedError``;
-a sandbox that has died is ``SandboxUnavailableError``; files raise ``FileNotFoundError``,
-``IsADirectoryError`` and ``PermissionError``. A task that cannot run (unknown, multi-step, or its
-backend unavailable here) fails the eval at its start in one line (inspect's ``PrerequisiteError``).
-``inspect sandbox cleanup termgym [ID]`` removes what a killed eval left (``termgym gc`` on every
-backend this machine can reach; with an ID, that kept sandbox).
-"""
+Faults are inspect's exceptions (a command's own timeout is ``TimeoutError``, never retried: a retry
+would run it twice); a task that cannot run fails the eval at its start in one line
+(``PrerequisiteError``); ``inspect sandbox cleanup termgym [ID]`` removes what a killed eval left.
+Each exception, and the settings: docs/guides/frameworks.md#inspect-ai."""
 
 from __future__ import annotations
 

@@ -1,26 +1,19 @@
 """mini-swe-agent (PyPI ``mini-swe-agent``, pinned in the ``harnesses`` extra) on termgym, unchanged.
 
-Two ways in:
+Two ways in: ``--agent mini-swe-agent`` (``MiniSweAgent``, a ``termgym.integrations.harness.Harness``:
+mini-swe-agent's own ``DefaultAgent`` loop, its default or the user's configuration, the recording
+gateway as its model endpoint, the trial's sandbox as its environment); and
+``environment_class: termgym.integrations.mini_swe_agent.TermgymEnvironment`` in a mini-swe-agent
+config (the user's own run acts in a termgym sandbox; submitting verifies the task and puts the
+reward in the exit message's ``extra["termgym"]``; ``close()`` stops the sandbox).
 
-* ``--agent mini-swe-agent`` (``MiniSweAgent``, a ``termgym.integrations.harness.Harness``): termgym
-  runs mini-swe-agent's own ``DefaultAgent`` loop with its default configuration (``mini.yaml``,
-  the one its ``mini`` command uses) or the user's YAML, the task's instruction as its task, the
-  recording gateway as its model endpoint (litellm's ``openai/<model>`` at the session's base URL)
-  and the trial's sandbox as its environment.
-* ``environment_class: termgym.integrations.mini_swe_agent.TermgymEnvironment`` in a mini-swe-agent
-  config: the user's own mini-swe-agent run acts in a termgym sandbox of any backend (the
-  ``environment`` section names ``task`` and ``backend``); submitting verifies the task and puts
-  the reward in the exit message's ``extra["termgym"]``; ``close()`` stops the sandbox.
+``TermgymEnvironment`` keeps mini-swe-agent's semantics (each action in a fresh subshell at its
+``cwd``, with the configuration's ``env`` and ``timeout``; the submit sentinel submits) and
+termgym's (the turn budget and the agent time end the episode with ``LimitsExceeded``, output
+caps, the sandbox's lifetime). Importing this module does not import mini-swe-agent; the classes
+import it when used, and without it say in one line which extra to install.
 
-``TermgymEnvironment`` keeps mini-swe-agent's semantics: each action runs in a fresh subshell at
-its ``cwd`` (the sandbox's working directory by default) with the configuration's ``env``, bounded
-by its ``timeout``; an action whose output's first line is ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT``
-(exit 0) submits (``Submitted``). And termgym's: the turn budget and the agent time (the episode
-ends, the harness gets ``LimitsExceeded``), output caps, the sandbox's lifetime.
-
-Importing this module does not import mini-swe-agent; ``MiniSweAgent`` and the environment import
-it when used, and without it say in one line which extra to install.
-"""
+In full: docs/guides/harnesses.md#mini-swe-agent-as-a-termgym-agent."""
 
 from __future__ import annotations
 

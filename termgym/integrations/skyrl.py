@@ -2,27 +2,19 @@
 
 ``skyrl_gym.make("termgym", env_config=..., extras={"task": NAME_OR_DIR, "backend": "local"})``, or a
 SkyRL dataset row with ``env_class: termgym`` and those extras (``write_dataset`` writes such rows).
-Per-row extras override the ``env_config`` defaults; the keys are ``SETTINGS`` (any other extra,
-such as SkyRL's own ``reward_spec``, is ignored; an unknown ``env_config`` key is an error).
+Per-row extras override the ``env_config`` defaults; the keys are ``SETTINGS`` (other extras are
+ignored; an unknown ``env_config`` key is an error).
 
 The episode is termgym's own (``AsyncTerminalEnv``), driven from SkyRL's synchronous calls on
-termgym's shared loop (``termgym.integrations.sync_loop``):
+termgym's shared loop (``termgym.integrations.sync_loop``): ``init(prompt)`` starts the sandbox
+(an empty prompt becomes termgym's opening); ``step(action)`` parses the reply with termgym's
+action parser (``text`` or ``tool`` format) and runs the command in the persistent shell; the
+episode ends as the model agent's does, the final step verifies and its reward is termgym's
+(passed / S), every other step's is 0. ``close()`` always stops the sandbox; so does interpreter
+exit for an environment never closed. Bad input raises ``TermgymEnvError`` (a
+``skyrl_gym.error.Error``) in one line, at ``make``, before any sandbox starts.
 
-- ``init(prompt)`` starts the sandbox and returns the prompt; an empty prompt becomes termgym's
-  opening (the action format's system prompt, the task's instruction and working directory).
-- ``step(action)`` reads the model's reply with termgym's action parser: the ``text`` format (one
-  fenced shell block; a block holding only ``:submit`` submits) or the ``tool`` format (Hermes
-  ``<tool_call>`` calls of ``bash`` and ``submit``, as the model's text holds them). A command runs
-  in the sandbox's persistent shell and its observation is what termgym's model agent shows.
-- The episode ends as the model agent's does (``submitted``, ``max_turns`` counting every reply,
-  ``parse_errors`` in a row, ``agent_timeout``, a sandbox fault): the final step verifies and its
-  reward is termgym's (passed / S), with the assertions, the stop reason and any error in its
-  metadata. Every other step's reward is 0.
-- ``close()`` always stops the sandbox; so does interpreter exit for an environment never closed.
-
-Bad input (an unknown task, an unavailable backend, a bad setting) raises ``TermgymEnvError``, a
-``skyrl_gym.error.Error``, in one line, at ``make``, before any sandbox starts.
-"""
+In full: docs/guides/frameworks.md#skyrl-gym."""
 
 from __future__ import annotations
 

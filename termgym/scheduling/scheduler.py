@@ -2,39 +2,22 @@
 measure (and, in two modes, correct) the straggler bias that cutting the tail causes.
 
 A step draws tasks from a ``TaskPool`` (each task once per epoch, reshuffled every epoch),
-launches them through a ``Runner`` (``run_one(task, node, version, progress)``;
-``termgym.scheduling.runners.TrialRunner`` runs ``run_paced_trial`` on any backend, real or
-simulated), spreads them over rollout nodes that each cap how many run at once
-(``termgym.scheduling.pool``), and paces sandbox creation with one shared
-``termgym.sandboxes.pacing.Pacer`` (6/s and 600/min by default). As soon as B trials have finished the step
-ends, and what happens to the rest is the mode:
+launches them through a ``Runner`` (``run_one(task, node, version, progress)``; real or simulated),
+spreads them over rollout nodes that each cap how many run at once (``termgym.scheduling.pool``),
+and paces sandbox creation with one shared ``termgym.sandboxes.pacing.Pacer``. The mode (``wait``,
+``cancel``, ``carry-over``, ``reweight``) says what happens to the trials past the first B; the
+clock (``SchedulerConfig.clock``: ``wall`` or ``work``) says what "first" is measured on.
 
-- ``wait``: launch exactly B and wait for all of them (no cancellation, no bias, no oversampling).
-- ``cancel``: launch N > B (560 for 512), keep the first B, cancel the rest: fastest, but the cut
-  tail is mostly the long families (the straggler bias).
-- ``carry-over``: the tail keeps running and joins the next step's batch, which launches N minus
-  the carried trials. A carried trial is stale (``KeptTrial.staleness`` >= 1) and partly sampled
-  after a weight update: the trainer treats it as off-policy. ``close()`` cancels what is carried.
-- ``reweight``: as ``cancel``; each kept trial weighs its family's launched share / kept share
-  (``KeptTrial.weight``, mean 1), at the price of variance (the effective sample size).
+Guarantees: never more than B kept per step (exactly B unless failures exhaust their retries, then
+``BatchResult.short`` says how many are missing); failed trials are recorded and never count as
+finished; a ``sandbox_error`` or ``model_error`` is replaced by a fresh trial of the same task, up to
+``retries`` times per launch; no node ever runs more than its cap; every sandbox creation goes
+through the pacer; a cancelled trial's sandbox is stopped before ``step()`` returns, and its record
+(error kind ``cancelled``) is reported like any other. A carried trial is stale
+(``KeptTrial.staleness`` >= 1); ``close()`` cancels what is carried. Every step's accounting is in
+``BatchResult`` (``termgym.scheduling.bias``); ``step_metrics`` makes it one JSON object.
 
-"First" is measured on ``SchedulerConfig.clock``: ``wall``, the loop's clock (production runs:
-fastest, the kept set depends on timing), or ``work``, a clock the run controls (every trial runs
-to its end and the first B by their simulated finish, ``bias.simulated_finish`` over the runner's
-``work_of(result)``, are kept: a function of what the trials did, never of when they ended).
-docs/guides/scheduling.md explains the modes and clocks and their measured costs.
-
-Guarantees: never more than B kept per step (exactly B unless failures exhaust their retries,
-then ``BatchResult.short`` says how many are missing); failed trials (infrastructure faults, error
-kinds ``sandbox_error``, ``model_error``, ``build_failed``, ``invalid_task``) are recorded and never
-count as finished; a ``sandbox_error`` or ``model_error`` is replaced by a fresh trial of the same task
-(so failure-prone tasks keep their share), up to ``retries`` times per launch; no node ever runs more than its cap;
-every sandbox creation goes through the pacer; a cancelled trial's sandbox is stopped (deleted)
-before ``step()`` returns, and its record (error kind ``cancelled``, the turns and time it had run)
-is reported like any other, so no trial goes unrecorded. Every step's accounting, per family and
-per task, is in ``BatchResult`` (``termgym.scheduling.bias`` defines it); ``step_metrics`` makes it one JSON
-object for the run's ``metrics.jsonl``.
-"""
+The modes, clocks and their measured costs: docs/guides/scheduling.md."""
 
 from __future__ import annotations
 

@@ -1,29 +1,16 @@
 """Simulated sandboxes: the real environment and trial code, with a latency model instead of a machine.
 
-Chosen design: a ``Sandbox`` subclass, driven through the real ``AsyncTerminalEnv`` and
+A ``SimulatedSandbox`` is a ``Sandbox`` subclass, driven through the real ``AsyncTerminalEnv`` and
 ``termgym.trial.run_trial`` by ``SimulatedAgent``, so a simulated trial takes the very path a real
-one takes: pacing and creation, the persistent shell's framing, the turn loop, verification,
-``async with`` clean-up on cancellation, the trial record. Only the machine is simulated: each
-``SimulatedSandbox`` follows a ``latency.TrialPlan`` drawn when it is made, and waits on the event
-loop's clock (creation latency, each turn, the verifier, deletion). On a
-``simclock.VirtualTimeLoop`` a 560-trial step with minutes-long trials costs a second or two of
-real time, so a simulated ``run_one`` (a cheaper model of a trial) was not needed.
+one takes; only the machine is simulated: each sandbox follows a ``latency.TrialPlan`` drawn when
+it is made and waits on the event loop's clock (creation, each turn, the verifier, deletion).
+Rewards are binary as planned; a plan can fail creation (``SandboxError``) or lose the sandbox
+mid-trial (``SandboxGone``), recorded as ``sandbox_error``. ``SimulatedBackend`` is the sandbox
+factory and the ledger tests check (every creation request with its loop time, the sandboxes alive,
+the peak, every release). Not simulated: file contents, command output, per-assertion reports.
 
-The shell speaks just enough of ``termgym.episode.persistent_shell``'s framing to answer: the ready line, then one
-framed answer per command after that turn's planned time. After the planned turns, the output
-says ``SIM_DONE`` and ``SimulatedAgent`` submits. The verifier (the one ``exec`` of a script under
-``/tests``) exits 0 or 1 as planned, so rewards are binary (report format ``exit-code``); for a task
-that declares the assertion kit's report (``report_format = "ctrf"``), the report read afterwards
-holds its declared number of assertions, all passed or all failed as planned. A plan
-can fail creation (``SandboxError``) or lose the sandbox mid-trial (the shell's stream ends and
-every later call raises ``SandboxGone``), which ``run_trial`` records as ``sandbox_error``.
-
-``SimulatedBackend`` is the sandbox factory and the ledger tests check: every creation request
-(with its loop time), the sandboxes alive now, the peak, and every release. Not simulated: file
-contents, command output, per-assertion reports. The trial record's ``timings`` come from
-``time.monotonic`` in ``env.py`` and so show real (tiny) seconds on a virtual clock; durations on
-the loop's clock are the scheduler's to measure.
-"""
+How the shell and verifier answer, and what the record's timings mean:
+docs/guides/scheduling.md#simulation."""
 
 from __future__ import annotations
 

@@ -1,40 +1,14 @@
-"""Load terminal tasks from disk: Harbor / Terminal-Bench 2 (``task.toml``) and Terminal-Bench 1 (``task.yaml``).
+"""Load terminal tasks from disk: Harbor / Terminal-Bench 2 (``task.toml``) and Terminal-Bench 1
+(``task.yaml``).
 
-Harbor layout::
+Guarantees: a task loads with the defaults of its project (Harbor's agent timeout, unlimited there,
+is :data:`DEFAULT_AGENT_TIMEOUT_SEC` here) and resources within what a container engine accepts
+(:data:`RESOURCE_BOUNDS`); a key termgym does not define or act on is accepted with a warning in
+``Task.warnings``; every problem raises :class:`TaskError`, whose message is one line naming the
+offending file. ``[verifier].report_format`` and ``[verifier].assertions`` are termgym's own keys;
+a separate grading image (``[verifier.environment]``) is not supported yet.
 
-    task.toml  instruction.md  environment/Dockerfile  [environment/docker-compose.yaml]
-    [solution/solve.sh ...]  tests/test.sh [...]
-
-The Dockerfile may be missing when ``[environment].docker_image`` names a prebuilt image.
-
-Terminal-Bench 1 layout::
-
-    task.yaml  Dockerfile  docker-compose.yaml  run-tests.sh  [solution.sh | solution.yaml]  [tests/...]
-
-``tests/`` is optional for TB1: ``tests_dir`` then points at a directory that does not exist and
-:meth:`Task.test_files` returns only ``run-tests.sh``. A ``solution.yaml`` (TB1 keystroke list)
-is not a script: ``solution_script`` is None and ``metadata["solution_yaml"]`` names the file.
-
-Defaults: Harbor's ``[agent].timeout_sec`` defaults to None (no limit); termgym uses
-:data:`DEFAULT_AGENT_TIMEOUT_SEC` (900 s) instead. Resources default to the pre-2026 Harbor
-values 1 CPU / 2048 MB / 10240 MB, and must lie within what a container engine accepts
-(:data:`RESOURCE_BOUNDS`). TB1 timeouts default to 360 s (agent) and 60 s (tests).
-
-Verification keys besides Harbor's: ``[verifier].report_format`` (one of the report formats: the
-verifier is graded from that source alone) and ``[verifier].assertions`` (how many assertions the
-verifier defines: a report claiming more is an error). Harbor's ``[verifier].environment_mode =
-"separate"`` grades in a fresh sandbox of the task's environment, into which the top-level
-``artifacts`` paths (and ``/logs/artifacts``) are copied from the agent's; a separate grading
-image (``[verifier.environment]``) is not supported yet.
-
-Harbor's other keys (healthcheck, users, per-phase network, ``[[steps]]``,
-``multi_step_reward_strategy``) are read as ``harbor`` 0.13's ``TaskConfig`` defines them; a key it
-does not define, or one termgym does not act on, is accepted with a warning in ``Task.warnings``
-(docs/guides/tasks.md lists them). A TB1 ``docker-compose.yaml`` is read with the ``T_BENCH_*``
-variables of TB1's harness filled in (:func:`compose_variables`, :func:`fill_compose`).
-
-Every problem raises :class:`TaskError`, whose message is one line naming the offending file.
-"""
+The layouts, the defaults and every key: docs/guides/tasks.md#task-layout."""
 
 from __future__ import annotations
 
