@@ -1,26 +1,20 @@
 """Choose which of a verifier's outputs to grade, and parse it without ever raising.
 
-Order (the first source that is present wins, whether or not it parses). Report files always rank
-above anything parsed from the verifier's output, which a program the agent wrote can print into:
-    1. `ctrf.json`
-    2. every `*.xml` file (JUnit), sorted by name, aggregated
-    3. every `*.tap` file (TAP), sorted by name, aggregated
-    4. `reward.json`
-    5. `reward.txt`
-    6. the pytest `-rA` short test summary in the verifier's output
-    7. the verifier's exit code
-A task that declares its report format (`declared`) is graded from that source alone: when the
-verifier did not produce it, the report has `error` set, whatever else exists.
+Order (the first source that is present wins, whether or not it parses): `ctrf.json`, every `*.xml`
+(JUnit), every `*.tap` (TAP), `reward.json`, `reward.txt`, the pytest `-rA` short test summary in
+the verifier's output, the verifier's exit code. Report files always rank above anything parsed
+from the output, which a program the agent wrote can print into. A task that declares its report
+format (`declared`) is graded from that source alone: when the verifier did not produce it, the
+report has `error` set, whatever else exists.
 
 An unusable first source (malformed, wrong structure, unsafe XML, over `MAX_REPORT_BYTES`,
 undecodable) yields a report of that format with no assertions and
-`error="unparseable report <file>: <reason>"`; it never falls through to a later source, so a
-broken `ctrf.json` cannot become a pass by exit code.
+`error="unparseable report <file>: <reason>"`; it never falls through to a later source.
 
 `check_assertion_count` holds a per-assertion report to the number of assertions the task's
 verifier defines: more is an error (a forged or runaway report cannot amplify the reward), fewer
 are completed with failed assertions (a verifier stopped half-way never counts as resolved).
-"""
+Each source in detail: docs/guides/tasks.md#report-formats."""
 
 # Arguments are checked at run time too (callers need not be type-checked); strict pyright, which
 # trusts the annotations, would call those isinstance checks unnecessary.

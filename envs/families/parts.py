@@ -4,30 +4,15 @@ a binary one can differ.
 A task asks for 3, 4 or 5 separate small things in /app (the families ``three-parts``,
 ``four-parts`` and ``five-parts``), one shell command each, and checks each with exactly one
 assertion of its own; no part touches another's files, so any subset of the parts can be right.
-The parts are of three kinds, the short set's one-command skills, each with the scripted
-teacher's mistake for it (the explore set's, at the explore set's rates):
-
-=======  ==================================  ===========================================  =====
-kind     the reference command               the teacher's mistake                        rate
-=======  ==================================  ===========================================  =====
-write    ``echo WORD > /app/NAME.txt``       ``touch`` the file: it forgets the content   0.3
-nest     ``mkdir -p /app/OUTER/INNER``       ``mkdir`` without ``-p``: it fails           0.6
-copy     ``cp /app/SRC.txt /app/DST.txt``    ``mv``: the source is gone                   0.6
-=======  ==================================  ===========================================  =====
-
-Every task has at least one part of each kind, its other parts of kinds drawn uniformly, all in a
-shuffled order. The teacher makes each part's mistake independently at its kind's rate
-(``Flaw``: one per non-empty set of mistaken parts, at the product of the rates), so it resolves
-a three-part task 0.7 x 0.4 x 0.4 = 11% of the time and passes 57% of its assertions on average. A
-policy that imitates it greedily does the writes and makes the other two mistakes: it completes
-some parts and rarely all, so a binary reward (resolved or not) is sparse where the per-assertion
-one is not.
+The parts are of three kinds (``write``, ``nest``, ``copy``), each with the scripted teacher's
+mistake for it at the explore set's rate; the teacher makes each part's mistake independently.
 
 Guarantees, besides ``TaskSpec``'s: part ``i``'s command is ``commands[i]`` and its assertion is
 ``assertions[i]``; each command passes its own assertion and changes no other's outcome, so a
 prefix of the reference passes exactly the assertions of its parts; every flaw fails exactly the
 assertions of the parts it names.
-"""
+
+The kinds, the teacher's rates and what they give: docs/guides/tasks.md#the-parts-family-set."""
 
 from __future__ import annotations
 
