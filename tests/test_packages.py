@@ -210,3 +210,43 @@ def test_the_reexport_check_sees_a_name_taken_from_where_it_is_not_defined(tmp_p
         ("termgym.b", "A"): ["tests/test_x.py", "docs/x.md"],
         ("termgym.b", "C"): ["docs/x.md"],
     }
+
+
+LINE_LIMIT = 120  # pyproject.toml's line-length; the formatter leaves a long string or comment as it is
+DOCSTRING_LIMIT = 20  # a docstring states the guarantee; the explanation is the guide's (issue 46)
+
+
+def prose_overruns(root: Path) -> tuple[list[str], list[str]]:
+    """The library lines of ``root`` (a checkout) longer than ``LINE_LIMIT`` columns, as ``path:line``,
+    and its docstrings (module, class, function) longer than ``DOCSTRING_LIMIT`` lines, as
+    ``path:line name``."""
+    long_lines, long_docstrings = [], []
+    for path in module_files(root).values():
+        name = str(path.relative_to(root))
+        text = path.read_text()
+        long_lines += [f"{name}:{n}" for n, line in enumerate(text.splitlines(), 1) if len(line) > LINE_LIMIT]
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                docstring = ast.get_docstring(node) or ""
+                if len(docstring.splitlines()) > DOCSTRING_LIMIT:
+                    where = "module" if isinstance(node, ast.Module) else node.name
+                    long_docstrings.append(f"{name}:{getattr(node, 'lineno', 1)} {where}")
+    return long_lines, long_docstrings
+
+
+def test_library_prose_is_short():
+    long_lines, long_docstrings = prose_overruns(REPO_ROOT)
+    assert long_lines == [], f"lines over {LINE_LIMIT} columns: {long_lines}"
+    assert long_docstrings == [], (
+        f"docstrings over {DOCSTRING_LIMIT} lines (keep the guarantee, point to the guide): {long_docstrings}"
+    )
+
+
+def test_the_prose_check_sees_a_long_line_and_a_long_docstring(tmp_path: Path):
+    (tmp_path / "termgym").mkdir()
+    lines = "\n".join(f"line {n}" for n in range(DOCSTRING_LIMIT + 1))
+    (tmp_path / "termgym" / "a.py").write_text(f'"""{lines}"""\n\n\nclass A:\n    """{lines}"""\n')
+    (tmp_path / "termgym" / "b.py").write_text(f'"""Short."""\n\nX = "{"x" * LINE_LIMIT}"\n')
+    exact = "\n".join(f"line {n}" for n in range(DOCSTRING_LIMIT))
+    (tmp_path / "termgym" / "c.py").write_text(f'"""{exact}"""\n\nX = "{"x" * (LINE_LIMIT - 6)}"\n')
+    assert prose_overruns(tmp_path) == (["termgym/b.py:3"], ["termgym/a.py:1 module", "termgym/a.py:24 A"])
