@@ -1,23 +1,20 @@
 """Rollout scheduling: launch more trials than a batch needs, keep the first B that finish, and
 measure (and, in two modes, correct) the straggler bias that cutting the tail causes.
 
-A step draws tasks from a ``TaskPool`` (each task once per epoch, reshuffled every epoch),
-launches them through a ``Runner`` (``run_one(task, node, version, progress)``; real or simulated),
-spreads them over rollout nodes that each cap how many run at once (``termgym.scheduling.pool``),
-and paces sandbox creation with one shared ``termgym.sandboxes.pacing.Pacer``. The mode (``wait``,
-``cancel``, ``carry-over``, ``reweight``) says what happens to the trials past the first B; the
-clock (``SchedulerConfig.clock``: ``wall`` or ``work``) says what "first" is measured on.
+A step draws tasks from a ``TaskPool`` (each task once per epoch, reshuffled every epoch), launches
+them through a ``Runner`` over rollout nodes that each cap how many run at once
+(``termgym.scheduling.pool``), and paces sandbox creation with one shared
+``termgym.sandboxes.pacing.Pacer``. The mode (``wait``, ``cancel``, ``carry-over``, ``reweight``)
+says what happens past the first B; ``SchedulerConfig.clock`` (``wall`` or ``work``) what "first" is.
 
-Guarantees: never more than B kept per step (exactly B unless failures exhaust their retries, then
-``BatchResult.short`` says how many are missing); failed trials are recorded and never count as
-finished; a ``sandbox_error`` or ``model_error`` is replaced by a fresh trial of the same task, up to
-``retries`` times per launch; no node ever runs more than its cap; every sandbox creation goes
-through the pacer; a cancelled trial's sandbox is stopped before ``step()`` returns, and its record
-(error kind ``cancelled``) is reported like any other. A carried trial is stale
-(``KeptTrial.staleness`` >= 1); ``close()`` cancels what is carried. Every step's accounting is in
-``BatchResult`` (``termgym.scheduling.bias``); ``step_metrics`` makes it one JSON object.
-
-The modes, clocks and their measured costs: docs/guides/scheduling.md."""
+Guarantees: never more than B kept per step (fewer only when failures exhaust their retries:
+``BatchResult.short``); a failed trial never counts as finished, and a ``sandbox_error`` or
+``model_error`` is replaced by a fresh trial of the same task, up to ``retries`` times per launch;
+no node runs more than its cap; every creation goes through the pacer; a cancelled trial's sandbox
+is stopped before ``step()`` returns and its record (``cancelled``) reported; ``close()`` cancels
+what is carried. ``BatchResult`` (``termgym.scheduling.bias``) holds each step's accounting,
+``step_metrics`` makes it one JSON object. The modes, clocks and their measured costs:
+docs/guides/scheduling.md."""
 
 from __future__ import annotations
 
