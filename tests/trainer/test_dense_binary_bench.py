@@ -4,6 +4,7 @@ the tables on known results, and the command on a missing seed; the whole bench,
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -141,3 +142,17 @@ def test_the_bench_shrunk_runs_both_arms_and_the_cold_critic_from_one_start(tmp_
     for arm in ("dense", "binary", "cold-critic"):
         assert (tmp_path / "seed0" / arm / "policy").exists()
     assert done.stdout.startswith("| seed | tasks |") and "Explained variance at the first policy update" in done.stdout
+
+
+def test_a_seed_run_apart_is_this_bench_with_the_same_flags_for_that_seed_alone():
+    args = argparse.Namespace(out="runs/x", critic=True, teacher=False, quick=True, jobs=3)
+    command = bench.child_command(args, 2)
+    assert command[0] == sys.executable and command[1].endswith("bench/dense_binary.py")
+    assert command[2:] == ["--seeds", "2", "--out", "runs/x", "--critic", "--quick"]
+
+
+def test_jobs_below_one_is_refused_in_one_line(tmp_path):
+    script = [sys.executable, str(REPO_ROOT / "bench" / "dense_binary.py"), "--out", str(tmp_path), "--jobs", "0"]
+    done = subprocess.run(script, capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and done.stderr.strip().endswith("--jobs must be at least 1")
+    assert "Traceback" not in done.stderr
