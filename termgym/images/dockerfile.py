@@ -10,6 +10,9 @@ instruction seeing the variables as they were before it. Only the last stage cou
 chained with the earlier stages it is built FROM (``FROM base AS final``). SHELL is
 honoured: after ``SHELL ["bash", "-c"]`` a shell-form RUN comes back as
 ``("bash", "-c", command)``. ``COPY <<EOF /file`` becomes a RunStep writing the file.
+ENTRYPOINT is Docker's: the last one wins, the shell form runs as the SHELL in effect
+(``/bin/sh -c`` by default), ``ENTRYPOINT []`` clears the base image's, and no variable is
+substituted in it (``entrypoint`` None: the Dockerfile sets none, the image's stays).
 The lexing (directives, continuations, heredocs, words, substitution) is
 :mod:`termgym.images.dockerfile_syntax`'s.
 """
@@ -80,8 +83,11 @@ class EnvironmentPlan:
     ``base_image`` is the image of the last FROM (with chained stages, the image
     the first of them starts from). ``env`` is the final ENV in order of first
     definition, ``workdir`` the final WORKDIR ("/" by default), ``user`` the last
-    USER. ``ignored`` lists, in line order, what the plan leaves out:
-    instructions such as CMD or EXPOSE, ignored COPY flags, unused build stages.
+    USER, ``entrypoint`` the last ENTRYPOINT as the image's config holds it (an argv; ``()``
+    after ``ENTRYPOINT []``; None where the chain sets none and the base image's runs).
+    ``ignored`` lists, in line order, what the plan leaves out: instructions such as CMD
+    (the backends' keeper takes its place, as Docker resets it after an ENTRYPOINT) or
+    EXPOSE, ignored COPY flags, unused build stages.
     """
 
     base_image: str | None
@@ -90,10 +96,11 @@ class EnvironmentPlan:
     workdir: str
     user: str | None
     ignored: tuple[str, ...]
+    entrypoint: tuple[str, ...] | None = None
 
 
-_IGNORED = frozenset("CMD ENTRYPOINT EXPOSE LABEL VOLUME HEALTHCHECK STOPSIGNAL MAINTAINER ONBUILD".split())
-_HANDLED = frozenset("FROM ARG ENV WORKDIR USER COPY ADD RUN SHELL".split())
+_IGNORED = frozenset("CMD EXPOSE LABEL VOLUME HEALTHCHECK STOPSIGNAL MAINTAINER ONBUILD".split())
+_HANDLED = frozenset("FROM ARG ENV WORKDIR USER COPY ADD RUN SHELL ENTRYPOINT".split())
 _FLAG = re.compile(r"--([A-Za-z][A-Za-z0-9-]*)(?:=(\S*))?(?:\s+|$)")
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://|git@")
 
@@ -104,6 +111,7 @@ class _State:  # mutable accumulator for the chained stages
     workdir: str = "/"
     user: str | None = None
     shell: tuple[str, ...] | None = None
+    entrypoint: tuple[str, ...] | None = None
     env: dict[str, str] = field(default_factory=dict)
     steps: list[PlanStep] = field(default_factory=list)
     ignored: list[tuple[int, str]] = field(default_factory=list)
@@ -154,9 +162,8 @@ def parse_dockerfile(text: str, build_args: Mapping[str, str] | None = None) -> 
         for ins in stages[index][1]:
             _apply(ins, state, stage_args, global_args, overrides, escape)
     ignored = tuple(text for _, text in sorted(state.ignored, key=lambda item: item[0]))
-    return EnvironmentPlan(
-        state.base_image, tuple(state.steps), tuple(state.env.items()), state.workdir, state.user, ignored
-    )
+    env, steps = tuple(state.env.items()), tuple(state.steps)
+    return EnvironmentPlan(state.base_image, steps, env, state.workdir, state.user, ignored, state.entrypoint)
 
 
 def _parse_from(ins: Instruction, global_args: Mapping[str, str], escape: str) -> tuple[str, str | None]:
@@ -254,10 +261,22 @@ def _apply(
         state.shell = json_array(ins.args)
         if not state.shell:
             raise DockerfileError(ins.line, 'SHELL needs a non-empty JSON array, e.g. ["/bin/bash", "-c"]')
+    elif ins.keyword == "ENTRYPOINT":
+        state.entrypoint = _entrypoint(ins, state)
     elif ins.keyword == "RUN":
         state.steps.append(_run_step(ins, state, scope))
     else:
         _copy(ins, state, scope, escape)
+
+
+def _entrypoint(ins: Instruction, state: _State) -> tuple[str, ...]:
+    """The ENTRYPOINT's argv as Docker keeps it: the exec form's words (``[]``, or no argument at all,
+    clears it), or the shell form's text after the SHELL in effect; never substituted (Docker
+    substitutes none)."""
+    argv = json_array(ins.args)
+    if argv is not None or not ins.args:
+        return argv or ()
+    return (*(state.shell or ("/bin/sh", "-c")), ins.args)
 
 
 def _run_step(ins: Instruction, state: _State, scope: Mapping[str, str]) -> RunStep:

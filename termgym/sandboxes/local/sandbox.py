@@ -18,7 +18,7 @@ from termgym.errors import SandboxBroken, SandboxError
 from termgym.output import OutputCapture
 from termgym.sandboxes.base import Command, ExecResult, ProcessChannel, SandboxSpec, refuse_user
 from termgym.sandboxes.capabilities import fixed_network
-from termgym.sandboxes.changes import leaf_changes, manifest_changes
+from termgym.sandboxes.changes import entrypoint_files, leaf_changes, manifest_changes
 from termgym.sandboxes.host_kit import kit_argv
 from termgym.sandboxes.host_processes import (
     POLL_SEC,
@@ -61,6 +61,8 @@ class LocalSandbox(SandboxStartup):
                 return
         await self._start()  # SandboxStartup's
         if self._entrypoint:
+            # what every restart runs, in the working directory the sandbox ends up with
+            self.untraced_loads = (*self.untraced_loads, *entrypoint_files(self._entrypoint, self.workdir))
             await self._start_entrypoint()
             # what it wrote before the agent's first command is not the agent's
             self._baseline = await asyncio.to_thread(self._upper_manifest)
@@ -71,9 +73,10 @@ class LocalSandbox(SandboxStartup):
     async def _start_entrypoint(self) -> None:
         """The image's entrypoint, as Docker runs it at each (re)start of a container
         (``termgym.sandboxes.local.entrypoint``); ended with the agent's processes."""
-        if not self._entrypoint or self._image_root is None or self._dir is None:
+        if not self._entrypoint or self._dir is None:
             return
-        sleep = kit_argv(self._image_root.kit_at, "sleep")
+        # the kit's over an image; over the host's system, the host's (its read-only /usr)
+        sleep = kit_argv(self._image_root.kit_at, "sleep") if self._image_root is not None else ["/bin/sleep"]
 
         def enter(argv: list[str]) -> list[str]:
             return self._enter_argv(argv, self.env, self.workdir, lasting=True)

@@ -22,7 +22,6 @@ from termgym.errors import EnvironmentBuildError, SandboxError
 from termgym.images.dockerfile import EnvironmentPlan, parse_dockerfile
 from termgym.images.dockerfile_syntax import DockerfileError
 from termgym.sandboxes.base import Sandbox, SandboxSpec
-from termgym.sandboxes.changes import entrypoint_files
 from termgym.sandboxes.host_kit import UNTRACED, kit_dir
 from termgym.sandboxes.host_processes import HostChannel
 from termgym.sandboxes.limits import SandboxCgroup
@@ -85,6 +84,8 @@ class SandboxStartup(Sandbox):
         if ref is not None:  # the Dockerfile's steps run on its FROM, not on a named image that wins over it
             await self._start_image(ref, source, plan if source == "build" else None)
             return
+        if plan is not None and source == "build" and plan.entrypoint:  # the host's system has none of its own
+            self._entrypoint = plan.entrypoint
         self._roots = writable_roots(plan)
         if plan is not None and plan.user not in (None, "root", "0"):
             self.warnings.append(f"USER {plan.user} ignored: the embedded backend runs as root")
@@ -184,7 +185,9 @@ class SandboxStartup(Sandbox):
         self.image = image.record(source)
         self.env = {"PATH": DEFAULT_PATH, **image.config.env}
         self.workdir = image.config.workdir
-        self._entrypoint = image.config.entrypoint
+        # the Dockerfile's own ENTRYPOINT replaces the image's (``ENTRYPOINT []`` clears it), as on Docker
+        entrypoint = plan.entrypoint if plan is not None else None
+        self._entrypoint = image.config.entrypoint if entrypoint is None else entrypoint
         if plan is not None and plan.user not in (None, "root", "0"):
             self.warnings.append(f"USER {plan.user} ignored: the embedded backend runs as root")
         elif plan is None and image.config.user not in ("", "root", "0"):
@@ -254,8 +257,7 @@ class SandboxStartup(Sandbox):
         await asyncio.to_thread(LocalHostFiles(root_dir, self.owner).make_missing_dirs, self.workdir)
         kit_at, resolv = f"/.termgym-{secrets.token_hex(8)}", await _resolver_copy(home)
         self._image_root = ImageRoot(view, kit, kit_at, resolv, holder)
-        # what the kit's loader reads from the root before any trace; the entrypoint every restart runs
-        self.untraced_loads = (*UNTRACED, *entrypoint_files(self._entrypoint, self.workdir))
+        self.untraced_loads = UNTRACED  # what the kit's loader reads from the root before any trace
         await self._start_processes()
         # what bubblewrap made there (the mount points an image lacks) is not the agent's
         self._baseline = await asyncio.to_thread(self._upper_manifest)

@@ -275,10 +275,10 @@ PLAN_CASES = [
         "STOPSIGNAL SIGTERM\nMAINTAINER me\nONBUILD RUN x\nCOPY --chown=1:1 a /b",
         None,
         {
+            "entrypoint": ("x",),  # no longer ignored: the plan carries it
             "ignored": (
                 "EXPOSE 80 (line 2)",
                 'CMD ["python", "app.py"] (line 3)',
-                'ENTRYPOINT ["x"] (line 4)',
                 "LABEL a=b (line 5)",
                 "VOLUME /data (line 6)",
                 "HEALTHCHECK NONE (line 7)",
@@ -286,8 +286,49 @@ PLAN_CASES = [
                 "MAINTAINER me (line 9)",
                 "ONBUILD RUN x (line 10)",
                 "COPY --chown=1:1 (line 11)",
-            )
+            ),
         },
+    ),
+    ("no-entrypoint-keeps-the-images", "FROM a\nCMD x", None, {"entrypoint": None}),
+    ("entrypoint-exec-form", 'FROM a\nENTRYPOINT ["/e.sh", "$HOME"]', None, {"entrypoint": ("/e.sh", "$HOME")}),
+    (
+        "entrypoint-shell-form",
+        'FROM a\nENV X=1\nENTRYPOINT  svc $X &&  exec "$@"',
+        None,
+        {"entrypoint": ("/bin/sh", "-c", 'svc $X &&  exec "$@"')},
+    ),
+    (
+        "entrypoint-shell-form-after-shell",
+        'FROM a\nSHELL ["/bin/bash", "-c"]\nENTRYPOINT svc',
+        None,
+        {"entrypoint": ("/bin/bash", "-c", "svc")},
+    ),
+    (
+        "entrypoint-continued",
+        "FROM a\nENTRYPOINT svc \\\n  --flag",
+        None,
+        {"entrypoint": ("/bin/sh", "-c", "svc   --flag")},
+    ),
+    (
+        "entrypoint-last-wins",
+        'FROM a\nENTRYPOINT ["/one"]\nENTRYPOINT ["/two", "x"]',
+        None,
+        {"entrypoint": ("/two", "x")},
+    ),
+    ("entrypoint-cleared", 'FROM a\nENTRYPOINT ["/one"]\nENTRYPOINT []', None, {"entrypoint": (), "ignored": ()}),
+    ("entrypoint-cleared-by-nothing", "FROM a\nENTRYPOINT", None, {"entrypoint": ()}),
+    ("entrypoint-not-json-is-shell-form", "FROM a\nENTRYPOINT [x", None, {"entrypoint": ("/bin/sh", "-c", "[x")}),
+    (
+        "entrypoint-of-a-chained-stage",
+        'FROM a AS base\nENTRYPOINT ["/b"]\nFROM base\nRUN x',
+        None,
+        {"entrypoint": ("/b",)},
+    ),
+    (
+        "entrypoint-of-an-unused-stage",
+        'FROM a AS other\nENTRYPOINT ["/b"]\nFROM a',
+        None,
+        {"entrypoint": None, "ignored": ("FROM a AS other (line 1): build stage not used by the final stage",)},
     ),
     ("long-ignored-is-shortened", "FROM a\nCMD " + "x" * 100, None, {"ignored": ("CMD " + "x" * 53 + "... (line 2)",)}),
     ("crlf-and-bom", "\ufeffFROM a\r\nENV A=1\r\n", None, {"env": (("A", "1"),)}),

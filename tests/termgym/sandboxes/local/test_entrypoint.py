@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from termgym.sandboxes.base import SandboxSpec
+from termgym.sandboxes.base import Sandbox, SandboxSpec
 from termgym.sandboxes.local import LocalSandbox
 from termgym.sandboxes.local.entrypoint import MARK, marked_command, ready_in
 from tests.termgym.sandboxes.local.tiny_images import tiny_image
@@ -81,3 +81,58 @@ def test_the_marked_command_is_found_by_its_last_word():
     assert ready_in({7: b"/bin/sh\0/entry.sh\0", 8: line}, command)
     assert not ready_in({7: b"/bin/sh\0/entry.sh\0" + line}, command)  # the entrypoint holding it as arguments
     assert not ready_in({}, command)
+
+
+# -- the Dockerfile's own ENTRYPOINT over the image's ------------------------------------------
+
+OTHER = '#!/bin/sh\necho "other $1" >> /run/starts\nshift\nexec "$@"\n'
+READ_STARTS = 'if [ -f /run/starts ]; then while IFS= read -r l; do echo "$l"; done < /run/starts; else echo none; fi'
+
+
+async def starts(sandbox: Sandbox) -> str:
+    return (await sandbox.exec(["/bin/sh", "-c", READ_STARTS], timeout=20)).text
+
+
+def task_over(scratch: Path, name: str, dockerfile: str) -> SandboxSpec:
+    """A task whose Dockerfile starts FROM the image with /entry.sh as its entrypoint (/other.sh beside it)."""
+    if not (scratch / "layout").exists():
+        files = {"entry.sh": SERVICE, "other.sh": OTHER, "run/.keep": ""}
+        tiny_image(scratch, ("/usr/bin/sleep",), files, entrypoint="/entry.sh")
+    context = scratch / name
+    context.mkdir()
+    (context / "Dockerfile").write_text(f"FROM oci:{scratch / 'layout'}:1\n{dockerfile}")
+    return SandboxSpec(name, context, context / "Dockerfile")
+
+
+@pytest.mark.parametrize("prepared", [False, True], ids=["no-steps", "prepared-layer"])
+async def test_the_dockerfiles_entrypoint_replaces_the_images(scratch, no_leaks, prepared):
+    steps = "RUN echo made > /made\n" if prepared else ""
+    spec = task_over(scratch, "other", steps + 'ENTRYPOINT ["/entry.sh"]\nENTRYPOINT ["/other.sh", "-x"]\n')
+    for start in (1, 2):  # the second from the prepared layer the first kept
+        async with LocalSandbox(spec) as sandbox:
+            assert await starts(sandbox) == "other -x\n"
+            await sandbox.kill_agent_processes()  # run again at the restart; the image's never
+            assert await starts(sandbox) == "other -x\n" * 2
+            assert "/other.sh" in sandbox.untraced_loads and "/entry.sh" not in sandbox.untraced_loads
+            assert ("prepared" in sandbox.image) == (prepared and start == 2), sandbox.image
+            assert not [w for w in sandbox.warnings if "entrypoint" in w.lower()], sandbox.warnings
+
+
+async def test_an_empty_entrypoint_clears_the_images_and_the_shell_form_runs_under_sh(scratch, no_leaks):
+    cleared = task_over(scratch, "cleared", 'RUN echo made > /made\nENTRYPOINT ["/entry.sh"]\nENTRYPOINT []\n')
+    shell = task_over(
+        scratch, "shell", 'RUN echo made > /made\nENTRYPOINT echo "sh $0" >> /run/starts; exec "$0" "$@"\n'
+    )
+    prepared = []
+    for spec in (cleared, cleared, shell, shell):  # each second one from the prepared layer the first kept
+        async with LocalSandbox(spec) as sandbox:
+            prepared.append(sandbox.image.get("prepared"))
+            text = await starts(sandbox)
+            if spec is cleared:
+                assert text == "none\n" and "/entry.sh" not in sandbox.untraced_loads
+            else:  # /bin/sh -c TEXT KEEPER...: $0 is the keeper's first word (the kit's loader)
+                assert text.startswith("sh /.termgym-") and text.endswith("/ld.so\n"), text
+            assert not [w for w in sandbox.warnings if "entrypoint" in w.lower()], sandbox.warnings
+    # the Dockerfiles differ in their ENTRYPOINT alone: two prepared environments
+    assert prepared[0] is None and prepared[2] is None and None not in (prepared[1], prepared[3])
+    assert prepared[1] != prepared[3]
