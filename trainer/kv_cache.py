@@ -24,6 +24,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, DynamicLayer
 
@@ -115,6 +116,7 @@ def cached_next_token_logprobs(
     pad_id: int = 0,
     *,
     positions: Sequence[Sequence[int]] | None = None,
+    routers: Sequence[nn.Module] | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
     """Log-probabilities of the next token after each sequence (``[len(sequences), vocab]``), from
     one forward over the parts ``cache`` does not hold; every sequence is then cached whole. With
@@ -143,7 +145,11 @@ def cached_next_token_logprobs(
         attention[row, width_past : width_past + len(new)] = 1
         position_ids[row] = torch.arange(width_new) + p
     stacked = []  # per attention layer: the rows' cached keys and values, padded to width_past
-    if width_past:
+    if width_past and rows == 1:  # one row: its cached keys and values as they are, nothing to pad
+        hit = hits[0]
+        assert hit is not None  # a cached past is a hit's
+        stacked = [(keys[None, :, :width_past], values[None, :, :width_past]) for keys, values in hit.layers]
+    elif width_past:
         template = next(h for h, p in zip(hits, past) if p)
         assert template is not None  # a row with a cached past has a hit
         for layer, (keys, values) in enumerate(template.layers):
@@ -154,7 +160,8 @@ def cached_next_token_logprobs(
                     assert hit is not None  # a cached past is a hit's
                     k[row, :, :p], v[row, :, :p] = hit.layers[layer][0][:, :p], hit.layers[layer][1][:, :p]
             stacked.append((k, v))
-    with torch.no_grad(), record_routing(model) if positions is not None else nullcontext([]) as per_layer:
+    recording = record_routing(model, routers) if positions is not None else nullcontext([])
+    with torch.no_grad(), recording as per_layer:
         out = model(
             input_ids=ids,
             attention_mask=attention,
@@ -166,13 +173,16 @@ def cached_next_token_logprobs(
     layers = _attention_layers(out.past_key_values)
     routed: list[torch.Tensor] | None = [] if positions is not None else None
     for row, (seq, hit, p, new) in enumerate(zip(sequences, hits, past, suffix)):
-        kept = [
-            (
-                torch.cat((k[row, :, :p], k[row, :, width_past : width_past + len(new)]), dim=1),
-                torch.cat((v[row, :, :p], v[row, :, width_past : width_past + len(new)]), dim=1),
-            )
-            for k, v in layers
-        ]
+        if rows == 1:  # no padding: the row's keys and values are the forward's whole
+            kept = [(k[0], v[0]) for k, v in layers]
+        else:
+            kept = [
+                (
+                    torch.cat((k[row, :, :p], k[row, :, width_past : width_past + len(new)]), dim=1),
+                    torch.cat((v[row, :, :p], v[row, :, width_past : width_past + len(new)]), dim=1),
+                )
+                for k, v in layers
+            ]
         routing = None
         if new_routing is not None:
             assert positions is not None and routed is not None  # all three are set together

@@ -19,7 +19,7 @@ Which routers, in full: docs/guides/training.md#routing-replay-r3."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import SupportsInt, cast
@@ -91,10 +91,12 @@ def disable_router_aux_loss(model: nn.Module) -> None:
 
 
 @contextmanager
-def record_routing(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+def record_routing(model: nn.Module, routers: Sequence[nn.Module] | None = None) -> Iterator[list[torch.Tensor]]:
     """Yield a list that, after a forward, holds each MoE layer's top-k ids ``[rows, top_k]``
-    (rows = batch x time, flattened as the block flattens them). One forward per context."""
-    captured: list[torch.Tensor | None] = [None] * len(moe_routers(model))
+    (rows = batch x time, flattened as the block flattens them). One forward per context.
+    ``routers``: ``moe_routers(model)`` read once by a caller that records many forwards."""
+    routers = moe_routers(model) if routers is None else routers
+    captured: list[torch.Tensor | None] = [None] * len(routers)
     out: list[torch.Tensor] = []
 
     def hook_for(layer: int):
@@ -104,7 +106,7 @@ def record_routing(model: nn.Module) -> Iterator[list[torch.Tensor]]:
 
         return hook
 
-    handles = [router.register_forward_hook(hook_for(i)) for i, router in enumerate(moe_routers(model))]
+    handles = [router.register_forward_hook(hook_for(i)) for i, router in enumerate(routers)]
     try:
         yield out
     finally:

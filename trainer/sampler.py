@@ -31,7 +31,7 @@ import torch
 
 from .batch import pad_ids
 from .kv_cache import PrefixCache, cached_next_token_logprobs, supports_prefix_cache
-from .routing import is_moe, record_routing, routing_shape, stack_routing
+from .routing import is_moe, moe_routers, record_routing, routing_shape, stack_routing
 
 
 @dataclass
@@ -187,6 +187,7 @@ class BatchedSampler(TokenSampler):
         self.publication_gap: float | None = None  # its copy is the published weights themselves
         self.records_routing = is_moe(model) if record_routing is None else record_routing  # default: MoE policies
         self.routing_shape = routing_shape(model)  # (MoE layers, top_k)
+        self.routers = moe_routers(model)  # read once: publish loads weights, never changes the modules
         self._pending: list[tuple[list[int], torch.Generator | None, asyncio.Future, list[int]]] = []
 
     def publish(self, state_dict: dict, version: int) -> None:
@@ -241,7 +242,9 @@ class BatchedSampler(TokenSampler):
         sequences = [p[0] for p in batch]
         if cache is not None:
             positions = [p[3] for p in batch] if self.records_routing else None
-            return cached_next_token_logprobs(self.model, sequences, cache, self.pad_id, positions=positions)
+            return cached_next_token_logprobs(
+                self.model, sequences, cache, self.pad_id, positions=positions, routers=self.routers
+            )
         if not self.records_routing:
             return next_token_logprobs(self.model, sequences, self.pad_id), None
         routing: list[torch.Tensor] = []
