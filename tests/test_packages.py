@@ -250,3 +250,24 @@ def test_the_prose_check_sees_a_long_line_and_a_long_docstring(tmp_path: Path):
     exact = "\n".join(f"line {n}" for n in range(DOCSTRING_LIMIT))
     (tmp_path / "termgym" / "c.py").write_text(f'"""{exact}"""\n\nX = "{"x" * (LINE_LIMIT - 6)}"\n')
     assert prose_overruns(tmp_path) == (["termgym/b.py:3"], ["termgym/a.py:1 module", "termgym/a.py:24 A"])
+
+
+MODULE_LIMIT = 500  # lines: a module a reader can hold (issue 46)
+
+
+def long_modules(root: Path) -> list[str]:
+    """The library modules of ``root`` (a checkout) over ``MODULE_LIMIT`` lines, as ``path (lines)``."""
+    found = []
+    for path in module_files(root).values():
+        lines = len(path.read_text().splitlines())
+        if lines > MODULE_LIMIT:
+            found.append(f"{path.relative_to(root)} ({lines})")
+    return found
+
+
+def test_no_library_module_is_over_500_lines(tmp_path: Path):
+    assert long_modules(REPO_ROOT) == [], f"split these modules by job: {long_modules(REPO_ROOT)}"
+    (tmp_path / "termgym").mkdir()
+    (tmp_path / "termgym" / "a.py").write_text("x = 1\n" * (MODULE_LIMIT + 1))
+    (tmp_path / "termgym" / "b.py").write_text("x = 1\n" * MODULE_LIMIT)
+    assert long_modules(tmp_path) == [f"termgym/a.py ({MODULE_LIMIT + 1})"]
