@@ -4,8 +4,8 @@ Root inside is never root outside (an unprivileged host uid, Docker's default ca
 in front of every process); memory, processes and CPU are held by cgroups and storage by a sized
 file system, or the record says which limit could not be; the kernel ends every process of the
 sandbox when its keeper or termgym dies, and the kill step leaves none. An image's ``ENTRYPOINT``
-(or its Dockerfile's) runs as on Docker; it does not filter system calls beyond the keyring calls, nor take the image's
-``USER`` (every command runs as the sandbox's root).
+(or its Dockerfile's) runs as on Docker, and so does its ``USER`` when termgym runs as root (``users``);
+it does not filter system calls beyond the keyring calls.
 docs/guides/backends.md says how, and what each module of the package does.
 """
 

@@ -38,7 +38,9 @@ CAPABILITY_NUMBERS = {
 # but 0, 1 and 2 (close_range), sets the size limit, no_new_privs and the seccomp program
 # (``syscall_filter``): a process is in the sandbox's cgroups and under its filter before it
 # starts, so nothing it forks escapes them, and it holds no descriptor of this process, whatever
-# spawned it (uvloop's subprocess_exec ignores close_fds). Then mount and uid. With enter=PID it
+# spawned it (uvloop's subprocess_exec ignores close_fds). Then mount and uid (with users=COUNT
+# also a user namespace of its own, ids 0..COUNT-1 mapped to UID.. by a child still root, where it
+# forbids further user namespaces: a keeper whose sandbox runs an image's USER). With enter=PID it
 # does what ``nsenter -t PID -U -m -p -n -i -u -r`` followed by ``setpriv --inh-caps=-all
 # --bounding-set=-all,+CAPS`` and ``env -i -C DIR VARS`` did, in one process instead of four
 # programs (each exec costs about half a bubblewrap spawn): opens the keeper's namespaces and root
@@ -47,15 +49,16 @@ CAPABILITY_NUMBERS = {
 # though that one waits inside the sandbox's other namespaces). The child
 # enters every other namespace, the user one last (the others belong to its parent), takes the
 # keeper's root, becomes the namespace's root, drops every capability but CAPS from its bounding
-# set, clears its inheritable (so its ambient) set, and runs the command with exactly VARS in DIR. No host tool
+# set, clears its inheritable (so its ambient) set, with as=UID:GID:GROUPS becomes that user, and
+# runs the command with exactly VARS in DIR. No host tool
 # loads a seccomp program in front of a command (util-linux 2.38 has neither enosys nor setpriv
 # --seccomp-filter; bwrap's --seccomp reaches only the keeper), and a Python preexec_fn would fork
 # the whole termgym process for every command instead of vfork (17 ms at 500 MB). Its first
 # arguments: the numbers of the calls it makes (``Machine.guard_numbers``) and the program in hex.
 _GUARD_HEAD = r"""
 my ($numbers, $filter) = splice(@ARGV, 0, 2);
-my ($prctl, $seccomp, $close_range, $setns, $setgroups, $setresuid, $setresgid, $capget, $capset, $prlimit) =
-    map { $_ + 0 } split(/,/, $numbers);
+my ($prctl, $seccomp, $close_range, $setns, $setgroups, $setresuid, $setresgid, $capget, $capset, $prlimit,
+    $unshare) = map { $_ + 0 } split(/,/, $numbers);
 sub fail { print STDERR "termgym: the sandbox guard could not $_[0]: $!\n"; exit 125 }
 my (%set, @env);
 while (@ARGV) {
@@ -87,9 +90,39 @@ if (defined $set{mount}) {
 }
 if (defined $set{uid}) {
     my $id = $set{uid} + 0;
+    my ($child, $go_reader, $go, $mapped, $mapped_writer);
+    if (defined $set{users}) {  # a child still root maps ids 0..users-1 to $id.. once this process unshared
+        pipe($go_reader, $go) && pipe($mapped, $mapped_writer) or fail("make a pipe");
+        my $parent = $$;
+        $child = fork();
+        defined $child or fail("fork the user namespace's mapper");
+        if ($child == 0) {
+            close($go);
+            sysread($go_reader, my $byte, 1) == 1 or exit 1;
+            for my $map ("uid_map", "gid_map") {
+                my $file;
+                open($file, ">", "/proc/$parent/$map") && syswrite($file, "0 $id $set{users}\n") or exit 1;
+                close($file) or exit 1;
+            }
+            syswrite($mapped_writer, "1") == 1 or exit 1;
+            exit 0;
+        }
+        close($go_reader);
+        close($mapped_writer);
+    }
     syscall($setgroups, 0, 0) == 0 or fail("clear its groups");
     syscall($setresgid, $id, $id, $id) == 0 or fail("take the group $id");
     syscall($setresuid, $id, $id, $id) == 0 or fail("become the user $id");
+    if (defined $child) {  # owned by $id, as bubblewrap's own would be; its root is $id, the next ids its users
+        syscall($unshare, 0x10000000) == 0 or fail("make the sandbox's user namespace");
+        syswrite($go, "1") == 1 or fail("start the user namespace's mapper");
+        my $done = sysread($mapped, my $byte, 1);
+        waitpid($child, 0);
+        $done == 1 or fail("map the users of the sandbox's user namespace");
+        my $limit;
+        open($limit, ">", "/proc/sys/user/max_user_namespaces") && syswrite($limit, "0") && close($limit)
+            or fail("forbid user namespaces inside the sandbox's");
+    }
 }
 """
 # The entry, as root (enter=PID): only the guard of an entered command compiles it (perl compiles a
@@ -140,6 +173,13 @@ if (defined $set{enter}) {
     my @words = unpack("L6", $sets);
     @words[2, 5] = (0, 0);
     syscall($capset, $header, pack("L6", @words)) == 0 or fail("clear its inheritable capabilities");
+    if (defined $set{as}) {  # the image's USER: its groups, group and user (which ends its capabilities)
+        my ($uid, $gid, @groups) = map { $_ + 0 } split(/[:,]/, $set{as});
+        my $list = @groups ? pack("L*", @groups) : 0;
+        syscall($setgroups, scalar(@groups), $list) == 0 or fail("take the groups of user $uid");
+        syscall($setresgid, $gid, $gid, $gid) == 0 or fail("take the group $gid");
+        syscall($setresuid, $uid, $uid, $uid) == 0 or fail("become the user $uid");
+    }
     %ENV = map { split(/=/, $_, 2) } @env;
     unless (chdir($set{cwd})) {
         print STDERR "termgym: cannot change directory to '$set{cwd}': $!\n";
@@ -187,16 +227,25 @@ def keeper_argv(
     *,
     detached: bool = False,
     image: ImageRoot | None = None,
+    mapped: bool = False,
 ) -> list[str]:
     """bubblewrap's command line for a sandbox whose writable roots are ``files_dir/<root>`` over
     the host's read-only ``/usr`` and ``/etc`` (or, with ``image``, whose root is that image's);
     ``detached`` (a kept sandbox): without ``--die-with-parent``. To be run ``within_limits``, as
     the sandbox's host user and in its own mount namespace where it has them (``uid`` and
-    ``mount_namespace`` there; ``termgym.sandboxes.local.namespace``)."""
-    userns = ("--disable-userns",) if bwrap_supports("--disable-userns") else ()
+    ``mount_namespace`` there; ``termgym.sandboxes.local.namespace``). ``mapped``: started in the
+    user namespace of many ids the guard made (``within_limits``' ``users``), which it keeps, where
+    the guard forbade further user namespaces; bubblewrap, its root, gives its command every
+    capability there, which ``setpriv`` drops, bounding set too, before the keeper runs."""
+    if mapped:
+        userns: tuple[str, ...] = ("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts")
+        userns += ("--unshare-cgroup-try", "--assert-userns-disabled")
+    else:
+        disable = ("--disable-userns",) if bwrap_supports("--disable-userns") else ()
+        userns = ("--unshare-all", "--unshare-user", *disable, "--uid", "0", "--gid", "0")
     options = [
-        ("--unshare-all", "--unshare-user", *userns),
-        ("--uid", "0", "--gid", "0", "--hostname", "termgym"),
+        userns,
+        ("--hostname", "termgym"),
         ("--new-session",) if detached else ("--die-with-parent", "--new-session"),
     ]
     if image is None:
@@ -211,16 +260,19 @@ def keeper_argv(
     argv = [host_tool("bwrap"), *(arg for group in options for arg in group)]
     if bwrap_supports("--size"):
         argv += ["--size", str(SHM_BYTES), "--tmpfs", "/dev/shm"]
+    kit_at = image.kit_at if image is not None else None
+    drop = [*(kit_argv(kit_at, "setpriv") if kit_at else [host_tool("setpriv")]), "--bounding-set=-all"]
+    drop = [*drop, "--inh-caps=-all", "--"] if mapped else []
     if image is None:
         for name in roots:
             argv += ["--bind", str(files_dir / name), f"/{name}"]
-        argv += ["--remount-ro", "/", "--chdir", "/", "--clearenv", "--", *KEEPER_COMMAND]
+        argv += ["--remount-ro", "/", "--chdir", "/", "--clearenv", "--", *drop, *KEEPER_COMMAND]
     else:
         sleep = " ".join(kit_argv(image.kit_at, "sleep"))
         keeper = [*kit_argv(image.kit_at, "sh"), "-c", f"echo ready; exec {sleep} infinity"]
         if image.resolv is not None:
             argv += ["--ro-bind", str(image.resolv), "/etc/resolv.conf"]
-        argv += ["--ro-bind", str(image.kit), image.kit_at, "--chdir", "/", "--clearenv", "--", *keeper]
+        argv += ["--ro-bind", str(image.kit), image.kit_at, "--chdir", "/", "--clearenv", "--", *drop, *keeper]
         if image.holder is not None:
             argv = inside_argv(image.holder, argv)
     return argv
@@ -261,6 +313,16 @@ fail("run $ARGV[0]");
 
 
 @dataclass(frozen=True)
+class RunAs:
+    """A user of the sandbox's user namespace (the image's ``USER``, resolved by ``users``): its uid, its
+    group and its supplementary groups, as the sandbox sees them."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class RootEntry:
     """A command entered as root into the namespaces of the keeper ``keeper_pid`` (all of them, its
     root too), as the sandbox's root with ``COMMAND_CAPABILITIES`` only, in ``cwd``, with exactly
@@ -269,11 +331,13 @@ class RootEntry:
     keeper_pid: int
     cwd: str
     env: Mapping[str, str]
+    user: RunAs | None = None  # then as that user instead, its capabilities gone
 
     def directives(self) -> list[str]:
         pairs = [f"{key}={value}" for key, value in self.env.items()]
         caps = ",".join(str(CAPABILITY_NUMBERS[name]) for name in COMMAND_CAPABILITIES)
-        return [f"enter={self.keeper_pid}", f"cwd={self.cwd}", f"caps={caps}", f"env={len(pairs)}", *pairs]
+        run_as = [f"as={self.user.uid}:{self.user.gid}:{','.join(map(str, self.user.groups))}"] if self.user else []
+        return [f"enter={self.keeper_pid}", f"cwd={self.cwd}", f"caps={caps}", *run_as, f"env={len(pairs)}", *pairs]
 
 
 def enter_argv(
@@ -284,12 +348,13 @@ def enter_argv(
     *,
     kit_at: str | None = None,
     privileged: bool = False,
+    user: RunAs | None = None,
 ) -> list[str]:
     """``argv`` run as a ``RootEntry`` is, through ``nsenter``, ``setpriv`` and ``env`` (the host's;
     inside, from the kit at ``kit_at`` in a sandbox over an image): as root (``privileged``), for a
     long-lived command, whose waiting ``nsenter`` holds a fifth of the guard's memory; otherwise by
     a user that is not root, through the user namespace that owns the keeper's other namespaces
-    first, then the keeper's own. To be run ``within_limits``."""
+    first, then the keeper's own; as ``user`` where given (as root). To be run ``within_limits``."""
     pairs = [f"{key}={value}" for key, value in env.items()]
     capabilities = ",".join(f"+{name}" for name in COMMAND_CAPABILITIES)
     namespaces = ["-m", "-p", "-n", "-i", "-u", "-r", "-w"]
@@ -307,7 +372,11 @@ def enter_argv(
         setpriv, run_env = [host_tool("setpriv")], ["/usr/bin/env"]
     else:
         setpriv, run_env = kit_argv(kit_at, "setpriv"), kit_argv(kit_at, "env")
-    drop = [*setpriv, "--inh-caps=-all", f"--bounding-set=-all,{capabilities}", "--"]
+    drop = [*setpriv, "--inh-caps=-all", f"--bounding-set=-all,{capabilities}"]
+    if user is not None:  # as root only (a user namespace of several ids)
+        groups = f"--groups={','.join(map(str, user.groups))}" if user.groups else "--clear-groups"
+        drop += [f"--reuid={user.uid}", f"--regid={user.gid}", groups]
+    drop.append("--")
     return [*enter, *drop, *run_env, "-i", "-C", cwd, *pairs, *argv]
 
 
@@ -319,6 +388,7 @@ def within_limits(
     *,
     mount_namespace: str | None = None,
     uid: int | None = None,
+    users: int | None = None,
 ) -> list[str]:
     """``argv`` run in the cgroups whose ``cgroup.procs`` files are ``procs_files``, under the
     per-file size limit (bytes; None: none), with descriptors 0, 1 and 2 only (whatever else the
@@ -334,6 +404,8 @@ def within_limits(
         directives.append(f"mount={mount_namespace}")
     if uid is not None:
         directives.append(f"uid={uid}")
+    if users is not None:  # with uid: in a user namespace of its own mapping 0..users-1 to uid..
+        directives.append(f"users={users}")
     if entry is not None:
         directives += entry.directives()
     machine = this_machine()

@@ -33,7 +33,7 @@ from termgym.sandboxes.local.locks import file_lock
 from termgym.sandboxes.local.namespace import namespace_mountinfos
 from termgym.sandboxes.tools import host_tool
 
-FORMAT = 2  # bump when what an entry holds or how a preparation runs changes
+FORMAT = 3  # bump when what an entry holds or how a preparation runs changes (3: /tmp is 1777)
 DEFAULT_MAX_MB = 4096
 DEFAULT_MAX_ENTRIES = 256
 _PACKAGES = Path("/var/lib/dpkg/status")

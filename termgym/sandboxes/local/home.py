@@ -48,6 +48,9 @@ def write_labels(home: Path, name: str, labels: Mapping[str, str]) -> None:
     (home / "labels.json").write_text(json.dumps({"termgym": "1", **dict(labels), "termgym.task": name}))
 
 
+MODES = {"tmp": 0o1777, "var/tmp": 0o1777, "root": 0o700}  # the writable roots whose mode is not 0755
+
+
 async def make_file_system(
     home: Path,
     resources: Resources,
@@ -73,9 +76,12 @@ async def make_file_system(
     except OSError as exc:
         file_size_limit = resources.storage_mb << 20
         warnings.append(f"storage limit enforced per file only ({resources.storage_mb} MB a file): {exc}")
-    for path in (reach(namespace, fs) / name for name in directories):
+    for name in directories:
+        path = reach(namespace, fs) / name
         path.mkdir(parents=True, exist_ok=True)
         os.chown(path, owner, owner)
+        if name in MODES:  # as a Debian image has them: a USER other than root writes the temporary ones
+            path.chmod(MODES[name])
     return storage, file_size_limit
 
 

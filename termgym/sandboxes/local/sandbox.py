@@ -7,6 +7,7 @@ entering a kept one again is ``leftovers.enter_kept``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -16,7 +17,7 @@ from pathlib import Path
 from termgym.aio import wait_for
 from termgym.errors import SandboxBroken, SandboxError
 from termgym.output import OutputCapture
-from termgym.sandboxes.base import Command, ExecResult, ProcessChannel, SandboxSpec, refuse_user
+from termgym.sandboxes.base import DEFAULT_PATH, Command, ExecResult, ProcessChannel, SandboxSpec, refuse_user
 from termgym.sandboxes.capabilities import fixed_network
 from termgym.sandboxes.changes import entrypoint_files, leaf_changes, manifest_changes
 from termgym.sandboxes.host_kit import kit_argv
@@ -31,7 +32,7 @@ from termgym.sandboxes.host_processes import (
     spawn,
 )
 from termgym.sandboxes.local import pool
-from termgym.sandboxes.local.commands import RootEntry, enter_argv
+from termgym.sandboxes.local.commands import RootEntry, RunAs, enter_argv
 from termgym.sandboxes.local.entrypoint import run_entrypoint
 from termgym.sandboxes.local.home import remove_home, write_labels
 from termgym.sandboxes.local.host import (
@@ -42,7 +43,11 @@ from termgym.sandboxes.local.keeper import Keeper
 from termgym.sandboxes.local.kept import KEPT_STATE, kept_state, write_json
 from termgym.sandboxes.local.namespace import reach
 from termgym.sandboxes.local.startup import Processes, SandboxStartup
+from termgym.sandboxes.local.users import READ_SCRIPT, resolve_user, split_files
 from termgym.sandboxes.tracing import TRACE_LIMIT, traced_argv
+
+# Set while an archive call runs: its commands run as the sandbox's root whatever the image's USER.
+_AS_ROOT: contextvars.ContextVar[bool] = contextvars.ContextVar("termgym_local_as_root", default=False)
 
 
 class LocalSandbox(SandboxStartup):
@@ -60,6 +65,8 @@ class LocalSandbox(SandboxStartup):
                 self._adopt(ready)
                 return
         await self._start()  # SandboxStartup's
+        if self._user is not None:  # prepared as root; from here on, commands run as the image's USER
+            self._run_as = await self._resolve_user(self._user)
         if self._entrypoint:
             # what every restart runs, in the working directory the sandbox ends up with
             self.untraced_loads = (*self.untraced_loads, *entrypoint_files(self._entrypoint, self.workdir))
@@ -69,6 +76,16 @@ class LocalSandbox(SandboxStartup):
         if self._lower is None:  # what agent_changes compares against: the roots before the agent's first command
             roots = ["/" + root for root in self._roots]
             self._baseline = await asyncio.to_thread(LocalHostFiles(self.files_dir, self.owner).manifest, roots)
+
+    async def _resolve_user(self, user: str) -> RunAs:
+        """``user`` as the root's ``/etc/passwd`` and ``/etc/group`` name it (``users.resolve_user``),
+        read by the root's shell (the kit's over an image) as the sandbox's root."""
+        shell = kit_argv(self._image_root.kit_at, "sh") if self._image_root is not None else ["/bin/sh"]
+        read = Command((*shell, "-c", READ_SCRIPT), 30.0, env={"PATH": DEFAULT_PATH}, cwd="/")
+        result = await self._run(read, trace=False)
+        if result.exit_code != 0:
+            raise SandboxError(f"could not read the users of the sandbox's root: {result.text.strip()[-200:]}")
+        return resolve_user(user, *split_files(result.text))
 
     async def _start_entrypoint(self) -> None:
         """The image's entrypoint, as Docker runs it at each (re)start of a container
@@ -160,8 +177,9 @@ class LocalSandbox(SandboxStartup):
 
     def host_files(self) -> LocalHostFiles | None:
         """The sandbox's writable roots from the host while none of the agent's processes runs
-        (a keeper the agent never reached, ``sleep`` from the read-only ``/usr``, touches no file)."""
-        quiet = self._state in (Processes.QUIET, Processes.IDLE)
+        (a keeper the agent never reached, ``sleep`` from the read-only ``/usr``, touches no file);
+        never for a sandbox that runs an image's USER, whose harness steps run as it, as on Docker."""
+        quiet = self._state in (Processes.QUIET, Processes.IDLE) and self._run_as is None
         return LocalHostFiles(self.files_dir, self.owner) if quiet and self._dir is not None else None
 
     async def _wait_cgroup_empty(self, timeout: float = 5.0) -> bool:
@@ -227,13 +245,25 @@ class LocalSandbox(SandboxStartup):
         bytes and entries, never reading a file that does not fit), else as every backend does."""
         host = self.host_files()
         if host is None:
-            return await super().download_tar(paths, limit=limit, timeout=timeout)
+            token = _AS_ROOT.set(True)  # as Docker's archive calls read: as root, whatever the USER
+            try:
+                return await super().download_tar(paths, limit=limit, timeout=timeout)
+            finally:
+                _AS_ROOT.reset(token)
         try:
             return await wait_for(asyncio.to_thread(host.archive, paths, limit), timeout)
         except TimeoutError as exc:
             raise SandboxBroken(f"could not read {', '.join(paths)} within {timeout:g}s") from exc
         except OSError as exc:
             raise SandboxBroken(f"could not read {', '.join(paths)}: {exc.strerror or exc}") from exc
+
+    async def upload_tar(self, archive: bytes, dest: str, *, timeout: float = 120.0) -> None:
+        """As every backend does, as the sandbox's root whatever the USER (Docker's archive calls write so)."""
+        token = _AS_ROOT.set(True)
+        try:
+            await super().upload_tar(archive, dest, timeout=timeout)
+        finally:
+            _AS_ROOT.reset(token)
 
     async def limit_warnings(self) -> list[str]:
         warnings = self._cgroup.limit_warnings() if self._cgroup is not None else []
@@ -309,20 +339,24 @@ class LocalSandbox(SandboxStartup):
             image_root=self._image_root,
         )
 
-    def _enter_argv(self, argv: Sequence[str], env: Mapping[str, str], cwd: str, *, lasting: bool = False) -> list[str]:
+    def _enter_argv(
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: str, *, lasting: bool = False, as_root: bool = False
+    ) -> list[str]:
         """``argv`` run in the sandbox as its root, within its limits: as root, entered by the guard
         itself (``commands.RootEntry``), or by ``nsenter`` for a ``lasting`` command (a persistent
         shell: the ``nsenter`` that waits for it holds a fifth of the guard's memory, which counts
-        with a thousand sandboxes alive); without root through ``commands.enter_argv``."""
+        with a thousand sandboxes alive); without root through ``commands.enter_argv``. As the
+        image's USER where the sandbox runs one, unless ``as_root``."""
         if self._keeper_pid is None:
             raise SandboxError("the sandbox is not running")
         if not alive(self._keeper_pid):
             raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
-        root = os.geteuid() == 0
+        root, user = os.geteuid() == 0, None if as_root else self._run_as
         if root and not lasting:
-            return self._within_limits(list(argv), RootEntry(self._keeper_pid, cwd, env))
+            return self._within_limits(list(argv), RootEntry(self._keeper_pid, cwd, env, user))
         kit_at = self._image_root.kit_at if self._image_root is not None else None
-        return self._within_limits(enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at, privileged=root))
+        entered = enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at, privileged=root, user=user)
+        return self._within_limits(entered)
 
     # -- commands ----------------------------------------------------------------------------------
 
@@ -341,7 +375,7 @@ class LocalSandbox(SandboxStartup):
         env = self.env if command.env is None else command.env
         stdin = command.stdin
         process = await spawn(
-            self._enter_argv(inner, env, command.cwd or self.workdir),
+            self._enter_argv(inner, env, command.cwd or self.workdir, as_root=_AS_ROOT.get()),
             end_entered,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

@@ -25,7 +25,7 @@ from termgym.sandboxes.base import Sandbox, SandboxSpec
 from termgym.sandboxes.host_kit import UNTRACED, kit_dir
 from termgym.sandboxes.host_processes import HostChannel
 from termgym.sandboxes.limits import SandboxCgroup
-from termgym.sandboxes.local.commands import KIT_PROGRAMS, ImageRoot, RootEntry, keeper_argv, within_limits
+from termgym.sandboxes.local.commands import KIT_PROGRAMS, ImageRoot, RootEntry, RunAs, keeper_argv, within_limits
 from termgym.sandboxes.local.env_cache import Entry, EnvCache, cache_enabled, cache_root, copy_tree, environment_key
 from termgym.sandboxes.local.holder import start_holder, view_path
 from termgym.sandboxes.local.home import make_file_system, make_home, overlay_prepared
@@ -38,6 +38,7 @@ from termgym.sandboxes.local.namespace import MountNamespace, in_namespace, reac
 from termgym.sandboxes.local.network import SandboxNetwork
 from termgym.sandboxes.local.prepare import prepare_environment
 from termgym.sandboxes.local.storage import SizedFilesystem
+from termgym.sandboxes.local.users import ROOT_USERS, USERS
 
 
 class Processes(enum.Enum):
@@ -73,6 +74,8 @@ class SandboxStartup(Sandbox):
         self._mounts: MountNamespace | None = None  # where its storage and overlay are mounted (as root)
         self._image_hold: int | None = None  # over an image: its use lock, held shared (``ImageStore.hold``)
         self._entrypoint: tuple[str, ...] = ()  # over an image: its ENTRYPOINT (``entrypoint``)
+        self._user: str | None = None  # the image's USER, honoured (as root): a user namespace of ``USERS`` ids
+        self._run_as: RunAs | None = None  # that USER resolved (``users``): who runs every command but the harness's
 
     # -- start-up ---------------------------------------------------------------------------------
 
@@ -87,8 +90,7 @@ class SandboxStartup(Sandbox):
         if plan is not None and source == "build" and plan.entrypoint:  # the host's system has none of its own
             self._entrypoint = plan.entrypoint
         self._roots = writable_roots(plan)
-        if plan is not None and plan.user not in (None, "root", "0"):
-            self.warnings.append(f"USER {plan.user} ignored: the embedded backend runs as root")
+        self._take_user(plan.user if plan is not None else None)
         if plan is None or not plan.steps or not cache_enabled() or self.spec.dockerfile is None:
             await self._start_fresh(plan)
             return
@@ -188,10 +190,7 @@ class SandboxStartup(Sandbox):
         # the Dockerfile's own ENTRYPOINT replaces the image's (``ENTRYPOINT []`` clears it), as on Docker
         entrypoint = plan.entrypoint if plan is not None else None
         self._entrypoint = image.config.entrypoint if entrypoint is None else entrypoint
-        if plan is not None and plan.user not in (None, "root", "0"):
-            self.warnings.append(f"USER {plan.user} ignored: the embedded backend runs as root")
-        elif plan is None and image.config.user not in ("", "root", "0"):
-            self.warnings.append(f"the image's user {image.config.user} ignored: the embedded backend runs as root")
+        self._take_user(plan.user if plan is not None and plan.user else image.config.user)  # a FROM's is inherited
         self._roots = []
         self._uid = image.owner if os.geteuid() == 0 else None
         layers = [image.rootfs]
@@ -262,6 +261,16 @@ class SandboxStartup(Sandbox):
         # what bubblewrap made there (the mount points an image lacks) is not the agent's
         self._baseline = await asyncio.to_thread(self._upper_manifest)
 
+    def _take_user(self, user: str | None) -> None:
+        """Run as the image's ``user`` (resolved once the sandbox is prepared, ``LocalSandbox.start``):
+        as root, in a user namespace of ``USERS`` ids; without root, a warning (one host uid, one id)."""
+        if user is None or user in ROOT_USERS:
+            return
+        if os.geteuid() == 0:
+            self._user = user
+        else:
+            self.warnings.append(f"USER {user} ignored: without root the embedded backend runs every command as root")
+
     def _make_home(self) -> Path:
         self._dir = make_home(self.spec.name, self.spec.labels, private_user=self._uid is not None)
         self._mounts = sandbox_namespace(self._dir)
@@ -294,9 +303,11 @@ class SandboxStartup(Sandbox):
     def _keeper_argv(self, detached: bool) -> list[str]:
         assert self._dir is not None  # a keeper is started for a sandbox with its directory
         # as its mount namespace sees them
-        argv = keeper_argv(self._view or self._dir / "fs", self._roots, detached=detached, image=self._image_root)
+        mapped = self._user is not None
+        files = self._view or self._dir / "fs"
+        argv = keeper_argv(files, self._roots, detached=detached, image=self._image_root, mapped=mapped)
         namespace = self._mounts.path if self._mounts is not None else None
-        return self._within_limits(argv, mount_namespace=namespace, uid=self._uid)
+        return self._within_limits(argv, mount_namespace=namespace, uid=self._uid, users=USERS if mapped else None)
 
     def _within_limits(
         self,
@@ -305,9 +316,11 @@ class SandboxStartup(Sandbox):
         *,
         mount_namespace: str | None = None,
         uid: int | None = None,
+        users: int | None = None,
     ) -> list[str]:
         procs = self._cgroup.procs_files if self._cgroup is not None else ()
-        return within_limits(argv, procs, self._file_size_limit, entry, mount_namespace=mount_namespace, uid=uid)
+        limit = self._file_size_limit
+        return within_limits(argv, procs, limit, entry, mount_namespace=mount_namespace, uid=uid, users=users)
 
     @property
     def _keeper_pid(self) -> int | None:

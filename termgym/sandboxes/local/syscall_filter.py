@@ -65,12 +65,15 @@ class Machine:
     capget: int
     capset: int
     prlimit64: int
+    unshare: int
     close_range: int = 436  # the same number on every architecture
 
     def guard_numbers(self) -> str:
         """The numbers the guard calls, comma-separated, in the order its script reads them."""
         calls = (self.prctl, self.seccomp, self.close_range, self.setns, self.setgroups, self.setresuid)
-        return ",".join(str(n) for n in (*calls, self.setresgid, self.capget, self.capset, self.prlimit64))
+        return ",".join(
+            str(n) for n in (*calls, self.setresgid, self.capget, self.capset, self.prlimit64, self.unshare)
+        )
 
 
 MACHINES = {
@@ -85,6 +88,7 @@ MACHINES = {
         capget=125,
         capset=126,
         prlimit64=302,
+        unshare=272,
     ),
     "aarch64": Machine(
         (Abi(AUDIT_ARCH_AARCH64, (217, 218, 219)), Abi(AUDIT_ARCH_ARM, (309, 310, 311))),
@@ -97,6 +101,7 @@ MACHINES = {
         capget=90,
         capset=91,
         prlimit64=261,
+        unshare=97,
     ),
 }
 
