@@ -22,7 +22,9 @@ from termgym.sandboxes.base import Sandbox, SandboxSpec
 from termgym.sandboxes.local import LocalSandbox
 from termgym.sandboxes.local.commands import RunAs
 from termgym.sandboxes.local.users import resolve_user, split_files
+from tests.termgym.sandboxes.local.test_rootless import SCRIPT
 from tests.termgym.sandboxes.local.tiny_images import tiny_image
+from tests.termgym.sandboxes.local.unprivileged import SYSTEM_PYTHON, nobody_home, run_as_nobody
 
 PASSWD = "root:x:0:0:root:/root:/bin/sh\n# a comment\napp:x:1000:1000::/work:/bin/sh\nbig:x:70000:70000::/:/bin/sh\n"
 GROUP = "root:x:0:\napp:x:1000:\nextra:x:2000:someone,app\nother:x:3000:someone\nstaff:x:50:\n"
@@ -90,6 +92,7 @@ def user_image(scratch: Path, user: str | None = None) -> str:
     ref = tiny_image(scratch, ("/usr/bin/chown", "/usr/bin/chmod", "/usr/bin/touch", "/usr/bin/sleep"), files)
     if user is not None:
         subprocess.run(["umoci", "config", "--image", ref.removeprefix("oci:"), "--config.user", user], check=True)
+        subprocess.run(["chmod", "-R", "a+rX", str(scratch / "layout")], check=True)  # umoci wrote it anew
     return ref
 
 
@@ -176,3 +179,12 @@ async def test_a_user_agent_reaches_neither_root_nor_the_keeper(scratch, no_leak
         # the keeper (bubblewrap's init's child) holds no capability, not even in its bounding set
         keeper = 'while read k v; do case $k in CapPrm:|CapBnd:) echo "$k $v";; esac; done < /proc/2/status'
         assert await sh(sandbox, keeper) == (0, "CapPrm: 0000000000000000\nCapBnd: 0000000000000000\n")
+
+
+@as_root
+@pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason="Debian's python3.11 runs termgym as nobody")
+def test_without_root_the_users_is_a_warning_and_commands_run_as_the_sandboxs_root(scratch):
+    home = nobody_home(scratch)
+    report = run_as_nobody(SCRIPT, [user_image(scratch, "app"), IDS, "none"], home)
+    assert report["code"] == 0 and report["output"].startswith("Uid: 0\nGid: 0\n"), report
+    assert "USER app ignored: without root the embedded backend runs every command as root" in report["warnings"]
