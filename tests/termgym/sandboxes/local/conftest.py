@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,3 +22,13 @@ def cache_dir(no_leaks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     yield root
     assert EnvCache(root / "envs", max_bytes=0, max_entries=0).clear()[1] == 0, "an entry still in use"
     subprocess.run(["rm", "-rf", str(root)], check=True)
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A directory of this test's own under /tmp, mode 0755 (a sandbox's unprivileged host uid must
+    reach what is built in it, which pytest's 0700 ``tmp_path`` would refuse), removed at its end."""
+    root = Path(tempfile.mkdtemp(prefix="termgym-test-scratch-", dir="/tmp"))
+    root.chmod(0o755)
+    yield root
+    subprocess.run(["rm", "-rf", str(root)], check=False)

@@ -6,9 +6,6 @@ their libraries, and an entrypoint script."""
 from __future__ import annotations
 
 import shutil
-import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,14 +31,6 @@ STARTS = "n=0; while read l; do n=$((n + 1)); done < /run/starts; echo $n"
 def entrypoint_image(root: Path, script: str) -> str:
     """An image whose entrypoint is ``script`` (at /entry.sh), with sleep and an empty /run."""
     return tiny_image(root, ("/usr/bin/sleep",), {"entry.sh": script, "run/.keep": ""}, entrypoint="/entry.sh")
-
-
-@pytest.fixture
-def scratch() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="termgym-test-entrypoint-", dir="/tmp"))
-    root.chmod(0o755)
-    yield root
-    subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
 async def up(sandbox: LocalSandbox) -> int:

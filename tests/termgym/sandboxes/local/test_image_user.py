@@ -11,8 +11,6 @@ import os
 import shutil
 import subprocess
 import tarfile
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -75,14 +73,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("umoci") is None, reason="umoci makes the image"),
 ]
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a user namespace of many ids needs root")
-
-
-@pytest.fixture
-def scratch() -> Iterator[Path]:
-    root = Path(tempfile.mkdtemp(prefix="termgym-test-user-", dir="/tmp"))
-    root.chmod(0o755)
-    yield root
-    subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
 def user_image(scratch: Path, user: str | None = None) -> str:
