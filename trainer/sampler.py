@@ -31,7 +31,7 @@ import torch
 
 from .batch import pad_ids
 from .kv_cache import PrefixCache, cached_next_token_logprobs, supports_prefix_cache
-from .routing import is_moe, moe_routers, record_routing, routing_shape, stack_routing
+from .routing import moe_routers, record_routing, routing_shape, stack_routing
 
 
 @dataclass
@@ -185,9 +185,9 @@ class BatchedSampler(TokenSampler):
         self.forwards = 0  # batched forward passes so far
         self.requests = 0  # next-token requests served so far
         self.publication_gap: float | None = None  # its copy is the published weights themselves
-        self.records_routing = is_moe(model) if record_routing is None else record_routing  # default: MoE policies
-        self.routing_shape = routing_shape(model)  # (MoE layers, top_k)
         self.routers = moe_routers(model)  # read once: publish loads weights, never changes the modules
+        self.records_routing = bool(self.routers) if record_routing is None else record_routing  # default: MoE policies
+        self.routing_shape = routing_shape(model)  # (MoE layers, top_k)
         self._pending: list[tuple[list[int], torch.Generator | None, asyncio.Future, list[int]]] = []
 
     def publish(self, state_dict: dict, version: int) -> None:
