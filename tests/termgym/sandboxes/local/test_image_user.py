@@ -172,6 +172,23 @@ async def test_a_user_agent_reaches_neither_root_nor_the_keeper(scratch, no_leak
 
 
 @as_root
+async def test_a_user_agents_detached_writer_does_not_outlive_the_kill_step(scratch, no_leaks):
+    """A USER agent's process that leaves its session and keeps writing (a forger waiting for the
+    verifier, which runs as the same user) is ended by the kill step like a root agent's."""
+    spec = dockerfile_task(scratch, "termgym/base:bookworm", "USER nobody\n")
+    beat = "while :; do date +%s%N > /tmp/beat; sleep 0.02; done"
+    async with LocalSandbox(spec) as sandbox:
+        assert isinstance(sandbox, LocalSandbox)
+        started = f"setsid sh -c '{beat}' </dev/null >/dev/null 2>&1 & sleep 0.3; cat /tmp/beat"
+        code, first = await sh(sandbox, started)
+        assert code == 0 and first.strip().isdigit(), first
+        await sandbox.kill_agent_processes()
+        _, before = await sh(sandbox, "cat /tmp/beat")
+        _, after = await sh(sandbox, "sleep 0.3; cat /tmp/beat; id -u")
+        assert after.splitlines() == [before.strip(), "65534"], (before, after)
+
+
+@as_root
 @pytest.mark.skipif(not Path(SYSTEM_PYTHON).exists(), reason="Debian's python3.11 runs termgym as nobody")
 def test_without_root_the_users_is_a_warning_and_commands_run_as_the_sandboxs_root(scratch):
     home = nobody_home(scratch)
