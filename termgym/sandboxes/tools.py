@@ -32,6 +32,8 @@ PACKAGES = {
     "ip": "iproute2",
     "skopeo": "skopeo",
     "umoci": "umoci",
+    "newuidmap": "uidmap",
+    "newgidmap": "uidmap",
 }
 
 

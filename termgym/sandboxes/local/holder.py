@@ -6,7 +6,9 @@ share the one mount; the host's mount table never sees it.
 
 The holder is ``unshare`` of the host's util-linux, under ``setpriv --pdeathsig KILL``: it ends
 with the process that started it (and with it the mount). Its files are reached from the host
-through ``/proc/<holder>/root`` (``view_path``). Pure parts: ``holder_argv``, ``inside_argv``.
+through ``/proc/<holder>/root`` (``view_path``). With ``ids`` (an image's ``USER``, ``subids``) its
+user namespace maps ids 1.. to this user's subordinate ids, and it forbids user namespaces inside
+it. Pure parts: ``holder_argv``, ``inside_argv``.
 """
 
 from __future__ import annotations
@@ -18,23 +20,28 @@ from pathlib import Path
 from termgym.aio import wait_for
 from termgym.errors import SandboxError
 from termgym.sandboxes.host_processes import end_process, read_stderr, spawn
+from termgym.sandboxes.local.subids import SubIds
 from termgym.sandboxes.tools import host_tool
 
 START_TIMEOUT = 30.0
 _UNSAFE = set(",:\\\n ")  # would break the overlay's option string
 _MOUNT_THEN_HOLD = 'mount -t overlay termgym -o "$1" "$2" && echo ready && exec sleep infinity'
+_NO_USERNS = "echo 0 > /proc/sys/user/max_user_namespaces && "  # in the namespace itself: none below it
 
 
-def holder_argv(lowers: Sequence[Path], upper: Path, work: Path, view: Path) -> list[str]:
+def holder_argv(lowers: Sequence[Path], upper: Path, work: Path, view: Path, ids: SubIds | None = None) -> list[str]:
     """The holder's command line: a user namespace where this user is root, a private mount
     namespace, the overlay of ``lowers`` (top first) and ``upper`` mounted at ``view`` (with
     ``userxattr``: an unprivileged overlay keeps its whiteouts' marks in ``user.`` attributes),
-    then ``ready`` and a wait. ``ValueError`` for a path an overlay cannot name."""
+    then ``ready`` and a wait; with ``ids``, mapped so (``SubIds``), user namespaces forbidden below.
+    ``ValueError`` for a path an overlay cannot name."""
     paths = [str(path) for path in (*lowers, upper, work)]
     if any(_UNSAFE & set(path) for path in paths):
         raise ValueError(f"an overlay cannot name {paths} (a comma, colon, backslash or space)")
     options = f"lowerdir={':'.join(paths[:-2])},upperdir={upper},workdir={work},userxattr"
-    unshare = [host_tool("unshare"), "--user", "--map-root-user", "--mount", "--propagation", "private", "--"]
+    users = ids.unshare_options() if ids is not None else ["--user", "--map-root-user"]
+    unshare = [host_tool("unshare"), *users, "--mount", "--propagation", "private", "--"]
+    script = _MOUNT_THEN_HOLD if ids is None else _MOUNT_THEN_HOLD.replace("&& ", f"&& {_NO_USERNS}", 1)
     return [
         host_tool("setpriv"),
         "--pdeathsig",
@@ -43,7 +50,7 @@ def holder_argv(lowers: Sequence[Path], upper: Path, work: Path, view: Path) -> 
         *unshare,
         host_tool("sh"),
         "-c",
-        _MOUNT_THEN_HOLD,
+        script,
         "sh",
         options,
         str(view),
@@ -60,10 +67,12 @@ def view_path(holder_pid: int, view: Path) -> Path:
     return Path(f"/proc/{holder_pid}/root") / view.relative_to("/")
 
 
-async def start_holder(lowers: Sequence[Path], upper: Path, work: Path, view: Path) -> asyncio.subprocess.Process:
+async def start_holder(
+    lowers: Sequence[Path], upper: Path, work: Path, view: Path, ids: SubIds | None = None
+) -> asyncio.subprocess.Process:
     """A holder whose overlay is mounted (``SandboxError`` with its reason when it cannot be)."""
     try:
-        argv = holder_argv(lowers, upper, work, view)
+        argv = holder_argv(lowers, upper, work, view, ids)
     except ValueError as exc:
         raise SandboxError(str(exc)) from None
     process = await spawn(
