@@ -351,10 +351,11 @@ def enter_argv(
     user: RunAs | None = None,
 ) -> list[str]:
     """``argv`` run as a ``RootEntry`` is, through ``nsenter``, ``setpriv`` and ``env`` (the host's;
-    inside, from the kit at ``kit_at`` in a sandbox over an image): as root (``privileged``), for a
-    long-lived command, whose waiting ``nsenter`` holds a fifth of the guard's memory; otherwise by
-    a user that is not root, through the user namespace that owns the keeper's other namespaces
-    first, then the keeper's own; as ``user`` where given (as root). To be run ``within_limits``."""
+    inside, from the kit at ``kit_at`` in a sandbox over an image): ``privileged``, as root, for a
+    long-lived command, whose waiting ``nsenter`` holds a fifth of the guard's memory, or without
+    root where the keeper's user namespace is one this user made (``holder``'s, mapped); otherwise
+    by a user that is not root, through the user namespace that owns the keeper's other namespaces
+    first, then the keeper's own; as ``user`` where given (privileged). To be run ``within_limits``."""
     pairs = [f"{key}={value}" for key, value in env.items()]
     capabilities = ",".join(f"+{name}" for name in COMMAND_CAPABILITIES)
     namespaces = ["-m", "-p", "-n", "-i", "-u", "-r", "-w"]
@@ -373,7 +374,7 @@ def enter_argv(
     else:
         setpriv, run_env = kit_argv(kit_at, "setpriv"), kit_argv(kit_at, "env")
     drop = [*setpriv, "--inh-caps=-all", f"--bounding-set=-all,{capabilities}"]
-    if user is not None:  # as root only (a user namespace of several ids)
+    if user is not None:  # privileged only (a user namespace of several ids)
         groups = f"--groups={','.join(map(str, user.groups))}" if user.groups else "--clear-groups"
         drop += [f"--reuid={user.uid}", f"--regid={user.gid}", groups]
     drop.append("--")

@@ -31,6 +31,7 @@ from termgym.sandboxes.host_processes import end_process, spawn
 from termgym.sandboxes.local.host import sandbox_root_dir
 from termgym.sandboxes.local.locks import file_lock
 from termgym.sandboxes.local.namespace import namespace_mountinfos
+from termgym.sandboxes.local.subids import SubIds, mapped_argv, remove_mapped, subordinate_ids
 from termgym.sandboxes.tools import host_tool
 
 FORMAT = 3  # bump when what an entry holds or how a preparation runs changes (3: /tmp is 1777)
@@ -167,20 +168,29 @@ class EnvCache:
     # -- writing ---------------------------------------------------------------------------------
 
     async def publish(
-        self, key: str, source: Path, *, owner: int, roots: Sequence[str], env: Mapping[str, str], workdir: str
+        self,
+        key: str,
+        source: Path,
+        *,
+        owner: int,
+        roots: Sequence[str],
+        env: Mapping[str, str],
+        workdir: str,
+        ids: SubIds | None = None,
     ) -> Entry | None:
         """Copy the prepared roots under ``source`` (``source/<root>``) into the entry ``key``
-        (call inside ``building``), then evict down to the bounds; None when it is larger than
-        the whole budget, or copying failed (the trial goes on from its own preparation)."""
+        (call inside ``building``; with ``ids``, as the root of a namespace so mapped, whose files
+        keep their owners), then evict down to the bounds; None when it is larger than the whole
+        budget, or copying failed (the trial goes on from its own preparation)."""
         self._remove_stale_staging()
         staging = self.root / f".staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tree = staging / "tree"
         tree.mkdir(parents=True)
         try:
-            copied = await _copy_trees(source, tree, roots)
+            copied = await _copy_trees(source, tree, roots, ids)
             size = disk_bytes(tree) if copied else 0
             if not copied or size > self.max_bytes:
-                shutil.rmtree(staging, ignore_errors=True)
+                _remove_tree(staging)
                 return None
             meta = {
                 "owner": owner,
@@ -193,13 +203,13 @@ class EnvCache:
             (staging / "meta.json").write_text(json.dumps(meta))
             target = self.root / key
             if (target / "meta.json").exists():  # complete, but not for this trial (another user's)
-                shutil.rmtree(staging, ignore_errors=True)
+                _remove_tree(staging)
                 return None
             if target.exists():  # an entry without meta.json: left by a crash before the rename's time
-                shutil.rmtree(target, ignore_errors=True)
+                _remove_tree(target)
             staging.rename(target)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            _remove_tree(staging)
             raise
         self.evict(keep=key)
         return self.lookup(key)
@@ -279,7 +289,7 @@ class EnvCache:
             doomed = self.root / f".doomed-{entry.key}-{uuid.uuid4().hex[:6]}"
             with contextlib.suppress(OSError):
                 entry.path.rename(doomed)  # gone at once for every reader, removed at leisure
-                shutil.rmtree(doomed, ignore_errors=True)
+                _remove_tree(doomed)
             return False
         finally:
             os.close(fd)
@@ -287,7 +297,7 @@ class EnvCache:
     def _remove_stale_staging(self) -> None:
         with contextlib.suppress(OSError):
             for path in self.root.glob(".doomed-*"):
-                shutil.rmtree(path, ignore_errors=True)
+                _remove_tree(path)
         remove_stale_staging(self.root)
 
 
@@ -298,7 +308,7 @@ def remove_stale_staging(root: Path) -> None:
         for path in root.glob(".staging-*"):
             pid = path.name.split("-")[1]
             if not pid.isdigit() or not _pid_alive(int(pid)):
-                shutil.rmtree(path, ignore_errors=True)
+                _remove_tree(path)
 
 
 def mounted_lower_dirs(mountinfo: str | None = None) -> set[str]:
@@ -317,17 +327,19 @@ def mounted_lower_dirs(mountinfo: str | None = None) -> set[str]:
     return lowers
 
 
-async def _copy_trees(source: Path, tree: Path, roots: Sequence[str]) -> bool:
+async def _copy_trees(source: Path, tree: Path, roots: Sequence[str], ids: SubIds | None = None) -> bool:
     """``cp -a`` each root (owners, modes, links, times); False when one could not be copied."""
     sources = [str(source / root) for root in roots if (source / root).exists()]
-    return await _cp(*sources, str(tree)) if sources else True
+    return await _cp(*sources, str(tree), ids=ids) if sources else True
 
 
-async def _cp(*paths: str) -> bool:
-    """``cp -a``; True when it succeeded. Cancelled, the copy is killed before the cancellation
-    propagates (nothing writes into a staging directory its owner removes)."""
+async def _cp(*paths: str, ids: SubIds | None = None) -> bool:
+    """``cp -a`` (with ``ids``, as the root of a namespace so mapped); True when it succeeded.
+    Cancelled, the copy is killed before the cancellation propagates (nothing writes into a
+    staging directory its owner removes)."""
+    argv = [host_tool("cp"), "-a", "--reflink=auto", "--", *paths]
     process = await spawn(
-        [host_tool("cp"), "-a", "--reflink=auto", "--", *paths],
+        mapped_argv(ids, argv) if ids is not None else argv,
         end_process,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
@@ -342,6 +354,14 @@ async def _cp(*paths: str) -> bool:
 async def copy_tree(source: Path, dest: Path) -> bool:
     """``cp -a`` the contents of ``source`` into the existing directory ``dest``; False on failure."""
     return await _cp(f"{source}/.", str(dest))
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove the tree ``path``, best effort; what this user cannot remove of it (a prepared layer's
+    directories of its subordinate ids, ``subids``) as the root of a namespace mapping them."""
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path) and (ids := subordinate_ids()) is not None:
+        remove_mapped(ids, path)
 
 
 def disk_bytes(tree: Path) -> int:

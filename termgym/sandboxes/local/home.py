@@ -28,6 +28,7 @@ from termgym.sandboxes.local.host_trees import remove_path
 from termgym.sandboxes.local.mounts import mount_overlay, unmount
 from termgym.sandboxes.local.namespace import MountNamespace, in_namespace, reach
 from termgym.sandboxes.local.storage import SizedFilesystem, is_mounted, unmount_sync
+from termgym.sandboxes.local.subids import remove_mapped, subordinate_ids
 
 
 def make_home(name: str, labels: Mapping[str, str], *, private_user: bool) -> Path:
@@ -79,7 +80,7 @@ async def make_file_system(
     for name in directories:
         path = reach(namespace, fs) / name
         path.mkdir(parents=True, exist_ok=True)
-        os.chown(path, owner, owner)
+        os.chown(path, owner, owner if os.geteuid() == 0 else os.getgid())  # a user's group need not be its uid
         if name in MODES:  # as a Debian image has them: a USER other than root writes the temporary ones
             path.chmod(MODES[name])
     return storage, file_size_limit
@@ -144,7 +145,8 @@ def remove_sandbox_dir(home: Path) -> None:
     leaves mode 000, which only root could enter) made reachable first. Blocking."""
     with contextlib.suppress(OSError):
         (home / "fs" / "work" / "work").chmod(0o700)
-    remove_path(home)
+    if not remove_path(home) and (ids := subordinate_ids()) is not None:  # files of this user's range
+        remove_mapped(ids, home)
 
 
 def _slug(name: str) -> str:

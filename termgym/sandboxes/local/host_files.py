@@ -52,7 +52,7 @@ class LocalHostFiles:
                     continue
                 _remove(parent, name)
                 os.mkdir(name, 0o755, dir_fd=parent)
-                os.chown(name, self.owner, self.owner, dir_fd=parent, follow_symlinks=False)
+                os.chown(name, *_owners(self.owner), dir_fd=parent, follow_symlinks=False)
 
     def make_missing_dirs(self, path: str) -> None:
         """Make the directories of the absolute ``path`` that are missing, as a container engine
@@ -65,7 +65,7 @@ class LocalHostFiles:
                     child = os.open(part, _DIR, dir_fd=fd)
                 except FileNotFoundError:
                     os.mkdir(part, 0o755, dir_fd=fd)
-                    os.chown(part, self.owner, self.owner, dir_fd=fd, follow_symlinks=False)
+                    os.chown(part, *_owners(self.owner), dir_fd=fd, follow_symlinks=False)
                     child = os.open(part, _DIR, dir_fd=fd)
                 except OSError:  # a link or a file: the image's, not changed here
                     return
@@ -90,7 +90,7 @@ class LocalHostFiles:
                     view = memoryview(content)
                     while view:
                         view = view[os.write(fd, view) :]
-                    os.fchown(fd, self.owner, self.owner)
+                    os.fchown(fd, *_owners(self.owner))
                     os.fchmod(fd, mode & 0o777)
                 finally:
                     os.close(fd)
@@ -195,7 +195,7 @@ class LocalHostFiles:
                         raise
                     _remove(fd, part)
                     os.mkdir(part, 0o755, dir_fd=fd)
-                    os.chown(part, self.owner, self.owner, dir_fd=fd, follow_symlinks=False)
+                    os.chown(part, *_owners(self.owner), dir_fd=fd, follow_symlinks=False)
                     child = os.open(part, _DIR, dir_fd=fd)
                 os.close(fd)
                 fd = child
@@ -215,6 +215,12 @@ def _remove(parent: int, name: str) -> None:
     """Remove ``name`` in the directory ``parent``, whatever it is (a tree of any depth, without
     following links; ``termgym.sandboxes.local.host_trees.remove_tree``)."""
     remove_tree(parent, name)
+
+
+def _owners(owner: int) -> tuple[int, int]:
+    """The uid and gid of a file made for the sandbox whose root is the host uid ``owner``: as root,
+    ``owner`` twice; otherwise this user and its group (whose id need not be its uid's)."""
+    return (owner, owner) if os.geteuid() == 0 else (owner, os.getgid())
 
 
 def _fingerprint(info: os.stat_result) -> tuple[int, ...]:

@@ -287,7 +287,8 @@ class ImageStore:
                 config = _layout_config(layout)
                 unpack_dir = staging / "unpack"
                 unpack_dir.mkdir(mode=0o700)
-                os.chown(unpack_dir, owner, owner)
+                if owner != os.getuid():  # without root it is this user's, whose group need not be its uid
+                    os.chown(unpack_dir, owner, owner)
                 await _umoci_unpack(layout, unpack_dir / "rootfs", owner, ref, what, timeout)
                 shutil.rmtree(layout)
                 (unpack_dir / "rootfs").rename(staging / "rootfs")

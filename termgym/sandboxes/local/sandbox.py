@@ -355,7 +355,9 @@ class LocalSandbox(SandboxStartup):
         if root and not lasting:
             return self._within_limits(list(argv), RootEntry(self._keeper_pid, cwd, env, user))
         kit_at = self._image_root.kit_at if self._image_root is not None else None
-        entered = enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at, privileged=root, user=user)
+        # without root, a sandbox of many ids is entered as root enters: its user namespace is the holder's, this user's
+        privileged = root or self._ids is not None
+        entered = enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at, privileged=privileged, user=user)
         return self._within_limits(entered)
 
     # -- commands ----------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from termgym.sandboxes.local.env_cache import Entry, EnvCache, cache_enabled, ca
 from termgym.sandboxes.local.holder import start_holder, view_path
 from termgym.sandboxes.local.home import make_file_system, make_home, overlay_prepared
 from termgym.sandboxes.local.host import BASE_WRITABLE, require_tools, sandbox_uid, writable_roots
-from termgym.sandboxes.local.host_files import LocalHostFiles
+from termgym.sandboxes.local.host_files import MAX_WATCHED, LocalHostFiles
 from termgym.sandboxes.local.images import DEFAULT_PATH, ImageStore, LocalImage, image_to_run
 from termgym.sandboxes.local.keeper import Keeper
 from termgym.sandboxes.local.mounts import mount_overlay
@@ -38,6 +38,7 @@ from termgym.sandboxes.local.namespace import MountNamespace, in_namespace, reac
 from termgym.sandboxes.local.network import SandboxNetwork
 from termgym.sandboxes.local.prepare import prepare_environment
 from termgym.sandboxes.local.storage import SizedFilesystem
+from termgym.sandboxes.local.subids import SubIds, mapped_manifest, subordinate_ids
 from termgym.sandboxes.local.users import ROOT_USERS, USERS
 
 
@@ -75,6 +76,7 @@ class SandboxStartup(Sandbox):
         self._image_hold: int | None = None  # over an image: its use lock, held shared (``ImageStore.hold``)
         self._entrypoint: tuple[str, ...] = ()  # over an image: its ENTRYPOINT (``entrypoint``)
         self._user: str | None = None  # the image's USER, honoured (as root): a user namespace of ``USERS`` ids
+        self._ids: SubIds | None = None  # without root, over an image: that namespace's ids (``subids``)
         self._run_as: RunAs | None = None  # that USER resolved (``users``): who runs every command but the harness's
 
     # -- start-up ---------------------------------------------------------------------------------
@@ -90,7 +92,7 @@ class SandboxStartup(Sandbox):
         if plan is not None and source == "build" and plan.entrypoint:  # the host's system has none of its own
             self._entrypoint = plan.entrypoint
         self._roots = writable_roots(plan)
-        self._take_user(plan.user if plan is not None else None)
+        self._take_user(plan.user if plan is not None else None, image=False)
         if plan is None or not plan.steps or not cache_enabled() or self.spec.dockerfile is None:
             await self._start_fresh(plan)
             return
@@ -131,7 +133,9 @@ class SandboxStartup(Sandbox):
         kept = self._roots if roots is None else roots
         try:
             source = reach(self._mounts, self._dir / "fs")
-            await cache.publish(key, source, owner=self.owner, roots=kept, env=self.env, workdir=self.workdir)
+            await cache.publish(
+                key, source, owner=self.owner, roots=kept, env=self.env, workdir=self.workdir, ids=self._ids
+            )
         except OSError as exc:
             self.warnings.append(f"the prepared environment was not kept for later trials: {exc}")
 
@@ -190,7 +194,8 @@ class SandboxStartup(Sandbox):
         # the Dockerfile's own ENTRYPOINT replaces the image's (``ENTRYPOINT []`` clears it), as on Docker
         entrypoint = plan.entrypoint if plan is not None else None
         self._entrypoint = image.config.entrypoint if entrypoint is None else entrypoint
-        self._take_user(plan.user if plan is not None and plan.user else image.config.user)  # a FROM's is inherited
+        user = plan.user if plan is not None and plan.user else image.config.user  # a FROM's is inherited
+        self._take_user(user, image=True)
         self._roots = []
         self._uid = image.owner if os.geteuid() == 0 else None
         layers = [image.rootfs]
@@ -198,6 +203,7 @@ class SandboxStartup(Sandbox):
             cache = EnvCache.from_environment()
             env = {**self.env, **dict(self.spec.env)}
             rootless = "" if os.geteuid() == 0 else " rootless"  # its overlay marks whiteouts in user. attributes
+            rootless += f" ids {self._ids.key}" if self._ids is not None else ""  # its files' host owners
             key = environment_key(
                 self.spec.dockerfile.read_bytes(), self.spec.context_dir, env, [], base=image.digest + rootless
             )
@@ -247,7 +253,7 @@ class SandboxStartup(Sandbox):
                 raise SandboxError(f"could not mount the root of image {image.ref}: {exc}") from exc
             self._view = view
         else:  # in a mount namespace of this user's own (``holder``), reached through /proc
-            self._holder = await start_holder(layers, upper, work, view)
+            self._holder = await start_holder(layers, upper, work, view, self._ids)
             holder = self._holder.pid
             self._view = view_path(holder, view)
         self._lower = layers
@@ -261,15 +267,20 @@ class SandboxStartup(Sandbox):
         # what bubblewrap made there (the mount points an image lacks) is not the agent's
         self._baseline = await asyncio.to_thread(self._upper_manifest)
 
-    def _take_user(self, user: str | None) -> None:
+    def _take_user(self, user: str | None, *, image: bool) -> None:
         """Run as the image's ``user`` (resolved once the sandbox is prepared, ``LocalSandbox.start``):
-        as root, in a user namespace of ``USERS`` ids; without root, a warning (one host uid, one id)."""
+        as root, in a user namespace of ``USERS`` ids; without root, over an ``image``, in the holder's,
+        mapped to this user's subordinate ids (``subids``); else a warning (one host uid, one id)."""
         if user is None or user in ROOT_USERS:
             return
-        if os.geteuid() == 0:
+        self._ids = subordinate_ids() if image and os.geteuid() != 0 else None
+        if os.geteuid() == 0 or self._ids is not None:
             self._user = user
-        else:
-            self.warnings.append(f"USER {user} ignored: without root the embedded backend runs every command as root")
+            return
+        why = "over the host's system" if not image else "this user has no 65535 subordinate ids it can map"
+        self.warnings.append(
+            f"USER {user} ignored: without root the embedded backend runs every command as root ({why})"
+        )
 
     def _make_home(self) -> Path:
         self._dir = make_home(self.spec.name, self.spec.labels, private_user=self._uid is not None)
@@ -307,7 +318,8 @@ class SandboxStartup(Sandbox):
         files = self._view or self._dir / "fs"
         argv = keeper_argv(files, self._roots, detached=detached, image=self._image_root, mapped=mapped)
         namespace = self._mounts.path if self._mounts is not None else None
-        return self._within_limits(argv, mount_namespace=namespace, uid=self._uid, users=USERS if mapped else None)
+        users = USERS if mapped and self._ids is None else None  # without root the holder's namespace maps them
+        return self._within_limits(argv, mount_namespace=namespace, uid=self._uid, users=users)
 
     def _within_limits(
         self,
@@ -336,7 +348,10 @@ class SandboxStartup(Sandbox):
         if self._image_root is not None:
             mounted = self._image_root.mount_points
             roots = ["/" + name for name in sorted(os.listdir(upper_dir)) if "/" + name not in mounted]
-        manifest = LocalHostFiles(upper_dir, self.owner).manifest(roots)
+        if self._ids is not None:  # its user's files: read as their namespace's root
+            manifest = mapped_manifest(self._ids, upper_dir, self.owner, roots, MAX_WATCHED)
+        else:
+            manifest = LocalHostFiles(upper_dir, self.owner).manifest(roots)
         return {path: entry for path, entry in manifest.items() if path not in mounted}
 
     def _plan(self) -> EnvironmentPlan | None:

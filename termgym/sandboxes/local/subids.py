@@ -13,17 +13,37 @@ the root of such a namespace (``mapped_argv``, ``remove_mapped``). Pure: ``find_
 from __future__ import annotations
 
 import functools
+import json
 import os
 import pwd
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from termgym.errors import BackendUnavailable
+from termgym.sandboxes.local import host_files, host_trees
 from termgym.sandboxes.tools import host_tool
 
+MAPPED_IDS = 65535  # ids 1.. of a sandbox's user namespace mapped to a range (``users.USERS`` less its root)
 REMOVE_TIMEOUT = 300.0
+MANIFEST_TIMEOUT = 120.0
+# ``host_files.LocalHostFiles.manifest`` in a process of its own, host_files and host_trees loaded
+# from their files alone (only the standard library below them; termgym's package would take 0.5 s).
+_MANIFEST = r"""
+import importlib.util, json, sys
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+trees, files, root, owner, limit, *roots = sys.argv[1:]
+load("termgym.sandboxes.local.host_trees", trees)
+host_files = load("termgym.sandboxes.local.host_files", files)
+json.dump(host_files.LocalHostFiles(root, int(owner)).manifest(roots, max_entries=int(limit)), sys.stdout)
+"""
 
 
 @dataclass(frozen=True)
@@ -77,7 +97,7 @@ def _no_new_privs() -> bool:
 
 
 @functools.cache
-def subordinate_ids(count: int) -> SubIds | None:
+def subordinate_ids(count: int = MAPPED_IDS) -> SubIds | None:
     """This user's ``count`` subordinate uids and gids (the module's docstring), or None: as root,
     or where it has no such range or cannot map one."""
     if os.geteuid() == 0 or _no_new_privs():
@@ -113,3 +133,21 @@ def remove_mapped(ids: SubIds, path: Path) -> bool:
     except (OSError, subprocess.SubprocessError):
         pass
     return not os.path.lexists(path)
+
+
+def mapped_manifest(
+    ids: SubIds, root: Path, owner: int, roots: Sequence[str], max_entries: int
+) -> dict[str, tuple[int, ...]]:
+    """``LocalHostFiles(root, owner).manifest(roots)`` read as the root of a namespace mapped as
+    ``ids``: a directory of the range that its owner made 0700 is listed too. ``OSError`` with the
+    reason where it cannot be read (past ``max_entries``, as the manifest). Blocking."""
+    argv = [sys.executable, "-I", "-S", "-c", _MANIFEST, str(host_trees.__file__), str(host_files.__file__)]
+    argv = mapped_argv(ids, [*argv, str(root), str(owner), str(max_entries), *roots])
+    try:
+        ran = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=MANIFEST_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise OSError(f"listing {root} took over {MANIFEST_TIMEOUT:g}s") from exc
+    if ran.returncode != 0:
+        reason = ran.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise OSError(f"could not list {root}: {reason[0][:200]}")
+    return {path: tuple(entry) for path, entry in json.loads(ran.stdout).items()}

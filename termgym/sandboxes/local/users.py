@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from termgym.errors import ConfigError
 from termgym.sandboxes.local.commands import RunAs
+from termgym.sandboxes.local.subids import MAPPED_IDS
 
-USERS = 65536  # ids a sandbox's user namespace maps: 0 (its root) to USERS - 1, as Docker's userns-remap
+USERS = MAPPED_IDS + 1  # ids a sandbox's user namespace maps: 0 (its root) to 65535, as Docker's userns-remap
 ROOT_USERS = ("", "root", "0", "0:0", "root:root", "root:0", "0:root")  # the sandbox's root: nothing to change
 # Prints both files, each line as it is, with the shell's builtins only (an image may lack cat).
 READ_SCRIPT = (

@@ -194,4 +194,5 @@ def test_without_root_the_users_is_a_warning_and_commands_run_as_the_sandboxs_ro
     home = nobody_home(scratch)
     report = run_as_nobody(SCRIPT, [user_image(scratch, "app"), IDS, "none"], home)
     assert report["code"] == 0 and report["output"].startswith("Uid: 0\nGid: 0\n"), report
-    assert "USER app ignored: without root the embedded backend runs every command as root" in report["warnings"]
+    warning = "USER app ignored: without root the embedded backend runs every command as root"
+    assert f"{warning} (this user has no 65535 subordinate ids it can map)" in report["warnings"], report["warnings"]
