@@ -27,6 +27,7 @@ from typing import TypeVar
 
 CLONE_FS = 0x200
 CLONE_NEWNS = 0x20000
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
 MS_REC = 0x4000
 MS_SLAVE = 0x80000
 T = TypeVar("T")
@@ -80,6 +81,11 @@ class MountNamespace:
         def make() -> tuple[int, int]:
             _check(_libc().unshare(CLONE_NEWNS), "making a mount namespace")
             _check(_libc().mount(None, b"/", None, MS_REC | MS_SLAVE, None), "making its mounts slaves")
+            # A /proc of its own: what bubblewrap and the guard look up in /proc/sys/user from each
+            # new user namespace adds a dentry there per namespace, and every such lookup through
+            # one shared /proc walks all of them (a start's cost grew with the sandboxes alive).
+            flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+            _check(_libc().mount(b"proc", b"/proc", b"proc", flags, None), "mounting its own /proc")
             return _open_here(home)
 
         namespace_fd, home_fd = _in_thread(make)
