@@ -33,13 +33,16 @@ from termgym.sandboxes.local.subids import remove_mapped, subordinate_ids
 
 def make_home(name: str, labels: Mapping[str, str], *, private_user: bool) -> Path:
     """A fresh directory for the sandbox of task ``name`` under ``sandbox_root_dir()``, reachable
-    by the sandbox's unprivileged user (``private_user``) but listable by nobody, with its labels."""
+    by the sandbox's unprivileged user (``private_user``; else by this user alone) but listable by
+    nobody, with its labels."""
     root = sandbox_root_dir()
     root.mkdir(parents=True, exist_ok=True)
     if private_user:
         require_searchable(root.resolve())
     home = Path(tempfile.mkdtemp(prefix=f"tg-{_slug(name)}-", dir=root))
-    home.chmod(0o711)  # the sandbox's user must reach its directories; nobody may list them
+    # the sandbox's user must reach its directories; nobody may list them. This user's alone without
+    # root: a set-user-id program an agent leaves in its layer is nobody's to run (a USER's is of its range)
+    home.chmod(0o711 if private_user else 0o700)
     write_labels(home, name, labels)
     return home
 

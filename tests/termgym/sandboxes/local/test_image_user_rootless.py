@@ -79,7 +79,8 @@ SCRIPT = textwrap.dedent("""\
         for _ in range(2):  # the second from the prepared layer
             async with LocalSandbox(SandboxSpec("rootless-user", context, context / "Dockerfile")) as sandbox:
                 report = {"prepared": sandbox.image.get("prepared"), "warnings": sandbox.warnings,
-                          "dir": str(sandbox.host_dir), "ids": await sh(sandbox, checks["ids"])}
+                          "dir": str(sandbox.host_dir), "ids": await sh(sandbox, checks["ids"]),
+                          "mode": sandbox.host_dir.stat().st_mode & 0o777}
                 report["made"] = await sh(sandbox, "touch /work/made /tmp/made && mkdir -m 700 /work/private "
                                           "&& touch /work/private/f && touch /etc/x 2>&1")
                 host = sandbox.files_dir
@@ -165,6 +166,7 @@ def test_without_root_the_agent_runs_as_the_images_user_in_the_users_subordinate
         assert report["secret"] == [1, "cat: /opt/harness/secret: Permission denied\n"]
         assert report["downloaded"] == "ok"
         assert report["after_kill"] == [0, "Uid: 1000\nGid: 1000\nGroups: 2000 \nmade\nprivate\n"]
+        assert report["mode"] == 0o700  # no other host user reaches a set-user-id program of the range in it
         assert not Path(report["dir"]).exists()  # removed, its files of the range too
     (entry,) = [path for path in (home / "cache" / "envs").iterdir() if (path / "meta.json").exists()]
     work = (entry / "tree" / "upper" / "work").stat()
@@ -208,3 +210,31 @@ def test_without_root_over_the_hosts_system_the_user_stays_a_warning(scratch_dir
         "USER nobody ignored: without root the embedded backend runs every command as root (over the host's system)"
     )
     assert warning in report["warnings"], report["warnings"]
+
+
+REMOVAL = textwrap.dedent("""\
+    import json, site, subprocess, sys
+    from pathlib import Path
+    site.addsitedir(sys.argv[1])
+    from termgym.sandboxes.local.home import remove_sandbox_dir
+    from termgym.sandboxes.local.subids import mapped_argv, subordinate_ids
+
+    ids, tree = subordinate_ids(), Path(sys.argv[2])
+    made = "mkdir -p $1/a/b && touch $1/a/b/f && chown -R 1000:1000 $1/a && chmod 700 $1/a/b $1/a"
+    subprocess.run(mapped_argv(ids, ["sh", "-c", made, "sh", str(tree)]), check=True)
+    owner = (tree / "a").stat().st_uid
+    remove_sandbox_dir(tree)  # what a killed run leaves to termgym gc, too
+    print(json.dumps({"ids": [ids.uid, ids.uid_start, ids.gid_start], "owner": owner, "left": tree.exists()}))
+    """)
+
+
+@real[0]
+@real[1]
+def test_a_tree_of_the_range_that_this_user_cannot_enter_is_removed(scratch_dir):
+    """``remove_sandbox_dir`` (stop and ``termgym gc``): a directory of the range, mode 0700, which
+    this user cannot enter on the host, goes as the root of a namespace mapping the range."""
+    assert not isinstance(MADE, str)
+    uid, gid, uid_start, gid_start = MADE
+    home = nobody_home(scratch_dir, uid, gid)
+    report = run_as_nobody(REMOVAL, [str(home / "tree")], home, uid=uid, gid=gid)
+    assert report == {"ids": [uid, uid_start, gid_start], "owner": uid_start + 999, "left": False}, report
