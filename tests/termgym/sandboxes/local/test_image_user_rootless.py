@@ -81,6 +81,7 @@ SCRIPT = textwrap.dedent("""\
                 report = {"prepared": sandbox.image.get("prepared"), "warnings": sandbox.warnings,
                           "dir": str(sandbox.host_dir), "ids": await sh(sandbox, checks["ids"]),
                           "mode": sandbox.host_dir.stat().st_mode & 0o777}
+                report["entrypoint"] = await sh(sandbox, "cat /tmp/entrypoint-ids")
                 report["made"] = await sh(sandbox, "touch /work/made /tmp/made && mkdir -m 700 /work/private "
                                           "&& touch /work/private/f && touch /etc/x 2>&1")
                 host = sandbox.files_dir
@@ -133,7 +134,8 @@ def test_without_root_the_agent_runs_as_the_images_user_in_the_users_subordinate
     uid, gid, uid_start, gid_start = MADE
     home = nobody_home(scratch_dir, uid, gid)
     files = {"etc/passwd": PASSWD, "etc/group": GROUP, "work/.keep": "", "tmp/.keep": "", "opt/.keep": ""}
-    ref = tiny_image(scratch_dir, _libraries(PROGRAMS), files)
+    files["entry.sh"] = f'#!/bin/sh\n({IDS}) > /tmp/entrypoint-ids\nexec "$@"\n'  # as the USER, as on Docker
+    ref = tiny_image(scratch_dir, _libraries(PROGRAMS), files, entrypoint="/entry.sh")
     context = scratch_dir / "context"
     context.mkdir()
     (context / "Dockerfile").write_text(f"FROM {ref}\nRUN chown 1000:1000 /work && chmod 1777 /tmp\nUSER app\n")
@@ -145,6 +147,7 @@ def test_without_root_the_agent_runs_as_the_images_user_in_the_users_subordinate
         assert (report["prepared"] is None) == (start == 0), report["prepared"]
         assert not [warning for warning in report["warnings"] if "USER" in warning], report["warnings"]
         assert report["ids"] == [0, "Uid: 1000\nGid: 1000\nGroups: 2000 \n"]
+        assert report["entrypoint"] == [0, "Uid: 1000\nGid: 1000\nGroups: 2000 \n"], report["entrypoint"]
         assert report["made"] == [1, "touch: cannot touch '/etc/x': Permission denied\n"]
         assert report["owners"] == {
             "etc": [uid, gid],  # the image's root: this user
