@@ -57,7 +57,7 @@ SCRIPT = textwrap.dedent("""\
     import asyncio, io, json, os, site, sys, tarfile
     from pathlib import Path
     site.addsitedir(sys.argv[1])
-    from termgym.sandboxes.base import SandboxSpec
+    from termgym.sandboxes.base import Command, SandboxSpec
     from termgym.sandboxes.local import LocalSandbox
 
     context, checks = Path(sys.argv[2]), json.loads(sys.argv[3])
@@ -82,6 +82,8 @@ SCRIPT = textwrap.dedent("""\
                           "dir": str(sandbox.host_dir), "ids": await sh(sandbox, checks["ids"]),
                           "mode": sandbox.host_dir.stat().st_mode & 0o777}
                 report["entrypoint"] = await sh(sandbox, "cat /tmp/entrypoint-ids")
+                traced = await sandbox.exec_traced(Command(("/bin/sh", "-c", checks["ids"]), 20.0))  # the verifier's way
+                report["traced"] = [traced.exit_code, traced.output.decode(), "execve(" in (traced.trace or b"").decode()]
                 report["made"] = await sh(sandbox, "touch /work/made /tmp/made && mkdir -m 700 /work/private "
                                           "&& touch /work/private/f && touch /etc/x 2>&1")
                 host = sandbox.files_dir
@@ -148,6 +150,7 @@ def test_without_root_the_agent_runs_as_the_images_user_in_the_users_subordinate
         assert not [warning for warning in report["warnings"] if "USER" in warning], report["warnings"]
         assert report["ids"] == [0, "Uid: 1000\nGid: 1000\nGroups: 2000 \n"]
         assert report["entrypoint"] == [0, "Uid: 1000\nGid: 1000\nGroups: 2000 \n"], report["entrypoint"]
+        assert report["traced"] == [0, "Uid: 1000\nGid: 1000\nGroups: 2000 \n", True], report["traced"]
         assert report["made"] == [1, "touch: cannot touch '/etc/x': Permission denied\n"]
         assert report["owners"] == {
             "etc": [uid, gid],  # the image's root: this user
