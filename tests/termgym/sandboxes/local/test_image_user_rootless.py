@@ -50,7 +50,7 @@ def test_the_holder_of_a_user_namespace_of_many_ids_maps_them_and_forbids_user_n
 MADE = subid_user()
 PROGRAMS = tuple(
     f"/usr/bin/{name}"
-    for name in "chown chmod touch mkdir sleep tar head base64 unshare nsenter setpriv cat ls".split()
+    for name in "chown chmod touch mkdir sleep tar head base64 unshare nsenter setpriv setsid cat ls".split()
 )
 KEEPER = 'while read k v; do case $k in CapPrm:|CapBnd:) echo "$k $v";; esac; done < /proc/2/status'
 SCRIPT = textwrap.dedent("""\
@@ -97,7 +97,10 @@ SCRIPT = textwrap.dedent("""\
                 read = await sandbox.download_tar(["/opt/harness/secret"], limit=1 << 20)
                 with tarfile.open(fileobj=io.BytesIO(read)) as got:
                     report["downloaded"] = got.extractfile("opt/harness/secret").read().decode()
+                beat = "i=0; while :; do i=$((i+1)); echo $i > /tmp/beat; sleep 0.02; done"
+                report["writer"] = await sh(sandbox, f"setsid sh -c '{beat}' </dev/null >/dev/null 2>&1 & sleep 0.3; cat /tmp/beat")
                 await sandbox.kill_agent_processes()
+                report["beats"] = [await sh(sandbox, "cat /tmp/beat"), await sh(sandbox, "sleep 0.3; cat /tmp/beat")]
                 report["after_kill"] = await sh(sandbox, checks["ids"] + "; ls /work")
             reports.append(report)
         print(json.dumps({"reports": reports}))
@@ -171,6 +174,8 @@ def test_without_root_the_agent_runs_as_the_images_user_in_the_users_subordinate
         assert report["keeper"] == [0, "CapPrm: 0000000000000000\nCapBnd: 0000000000000000\n"]
         assert report["secret"] == [1, "cat: /opt/harness/secret: Permission denied\n"]
         assert report["downloaded"] == "ok"
+        first, second = report["beats"]  # a detached writer of the USER's ended with the kill step
+        assert report["writer"][1].strip().isdigit() and first == second and first[0] == 0, report
         assert report["after_kill"] == [0, "Uid: 1000\nGid: 1000\nGroups: 2000 \nmade\nprivate\n"]
         assert report["mode"] == 0o700  # no other host user reaches a set-user-id program of the range in it
         assert not Path(report["dir"]).exists()  # removed, its files of the range too
