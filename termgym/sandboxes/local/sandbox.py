@@ -38,7 +38,7 @@ from termgym.sandboxes.local.home import remove_home, write_labels
 from termgym.sandboxes.local.host import (
     host_strace,
 )
-from termgym.sandboxes.local.host_files import LocalHostFiles, changes_since, overlay_changes
+from termgym.sandboxes.local.host_files import LocalHostFiles, changes_since
 from termgym.sandboxes.local.keeper import Keeper
 from termgym.sandboxes.local.kept import KEPT_STATE, kept_state, write_json
 from termgym.sandboxes.local.namespace import reach
@@ -214,7 +214,7 @@ class LocalSandbox(SandboxStartup):
         try:
             if (lower := self._lower) is not None:
                 upper = await asyncio.to_thread(self._upper_manifest)
-                changes = overlay_changes(upper, lower)
+                changes = await asyncio.to_thread(self._overlay_changes, upper, lower)
                 if self._baseline:  # prepared in this sandbox's own upper layer
                     changes = changes_since(changes, self._baseline, upper)
             else:

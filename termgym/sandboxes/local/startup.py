@@ -30,7 +30,7 @@ from termgym.sandboxes.local.env_cache import Entry, EnvCache, cache_enabled, ca
 from termgym.sandboxes.local.holder import start_holder, view_path
 from termgym.sandboxes.local.home import make_file_system, make_home, overlay_prepared
 from termgym.sandboxes.local.host import BASE_WRITABLE, require_tools, sandbox_uid, writable_roots
-from termgym.sandboxes.local.host_files import MAX_WATCHED, LocalHostFiles
+from termgym.sandboxes.local.host_files import MAX_WATCHED, LocalHostFiles, overlay_changes
 from termgym.sandboxes.local.images import DEFAULT_PATH, ImageStore, LocalImage, image_to_run
 from termgym.sandboxes.local.keeper import Keeper
 from termgym.sandboxes.local.mounts import mount_overlay
@@ -38,7 +38,7 @@ from termgym.sandboxes.local.namespace import MountNamespace, in_namespace, reac
 from termgym.sandboxes.local.network import SandboxNetwork
 from termgym.sandboxes.local.prepare import prepare_environment
 from termgym.sandboxes.local.storage import SizedFilesystem
-from termgym.sandboxes.local.subids import SubIds, mapped_manifest, subordinate_ids
+from termgym.sandboxes.local.subids import SubIds, mapped_manifest, mapped_overlay_changes, subordinate_ids
 from termgym.sandboxes.local.users import ROOT_USERS, USERS
 
 
@@ -353,6 +353,13 @@ class SandboxStartup(Sandbox):
         else:
             manifest = LocalHostFiles(upper_dir, self.owner).manifest(roots)
         return {path: entry for path, entry in manifest.items() if path not in mounted}
+
+    def _overlay_changes(self, upper: dict[str, tuple[int, ...]], lower: list[Path]) -> dict[str, str]:
+        """``host_files.overlay_changes``; with a USER's ids, looked up as their namespace's root (a
+        prepared layer's directory of the range may be one only its owner enters). Blocking."""
+        if self._ids is not None:
+            return mapped_overlay_changes(self._ids, upper, lower)
+        return overlay_changes(upper, lower)
 
     def _plan(self) -> EnvironmentPlan | None:
         if self.spec.dockerfile is None:

@@ -29,20 +29,28 @@ from termgym.sandboxes.tools import host_tool
 MAPPED_IDS = 65535  # ids 1.. of a sandbox's user namespace mapped to a range (``users.USERS`` less its root)
 REMOVE_TIMEOUT = 300.0
 MANIFEST_TIMEOUT = 120.0
-# ``host_files.LocalHostFiles.manifest`` in a process of its own, host_files and host_trees loaded
-# from their files alone (only the standard library below them; termgym's package would take 0.5 s).
-_MANIFEST = r"""
+# ``host_files``' manifest or ``overlay_changes`` (of the manifest on its stdin) in a process of its
+# own, host_files and host_trees loaded from their files alone (the standard library below them;
+# termgym's package would take 0.5 s to import).
+_HOST_FILES = r"""
 import importlib.util, json, sys
+from pathlib import Path
 def load(name, path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
-trees, files, root, owner, limit, *roots = sys.argv[1:]
+trees, files, operation, *args = sys.argv[1:]
 load("termgym.sandboxes.local.host_trees", trees)
 host_files = load("termgym.sandboxes.local.host_files", files)
-json.dump(host_files.LocalHostFiles(root, int(owner)).manifest(roots, max_entries=int(limit)), sys.stdout)
+if operation == "manifest":
+    root, owner, limit, *roots = args
+    found = host_files.LocalHostFiles(root, int(owner)).manifest(roots, max_entries=int(limit))
+else:
+    upper = {path: tuple(entry) for path, entry in json.load(sys.stdin).items()}
+    found = host_files.overlay_changes(upper, [Path(lower) for lower in args])
+json.dump(found, sys.stdout)
 """
 
 
@@ -135,19 +143,32 @@ def remove_mapped(ids: SubIds, path: Path) -> bool:
     return not os.path.lexists(path)
 
 
+def _host_files(ids: SubIds, operation: str, args: Sequence[str], what: Path, stdin: bytes = b"") -> dict:
+    """``_HOST_FILES``' answer, run as the root of a namespace mapped as ``ids``; ``OSError`` with
+    its reason where it fails (about ``what``). Blocking."""
+    argv = [sys.executable, "-I", "-S", "-c", _HOST_FILES, str(host_trees.__file__), str(host_files.__file__)]
+    argv = mapped_argv(ids, [*argv, operation, *args])
+    try:
+        ran = subprocess.run(argv, input=stdin, capture_output=True, timeout=MANIFEST_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise OSError(f"reading {what} took over {MANIFEST_TIMEOUT:g}s") from exc
+    if ran.returncode != 0:
+        reason = ran.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise OSError(f"could not read {what}: {reason[0][:200]}")
+    return json.loads(ran.stdout)
+
+
 def mapped_manifest(
     ids: SubIds, root: Path, owner: int, roots: Sequence[str], max_entries: int
 ) -> dict[str, tuple[int, ...]]:
     """``LocalHostFiles(root, owner).manifest(roots)`` read as the root of a namespace mapped as
     ``ids``: a directory of the range that its owner made 0700 is listed too. ``OSError`` with the
     reason where it cannot be read (past ``max_entries``, as the manifest). Blocking."""
-    argv = [sys.executable, "-I", "-S", "-c", _MANIFEST, str(host_trees.__file__), str(host_files.__file__)]
-    argv = mapped_argv(ids, [*argv, str(root), str(owner), str(max_entries), *roots])
-    try:
-        ran = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=MANIFEST_TIMEOUT, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise OSError(f"listing {root} took over {MANIFEST_TIMEOUT:g}s") from exc
-    if ran.returncode != 0:
-        reason = ran.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise OSError(f"could not list {root}: {reason[0][:200]}")
-    return {path: tuple(entry) for path, entry in json.loads(ran.stdout).items()}
+    found = _host_files(ids, "manifest", [str(root), str(owner), str(max_entries), *roots], root)
+    return {path: tuple(entry) for path, entry in found.items()}
+
+
+def mapped_overlay_changes(ids: SubIds, upper: dict[str, tuple[int, ...]], lowers: Sequence[Path]) -> dict[str, str]:
+    """``host_files.overlay_changes(upper, lowers)`` looked up as the root of a namespace mapped as
+    ``ids`` (a prepared lower layer may hold directories of the range only their owner enters)."""
+    return _host_files(ids, "changes", [str(lower) for lower in lowers], lowers[0], json.dumps(upper).encode())

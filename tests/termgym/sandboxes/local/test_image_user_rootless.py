@@ -85,7 +85,7 @@ SCRIPT = textwrap.dedent("""\
                 traced = await sandbox.exec_traced(Command(("/bin/sh", "-c", checks["ids"]), 20.0))  # the verifier's way
                 report["traced"] = [traced.exit_code, traced.output.decode(), "execve(" in (traced.trace or b"").decode()]
                 report["made"] = await sh(sandbox, "touch /work/made /tmp/made && mkdir -m 700 /work/private "
-                                          "&& touch /work/private/f && touch /etc/x 2>&1")
+                                          "&& touch /work/private/f /secret/mine && touch /etc/x 2>&1")
                 host = sandbox.files_dir
                 report["owners"] = {path: [(host / path).lstat().st_uid, (host / path).lstat().st_gid]
                                     for path in ("etc", "work", "work/made", "tmp/made", "work/private")}
@@ -143,7 +143,8 @@ def test_without_root_the_agent_runs_as_the_images_user_in_the_users_subordinate
     ref = tiny_image(scratch_dir, _libraries(PROGRAMS), files, entrypoint="/entry.sh")
     context = scratch_dir / "context"
     context.mkdir()
-    (context / "Dockerfile").write_text(f"FROM {ref}\nRUN chown 1000:1000 /work && chmod 1777 /tmp\nUSER app\n")
+    steps = "RUN chown 1000:1000 /work && chmod 1777 /tmp && mkdir -m 700 /secret && chown 1000:1000 /secret"
+    (context / "Dockerfile").write_text(f"FROM {ref}\n{steps}\nUSER app\n")
     subprocess.run(["chmod", "-R", "a+rX", str(context)], check=True)
     checks = json.dumps({"ids": IDS, "attempts": list(ATTEMPTS), "keeper": KEEPER})
     reports = run_as_nobody(SCRIPT, [str(context), checks], home, uid=uid, gid=gid)["reports"]
@@ -167,6 +168,7 @@ def test_without_root_the_agent_runs_as_the_images_user_in_the_users_subordinate
             "/work/made": "A",
             "/tmp/made": "A",
             "/work/private/f": "A",  # listed in a directory of the range that only its owner reads
+            "/secret/mine": "A",  # in one the prepared layer (a lower layer) made so
         }.items() <= changes.items()
         for attempt, refusal in ATTEMPTS.items():
             code, text = report["attempts"][attempt]
