@@ -107,7 +107,7 @@ def _no_new_privs() -> bool:
 @functools.cache
 def subordinate_ids(count: int = MAPPED_IDS) -> SubIds | None:
     """This user's ``count`` subordinate uids and gids (the module's docstring), or None: as root,
-    or where it has no such range or cannot map one."""
+    or where it has no such range or cannot map one (tried once: a namespace so mapped runs ``true``)."""
     if os.geteuid() == 0 or _no_new_privs():
         return None
     try:
@@ -121,7 +121,12 @@ def subordinate_ids(count: int = MAPPED_IDS) -> SubIds | None:
     uid_start, gid_start = (find_range(text, names, count) for text in files)
     if uid_start is None or gid_start is None:
         return None
-    return SubIds(os.getuid(), os.getgid(), uid_start, gid_start, count)
+    ids = SubIds(os.getuid(), os.getgid(), uid_start, gid_start, count)
+    try:  # newuidmap may still refuse it (a range its own configuration does not grant, a kernel's limits)
+        tried = subprocess.run(mapped_argv(ids, [host_tool("true")]), capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError, BackendUnavailable):
+        return None
+    return ids if tried.returncode == 0 else None
 
 
 def mapped_argv(ids: SubIds, argv: Sequence[str]) -> list[str]:

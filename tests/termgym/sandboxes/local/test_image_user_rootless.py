@@ -98,7 +98,10 @@ SCRIPT = textwrap.dedent("""\
                 with tarfile.open(fileobj=io.BytesIO(read)) as got:
                     report["downloaded"] = got.extractfile("opt/harness/secret").read().decode()
                 beat = "i=0; while :; do i=$((i+1)); echo $i > /tmp/beat; sleep 0.02; done"
-                report["writer"] = await sh(sandbox, f"setsid sh -c '{beat}' </dev/null >/dev/null 2>&1 & sleep 0.3; cat /tmp/beat")
+                wait = 'n=0; while [ $n -lt 50 ]; do n=$((n+1)); read b 2>/dev/null </tmp/beat && [ -n "$b" ] && break; '
+                wait += "sleep 0.1; done; echo $b"  # the writer's first beat, however loaded the machine
+                started = f"setsid sh -c '{beat}' </dev/null >/dev/null 2>&1 & {wait}"
+                report["writer"] = await sh(sandbox, started)
                 await sandbox.kill_agent_processes()
                 report["beats"] = [await sh(sandbox, "cat /tmp/beat"), await sh(sandbox, "sleep 0.3; cat /tmp/beat")]
                 report["after_kill"] = await sh(sandbox, checks["ids"] + "; ls /work")
@@ -251,3 +254,27 @@ def test_a_tree_of_the_range_that_this_user_cannot_enter_is_removed(scratch_dir)
     home = nobody_home(scratch_dir, uid, gid)
     report = run_as_nobody(REMOVAL, [str(home / "tree")], home, uid=uid, gid=gid)
     assert report == {"ids": [uid, uid_start, gid_start], "owner": uid_start + 999, "left": False}, report
+
+
+PROBE = textwrap.dedent("""\
+    import json, site, subprocess, sys
+    site.addsitedir(sys.argv[1])
+    from termgym.sandboxes.local.subids import subordinate_ids
+
+    code = "import site, sys; site.addsitedir(sys.argv[1]); from termgym.sandboxes.local.subids import subordinate_ids; "
+    code += "print(subordinate_ids() is None)"
+    held = subprocess.run(["setpriv", "--no-new-privs", sys.executable, "-c", code, sys.argv[1]], capture_output=True, text=True)
+    print(json.dumps({"here": subordinate_ids() is None, "no_new_privs": held.stdout.strip(), "err": held.stderr[-300:]}))
+    """)
+
+
+@real[0]
+@real[1]
+def test_subordinate_ids_are_none_where_newuidmap_cannot_raise_this_process(scratch_dir):
+    """Under ``no_new_privs`` (a service run with NoNewPrivileges=yes) the set-user-id ``newuidmap``
+    cannot map the range: none, so the ``USER`` is the warning, not a sandbox that fails to start."""
+    assert not isinstance(MADE, str)
+    uid, gid, _, _ = MADE
+    home = nobody_home(scratch_dir, uid, gid)
+    report = run_as_nobody(PROBE, [], home, uid=uid, gid=gid)
+    assert report["here"] is False and report["no_new_privs"] == "True", report
