@@ -149,7 +149,8 @@ def test_without_root_the_agent_runs_as_the_images_user_in_the_users_subordinate
     steps = "RUN chown 1000:1000 /work && chmod 1777 /tmp && mkdir -m 700 /secret && chown 1000:1000 /secret"
     (context / "Dockerfile").write_text(f"FROM {ref}\n{steps}\nUSER app\n")
     subprocess.run(["chmod", "-R", "a+rX", str(context)], check=True)
-    checks = json.dumps({"ids": IDS, "attempts": list(ATTEMPTS), "keeper": KEEPER})
+    attempts = {**ATTEMPTS, "touch /.termgym-*/sh": "Permission denied"}  # the host's kit the harness runs
+    checks = json.dumps({"ids": IDS, "attempts": list(attempts), "keeper": KEEPER})
     reports = run_as_nobody(SCRIPT, [str(context), checks], home, uid=uid, gid=gid)["reports"]
     user = [uid_start + 999, gid_start + 999]  # 1000 inside: the 1000th id of the range
     for start, report in enumerate(reports):
@@ -173,7 +174,7 @@ def test_without_root_the_agent_runs_as_the_images_user_in_the_users_subordinate
             "/work/private/f": "A",  # listed in a directory of the range that only its owner reads
             "/secret/mine": "A",  # in one the prepared layer (a lower layer) made so
         }.items() <= changes.items()
-        for attempt, refusal in ATTEMPTS.items():
+        for attempt, refusal in attempts.items():
             code, text = report["attempts"][attempt]
             assert code != 0 and refusal in text, (attempt, code, text)
         assert report["keeper"] == [0, "CapPrm: 0000000000000000\nCapBnd: 0000000000000000\n"]
