@@ -319,6 +319,18 @@ def alive(pid: int) -> bool:
     return fields[0] not in ("Z", "X") and not int(fields[6]) & PF_EXITING
 
 
+def close_output_pipes(process: asyncio.subprocess.Process) -> None:
+    """Close this process's ends of ``process``'s stdout and stderr pipes, once nothing more is
+    read from them (a keeper that said ``ready``): each live sandbox then holds two descriptors
+    fewer here, and every process this one forks copies, then closes, every descriptor it holds
+    (``dup_fd``, ``close_range``: a cost that grows with the sandboxes alive)."""
+    transport = getattr(process, "_transport", None)
+    for fd in (1, 2):
+        pipe = transport.get_pipe_transport(fd) if transport is not None else None
+        if pipe is not None:
+            pipe.close()
+
+
 async def read_stderr(process: asyncio.subprocess.Process) -> str:
     with contextlib.suppress(Exception):
         assert process.stderr is not None

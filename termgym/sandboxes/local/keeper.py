@@ -19,6 +19,7 @@ from termgym.errors import SandboxError
 from termgym.sandboxes.host_processes import (
     alive,
     children,
+    close_output_pipes,
     end_detached,
     end_keeper,
     read_stderr,
@@ -66,6 +67,7 @@ class Keeper:
             # bwrap (host) -> the namespace's init -> the keeper command: enter the keeper's.
             (init,) = children(process.pid)
             (keeper,) = children(init)
+            close_output_pipes(process)  # the keeper says nothing more (its command sleeps)
         except (TimeoutError, ValueError) as exc:
             await end_keeper(process)
             stderr = (await read_stderr(process)).strip() or str(exc)
