@@ -38,7 +38,7 @@ from termgym.episode.loads import (
 )
 from termgym.errors import SandboxBroken
 from termgym.output import DEFAULT_OUTPUT_LIMIT
-from termgym.sandboxes.base import Command, ExecResult, Sandbox
+from termgym.sandboxes.base import ROOT, Command, ExecResult, Sandbox
 from termgym.sandboxes.capabilities import exec_traced
 from termgym.sandboxes.changes import SYSTEM_PREFIXES
 from termgym.tasks import Task
@@ -90,6 +90,7 @@ class LoadGuard:
         self._sandbox = sandbox
         self._paths = agent_paths(task, sandbox.workdir)
         self.changes: dict[str, str] | None = None  # set by ``known``: outside the agent's paths
+        self.harness_user: str | None = ROOT  # who runs the harness's own steps (``verification.harness_user``)
         self._listed = False  # ``known`` was told the changes (None among them: the backend cannot list them)
         self._loads: list[tuple[str, Load]] = []
         self._unobserved: list[str] = []  # steps that ran without a trace
@@ -155,7 +156,7 @@ class LoadGuard:
             batch = caches[start : start + 500]
             result = await self.run(
                 "the removal of byte-code caches",
-                None,
+                self.harness_user,
                 ["/bin/rm", "-rf", "--", *batch],
                 timeout=60,
                 env={"PATH": HARNESS_PATH},

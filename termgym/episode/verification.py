@@ -21,16 +21,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 
 from termgym.aio import cancel_and_wait
 from termgym.episode.guard import HARNESS_PATH, HARNESS_PATHS, LoadGuard
-from termgym.episode.loads import Forged
+from termgym.episode.loads import Forged, under
 from termgym.episode.tamper import tamper_warning
 from termgym.errors import SandboxBroken, TermgymError
-from termgym.sandboxes.base import DEFAULT_PATH, Sandbox
+from termgym.sandboxes.base import DEFAULT_PATH, ROOT, Sandbox, runs_as_root
 from termgym.sandboxes.capabilities import HostFiles, agent_changes, host_files
 from termgym.sandboxes.changes import trusted_search_paths
 from termgym.sandboxes.files import tar_of_files
@@ -53,7 +53,8 @@ VERIFIER_OUTPUT_LIMIT = 1 << 20
 
 # Replace /logs/verifier, /tests and the verifier's home with fresh empty directories, whatever the
 # agent left there (a plain file or a symlink in place of /logs, a directory that cannot be removed),
-# and fail, saying so, when that is not possible.
+# and fail, saying so, when that is not possible. With an argument, open them to a verifier that does
+# not run as root (mode 0777, as Harbor does).
 _RESET = r"""
 for d in /logs /tests; do
   if [ -L "$d" ] || { [ -e "$d" ] && [ ! -d "$d" ]; }; then rm -f "$d"; fi
@@ -66,6 +67,8 @@ for d in /logs/verifier /tests /tmp/.termgym-verifier/home; do
     if [ -e "$f" ] || [ -L "$f" ]; then echo "cannot empty $d"; exit 1; fi
   done
 done
+[ -z "$1" ] || chmod 0777 /logs/verifier /tmp/.termgym-verifier /tmp/.termgym-verifier/home ||
+  { echo "cannot open /logs/verifier to the verifier's user"; exit 1; }
 """
 
 # The report files at the top of /logs/verifier (regular files named as a report format reads them)
@@ -173,7 +176,8 @@ async def verify(
     files named; under ``"warn"`` it keeps its verdict, with a warning. A task that declares
     ``[verifier].allow_system_changes`` is never checked. With ``user`` (``[verifier].user``, where
     the backend ``supports_users``) the test script runs as that user, ``/logs/verifier`` and its
-    home made writable for it (mode 0777, as Harbor does); the harness steps stay root's."""
+    home made writable for it (mode 0777, as Harbor does), as for an image's ``USER``; the harness
+    steps run as the sandbox's root (``harness_user``)."""
     started = time.monotonic()
     await sandbox.check_alive()  # a sandbox the agent killed is not revived to be graded
     await sandbox.kill_agent_processes()
@@ -183,6 +187,7 @@ async def verify(
     listing = asyncio.ensure_future(agent_changes(sandbox))
     broken: SandboxBroken | None = None  # a harness step the agent broke: tampering, if that is what broke it
     try:
+        guard.harness_user, fallback = await harness_user(sandbox, listing)
         try:
             await _prepare_tests(task, sandbox, user, guard)
         except SandboxBroken as exc:
@@ -193,6 +198,7 @@ async def verify(
         raise
     changes = tuple(sorted(guard.changes)) if guard.changes is not None else None
     env, warnings = verifier_env(task, sandbox)
+    warnings += [fallback] if fallback else []
     if broken is None:
         try:
             await guard.drop_caches()
@@ -275,16 +281,45 @@ async def _prepare_tests(task: Task, sandbox: Sandbox, user: str | None, guard: 
         await _on_host(host.fresh_dirs, FRESH_DIRS, "could not reset /tests and /logs/verifier")
         await _on_host(host.write_files, "/tests", [*blobs, kit, script], "could not write /tests")
         return
+    opened = "open" if user is not None or not runs_as_root(sandbox.default_user) else ""
     await _harness_step(
-        guard, "the reset of /tests", ["/bin/sh", "-c", _RESET], "could not reset /tests and /logs/verifier"
+        guard,
+        "the reset of /tests",
+        ["/bin/sh", "-c", _RESET, "sh", opened],
+        "could not reset /tests and /logs/verifier",
     )
-    if user is not None:
-        opened = ["/bin/chmod", "0777", "/logs/verifier", "/tmp/.termgym-verifier", VERIFIER_HOME]
-        await _harness_step(
-            guard, "the opening of /logs/verifier", opened, "could not open /logs/verifier to the verifier's user"
-        )
     archive = tar_of_files([(host, relative) for relative, host in files.items()], [kit, script])
     await sandbox.upload_tar(archive, "/tests")
+
+
+# What a harness step run as root loads from the sandbox's files: its programs (``/bin/sh``, ``rm``,
+# ``chmod``, ``head``, ``wc``), their loader and libraries, the loader's preload list and cache.
+ROOT_LOADS = (
+    *("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr/bin", "/usr/sbin", "/usr/local/lib"),
+    *("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32", "/etc/ld.so.preload", "/etc/ld.so.cache"),
+    *("/etc/ld.so.conf", "/etc/ld.so.conf.d"),
+)
+
+
+async def harness_user(sandbox: Sandbox, listing: Awaitable[dict[str, str] | None]) -> tuple[str | None, str]:
+    """Who runs the harness's own steps, and a warning: the sandbox's root (``ROOT``), as Harbor
+    runs them, whatever the image's ``USER``. Where that USER is not root, only once ``listing``
+    (the agent's changes) shows it changed none of ``ROOT_LOADS``: an agent that did (an image that
+    lets its USER write them) would run as root in those steps, so they run as that USER instead,
+    as Docker's exec does by default, and the warning says why."""
+    if runs_as_root(sandbox.default_user):
+        return ROOT, ""
+    changes = await listing
+    if changes is None:
+        return None, f"the harness's steps ran as USER {sandbox.default_user}: its changes could not be listed"
+    loaded = sorted(path for path, kind in changes.items() if kind in ("A", "C") and under(path, ROOT_LOADS))
+    if not loaded:
+        return ROOT, ""
+    more = f" and {len(loaded) - 1} more" if len(loaded) > 1 else ""
+    return None, (
+        f"the harness's steps ran as USER {sandbox.default_user}, not as root: it changed {loaded[0]}{more}, "
+        "which they load"
+    )
 
 
 async def _on_host(operation: Callable[..., None], *args: object) -> None:
@@ -298,7 +333,7 @@ async def _on_host(operation: Callable[..., None], *args: object) -> None:
 
 
 async def _harness_step(guard: LoadGuard, step: str, argv: list[str], what: str) -> None:
-    result = await guard.run(step, None, argv, timeout=60, cwd="/", env={"PATH": HARNESS_PATH})
+    result = await guard.run(step, guard.harness_user, argv, timeout=60, cwd="/", env={"PATH": HARNESS_PATH})
     if result.exit_code != 0:
         lines = [line for line in result.text.strip().splitlines() if line.strip()]
         raise SandboxBroken(f"{what}: {lines[-1][:200] if lines else f'exit {result.exit_code}'}")
@@ -316,7 +351,7 @@ async def read_report_files(sandbox: Sandbox, guard: LoadGuard) -> dict[str, byt
     limit = MAX_REPORT_FILES * (cap + 512)
     result = await guard.run(
         "the reading of the reports",
-        None,
+        guard.harness_user,
         ["/bin/sh", "-c", _READ_REPORTS, "sh", str(cap), str(MAX_REPORT_FILES)],
         timeout=60,
         cwd="/",

@@ -178,6 +178,7 @@ class ImageConfig:
     digest: str = ""
     id: str = ""
     entrypoint: tuple[str, ...] = ()  # the image's ENTRYPOINT, which every (re)start of its container runs
+    user: str = ""  # the image's USER: who the engine's exec runs as unless told otherwise
 
     def record(self) -> dict[str, str]:
         """What a trial's record says of its image (``Sandbox.image``)."""
@@ -307,6 +308,7 @@ def _image_config(client, tag: str, source: str = "build", ref: str = "") -> Ima
         digest=image_digest(info, ref or tag),
         id=str(info.get("Id") or ""),
         entrypoint=tuple(str(word) for word in config.get("Entrypoint") or ()),
+        user=str(config.get("User") or ""),
     )
 
 

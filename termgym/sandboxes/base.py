@@ -10,8 +10,8 @@ A sandbox is one isolated machine for one trial, used with ``async with``. A bac
 - ``upload_tar`` / ``download_tar``: files as tar archives; by default through ``run``
   (``upload_tar_by_exec``, ``download_tar_by_exec``), overridden where a backend has a native path.
 - ``check_alive()``, ``limit_warnings()``: health reports; by default "cannot tell" and none.
-Data a backend sets: ``backend``, ``supports_users`` (``Command.user`` works), ``paces_own_creation``,
-``untraced_loads``, ``node_name``. Optional abilities (tracing, the agent's changes, keep, the
+Data a backend sets: ``backend``, ``supports_users`` (``Command.user`` works), ``default_user``,
+``paces_own_creation``, ``untraced_loads``, ``node_name``. Optional abilities (tracing, the agent's changes, keep, the
 network between phases, host-side file access) are the protocols of ``termgym.sandboxes.capabilities``,
 whose functions answer "cannot" for a sandbox without them; host-side tar helpers
 (``tar_of_files``, ``upload_files``) are in ``termgym.sandboxes.files``.
@@ -33,6 +33,7 @@ from termgym.errors import SandboxBroken, SandboxError
 from termgym.output import DEFAULT_OUTPUT_LIMIT
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ROOT = "0"  # Command.user for the sandbox's root, whatever the image's USER: every backend accepts it
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,9 @@ class Command:
     """One command to run to completion (``Sandbox.run``): ``env`` replaces the environment entirely
     (None: the sandbox's own ``env``); ``cwd`` None is the sandbox's ``workdir``; ``output_limit``
     caps the captured output (head and tail kept); ``user`` is a name or a numeric uid, ``uid:gid``
-    too (None: the sandbox's root), and ``SandboxError`` where the backend cannot (``supports_users``
-    False) or the user is unknown."""
+    too (None: the sandbox's ``default_user``, as ``docker exec`` runs the image's USER; ``ROOT``:
+    its root on every backend), and ``SandboxError`` where the backend cannot (``supports_users``
+    False, for any other user) or the user is unknown."""
 
     argv: Sequence[str]
     timeout: float
@@ -133,6 +135,9 @@ class Sandbox(abc.ABC):
     untraced_loads: tuple[str, ...] = ()
     # The cluster node the sandbox runs on (--cluster: termgym.sandboxes.ray); '' on this machine.
     node_name: str = ""
+    # Who runs a Command whose user is None, set by start(): the image's USER as the backend honours
+    # it (Docker; the embedded backend as root), '' where that is the sandbox's root (runs_as_root).
+    default_user: str = ""
 
     def __init__(self, spec: SandboxSpec) -> None:
         self.spec = spec
@@ -226,9 +231,14 @@ class BackendHooks:
     warm_pool_on: Callable[[], bool] | None = None
 
 
+def runs_as_root(user: str) -> bool:
+    """Whether ``user`` (a ``USER``, ``default_user``) is the sandbox's root, whatever its group."""
+    return user.partition(":")[0] in ("", "root", "0")
+
+
 def refuse_user(sandbox: Sandbox, user: str | None) -> None:
-    """``SandboxError`` for a ``user`` (not None) where ``sandbox`` runs everything as its root."""
-    if user is not None:
+    """``SandboxError`` for a ``user`` (not None nor ``ROOT``) where ``sandbox`` runs everything as its root."""
+    if user is not None and user != ROOT:
         raise SandboxError(f"the {sandbox.backend} backend cannot run a command as user {user}")
 
 

@@ -121,6 +121,7 @@ class DockerSandbox(Sandbox):
         )
         self.env = {**image.env, **dict(self.spec.env)}
         self.workdir = image.workdir
+        self.default_user = image.user  # the engine's exec runs as it where no user is named
         # What runs outside the tracer's sight: each restart's keeper and entrypoint, the tracer's
         # loader's preload list.
         keeper = (KEEPER[0], f"/usr{KEEPER[0]}")

@@ -17,7 +17,7 @@ from pathlib import Path
 from termgym.aio import wait_for
 from termgym.errors import SandboxBroken, SandboxError
 from termgym.output import OutputCapture
-from termgym.sandboxes.base import DEFAULT_PATH, Command, ExecResult, ProcessChannel, SandboxSpec, refuse_user
+from termgym.sandboxes.base import DEFAULT_PATH, ROOT, Command, ExecResult, ProcessChannel, SandboxSpec, refuse_user
 from termgym.sandboxes.capabilities import fixed_network
 from termgym.sandboxes.changes import entrypoint_files, leaf_changes, manifest_changes
 from termgym.sandboxes.host_kit import kit_argv
@@ -67,6 +67,7 @@ class LocalSandbox(SandboxStartup):
         await self._start()  # SandboxStartup's
         if self._user is not None:  # prepared as root; from here on, commands run as the image's USER
             self._run_as = await self._resolve_user(self._user)
+            self.default_user = self._user
         if self._entrypoint:
             # what every restart runs, in the working directory the sandbox ends up with
             self.untraced_loads = (*self.untraced_loads, *entrypoint_files(self._entrypoint, self.workdir))
@@ -178,7 +179,7 @@ class LocalSandbox(SandboxStartup):
     def host_files(self) -> LocalHostFiles | None:
         """The sandbox's writable roots from the host while none of the agent's processes runs
         (a keeper the agent never reached, ``sleep`` from the read-only ``/usr``, touches no file);
-        never for a sandbox that runs an image's USER, whose harness steps run as it, as on Docker."""
+        never for a sandbox that runs an image's USER, whose harness steps go through it as on Docker."""
         quiet = self._state in (Processes.QUIET, Processes.IDLE) and self._run_as is None
         return LocalHostFiles(self.files_dir, self.owner) if quiet and self._dir is not None else None
 
@@ -227,9 +228,9 @@ class LocalSandbox(SandboxStartup):
 
     async def exec_traced(self, command: Command) -> ExecResult | None:
         """Under the host's ``strace``, which the sandbox sees read-only in the host's ``/usr`` (or in
-        the kit, over an image); None where the host has none or for another user (this backend
-        runs everything as root)."""
-        if command.user is not None:
+        the kit, over an image); None where the host has none or for a user other than ``ROOT``
+        (which this backend refuses)."""
+        if command.user not in (None, ROOT):
             return None
         if self._image_root is not None:
             tracer = kit_argv(self._image_root.kit_at, "strace")
@@ -363,7 +364,7 @@ class LocalSandbox(SandboxStartup):
     # -- commands ----------------------------------------------------------------------------------
 
     async def run(self, command: Command) -> ExecResult:
-        refuse_user(self, command.user)
+        refuse_user(self, command.user)  # None: the image's USER, if any; ROOT: the sandbox's root
         return await self._run(command, trace=False)
 
     async def _run(self, command: Command, *, trace: bool) -> ExecResult:
@@ -377,7 +378,7 @@ class LocalSandbox(SandboxStartup):
         env = self.env if command.env is None else command.env
         stdin = command.stdin
         process = await spawn(
-            self._enter_argv(inner, env, command.cwd or self.workdir, as_root=_AS_ROOT.get()),
+            self._enter_argv(inner, env, command.cwd or self.workdir, as_root=_AS_ROOT.get() or command.user == ROOT),
             end_entered,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
@@ -412,7 +413,7 @@ class LocalSandbox(SandboxStartup):
         refuse_user(self, user)
         await self._before_command()
         process = await spawn(
-            self._enter_argv(argv, env, cwd, lasting=True),
+            self._enter_argv(argv, env, cwd, lasting=True, as_root=user == ROOT),
             end_entered,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,

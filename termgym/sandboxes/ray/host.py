@@ -211,6 +211,7 @@ class SandboxHost:
             "warnings": list(sandbox.warnings),
             "image": dict(sandbox.image),
             "untraced_loads": list(sandbox.untraced_loads),
+            "default_user": sandbox.default_user,
         }
 
     def _sandbox(self, sandbox_id: str) -> Sandbox:

@@ -61,6 +61,7 @@ class RemoteSandbox(Sandbox):
         self.env, self.workdir = mirror["env"], mirror["workdir"]
         self.warnings, self.image = mirror["warnings"], mirror["image"]
         self.untraced_loads = tuple(mirror["untraced_loads"])
+        self.default_user = str(mirror.get("default_user") or "")
 
     def _sandbox_id(self) -> str:
         if self._id is None:
