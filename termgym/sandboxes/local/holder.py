@@ -4,11 +4,12 @@ there), held by one long-lived "holder" process, and every keeper of the sandbox
 spare, one started again after the kill step) is started inside that namespace, so all of them
 share the one mount; the host's mount table never sees it.
 
-The holder is ``unshare`` of the host's util-linux, under ``setpriv --pdeathsig KILL``: it ends
-with the process that started it (and with it the mount). Its files are reached from the host
-through ``/proc/<holder>/root`` (``view_path``). With ``ids`` (an image's ``USER``, ``subids``) its
-user namespace maps ids 1.. to this user's subordinate ids, and it forbids user namespaces inside
-it. Pure parts: ``holder_argv``, ``inside_argv``.
+The holder is ``unshare`` of the host's util-linux, under ``setpriv --pdeathsig KILL``: it ends with
+the process that started it (and with it the mount); a kept sandbox's is started detached without it
+(``LocalSandbox.keep``) and ended by pid and start time (``kept``). Its files are reached from the
+host through ``/proc/<holder>/root`` (``view_path``). With ``ids`` (an image's ``USER``, ``subids``)
+its user namespace maps ids 1.. to this user's subordinate ids, and it forbids user namespaces
+inside it. Pure parts: ``holder_argv``, ``inside_argv``.
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ _MOUNT_THEN_HOLD = 'mount -t overlay termgym -o "$1" "$2" && echo ready && exec 
 _NO_USERNS = "echo 0 > /proc/sys/user/max_user_namespaces && "  # in the namespace itself: none below it
 
 
-def holder_argv(lowers: Sequence[Path], upper: Path, work: Path, view: Path, ids: SubIds | None = None) -> list[str]:
+def holder_argv(
+    lowers: Sequence[Path], upper: Path, work: Path, view: Path, ids: SubIds | None = None, *, detached: bool = False
+) -> list[str]:
     """The holder's command line: a user namespace where this user is root, a private mount
     namespace, the overlay of ``lowers`` (top first) and ``upper`` mounted at ``view`` (with
     ``userxattr``: an unprivileged overlay keeps its whiteouts' marks in ``user.`` attributes),
     then ``ready`` and a wait; with ``ids``, mapped so (``SubIds``), user namespaces forbidden below.
+    ``detached`` (a kept sandbox's, ``--keep``): without the death signal, so it outlives termgym.
     ``ValueError`` for a path an overlay cannot name."""
     paths = [str(path) for path in (*lowers, upper, work)]
     if any(_UNSAFE & set(path) for path in paths):
@@ -42,11 +46,9 @@ def holder_argv(lowers: Sequence[Path], upper: Path, work: Path, view: Path, ids
     users = ids.unshare_options() if ids is not None else ["--user", "--map-root-user"]
     unshare = [host_tool("unshare"), *users, "--mount", "--propagation", "private", "--"]
     script = _MOUNT_THEN_HOLD if ids is None else _MOUNT_THEN_HOLD.replace("&& ", f"&& {_NO_USERNS}", 1)
+    dies_with_parent = [] if detached else [host_tool("setpriv"), "--pdeathsig", "KILL", "--"]
     return [
-        host_tool("setpriv"),
-        "--pdeathsig",
-        "KILL",
-        "--",
+        *dies_with_parent,
         *unshare,
         host_tool("sh"),
         "-c",

@@ -2,7 +2,8 @@
 whole or not at all, and read back only while the very processes it names still run.
 
 ``kept.json`` sits in the kept sandbox's host directory. It names the keeper's bubblewrap process
-and the keeper (each with its start time, against pid reuse), the sandbox's uid, writable roots,
+and the keeper (each with its start time, against pid reuse), without root over an image the
+holder whose namespaces hold its root's mount (``holder``), the sandbox's uid, writable roots,
 cgroups, storage, environment and working directory (``LocalSandbox.keep`` writes it,
 ``leftovers.enter_kept`` reads it).
 """
@@ -13,11 +14,14 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from termgym.errors import SandboxError
 from termgym.sandboxes.base import Resources, Sandbox
-from termgym.sandboxes.host_processes import end_detached, same_process, start_time
+from termgym.sandboxes.host_processes import end_detached, same_process, start_detached, start_time
 from termgym.sandboxes.limits import SandboxCgroup
 from termgym.sandboxes.local.commands import ImageRoot
+from termgym.sandboxes.local.holder import START_TIMEOUT, holder_argv
 from termgym.sandboxes.local.storage import SizedFilesystem
+from termgym.sandboxes.local.subids import SubIds
 
 KEPT_STATE = "kept.json"  # in a kept sandbox's host directory: what attach() needs to enter it
 
@@ -27,6 +31,22 @@ def write_json(path: Path, data: dict) -> None:
     partial = path.with_suffix(".partial")
     partial.write_text(json.dumps(data))
     partial.replace(path)
+
+
+def detach_holder(
+    lowers: Sequence[Path], upper: Path, work: Path, view: Path, ids: SubIds | None, log: Path
+) -> tuple[int, int | None]:
+    """A holder of the overlay (``holder.holder_argv``, ``detached``) that outlives this process, as
+    a kept keeper does (``host_processes.start_detached``): its ``(pid, start time)`` once its mount
+    is made; ``SandboxError`` saying why not (its stderr goes to ``log``). Blocking."""
+    try:
+        pid = start_detached(holder_argv(lowers, upper, work, view, ids, detached=True), log=log, timeout=START_TIMEOUT)
+    except ValueError as exc:  # a path an overlay cannot name
+        raise SandboxError(str(exc)) from None
+    except SandboxError as exc:
+        why = str(exc).rpartition(": ")[2]
+        raise SandboxError(f"could not mount the kept sandbox's root again, detached: {why}") from None
+    return pid, start_time(pid)
 
 
 def kept_state(
@@ -41,11 +61,17 @@ def kept_state(
     view: Path | None,
     sandbox: Sandbox,
     image_root: ImageRoot | None = None,
+    holder: tuple[int, int | None] | None = None,
+    mapped_ids: bool = False,
 ) -> dict:
     """The state a kept sandbox's ``kept.json`` holds (JSON-ready): its detached bubblewrap
-    ``(pid, start time)``, its keeper's pid and start time, and what it was started with."""
+    ``(pid, start time)``, its keeper's pid and start time, its detached ``holder``'s (without
+    root, over an image; ``mapped_ids``: its user namespace maps subordinate ids), and what it was
+    started with."""
     return {
         "bwrap": list(detached),
+        "holder": list(holder) if holder is not None else None,
+        "mapped_ids": mapped_ids,
         "keeper": keeper,
         "keeper_start": start_time(keeper) if keeper else None,
         "uid": uid,
@@ -84,18 +110,31 @@ def read_kept(directory: Path) -> dict | None:
         return None
     if not (same_process(pid, started) and same_process(keeper, keeper_started)):
         return None
+    holder = _holder(state)
+    if holder is not None and not same_process(*holder):
+        return None
     return state
 
 
+def _holder(state: dict) -> tuple[int, int | None] | None:
+    """The detached holder ``(pid, start time)`` a kept sandbox's state names, if any."""
+    holder = state.get("holder")
+    return (int(holder[0]), holder[1]) if holder else None
+
+
 def end_kept(path: Path) -> bool:
-    """End the keeper of the kept sandbox in ``path`` (if it still runs) and wait until its cgroups
-    are empty, then remove them; True when it was a kept sandbox. Blocking."""
+    """End the keeper of the kept sandbox in ``path`` (if it still runs), then its holder (if it
+    still is the process kept.json names, so its root's mount goes with its namespaces), and wait
+    until its cgroups are empty, then remove them; True when it was a kept sandbox. Blocking."""
     try:
         state = json.loads((path / KEPT_STATE).read_text())
         pid, started = int(state["bwrap"][0]), state["bwrap"][1]
+        holder = _holder(state)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return False
     end_detached(pid, started)
+    if holder is not None:
+        end_detached(*holder)
     if state.get("cgroup"):
         SandboxCgroup({c: (int(v), Path(d)) for c, (v, d) in state["cgroup"].items()}, Resources()).end_all()
     return True

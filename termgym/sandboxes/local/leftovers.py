@@ -22,6 +22,7 @@ from termgym.sandboxes.local.kept import KEPT_STATE, end_kept, read_kept
 from termgym.sandboxes.local.namespace import MountNamespace
 from termgym.sandboxes.local.sandbox import LocalSandbox
 from termgym.sandboxes.local.storage import SizedFilesystem, unmount_sync
+from termgym.sandboxes.local.subids import subordinate_ids
 
 
 def collect_garbage(root: Path | None = None) -> int:
@@ -135,7 +136,8 @@ def enter_kept(directory: Path, state: dict) -> LocalSandbox:
         dirs = {c: (int(v), Path(d)) for c, (v, d) in state["cgroup"].items()}
         sandbox._cgroup = SandboxCgroup(dirs, spec.resources)
     try:
-        sandbox._mounts = MountNamespace.join(directory, int(state["bwrap"][0]))
+        # without root its mounts are its holder's, which this process enters by nsenter alone
+        sandbox._mounts = None if state.get("holder") else MountNamespace.join(directory, int(state["bwrap"][0]))
     except OSError as exc:
         raise SandboxError(f"could not enter the kept sandbox's mount namespace: {exc}") from exc
     if state.get("storage"):
@@ -147,7 +149,11 @@ def enter_kept(directory: Path, state: dict) -> LocalSandbox:
     if state.get("image_root"):
         root = state["image_root"]
         resolv = Path(root["resolv"]) if root.get("resolv") else None
-        sandbox._image_root = ImageRoot(Path(root["root"]), Path(root["kit"]), root["kit_at"], resolv)
+        holder = state.get("holder")
+        sandbox._kept_holder = (int(holder[0]), holder[1]) if holder else None  # stop() ends it
+        holder_pid = sandbox._kept_holder[0] if sandbox._kept_holder else None
+        sandbox._image_root = ImageRoot(Path(root["root"]), Path(root["kit"]), root["kit_at"], resolv, holder_pid)
+        sandbox._ids = subordinate_ids() if state.get("mapped_ids") else None
     sandbox.env = dict(state["env"])
     sandbox.workdir = state["workdir"]
     sandbox.image = dict(state.get("image") or {})

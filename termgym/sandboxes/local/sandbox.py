@@ -27,6 +27,7 @@ from termgym.sandboxes.host_processes import (
     alive,
     communicate,
     descendants,
+    end_detached,
     end_entered,
     end_process,
     spawn,
@@ -34,13 +35,14 @@ from termgym.sandboxes.host_processes import (
 from termgym.sandboxes.local import pool
 from termgym.sandboxes.local.commands import RootEntry, RunAs, enter_argv
 from termgym.sandboxes.local.entrypoint import run_entrypoint
+from termgym.sandboxes.local.holder import view_path
 from termgym.sandboxes.local.home import remove_home, write_labels
 from termgym.sandboxes.local.host import (
     host_strace,
 )
 from termgym.sandboxes.local.host_files import LocalHostFiles, changes_since
 from termgym.sandboxes.local.keeper import Keeper
-from termgym.sandboxes.local.kept import KEPT_STATE, kept_state, write_json
+from termgym.sandboxes.local.kept import KEPT_STATE, detach_holder, kept_state, write_json
 from termgym.sandboxes.local.namespace import reach
 from termgym.sandboxes.local.startup import Processes, SandboxStartup
 from termgym.sandboxes.local.users import READ_SCRIPT, resolve_user, split_files
@@ -54,6 +56,7 @@ class LocalSandbox(SandboxStartup):
     """The embedded backend's sandbox (the module docstring); its state and start-up are ``SandboxStartup``'s."""
 
     backend = "local"
+    _kept_holder: tuple[int, int | None] | None = None  # without root, a kept sandbox's holder: (pid, start time)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -122,6 +125,9 @@ class LocalSandbox(SandboxStartup):
         if self._state is Processes.KEPT:
             return
         await self._stop_keeper()
+        if self._kept_holder is not None:  # a kept sandbox's (attached, or kept and stopped): the mount too
+            await asyncio.to_thread(end_detached, *self._kept_holder)
+            self._kept_holder = None
         if self._cgroup is not None:
             await self._wait_cgroup_empty()
             await asyncio.to_thread(self._cgroup.remove)
@@ -301,16 +307,14 @@ class LocalSandbox(SandboxStartup):
         stay) and write ``kept.json``; after it ``stop`` leaves the sandbox alone."""
         if self._dir is None:
             raise SandboxError("the sandbox is not running")
-        if self._holder is not None:
-            raise SandboxError(
-                "a sandbox over an image is kept only when termgym runs as root (its root's mount ends with termgym)"
-            )
         for channel in self._channels:
             await channel.close()
         self._channels.clear()
         await self._stop_keeper()
         if self._cgroup is not None and not await self._wait_cgroup_empty():
             raise SandboxError("the sandbox's processes did not all end before its keeper was detached")
+        if self._holder is not None:  # without root over an image: its root's mount, detached too
+            await self._detach_holder()
         keeper = self._keeper or Keeper(self._keeper_argv, self._dir / "keeper.pid")
         await keeper.start_detached(self._dir / "keeper.log")
         self._keeper = keeper
@@ -323,6 +327,19 @@ class LocalSandbox(SandboxStartup):
             "attach": f"termgym shell --attach {name} --backend local",
             "remove": f"termgym gc --backend local {name}",
         }
+
+    async def _detach_holder(self) -> None:
+        """End the holder (it dies with this process; its mount with it) and mount the root again
+        in a detached one (``kept.detach_holder``), which the detached keeper then starts in."""
+        assert self._holder is not None and self._image_root is not None and self._dir is not None
+        assert self._lower is not None  # the layers the holder mounted, top first
+        await end_process(self._holder)
+        self._holder = None
+        fs, view = self._dir / "fs", self._image_root.root
+        args = (self._lower, fs / "upper", fs / "work", view, self._ids, self._dir / "holder.log")
+        self._kept_holder = await asyncio.to_thread(detach_holder, *args)
+        self._image_root = replace(self._image_root, holder=self._kept_holder[0])
+        self._view = view_path(self._kept_holder[0], view)
 
     def _kept_state(self) -> dict:
         """What ``attach`` needs to enter this sandbox from another process (JSON)."""
@@ -338,6 +355,8 @@ class LocalSandbox(SandboxStartup):
             view=self._view,
             sandbox=self,
             image_root=self._image_root,
+            holder=self._kept_holder,
+            mapped_ids=self._ids is not None,
         )
 
     def _enter_argv(
