@@ -63,15 +63,17 @@ def kept_state(
     image_root: ImageRoot | None = None,
     holder: tuple[int, int | None] | None = None,
     mapped_ids: bool = False,
+    layers: Sequence[Path] | None = (),
 ) -> dict:
     """The state a kept sandbox's ``kept.json`` holds (JSON-ready): its detached bubblewrap
     ``(pid, start time)``, its keeper's pid and start time, its detached ``holder``'s (without
-    root, over an image; ``mapped_ids``: its user namespace maps subordinate ids), and what it was
-    started with."""
+    root, over an image; ``mapped_ids``: its user namespace maps subordinate ids; ``layers``: what
+    it mounts), and what it was started with."""
     return {
         "bwrap": list(detached),
         "holder": list(holder) if holder is not None else None,
         "mapped_ids": mapped_ids,
+        "layers": [str(layer) for layer in layers or ()],  # what the holder mounts, top first
         "keeper": keeper,
         "keeper_start": start_time(keeper) if keeper else None,
         "uid": uid,

@@ -154,6 +154,7 @@ def enter_kept(directory: Path, state: dict) -> LocalSandbox:
         holder_pid = sandbox._kept_holder[0] if sandbox._kept_holder else None
         sandbox._image_root = ImageRoot(Path(root["root"]), Path(root["kit"]), root["kit_at"], resolv, holder_pid)
         sandbox._ids = subordinate_ids() if state.get("mapped_ids") else None
+        sandbox._kept_layers = [Path(layer) for layer in state.get("layers") or ()]
     sandbox.env = dict(state["env"])
     sandbox.workdir = state["workdir"]
     sandbox.image = dict(state.get("image") or {})

@@ -35,7 +35,7 @@ from termgym.sandboxes.host_processes import (
 from termgym.sandboxes.local import pool
 from termgym.sandboxes.local.commands import RootEntry, RunAs, enter_argv
 from termgym.sandboxes.local.entrypoint import run_entrypoint
-from termgym.sandboxes.local.holder import view_path
+from termgym.sandboxes.local.holder import start_holder, view_path
 from termgym.sandboxes.local.home import remove_home, write_labels
 from termgym.sandboxes.local.host import (
     host_strace,
@@ -57,6 +57,7 @@ class LocalSandbox(SandboxStartup):
 
     backend = "local"
     _kept_holder: tuple[int, int | None] | None = None  # without root, a kept sandbox's holder: (pid, start time)
+    _kept_layers: Sequence[Path] = ()  # and the layers it mounts, top first (an attached sandbox's)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -156,6 +157,8 @@ class LocalSandbox(SandboxStartup):
             raise SandboxError("the sandbox is not running")
         spare = await keeper.take_spare() if self._state is not Processes.IDLE else None
         await self._end_keeper(keeper)
+        if self._kept_holder is not None and self._state is not Processes.KEPT:
+            await self._own_holder()  # an attached sandbox, no longer kept: its mount dies with this process
         cgroup = self._cgroup
         if cgroup is not None:
             spared = set() if spare is None else {spare[0].pid, *descendants(spare[0].pid)}
@@ -341,6 +344,17 @@ class LocalSandbox(SandboxStartup):
         self._image_root = replace(self._image_root, holder=self._kept_holder[0])
         self._view = view_path(self._kept_holder[0], view)
 
+    async def _own_holder(self) -> None:
+        """An attached sandbox that is no longer kept (its detached keeper ended): its detached
+        holder ended and the root mounted again by one that dies with this process, as at start."""
+        assert self._kept_holder is not None and self._image_root is not None and self._dir is not None
+        await asyncio.to_thread(end_detached, *self._kept_holder)
+        self._kept_holder = None
+        fs, view = self._dir / "fs", self._image_root.root
+        self._holder = await start_holder(self._kept_layers, fs / "upper", fs / "work", view, self._ids)
+        self._image_root = replace(self._image_root, holder=self._holder.pid)
+        self._view = view_path(self._holder.pid, view)
+
     def _kept_state(self) -> dict:
         """What ``attach`` needs to enter this sandbox from another process (JSON)."""
         assert self._keeper is not None and self._keeper.detached is not None
@@ -357,6 +371,7 @@ class LocalSandbox(SandboxStartup):
             image_root=self._image_root,
             holder=self._kept_holder,
             mapped_ids=self._ids is not None,
+            layers=self._lower if self._kept_holder is not None else (),
         )
 
     def _enter_argv(

@@ -60,6 +60,22 @@ ATTACH = textwrap.dedent("""\
     asyncio.run(main())
     """)
 
+# Attached, then a kill step (as verification runs one): the sandbox is no longer kept, so its root's
+# mount must die with this process again; it exits without stop(), as a killed process would.
+ATTACH_KILL = textwrap.dedent("""\
+    import asyncio, json, site, sys
+    site.addsitedir(sys.argv[1])
+    from termgym.sandboxes.local.leftovers import attach
+
+    async def main():
+        sandbox = await attach(sys.argv[2])
+        await sandbox.kill_agent_processes()
+        ran = await sandbox.exec(["/bin/sh", "-c", "read line < /usr/agent-file; echo $line"], timeout=20)
+        print(json.dumps({"output": ran.text, "holder": sandbox._holder.pid if sandbox._holder else None}))
+
+    asyncio.run(main())
+    """)
+
 GC = textwrap.dedent("""\
     import json, site, sys
     site.addsitedir(sys.argv[1])
@@ -164,3 +180,30 @@ def test_a_kept_state_whose_holder_pid_was_reused_is_neither_entered_nor_signall
         for process in (bystander, keeper):
             process.kill()
             process.wait()
+
+
+def test_an_attached_sandbox_that_stops_being_kept_takes_its_root_s_mount_along():
+    """After a kill step in the attaching process (no longer kept: kept.json goes), the detached
+    holder is ended and the root mounted by one that dies with that process, so a process that
+    ends without ``stop`` leaves no holder for gc to miss; gc then removes the directory."""
+    scratch = Path(tempfile.mkdtemp(prefix="termgym-test-rootless-keep-kill-", dir="/tmp"))
+    holder = None
+    try:
+        home = nobody_home(scratch)
+        ref = tiny_image(scratch, (), {"etc/marker": "from-the-image\n"})
+        kept = run_as_nobody(KEEP, [ref, ""], home)
+        name, state = kept["kept"]["id"], kept["state"]
+        holder = (int(state["holder"][0]), state["holder"][1])
+        assert state["layers"] and same_process(*holder), state
+        attached = run_as_nobody(ATTACH_KILL, [name], home)
+        assert attached["output"] == "by-the-agent\n" and attached["holder"] not in (None, holder[0]), attached
+        assert not alive(holder[0]) and not alive(attached["holder"])  # each ended with its owner
+        assert not (home / "sandboxes" / name / "kept.json").exists()
+        assert not _naming(name), _naming(name)
+        collected = run_as_nobody(GC, [], home)
+        assert collected["removed"] == [[name, False]], collected
+        assert not (home / "sandboxes" / name).exists()
+    finally:
+        if holder is not None and same_process(*holder):
+            os.kill(holder[0], 9)
+        subprocess.run(["rm", "-rf", str(scratch)], check=False)
