@@ -22,6 +22,7 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,21 +288,34 @@ def _remove_dir(directory: Path) -> None:
 
 
 def remove_stale(
-    prefix: str = "termgym-tg-", *, root: Path = Path("/"), keep: frozenset[str] | set[str] = frozenset()
+    prefix: str = "termgym-tg-",
+    *,
+    root: Path = Path("/"),
+    keep: frozenset[str] | set[str] = frozenset(),
+    held: Callable[[Collection[str]], Collection[str]] | None = None,
 ) -> int:
     """Remove this host's empty sandbox cgroups named ``prefix...`` (left by killed runs) in the
-    places ``_make_dir`` uses, except the names in ``keep``; returns how many were removed."""
+    places ``_make_dir`` uses, except the names in ``keep`` and those ``held`` gives of the empty
+    ones (the caller's check that no live process owns them, run after they were found empty: a
+    live sandbox's cgroup is empty before its keeper starts and while it has none); returns how
+    many were removed."""
     try:
         hierarchies = _host_hierarchies(root)
     except OSError:
         return 0
-    removed = 0
+    empty: list[Path] = []
     for parent in {parent for h in hierarchies.values() for parent in _parents(h)}:
         for directory in parent.glob(f"{prefix}*") if parent.is_dir() else []:
             if directory.name in keep or not directory.is_dir():
                 continue
             with contextlib.suppress(OSError):
                 if not (directory / "cgroup.procs").read_text().strip():
-                    os.rmdir(directory)
-                    removed += 1
+                    empty.append(directory)
+    owned = set(held({d.name for d in empty})) if held is not None and empty else set()
+    removed = 0
+    for directory in empty:
+        if directory.name not in owned:
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)  # refused (EBUSY) should a process have joined it meanwhile
+                removed += 1
     return removed

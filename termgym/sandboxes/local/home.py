@@ -7,12 +7,20 @@ As root, the storage and the overlay are mounted in the sandbox's own mount name
 (``termgym.sandboxes.local.namespace``), never in the host's; the host reaches them through it.
 ``remove_home`` undoes everything, whatever stage a cancelled start reached, and never follows a
 link or recurses into the agent's trees (``host_trees.remove_path``).
+
+A live sandbox's directory is locked (``flock``, shared) by the process that made it, from before
+anything of it exists (its labels, its cgroups) until after its removal, and by a process that
+attached it (``hold_home``): ``termgym gc`` removes a directory only while it holds the exclusive
+lock (``claim_home``), so never one a live process holds, whatever state its sandbox is in (starting,
+idle with no keeper). The kernel releases the lock of a process that dies, so a killed run's
+directories are gc's. One descriptor per sandbox, close-on-exec: no keeper or command holds it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import tempfile
@@ -40,11 +48,61 @@ def make_home(name: str, labels: Mapping[str, str], *, private_user: bool) -> Pa
     if private_user:
         require_searchable(root.resolve())
     home = Path(tempfile.mkdtemp(prefix=f"tg-{_slug(name)}-", dir=root))
+    try:  # before its labels: gc passes over a directory without them, so nothing else locks it
+        if not hold_home(home):
+            raise OSError(f"{home} is locked by another process")
+    except OSError:
+        home.rmdir()
+        raise
     # the sandbox's user must reach its directories; nobody may list them. This user's alone without
     # root: a set-user-id program an agent leaves in its layer is nobody's to run (a USER's is of its range)
     home.chmod(0o711 if private_user else 0o700)
     write_labels(home, name, labels)
     return home
+
+
+_HELD: dict[str, list[int]] = {}  # a sandbox directory -> this process's descriptors locking it shared
+
+
+def hold_home(home: Path) -> bool:
+    """Lock the sandbox directory ``home`` shared for this process until ``remove_home`` (or this
+    process's end); False when ``termgym gc`` holds it (it is being removed). ``OSError`` when it
+    cannot be opened."""
+    fd = _lock(home, fcntl.LOCK_SH)
+    if fd is None:
+        return False
+    _HELD.setdefault(str(home), []).append(fd)
+    return True
+
+
+def release_home(home: Path) -> None:
+    """Let go of this process's locks on ``home`` (``hold_home``)."""
+    for fd in _HELD.pop(str(home), []):
+        os.close(fd)
+
+
+def claim_home(home: Path) -> int | None:
+    """``home``'s lock held exclusively, for gc to remove it (closing the descriptor returned lets
+    go); None when a live process holds it (``hold_home``) or another gc does, or it is gone."""
+    try:
+        return _lock(home, fcntl.LOCK_EX)
+    except OSError:
+        return None
+
+
+def _lock(home: Path, mode: int) -> int | None:
+    """A descriptor of the directory ``home`` holding ``flock(mode)``; None when another holds a
+    lock that excludes it."""
+    fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def write_labels(home: Path, name: str, labels: Mapping[str, str]) -> None:
@@ -119,7 +177,18 @@ async def remove_home(
     """Unmount the overlay and the storage and remove the directory, whatever stage they reached.
     With the sandbox's ``namespace`` (no process of the sandbox left in it), letting it go unmounts
     both: the kernel tears down a namespace's mounts as its last descriptor closes; then the
-    storage's image and the directory go, all in one thread."""
+    storage's image and the directory go, all in one thread. This process's lock on the directory
+    goes last (``hold_home``), whatever happened: what is left of it is gc's from then on."""
+    try:
+        await _remove_home(home, view, storage, namespace)
+    finally:
+        if home is not None:
+            release_home(home)
+
+
+async def _remove_home(
+    home: Path | None, view: Path | None, storage: SizedFilesystem | None, namespace: MountNamespace | None
+) -> None:
     if namespace is not None:
         await asyncio.to_thread(_remove_with_namespace, namespace, storage, home)
         return

@@ -6,6 +6,8 @@ environments, in today's state directory and in the one older versions used) and
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Collection
 from pathlib import Path
 
 from termgym.errors import ConfigError, SandboxError
@@ -14,7 +16,7 @@ from termgym.sandboxes.host_processes import alive
 from termgym.sandboxes.limits import SandboxCgroup, remove_stale
 from termgym.sandboxes.local.commands import ImageRoot
 from termgym.sandboxes.local.env_cache import EnvCache, cache_root
-from termgym.sandboxes.local.home import remove_sandbox_dir
+from termgym.sandboxes.local.home import claim_home, hold_home, release_home, remove_sandbox_dir
 from termgym.sandboxes.local.host import legacy_root_dirs, require_tools, sandbox_root_dir
 from termgym.sandboxes.local.images import ImageStore, image_store_root
 from termgym.sandboxes.local.keeper import Keeper
@@ -28,42 +30,88 @@ from termgym.sandboxes.local.subids import subordinate_ids
 def collect_garbage(root: Path | None = None) -> int:
     """Remove sandbox directories whose keeper is gone (left by a run that was killed) and kept
     sandboxes (``--keep``: their keeper is ended), with their file systems and cgroups; a sandbox
-    whose keeper still runs and that is not kept belongs to a live run and stays. Returns how many
-    were removed."""
+    of a live process that is not kept stays, whatever its state (starting, idle with no keeper)
+    and wherever its directory. Returns how many were removed."""
     return len(collect_sandboxes(root))
 
 
 def collect_sandboxes(root: Path | None = None) -> list[tuple[str, bool]]:
     """``collect_garbage``, saying what went: (directory name, whether it was a kept sandbox).
-    Without ``root``: today's state directory and the one older versions used."""
+    Without ``root``: today's state directory and the one older versions used.
+
+    A live process's sandbox stays: that process locks its directory (``home.hold_home``) from
+    before its labels and cgroups exist until after they are gone, and gc removes one only under
+    its own exclusive lock (``claim_home``). A cgroup whose directory is under none of the roots
+    scanned goes only when it is empty and no live process holds a directory of its name open
+    (``held_directories``)."""
     removed: list[tuple[str, bool]] = []
     live: set[str] = set()
     roots = [root] if root is not None else [sandbox_root_dir(), *legacy_root_dirs()]
     for path in sorted(path for directory in roots for path in directory.glob("tg-*")):
         if not (path / "labels.json").exists():
-            continue
+            continue  # not a sandbox, or one being made (locked before its labels are written)
         if end_kept(path):
             unmount_sync(path / "root")
             unmount_sync(path / "fs")
             remove_sandbox_dir(path)
             removed.append((path.name, True))
             continue
-        try:
-            pid = int((path / "keeper.pid").read_text())
-            running = alive(pid) and Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap"
-        except (OSError, ValueError):
-            running = False
-        if running:
+        claim = claim_home(path)
+        if claim is None or _older_keeper_runs(path):
             live.add(f"termgym-{path.name}")
+            if claim is not None:
+                os.close(claim)
             continue
-        if cgroup := SandboxCgroup.find(f"termgym-{path.name}"):
-            cgroup.end_all()  # a keeper that outlived its killed run (seen: the spare) may hold the mounts below
-        unmount_sync(path / "root")  # an overlay over a prepared environment, on the storage below
-        unmount_sync(path / "fs")
-        remove_sandbox_dir(path)
+        try:
+            if cgroup := SandboxCgroup.find(f"termgym-{path.name}"):
+                cgroup.end_all()  # a keeper that outlived its killed run (seen: the spare) may hold the mounts below
+            unmount_sync(path / "root")  # an overlay over a prepared environment, on the storage below
+            unmount_sync(path / "fs")
+            remove_sandbox_dir(path)
+        finally:
+            os.close(claim)
         removed.append((path.name, False))
-    remove_stale("termgym-tg-", keep=live)
+    remove_stale("termgym-tg-", keep=live, held=held_cgroups)
     return removed
+
+
+def _older_keeper_runs(path: Path) -> bool:
+    """Whether the ``keeper.pid`` of the sandbox in ``path`` names a running bubblewrap (a live
+    sandbox of a version that locked no directory has one while its keeper runs)."""
+    try:
+        pid = int((path / "keeper.pid").read_text())
+        return alive(pid) and Path(f"/proc/{pid}/comm").read_text().strip() == "bwrap"
+    except (OSError, ValueError):
+        return False
+
+
+def held_cgroups(names: Collection[str]) -> set[str]:
+    """Which of the sandbox cgroup ``names`` (``termgym-tg-...``) may belong to a live sandbox: those
+    whose directory (``tg-...``, wherever it is) a process on this host holds open. The process
+    that made a sandbox holds its directory open from before its cgroups are made until after
+    they are removed (``home.hold_home``), so a cgroup not named here has no live owner. Reads
+    every process's descriptors that this process may read (a cgroup this process may remove is
+    one its own user made). Blocking."""
+    wanted = {name.removeprefix("termgym-"): name for name in names}
+    found: set[str] = set()
+    if not wanted:
+        return found
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry.name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{entry.name}/fd/{fd}")
+            except OSError:
+                continue
+            directory = target.removesuffix(" (deleted)").rpartition("/")[2]
+            if directory in wanted:
+                found.add(wanted[directory])
+    return found
 
 
 # -- the backend registry's hooks (termgym.sandboxes) ----------------------------------------------
@@ -109,12 +157,26 @@ async def attach(sandbox_id: str) -> LocalSandbox:
         raise missing
     directory = sandbox_root_dir() / sandbox_id
     state = await asyncio.to_thread(read_kept, directory)
-    if state is None:
+    # held by this process as by the one that made it: should it stop being kept here (a kill
+    # step ends its detached keeper), gc leaves it to this process
+    if state is None or not await asyncio.to_thread(_hold, directory):
         raise missing
     try:
         return enter_kept(directory, state)
     except (KeyError, TypeError, ValueError) as exc:
+        release_home(directory)
         raise ConfigError(f"kept sandbox {sandbox_id}: its {KEPT_STATE} is unreadable ({exc})") from exc
+    except BaseException:
+        release_home(directory)
+        raise
+
+
+def _hold(directory: Path) -> bool:
+    """``hold_home``; False when the directory is gone or gc is removing it."""
+    try:
+        return hold_home(directory)
+    except OSError:
+        return False
 
 
 def enter_kept(directory: Path, state: dict) -> LocalSandbox:
