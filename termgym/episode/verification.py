@@ -53,29 +53,32 @@ VERIFIER_OUTPUT_LIMIT = 1 << 20
 
 # Replace /logs/verifier, /tests and the verifier's home with fresh empty directories, whatever the
 # agent left there (a plain file or a symlink in place of /logs, a directory that cannot be removed),
-# and fail, saying so, when that is not possible. With an argument, open them to a verifier that does
-# not run as root (mode 0777, as Harbor does).
+# and fail, saying so, when that is not possible. With an argument, /logs/verifier and the home are
+# made open to a verifier that does not run as root (mode 0777, as Harbor does) as they are made
+# (umask 000), never by a chmod that would follow a link a process of the agent's (an entrypoint's
+# hook, run again at the kill step) put in their place; the home's parent must be made here.
 _RESET = r"""
 for d in /logs /tests; do
   if [ -L "$d" ] || { [ -e "$d" ] && [ ! -d "$d" ]; }; then rm -f "$d"; fi
 done
 rm -rf /logs/verifier /tests/* /tests/.[!.]* /tests/..?* /tmp/.termgym-verifier 2>/dev/null
-mkdir -p /logs/verifier /tests /tmp/.termgym-verifier/home 2>/dev/null
+mkdir -p /logs /tests /tmp 2>/dev/null
+mkdir /tmp/.termgym-verifier 2>/dev/null || { echo "cannot make /tmp/.termgym-verifier a fresh directory"; exit 1; }
+[ -z "$1" ] || umask 000
+mkdir /logs/verifier /tmp/.termgym-verifier/home 2>/dev/null
 for d in /logs/verifier /tests /tmp/.termgym-verifier/home; do
   [ -d "$d" ] && [ ! -L "$d" ] || { echo "cannot make $d a fresh directory"; exit 1; }
   for f in "$d"/* "$d"/.[!.]* "$d"/..?*; do
     if [ -e "$f" ] || [ -L "$f" ]; then echo "cannot empty $d"; exit 1; fi
   done
 done
-[ -z "$1" ] || chmod 0777 /logs/verifier /tmp/.termgym-verifier /tmp/.termgym-verifier/home ||
-  { echo "cannot open /logs/verifier to the verifier's user"; exit 1; }
 """
 
 # The report files at the top of /logs/verifier (regular files named as a report format reads them)
 # as: name NUL size NUL first-(cap+1)-bytes. More than $2 of them: their count per format, exit 4.
 _READ_REPORTS = r"""
 cap=$1; max=$2
-cd /logs/verifier 2>/dev/null || exit 0
+cd /logs/verifier 2>/dev/null && [ "$(pwd -P)" = /logs/verifier ] || exit 0  # never through a link
 n=0; ctrf=0; junit=0; tap=0; reward=0
 for f in * .[!.]*; do
   [ -f "$f" ] && [ ! -L "$f" ] || continue

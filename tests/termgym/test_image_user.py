@@ -42,10 +42,11 @@ async def test_the_agent_and_the_verifier_run_as_the_images_user(tmp_path, backe
 
 
 ROOTS = "FROM termgym/base:bookworm\nRUN mkdir -p /logs /tests && chmod 0755 /logs /tests\n"
-# The verifier prints its ids and who made /logs/verifier (the harness's reset), and resolves when
+# The verifier prints its ids, who made /logs/verifier (the harness's reset) and the mode of its
+# home's parent (the home itself it writes: opened to it, the parent left closed), and resolves when
 # they are what the case expects.
 TEST_OWNER_SH = """#!/bin/sh
-said="$(id -u) $(stat -c %u:%a /logs/verifier)"
+said="$(id -u) $(stat -c %u:%a /logs/verifier) $(touch "$HOME/x" && stat -c %a /tmp/.termgym-verifier)"
 echo "$said"
 [ "$said" = "{expected}" ] && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt
 """
@@ -57,7 +58,7 @@ WRITABLE_LIB = "RUN mkdir /usr/lib/open && chmod 0777 /usr/lib/open\n"
 async def test_the_harness_runs_as_root_under_a_user_whose_image_keeps_logs_and_tests_root_s(
     tmp_path, backend, no_leaks
 ):
-    test_sh = TEST_OWNER_SH.format(expected="65534 0:777")
+    test_sh = TEST_OWNER_SH.format(expected="65534 0:777 755")
     task = load_task(write_task(tmp_path, dockerfile=ROOTS + "USER nobody\n", test_sh=test_sh))
     async with AsyncTerminalEnv(task, EnvOptions(backend=backend)) as env:
         await env.reset()
@@ -73,7 +74,7 @@ async def test_a_user_agent_that_changed_what_the_harness_loads_never_runs_as_ro
     """The agent (nobody) puts a library where the loader looks (/usr/lib/open, its to write): the
     harness's steps then run as nobody, as before, and say so; its reset made /logs/verifier nobody's."""
     require_docker()
-    test_sh = TEST_OWNER_SH.format(expected="65534 65534:777")
+    test_sh = TEST_OWNER_SH.format(expected="65534 65534:777 755")
     dockerfile = BASE + WRITABLE_LIB + "USER nobody\n"  # /logs and /tests open to nobody
     task = load_task(write_task(tmp_path, dockerfile=dockerfile, test_sh=test_sh))
     async with AsyncTerminalEnv(task, EnvOptions(backend=backend)) as env:
@@ -87,7 +88,7 @@ async def test_a_user_agent_that_changed_what_the_harness_loads_never_runs_as_ro
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the embedded backend honours USER as root only")
 async def test_without_user_the_harness_leaves_logs_verifier_closed(tmp_path, backend, no_leaks):
-    task = load_task(write_task(tmp_path, dockerfile=ROOTS, test_sh=TEST_OWNER_SH.format(expected="0 0:755")))
+    task = load_task(write_task(tmp_path, dockerfile=ROOTS, test_sh=TEST_OWNER_SH.format(expected="0 0:755 755")))
     async with AsyncTerminalEnv(task, EnvOptions(backend=backend)) as env:
         await env.reset()
         _, reward, terminated, _, info = await env.step(SUBMIT)
