@@ -20,7 +20,7 @@ from pathlib import Path
 
 from termgym.aio import wait_for
 from termgym.errors import SandboxError
-from termgym.sandboxes.host_processes import end_process, read_stderr, spawn
+from termgym.sandboxes.host_processes import close_output_pipes, end_process, read_stderr, spawn
 from termgym.sandboxes.local.subids import SubIds
 from termgym.sandboxes.tools import host_tool
 
@@ -94,4 +94,5 @@ async def start_holder(
         await end_process(process)
         reason = (await read_stderr(process)).strip().splitlines()[-1:] or ["no output"]
         raise SandboxError(f"could not mount the image's root without root privileges: {reason[0][:200]}")
+    close_output_pipes(process)  # it says nothing more (it sleeps): two descriptors fewer a live sandbox
     return process
