@@ -112,13 +112,13 @@ def read_kept(directory: Path) -> dict | None:
         return None
     if not (same_process(pid, started) and same_process(keeper, keeper_started)):
         return None
-    holder = _holder(state)
+    holder = kept_holder(state)
     if holder is not None and not same_process(*holder):
         return None
     return state
 
 
-def _holder(state: dict) -> tuple[int, int | None] | None:
+def kept_holder(state: dict) -> tuple[int, int | None] | None:
     """The detached holder ``(pid, start time)`` a kept sandbox's state names, if any."""
     holder = state.get("holder")
     return (int(holder[0]), holder[1]) if holder else None
@@ -131,7 +131,7 @@ def end_kept(path: Path) -> bool:
     try:
         state = json.loads((path / KEPT_STATE).read_text())
         pid, started = int(state["bwrap"][0]), state["bwrap"][1]
-        holder = _holder(state)
+        holder = kept_holder(state)
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return False
     end_detached(pid, started)

@@ -20,7 +20,7 @@ from termgym.sandboxes.local.home import claim_home, hold_home, release_home, re
 from termgym.sandboxes.local.host import legacy_root_dirs, require_tools, sandbox_root_dir
 from termgym.sandboxes.local.images import ImageStore, image_store_root
 from termgym.sandboxes.local.keeper import Keeper
-from termgym.sandboxes.local.kept import KEPT_STATE, end_kept, read_kept
+from termgym.sandboxes.local.kept import KEPT_STATE, end_kept, kept_holder, read_kept
 from termgym.sandboxes.local.namespace import MountNamespace
 from termgym.sandboxes.local.sandbox import LocalSandbox
 from termgym.sandboxes.local.storage import SizedFilesystem, unmount_sync
@@ -211,8 +211,7 @@ def enter_kept(directory: Path, state: dict) -> LocalSandbox:
     if state.get("image_root"):
         root = state["image_root"]
         resolv = Path(root["resolv"]) if root.get("resolv") else None
-        holder = state.get("holder")
-        sandbox._kept_holder = (int(holder[0]), holder[1]) if holder else None  # stop() ends it
+        sandbox._kept_holder = kept_holder(state)  # stop() ends it
         holder_pid = sandbox._kept_holder[0] if sandbox._kept_holder else None
         sandbox._image_root = ImageRoot(Path(root["root"]), Path(root["kit"]), root["kit_at"], resolv, holder_pid)
         sandbox._ids = subordinate_ids() if state.get("mapped_ids") else None
