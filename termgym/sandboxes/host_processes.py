@@ -163,7 +163,10 @@ class HostChannel(ProcessChannel):
         return await self._process.stdout.read(max_bytes)
 
     async def wait(self) -> int | None:
-        return await self._process.wait()
+        """The process's exit status once it has exited, whatever still holds its output open (a
+        background job it started): not ``Process.wait()``, which on Python 3.11 waits for that too."""
+        await exited(self._process)
+        return self._process.returncode
 
     async def close(self) -> None:
         if self.closed:

@@ -113,6 +113,18 @@ async def test_exit_restarts_shell_in_last_directory(shell):
     assert after.output == "/tmp\n" and after.exit_code == 0
 
 
+async def test_an_exit_is_seen_at_once_while_a_detached_job_holds_the_output(shell):
+    """The shell's end is its process's end, not its output's: a detached job that inherited the
+    output keeps the pipe open, and ``set -e`` then a failing command still ends the command at
+    once with its status (it was reported as timed out after the whole timeout)."""
+    await shell.run("(setsid sh -c 'while :; do sleep 0.05; done' &); set -e", timeout=10)
+    started = time.monotonic()
+    result = await shell.run("false", timeout=20)
+    assert result.shell_restarted and result.exit_code == 1 and not result.timed_out, result
+    assert time.monotonic() - started < 10
+    assert (await shell.run("echo after", timeout=10)).output == "after\n"
+
+
 async def test_redirected_stdout_does_not_hide_the_sentinel(shell):
     result = await shell.run("exec >/dev/null; echo hidden", timeout=10)
     assert result.exit_code == 0 and result.output == ""
