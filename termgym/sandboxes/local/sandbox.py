@@ -375,20 +375,32 @@ class LocalSandbox(SandboxStartup):
         )
 
     def _enter_argv(
-        self, argv: Sequence[str], env: Mapping[str, str], cwd: str, *, lasting: bool = False, as_root: bool = False
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        *,
+        lasting: bool = False,
+        as_root: bool = False,
+        deadline: float | None = None,
     ) -> list[str]:
         """``argv`` run in the sandbox as its root, within its limits: as root, entered by the guard
         itself (``commands.RootEntry``), or by ``nsenter`` for a ``lasting`` command (a persistent
         shell: the ``nsenter`` that waits for it holds a fifth of the guard's memory, which counts
         with a thousand sandboxes alive); without root through ``commands.enter_argv``. As the
-        image's USER where the sandbox runs one, unless ``as_root``."""
+        image's USER where the sandbox runs one, unless ``as_root``. With a ``deadline`` (seconds)
+        ended as ``timeout -k 1 DEADLINE`` ends a command: by the guard where it enters, else by that
+        program inside the sandbox."""
         if self._keeper_pid is None:
             raise SandboxError("the sandbox is not running")
         if not alive(self._keeper_pid):
             raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
         root, user = os.geteuid() == 0, None if as_root else self._run_as
         if root and not lasting:
-            return self._within_limits(list(argv), RootEntry(self._keeper_pid, cwd, env, user))
+            return self._within_limits(list(argv), RootEntry(self._keeper_pid, cwd, env, user, deadline))
+        if deadline is not None:
+            timeout = kit_argv(self._image_root.kit_at, "timeout") if self._image_root else ["/usr/bin/timeout"]
+            argv = [*timeout, "-k", "1", f"{deadline:.3f}", *argv]
         kit_at = self._image_root.kit_at if self._image_root is not None else None
         # without root, a sandbox of many ids is entered as root enters: its user namespace is the holder's, this user's
         privileged = root or self._ids is not None
@@ -403,16 +415,15 @@ class LocalSandbox(SandboxStartup):
 
     async def _run(self, command: Command, *, trace: bool) -> ExecResult:
         """``run``; with ``trace``, stderr kept apart (bounded by ``TRACE_LIMIT``) as the trace."""
-        # `timeout` inside the sandbox kills the command's whole process group (TERM, then KILL
-        # one second later); the host-side deadline is only a backstop if that fails.
+        # The deadline ends the command's whole process group (TERM, then KILL one second later);
+        # the host-side one is only a backstop if that fails.
         await self._before_command()
         limit = max(command.timeout, 0.001)
-        timeout_tool = kit_argv(self._image_root.kit_at, "timeout") if self._image_root else ["/usr/bin/timeout"]
-        inner = [*timeout_tool, "-k", "1", f"{limit:.3f}", *command.argv]
         env = self.env if command.env is None else command.env
         stdin = command.stdin
+        as_root = _AS_ROOT.get() or command.user == ROOT
         process = await spawn(
-            self._enter_argv(inner, env, command.cwd or self.workdir, as_root=_AS_ROOT.get() or command.user == ROOT),
+            self._enter_argv(command.argv, env, command.cwd or self.workdir, as_root=as_root, deadline=limit),
             end_entered,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,

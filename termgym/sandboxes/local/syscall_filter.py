@@ -66,13 +66,15 @@ class Machine:
     capset: int
     prlimit64: int
     unshare: int
+    setitimer: int
     close_range: int = 436  # the same number on every architecture
 
     def guard_numbers(self) -> str:
         """The numbers the guard calls, comma-separated, in the order its script reads them."""
         calls = (self.prctl, self.seccomp, self.close_range, self.setns, self.setgroups, self.setresuid)
         return ",".join(
-            str(n) for n in (*calls, self.setresgid, self.capget, self.capset, self.prlimit64, self.unshare)
+            str(n)
+            for n in (*calls, self.setresgid, self.capget, self.capset, self.prlimit64, self.unshare, self.setitimer)
         )
 
 
@@ -89,6 +91,7 @@ MACHINES = {
         capset=126,
         prlimit64=302,
         unshare=272,
+        setitimer=38,
     ),
     "aarch64": Machine(
         (Abi(AUDIT_ARCH_AARCH64, (217, 218, 219)), Abi(AUDIT_ARCH_ARM, (309, 310, 311))),
@@ -102,6 +105,7 @@ MACHINES = {
         capset=91,
         prlimit64=261,
         unshare=97,
+        setitimer=103,
     ),
 }
 

@@ -5,6 +5,7 @@ exit status, checked from inside a real sandbox."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -56,3 +57,31 @@ async def test_a_commands_end_is_its_exit_status(tmp_path, no_leaks, argv, cwd, 
     async with LocalSandbox(SandboxSpec(name="entry", context_dir=None, dockerfile=None)) as sandbox:
         result = await sandbox.exec(argv, timeout=30, env={"PATH": "/usr/bin:/bin"}, cwd=cwd)
         assert result.exit_code == code and says in result.text, (result.exit_code, result.text)
+
+
+async def test_a_command_past_its_deadline_is_ended_with_everything_in_its_process_group(tmp_path, no_leaks):
+    """The guard's deadline, as ``timeout -k 1`` would: TERM to the command's whole group, then the
+    result says timed out, well before the host's backstop (the deadline plus 5 s)."""
+    async with LocalSandbox(SandboxSpec(name="entry", context_dir=None, dockerfile=None)) as sandbox:
+        path = {"PATH": "/usr/bin:/bin"}
+        started = time.monotonic()
+        result = await sandbox.exec(
+            ["/bin/sh", "-c", "sleep 60 & echo $! > /tmp/background; sleep 60"], timeout=0.5, env=path, cwd="/"
+        )
+        took = time.monotonic() - started
+        assert result.timed_out and result.exit_code is None and 0.5 <= took < 3, (result, took)
+        check = await sandbox.exec(["/bin/sh", "-c", 'kill -0 "$(cat /tmp/background)"'], timeout=30, env=path, cwd="/")
+        assert check.exit_code == 1, check.text  # the background job went with its group
+
+
+async def test_a_command_that_ignores_term_is_killed_a_second_after_its_deadline(tmp_path, no_leaks):
+    async with LocalSandbox(SandboxSpec(name="entry", context_dir=None, dockerfile=None)) as sandbox:
+        started = time.monotonic()
+        result = await sandbox.exec(
+            ["/bin/sh", "-c", "trap '' TERM; while :; do sleep 0.05; done"],
+            timeout=0.3,
+            env={"PATH": "/usr/bin:/bin"},
+            cwd="/",
+        )
+        took = time.monotonic() - started
+        assert result.timed_out and result.exit_code is None and 1.3 <= took < 4, (result, took)
