@@ -167,6 +167,7 @@ if (defined $set{enter}) {
             $arm->($set{deadline} > 0.001 ? $set{deadline} : 0.001);
         }
         waitpid($child, 0) == $child or fail("wait for its command");
+        $SIG{ALRM} = "IGNORE";  # reaped: its pid no longer names a group of this command's
         my $signal = $? & 127;
         exit($signal == 9 ? 137 : 124) if $late;  # timeout(1)'s statuses
         if ($signal) {
