@@ -39,7 +39,7 @@ from termgym.episode.steps import Grade, StepResult, combine, step_task
 from termgym.episode.verification import Verification
 from termgym.errors import ConfigError, EpisodeError, SandboxError
 from termgym.records import TrialError
-from termgym.sandboxes.base import Sandbox
+from termgym.sandboxes.base import Sandbox, agent_env
 from termgym.sandboxes.capabilities import keep
 from termgym.sandboxes.files import upload_files
 from termgym.tasks import Task
@@ -460,7 +460,7 @@ class AsyncTerminalEnv:
         """The environment the agent's commands run with: the sandbox's own, and a home, a locale
         and a dumb terminal. Only during an episode."""
         assert self.sandbox is not None
-        return {"HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb", **self.sandbox.env}
+        return agent_env(self.sandbox.env)
 
 
 def make(task: Task | str, backend: str = "local", **options: Any) -> AsyncTerminalEnv:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from termgym.aio import cancel_and_wait, wait_for
 from termgym.errors import SandboxBroken, SandboxError, ShellProtocolError
 from termgym.output import DEFAULT_OUTPUT_LIMIT, OutputCapture
-from termgym.sandboxes.base import ProcessChannel, Sandbox
+from termgym.sandboxes.base import AGENT_SHELL, ProcessChannel, Sandbox
 
 SENTINEL_FD = 99
 INTERRUPT_GRACE_SEC = 3.0
@@ -190,7 +190,7 @@ class PersistentShell:
                 raise SandboxBroken("the shell exited as soon as it started") from exc
 
     async def _spawn(self, cwd: str) -> None:
-        argv = ["/bin/bash", "--noprofile", "--norc"]
+        argv = list(AGENT_SHELL)
         self._channel = await self._sandbox.open_process(argv, env=self._env, cwd=cwd, user=self._user)
         # The bootstrap answers like a command whose "status" is the shell's pid.
         self._frame = _Frame("READY", OutputCapture(4096))

@@ -34,6 +34,17 @@ from termgym.output import DEFAULT_OUTPUT_LIMIT
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ROOT = "0"  # Command.user for the sandbox's root, whatever the image's USER: every backend accepts it
+# The agent's persistent shell (``termgym.episode.persistent_shell``): what it runs and, with the
+# sandbox's own environment on top (``agent_env``), the environment it runs with. Here, so that a
+# backend may start it ahead of the episode (the embedded warm pool does).
+AGENT_SHELL = ("/bin/bash", "--noprofile", "--norc")
+AGENT_SHELL_ENV = {"HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb"}
+
+
+def agent_env(sandbox_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment the agent's commands run with: a home, a locale and a dumb terminal, under
+    the sandbox's own."""
+    return {**AGENT_SHELL_ENV, **sandbox_env}
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,11 @@ class HostChannel(ProcessChannel):
         await exited(self._process)
         return self._process.returncode
 
+    @property
+    def running(self) -> bool:
+        """Not closed, and its process has not exited."""
+        return not self.closed and self._process.returncode is None
+
     async def close(self) -> None:
         if self.closed:
             return

@@ -17,7 +17,17 @@ from pathlib import Path
 from termgym.aio import wait_for
 from termgym.errors import SandboxBroken, SandboxError
 from termgym.output import OutputCapture
-from termgym.sandboxes.base import DEFAULT_PATH, ROOT, Command, ExecResult, ProcessChannel, SandboxSpec, refuse_user
+from termgym.sandboxes.base import (
+    AGENT_SHELL,
+    DEFAULT_PATH,
+    ROOT,
+    Command,
+    ExecResult,
+    ProcessChannel,
+    SandboxSpec,
+    agent_env,
+    refuse_user,
+)
 from termgym.sandboxes.capabilities import fixed_network
 from termgym.sandboxes.changes import entrypoint_files, leaf_changes, manifest_changes
 from termgym.sandboxes.host_kit import kit_argv
@@ -44,7 +54,7 @@ from termgym.sandboxes.local.host_files import LocalHostFiles, changes_since
 from termgym.sandboxes.local.keeper import Keeper
 from termgym.sandboxes.local.kept import KEPT_STATE, detach_holder, kept_state, write_json
 from termgym.sandboxes.local.namespace import reach
-from termgym.sandboxes.local.startup import Processes, SandboxStartup
+from termgym.sandboxes.local.startup import Launch, Processes, SandboxStartup
 from termgym.sandboxes.local.users import READ_SCRIPT, resolve_user, split_files
 from termgym.sandboxes.tracing import TRACE_LIMIT, traced_argv
 
@@ -81,6 +91,18 @@ class LocalSandbox(SandboxStartup):
         if self._lower is None:  # what agent_changes compares against: the roots before the agent's first command
             roots = ["/" + root for root in self._roots]
             self._baseline = await asyncio.to_thread(LocalHostFiles(self.files_dir, self.owner).manifest, roots)
+        if self._pooled:
+            await self._start_agent_shell()
+
+    async def _start_agent_shell(self) -> None:
+        """A pooled sandbox's: the agent's shell started ahead, as an episode starts it (``AGENT_SHELL``
+        with ``agent_env``, in the working directory, as the default user), so that the episode's
+        reset does not wait for its process: ``open_process`` with exactly those parameters hands it
+        over; another ``open_process``, a kill step or the stop ends it. bash started without a profile or
+        rc file reads and writes nothing before its first line of input."""
+        env = agent_env(self.env)
+        channel = await self._open_process(AGENT_SHELL, env, self.workdir, None)
+        self._warm_shell = (launch(AGENT_SHELL, env, self.workdir, None), channel)
 
     async def _resolve_user(self, user: str) -> RunAs:
         """``user`` as the root's ``/etc/passwd`` and ``/etc/group`` name it (``users.resolve_user``),
@@ -456,6 +478,17 @@ class LocalSandbox(SandboxStartup):
         self, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, user: str | None = None
     ) -> ProcessChannel:
         refuse_user(self, user)
+        warm, self._warm_shell = self._warm_shell, None
+        if warm is not None:
+            started, channel = warm
+            if started == launch(argv, env, cwd, user) and channel.running:
+                return channel
+            await channel.close()
+        return await self._open_process(argv, env, cwd, user)
+
+    async def _open_process(
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: str, user: str | None
+    ) -> HostChannel:
         await self._before_command()
         process = await spawn(
             self._enter_argv(argv, env, cwd, lasting=True, as_root=user == ROOT),
@@ -481,6 +514,11 @@ class LocalSandbox(SandboxStartup):
         if self._dir is None:
             raise SandboxError("the sandbox is not running")
         return reach(self._mounts, self._view or self._dir / "fs")
+
+
+def launch(argv: Sequence[str], env: Mapping[str, str], cwd: str, user: str | None) -> Launch:
+    """What ``open_process`` starts, as a comparable value."""
+    return (tuple(argv), tuple(sorted(env.items())), cwd, user)
 
 
 def pooled_sandbox(spec: SandboxSpec) -> LocalSandbox:

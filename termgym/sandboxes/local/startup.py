@@ -41,6 +41,9 @@ from termgym.sandboxes.local.storage import SizedFilesystem
 from termgym.sandboxes.local.subids import SubIds, mapped_manifest, mapped_overlay_changes, subordinate_ids
 from termgym.sandboxes.local.users import ROOT_USERS, USERS
 
+# What ``open_process`` started: argv, the environment's items sorted, directory, user.
+Launch = tuple[tuple[str, ...], tuple[tuple[str, str], ...], str, "str | None"]
+
 
 class Processes(enum.Enum):
     """Where a sandbox's processes are (the module's docstring)."""
@@ -61,6 +64,7 @@ class SandboxStartup(Sandbox):
         self._roots: list[str] = list(BASE_WRITABLE)
         self._keeper: Keeper | None = None  # made with the sandbox's directory
         self._channels: list[HostChannel] = []
+        self._warm_shell: tuple[Launch, HostChannel] | None = None  # a pooled sandbox's agent shell, started ahead
         self._uid: int | None = None  # the sandbox's root on the host; None: this process's user
         self._cgroup: SandboxCgroup | None = None
         self._storage: SizedFilesystem | None = None

@@ -19,6 +19,7 @@ from termgym.agents import OracleAgent, ScriptedAgent
 from termgym.episode.options import EnvOptions
 from termgym.episode.spec import options_sandbox_spec
 from termgym.sandboxes import close_backends, prewarm
+from termgym.sandboxes.base import AGENT_SHELL, agent_env
 from termgym.sandboxes.local import pool
 from termgym.sandboxes.local.sandbox import LocalSandbox
 from termgym.tasks import load_task
@@ -156,6 +157,36 @@ async def test_the_schedulers_prewarm_fills_the_pool(task_dir, pool_on):
         assert pool.held() == 2
         record = await run_trial(task, OracleAgent(), EnvOptions())
         assert record.resolved and len(pool_on) == 1
+    finally:
+        await close_backends()
+
+
+async def test_a_pooled_sandbox_hands_its_started_agent_shell_to_the_episode_and_to_nothing_else(task_dir, pool_on):
+    """The shell an episode would start is already running in a pooled sandbox: ``open_process``
+    with exactly the episode's parameters gets that one; any other launch ends it first."""
+    task = load_task(task_dir)
+    spec = options_sandbox_spec(task, EnvOptions())
+    try:
+        assert await prewarm("local", [spec], 2) == 2
+        first, second = LocalSandbox(spec), LocalSandbox(spec)
+        await first.start()
+        await second.start()
+        try:
+            assert first._warm_shell is not None and second._warm_shell is not None
+            warm = first._warm_shell[1]
+            shell = await first.open_process(AGENT_SHELL, env=agent_env(first.env), cwd=first.workdir)
+            assert shell is warm and first._warm_shell is None
+            await shell.write(b"echo $HOME $TERM $(pwd)\n")
+            assert await shell.read(100) == f"/root dumb {first.workdir}\n".encode()
+            unused = second._warm_shell[1]
+            other = await second.open_process(AGENT_SHELL, env=agent_env(second.env), cwd="/")
+            assert other is not unused and not unused.running and second._warm_shell is None
+        finally:
+            await first.stop()
+            await second.stop()
+        await settle()
+        record = await run_trial(task, OracleAgent(), EnvOptions())  # one the pool's refill made
+        assert record.resolved and len(pool_on) == 3
     finally:
         await close_backends()
 
