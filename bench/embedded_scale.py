@@ -22,7 +22,9 @@ at 1), at most 4 MiB per live sandbox.
 
 Also, side by side, what one keeper's namespace costs the kernel: a ``bwrap ... true`` spawn
 (``bench/step_latency.py``'s) and the number of mounts this process's namespace holds, at the
-first and the last rung.
+first and the last rung; the spawn both from this process (which holds every live sandbox's
+descriptors: a fork copies its descriptor table and the child closes every entry) and from a fresh
+process holding three, so that the kernel's own growth and the driver's show apart.
 
 Every sandbox, mount, cgroup and process it made is gone when it ends, on Ctrl-C, a SIGTERM or an
 error too (the env's ``close``, then ``termgym gc``'s collection on its own sandbox directory; it
@@ -40,6 +42,7 @@ import os
 import resource
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -71,6 +74,8 @@ class Rung:
     kernel_mib: float  # the kernel's own memory growth (slab, stacks, page tables), per sandbox
     step_s: float
     spawn_ms: float = 0.0
+    small_spawn_ms: float = 0.0  # the same spawn from a process of three descriptors
+    descriptors: int = 0  # this process's
     mounts: int = 0
 
 
@@ -188,6 +193,8 @@ async def measure(args: argparse.Namespace, run: Run) -> None:
             )
             if live in (ladder[0], ladder[-1]):
                 rung.spawn_ms = await asyncio.to_thread(measure_spawn, 5) * 1e3
+                rung.small_spawn_ms = await asyncio.to_thread(spawn_from_a_small_process, 5)
+                rung.descriptors = len(os.listdir("/proc/self/fd"))
                 rung.mounts = len(Path("/proc/self/mountinfo").read_text().splitlines())
             run.rungs.append(rung)
             print(
@@ -214,13 +221,23 @@ def report(args: argparse.Namespace, run: Run) -> None:
             f" {r.step_s:.2f} s |"
         )
     print()
-    print("| live sandboxes | mounts in this namespace | `bwrap ... true` spawn (median) |")
-    print("|---:|---:|---:|")
+    print("| live sandboxes | mounts in this namespace | descriptors of this process |", end="")
+    print(" `bwrap ... true` spawn from it (median) | the same from a process of 3 descriptors |")
+    print("|---:|---:|---:|---:|---:|")
     for r in run.rungs:
         if r.mounts:
-            print(f"| {r.live} | {r.mounts} | {r.spawn_ms:.1f} ms |")
+            print(f"| {r.live} | {r.mounts} | {r.descriptors} | {r.spawn_ms:.1f} ms | {r.small_spawn_ms:.1f} ms |")
     print()
     print(f"{args.concurrency} starting at a time; task {args.task}; {os.cpu_count()} CPUs")
+
+
+def spawn_from_a_small_process(count: int) -> float:
+    """``measure_spawn(count)`` in milliseconds, run by a fresh Python that holds descriptors 0, 1
+    and 2 only (``close_fds``, the default)."""
+    code = f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); "
+    code += f"from bench.step_latency import measure_spawn; print(measure_spawn({count}) * 1e3)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(done.stdout)
 
 
 def leftovers(sandbox_dir: Path) -> list[str]:
