@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -205,6 +206,22 @@ def test_clock_without_milliseconds_still_gives_valid_json(tmp_path):
     assert proc.returncode == 0
     summary = json.loads(report.read_text())["results"]["summary"]
     assert summary["start"] == 0 and summary["stop"] == 0
+
+
+@pytest.mark.skipif(not shutil.which("bash"), reason="bash's clock")
+def test_under_bash_the_clock_is_its_own_not_a_date_process(tmp_path):
+    """bash 5's EPOCHREALTIME tells the time without a process: a ``date`` that fails changes nothing."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "date").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "date").chmod(0o755)
+    path = bytes(fake) + b":" + os.environb.get(b"PATH", b"/usr/bin:/bin")
+    before = int(time.time() * 1000)
+    proc, report = run_kit("bash", tmp_path, "tg_check ok true\nsleep 0.05\ntg_finish\n", {b"PATH": path})
+    after = int(time.time() * 1000)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(report.read_text())["results"]["summary"]
+    assert before - 1 <= summary["start"] <= summary["stop"] - 50 and summary["stop"] <= after + 1, (before, after)
 
 
 @pytest.mark.parametrize("shell", SHELLS)
