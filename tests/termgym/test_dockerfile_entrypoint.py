@@ -23,13 +23,21 @@ while true; do
 done
 """
 ENTRY = '#!/bin/sh\n/opt/svc/doubler.sh &\nexec "$@"\n'
+# Asks, and waits up to {tries} tenths of a second for the answer: 10 s where the service runs (room
+# for a loaded machine), 2 s where there is none (the doubler answers in a tenth when it runs, so 2 s
+# still tells; the 10 s the test waited there, twice, were most of its time).
 ASK = (
     "rm -f /tmp/response; echo {n} > /tmp/request; i=0; "
-    "while [ ! -f /tmp/response ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done; "
+    "while [ ! -f /tmp/response ] && [ $i -lt {tries} ]; do sleep 0.1; i=$((i + 1)); done; "
     'echo "answer $(cat /tmp/response 2>/dev/null)"'
 )
 REWARD = 'grep -qx "answer 42" /tmp/said && echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n'
-TEST_SH = "#!/bin/sh\nmkdir -p /logs/verifier\n" + ASK.format(n=21) + " > /tmp/said\n" + REWARD
+
+
+def verifier_script(tries: int) -> str:
+    return "#!/bin/sh\nmkdir -p /logs/verifier\n" + ASK.format(n=21, tries=tries) + " > /tmp/said\n" + REWARD
+
+
 BASE = (
     "FROM termgym/base:bookworm\nWORKDIR /app\nCOPY doubler.sh entry.sh /opt/svc/\n"
     "RUN chmod +x /opt/svc/doubler.sh /opt/svc/entry.sh\n"
@@ -45,14 +53,17 @@ FORMS = {
 async def test_the_dockerfiles_entrypoint_service_is_up_for_the_agent_and_the_verifier(
     tmp_path, backend, form, no_leaks
 ):
+    served = form != "none"
+    tries = 100 if served else 20
     files = {"environment/doubler.sh": DOUBLER, "environment/entry.sh": ENTRY}
-    task = load_task(write_task(tmp_path, dockerfile=BASE + FORMS[form], test_sh=TEST_SH, extra_files=files))
-    agent = ScriptedAgent((ASK.format(n=5),))
+    task = load_task(
+        write_task(tmp_path, dockerfile=BASE + FORMS[form], test_sh=verifier_script(tries), extra_files=files)
+    )
+    agent = ScriptedAgent((ASK.format(n=5, tries=tries),))
     async with AsyncTerminalEnv(task, EnvOptions(backend=backend)) as env:
         await env.reset()
         observation, *_ = await env.step(agent.commands[0])
         _, reward, terminated, _, info = await env.step(SUBMIT)
-    served = form != "none"
     assert ("answer 10" in observation) == served, observation
     assert terminated and info["resolved"] == served and (reward > 0) == served, info
     assert not [w for w in info.get("warnings") or () if "ntrypoint" in w], info
