@@ -337,12 +337,29 @@ def optimizers(cfg: Config, out: Path, policy, critic, pool: CountingPool) -> tu
     return actor_opt, critic_opt, state["step"]
 
 
-def policy_runner(cfg: Config, sampler: Sampler, model_dir: Path, tokenizer, out: Path) -> PolicyRunner:
-    """What the scheduler runs for each trial: one policy episode through ``sampler``."""
+def creation_pacer(cfg: Config) -> Pacer:
+    """The pacer of the rollouts' sandbox creations: the published quota (6 a second, 600 a minute)
+    for sandboxes a provider or a daemon makes; none for the embedded backend's, the job's own
+    processes (at most a node's cap at once: ``--concurrency`` here). Pacing only times creations:
+    on the deterministic work clock what a step keeps and samples is the same either way."""
+    return Pacer(() if cfg.backend == "local" else None)
+
+
+def policy_runner(
+    cfg: Config, sampler: Sampler, model_dir: Path, tokenizer, out: Path, pacer: Pacer | None = None
+) -> PolicyRunner:
+    """What the scheduler runs for each trial: one policy episode through ``sampler``, each sandbox
+    created when ``pacer`` grants it (default: ``creation_pacer``)."""
     options = rollout_options(cfg, f"train-{out.name}")
     renderer = policy_renderer(model_dir, tokenizer, cfg)
     return PolicyRunner(
-        sampler, renderer, options, Pacer(), rollout_settings(cfg), seed=cfg.seed, binary_reward=cfg.reward == "binary"
+        sampler,
+        renderer,
+        options,
+        pacer if pacer is not None else creation_pacer(cfg),
+        rollout_settings(cfg),
+        seed=cfg.seed,
+        binary_reward=cfg.reward == "binary",
     )
 
 
@@ -398,7 +415,8 @@ async def train(cfg: Config, tracker: Tracker | None = None) -> list[dict]:
     tasks = [resolve_task(name) for name in cfg.tasks] or bundled_tasks()
     pool = CountingPool(tasks, seed=cfg.seed, group_size=cfg.group_size)
     actor_opt, critic_opt, start = optimizers(cfg, out, policy, critic, pool)
-    runner = policy_runner(cfg, sampler, model_dir, tokenizer, out)
+    pacer = creation_pacer(cfg)  # one for the runner's creations and the scheduler's accounting of them
+    runner = policy_runner(cfg, sampler, model_dir, tokenizer, out, pacer)
     config = scheduler_config(cfg)
     history: list[dict] = []
     progress = progress_bar(Console(file=sys.stderr), disable=rank != 0)
@@ -411,7 +429,7 @@ async def train(cfg: Config, tracker: Tracker | None = None) -> list[dict]:
 
     tracking = run_tracker(cfg, out, tracker) if rank == 0 else contextlib.nullcontext()
     with progress, contextlib.closing(sampler), tracking as tracker:  # the samplers hold processes, connections
-        async with RolloutScheduler(runner, pool, config, pacer=Pacer(), on_record=on_record) as scheduler:
+        async with RolloutScheduler(runner, pool, config, pacer=pacer, on_record=on_record) as scheduler:
             for step in range(start, cfg.steps):
                 progress.reset(trials_bar, total=cfg.batch_size)
                 # 1. publish the weights (version = step), then roll out on rank 0 and share the batch

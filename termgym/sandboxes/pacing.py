@@ -62,11 +62,12 @@ def max_in_any_window(times: Sequence[float], period: float) -> int:
 
 
 class Pacer:
-    """Grants creation slots one at a time under every window; share one per provider quota."""
+    """Grants creation slots one at a time under every window; share one per provider quota. With
+    no window (``Pacer(())``) every request is granted at once, in turn."""
 
     def __init__(self, windows: Sequence[Window] | None = None) -> None:
         self.windows = tuple(windows if windows is not None else default_windows())
-        self._history: deque[float] = deque(maxlen=max(w.limit for w in self.windows))
+        self._history: deque[float] = deque(maxlen=max((w.limit for w in self.windows), default=0))
         self._lock = asyncio.Lock()
         self.granted = 0
 

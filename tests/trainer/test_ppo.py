@@ -16,9 +16,11 @@ import pytest
 import torch
 
 from termgym.cli import main as termgym_main
-from termgym.trainer.config import Advantage
+from termgym.sandboxes.pacing import default_windows
+from termgym.trainer.config import Advantage, Config
 from termgym.trainer.metrics import without_timings
 from termgym.trainer.models import load_policy
+from termgym.trainer.ppo import creation_pacer
 from tests.trainer.test_learning import one_thread
 
 TASKS = ["archives/extract-configs", "file-ops/organize-by-extension"]
@@ -132,6 +134,11 @@ def test_two_runs_of_one_seed_give_the_same_metrics_and_checkpoint(tmp_path, tin
     assert [m["scheduler"]["kept"] for m in a] == [2, 2] and a[0]["generation_batch_mean"] == 1.0
     assert [without_timings(m) for m in a] == [without_timings(m) for m in b]
     assert checkpoint_digest(first) == checkpoint_digest(second)
+
+
+def test_the_embedded_backends_rollouts_are_not_paced_and_a_providers_are():
+    assert creation_pacer(Config(backend="local")).windows == ()
+    assert creation_pacer(Config(backend="docker")).windows == default_windows()
 
 
 def test_without_timings_drops_what_measures_time_at_any_depth():

@@ -69,3 +69,12 @@ async def test_cancelled_wait_grants_nothing():
     with pytest.raises(asyncio.CancelledError):
         await waiter
     assert pacer.granted == 1
+
+
+async def test_a_pacer_without_windows_grants_a_burst_at_once():
+    pacer = Pacer(())
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    times = await asyncio.gather(*(pacer.acquire() for _ in range(50)))
+    assert max(times) - began < 0.5  # 50 grants at the default 6/s would take over 8 s
+    assert pacer.granted == 50
