@@ -31,33 +31,33 @@ CAPABILITY_NUMBERS = {
 }  # fmt: skip
 # The guard every host command of a sandbox starts with (perl-base is Essential on Debian). Before
 # "--" it reads directives: cgroup=FILE (join that cgroup.procs), fsize=BYTES (the per-file size
-# limit, as prlimit sets it), for a keeper mount=FILE (enter that mount namespace, as
-# ``nsenter --mount``) and uid=UID (become that user, as ``setpriv --reuid --regid
-# --clear-groups``), and for a command entered as root enter=PID, cwd=DIR, caps=N,N...,
-# as=UID:GID:GROUPS, deadline=SECONDS and env=COUNT followed by that many KEY=VALUE words. It joins the cgroups, closes every descriptor
-# but 0, 1 and 2 (close_range), sets the size limit, no_new_privs and the seccomp program
-# (``syscall_filter``): a process is in the sandbox's cgroups and under its filter before it
-# starts, so nothing it forks escapes them, and it holds no descriptor of this process, whatever
-# spawned it (uvloop's subprocess_exec ignores close_fds). Then mount and uid (with users=COUNT
-# also a user namespace of its own, ids 0..COUNT-1 mapped to UID.. by a child still root, where it
-# forbids further user namespaces: a keeper whose sandbox runs an image's USER). With enter=PID it
-# does what ``nsenter -t PID -U -m -p -n -i -u -r`` followed by ``setpriv --inh-caps=-all
+# limit, as prlimit sets it), for a keeper mount=FILE (enter that mount namespace, as ``nsenter
+# --mount``) and uid=UID (become that user, as ``setpriv --reuid --regid --clear-groups``), and for
+# a command entered as root enter=PID, cwd=DIR, caps=N,N..., as=UID:GID:GROUPS, deadline=SECONDS and
+# env=COUNT followed by that many KEY=VALUE words. It joins the cgroups, closes every descriptor but
+# 0, 1 and 2 (close_range), sets the size limit, no_new_privs and the seccomp program
+# (``syscall_filter``): a process is in the sandbox's cgroups and under its filter before it starts,
+# so nothing it forks escapes them, and it holds no descriptor of this process, whatever spawned it
+# (uvloop's subprocess_exec ignores close_fds). Then mount and uid (with users=COUNT also a user
+# namespace of its own, ids 0..COUNT-1 mapped to UID.. by a child still root, where it forbids
+# further user namespaces: a keeper whose sandbox runs an image's USER). With enter=PID it does what
+# ``nsenter -t PID -U -m -p -n -i -u -r`` followed by ``setpriv --inh-caps=-all
 # --bounding-set=-all,+CAPS`` and ``env -i -C DIR VARS`` did, in one process instead of four
 # programs (each exec costs about half a bubblewrap spawn): opens the keeper's namespaces and root
 # while it still sees the host's /proc and forks into the PID namespace. The parent stays in the
 # host's other namespaces and root, waits and ends as its child did (as nsenter's parent does,
-# though that one waits inside the sandbox's other namespaces). The child
-# enters every other namespace, the user one last (the others belong to its parent), takes the
-# keeper's root, becomes the namespace's root, drops every capability but CAPS from its bounding
-# set, clears its inheritable (so its ambient) set, with as=UID:GID:GROUPS becomes that user, and
-# runs the command with exactly VARS in DIR. With deadline=SECONDS it also does what ``timeout -k 1
-# SECONDS`` did, without that program's two execs: the child leads a process group of its own; at
-# the deadline the parent sends that group TERM and CONT, one second later KILL, and exits 124 (137
-# where KILL ended the command), as timeout does. No host tool
-# loads a seccomp program in front of a command (util-linux 2.38 has neither enosys nor setpriv
-# --seccomp-filter; bwrap's --seccomp reaches only the keeper), and a Python preexec_fn would fork
-# the whole termgym process for every command instead of vfork (17 ms at 500 MB). Its first
-# arguments: the numbers of the calls it makes (``Machine.guard_numbers``) and the program in hex.
+# though that one waits inside the sandbox's other namespaces). The child enters every other
+# namespace, the user one last (the others belong to its parent), takes the keeper's root, becomes
+# the namespace's root, drops every capability but CAPS from its bounding set, clears its
+# inheritable (so its ambient) set, with as=UID:GID:GROUPS becomes that user, and runs the command
+# with exactly VARS in DIR. With deadline=SECONDS it also does what ``timeout -k 1 SECONDS`` did,
+# without that program's two execs: the child leads a process group of its own; at the deadline the
+# parent sends that group TERM and CONT, one second later KILL, and exits 124 (137 where KILL ended
+# the command), as timeout does. No host tool loads a seccomp program in front of a command
+# (util-linux 2.38 has neither enosys nor setpriv --seccomp-filter; bwrap's --seccomp reaches only
+# the keeper), and a Python preexec_fn would fork the whole termgym process for every command
+# instead of vfork (17 ms at 500 MB). Its first arguments: the numbers of the calls it makes
+# (``Machine.guard_numbers``) and the program in hex.
 _GUARD_HEAD = r"""
 my ($numbers, $filter) = splice(@ARGV, 0, 2);
 my ($prctl, $seccomp, $close_range, $setns, $setgroups, $setresuid, $setresgid, $capget, $capset, $prlimit,

@@ -11,8 +11,8 @@ Dockerfile's bytes and every name, mode, byte and symlink target of the build co
 image, the resources, the network, the environment, the build timeout and the image aliases. A
 pooled sandbox is started in full, the prepared-environment cache used as for any trial, the tamper
 check's baseline taken, the agent's shell started (``LocalSandbox._start_agent_shell``: an episode
-gets it only if it asks for exactly that launch); the trial adopts it (its directory's labels rewritten to the trial's) and it
-never goes back. The pool is filled in the background after each take (unless
+gets it only if it asks for exactly that launch); the trial adopts it (its directory's labels
+rewritten to the trial's) and it never goes back. The pool is filled in the background after each take (unless
 ``REFILL=prewarm``), and ahead of a step by the scheduler's prewarm (``HOOKS.prewarm``). Pooled
 sandboxes end with the process (their keepers run with ``--die-with-parent``), so ``termgym gc``
 removes what a killed run's pool left like any other leftover; ``close_shared`` (a run's end)

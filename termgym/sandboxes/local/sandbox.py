@@ -43,7 +43,7 @@ from termgym.sandboxes.host_processes import (
     spawn,
 )
 from termgym.sandboxes.local import pool
-from termgym.sandboxes.local.commands import RootEntry, RunAs, enter_argv
+from termgym.sandboxes.local.commands import RunAs
 from termgym.sandboxes.local.entrypoint import run_entrypoint
 from termgym.sandboxes.local.holder import start_holder, view_path
 from termgym.sandboxes.local.home import remove_home, write_labels
@@ -395,39 +395,6 @@ class LocalSandbox(SandboxStartup):
             mapped_ids=self._ids is not None,
             layers=self._lower if self._kept_holder is not None else (),
         )
-
-    def _enter_argv(
-        self,
-        argv: Sequence[str],
-        env: Mapping[str, str],
-        cwd: str,
-        *,
-        lasting: bool = False,
-        as_root: bool = False,
-        deadline: float | None = None,
-    ) -> list[str]:
-        """``argv`` run in the sandbox as its root, within its limits: as root, entered by the guard
-        itself (``commands.RootEntry``), or by ``nsenter`` for a ``lasting`` command (a persistent
-        shell: the ``nsenter`` that waits for it holds a fifth of the guard's memory, which counts
-        with a thousand sandboxes alive); without root through ``commands.enter_argv``. As the
-        image's USER where the sandbox runs one, unless ``as_root``. With a ``deadline`` (seconds)
-        ended as ``timeout -k 1 DEADLINE`` ends a command: by the guard where it enters, else by that
-        program inside the sandbox."""
-        if self._keeper_pid is None:
-            raise SandboxError("the sandbox is not running")
-        if not alive(self._keeper_pid):
-            raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
-        root, user = os.geteuid() == 0, None if as_root else self._run_as
-        if root and not lasting:
-            return self._within_limits(list(argv), RootEntry(self._keeper_pid, cwd, env, user, deadline))
-        if deadline is not None:
-            timeout = kit_argv(self._image_root.kit_at, "timeout") if self._image_root else ["/usr/bin/timeout"]
-            argv = [*timeout, "-k", "1", f"{deadline:.3f}", *argv]
-        kit_at = self._image_root.kit_at if self._image_root is not None else None
-        # without root, a sandbox of many ids is entered as root enters: its user namespace is the holder's, this user's
-        privileged = root or self._ids is not None
-        entered = enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at, privileged=privileged, user=user)
-        return self._within_limits(entered)
 
     # -- commands ----------------------------------------------------------------------------------
 

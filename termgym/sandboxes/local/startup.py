@@ -15,17 +15,25 @@ import asyncio
 import enum
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from termgym.errors import EnvironmentBuildError, SandboxError
+from termgym.errors import EnvironmentBuildError, SandboxBroken, SandboxError
 from termgym.images.dockerfile import EnvironmentPlan, parse_dockerfile
 from termgym.images.dockerfile_syntax import DockerfileError
 from termgym.sandboxes.base import Sandbox, SandboxSpec
-from termgym.sandboxes.host_kit import UNTRACED, kit_dir
-from termgym.sandboxes.host_processes import HostChannel
+from termgym.sandboxes.host_kit import UNTRACED, kit_argv, kit_dir
+from termgym.sandboxes.host_processes import HostChannel, alive
 from termgym.sandboxes.limits import SandboxCgroup
-from termgym.sandboxes.local.commands import KIT_PROGRAMS, ImageRoot, RootEntry, RunAs, keeper_argv, within_limits
+from termgym.sandboxes.local.commands import (
+    KIT_PROGRAMS,
+    ImageRoot,
+    RootEntry,
+    RunAs,
+    enter_argv,
+    keeper_argv,
+    within_limits,
+)
 from termgym.sandboxes.local.env_cache import Entry, EnvCache, cache_enabled, cache_root, copy_tree, environment_key
 from termgym.sandboxes.local.holder import start_holder, view_path
 from termgym.sandboxes.local.home import make_file_system, make_home, overlay_prepared
@@ -324,6 +332,39 @@ class SandboxStartup(Sandbox):
         namespace = self._mounts.path if self._mounts is not None else None
         users = USERS if mapped and self._ids is None else None  # without root the holder's namespace maps them
         return self._within_limits(argv, mount_namespace=namespace, uid=self._uid, users=users)
+
+    def _enter_argv(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        *,
+        lasting: bool = False,
+        as_root: bool = False,
+        deadline: float | None = None,
+    ) -> list[str]:
+        """``argv`` run in the sandbox as its root, within its limits: as root, entered by the guard
+        itself (``commands.RootEntry``), or by ``nsenter`` for a ``lasting`` command (a persistent
+        shell: the ``nsenter`` that waits for it holds a fifth of the guard's memory, which counts
+        with a thousand sandboxes alive); without root through ``commands.enter_argv``. As the
+        image's USER where the sandbox runs one, unless ``as_root``. With a ``deadline`` (seconds)
+        ended as ``timeout -k 1 DEADLINE`` ends a command: by the guard where it enters, else by that
+        program inside the sandbox."""
+        if self._keeper_pid is None:
+            raise SandboxError("the sandbox is not running")
+        if not alive(self._keeper_pid):
+            raise SandboxBroken("every process of the sandbox was killed from inside (its keeper is gone)")
+        root, user = os.geteuid() == 0, None if as_root else self._run_as
+        if root and not lasting:
+            return self._within_limits(list(argv), RootEntry(self._keeper_pid, cwd, env, user, deadline))
+        if deadline is not None:
+            timeout = kit_argv(self._image_root.kit_at, "timeout") if self._image_root else ["/usr/bin/timeout"]
+            argv = [*timeout, "-k", "1", f"{deadline:.3f}", *argv]
+        kit_at = self._image_root.kit_at if self._image_root is not None else None
+        # without root, a sandbox of many ids is entered as root enters: its user namespace is the holder's, this user's
+        privileged = root or self._ids is not None
+        entered = enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at, privileged=privileged, user=user)
+        return self._within_limits(entered)
 
     def _within_limits(
         self,

@@ -204,7 +204,8 @@ async def test_the_storage_is_in_memory_only_when_small_against_the_memory_limit
         assert result.exit_code == 0 and result.text.split()[0] == "0"  # the sandbox's root owns it
         if fstype == "ext4":  # its image holds metadata only, no blocks reserved to grow it (376 KB and more)
             image = sandbox._storage.image if sandbox._storage is not None else None
-            assert image is not None and image.stat().st_blocks * 512 < 256 << 10, image.stat()
+            assert image is not None
+            assert image.stat().st_blocks * 512 < 256 << 10, image.stat()
     assert namespace.closed and not any(mounted_at(mountpoint, table) for table in namespace_mountinfos())
 
 
