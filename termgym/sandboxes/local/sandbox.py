@@ -91,8 +91,10 @@ class LocalSandbox(SandboxStartup):
         if self._lower is None:  # what agent_changes compares against: the roots before the agent's first command
             roots = ["/" + root for root in self._roots]
             self._baseline = await asyncio.to_thread(LocalHostFiles(self.files_dir, self.owner).manifest, roots)
-        if self._pooled:
+        if self._pooled:  # ready in full, off the trial's path: the agent's shell, and the spare keeper up
             await self._start_agent_shell()
+            if self._keeper is not None:
+                await self._keeper.take_spare()  # waits for it; it stays the spare
 
     async def _start_agent_shell(self) -> None:
         """A pooled sandbox's: the agent's shell started ahead, as an episode starts it (``AGENT_SHELL``

@@ -173,6 +173,9 @@ async def test_a_pooled_sandbox_hands_its_started_agent_shell_to_the_episode_and
         await second.start()
         try:
             assert first._warm_shell is not None and second._warm_shell is not None
+            for sandbox in (first, second):  # ready in full: its spare keeper is up, not still starting
+                assert sandbox._keeper is not None and sandbox._keeper._spare is not None
+                assert sandbox._keeper._spare.done()
             warm = first._warm_shell[1]
             shell = await first.open_process(AGENT_SHELL, env=agent_env(first.env), cwd=first.workdir)
             assert shell is warm and first._warm_shell is None
