@@ -189,19 +189,24 @@ tg_finish
     assert got == [("stdin is empty", "passed"), ("missing command", "failed")]
 
 
+def fake_date(tmp_path: Path, script: str) -> bytes:
+    """A PATH whose first ``date`` is ``script`` (sh), made or replaced under ``tmp_path``."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "date").write_text(f"#!/bin/sh\n{script}\n")
+    (fake / "date").chmod(0o755)
+    return bytes(fake) + b":" + os.environb.get(b"PATH", b"/usr/bin:/bin")
+
+
 def test_clock_without_milliseconds_still_gives_valid_json(tmp_path):
     # busybox date prints %3N literally: the kit keeps the seconds, never writes invalid JSON; with
     # no date at all, 0.
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "date").write_text("#!/bin/sh\necho 1700000000%3N\n")
-    (fake / "date").chmod(0o755)
-    path = bytes(fake) + b":" + os.environb.get(b"PATH", b"/usr/bin:/bin")
+    path = fake_date(tmp_path, "echo 1700000000%3N")
     proc, report = run_kit(SHELLS[0], tmp_path, "tg_check ok true\ntg_finish\n", {b"PATH": path})
     assert proc.returncode == 0
     summary = json.loads(report.read_text())["results"]["summary"]
     assert summary["start"] == 1700000000000 and summary["stop"] == 1700000000000
-    (fake / "date").write_text("#!/bin/sh\nexit 1\n")
+    path = fake_date(tmp_path, "exit 1")
     proc, report = run_kit(SHELLS[0], tmp_path, "tg_check ok true\ntg_finish\n", {b"PATH": path})
     assert proc.returncode == 0
     summary = json.loads(report.read_text())["results"]["summary"]
@@ -211,11 +216,7 @@ def test_clock_without_milliseconds_still_gives_valid_json(tmp_path):
 @pytest.mark.skipif(not shutil.which("bash"), reason="bash's clock")
 def test_under_bash_the_clock_is_its_own_not_a_date_process(tmp_path):
     """bash 5's EPOCHREALTIME tells the time without a process: a ``date`` that fails changes nothing."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "date").write_text("#!/bin/sh\nexit 1\n")
-    (fake / "date").chmod(0o755)
-    path = bytes(fake) + b":" + os.environb.get(b"PATH", b"/usr/bin:/bin")
+    path = fake_date(tmp_path, "exit 1")
     before = int(time.time() * 1000)
     proc, report = run_kit("bash", tmp_path, "tg_check ok true\nsleep 0.05\ntg_finish\n", {b"PATH": path})
     after = int(time.time() * 1000)
