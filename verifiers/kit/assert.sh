@@ -23,9 +23,10 @@
 # message is cut at 4096 bytes (a failure message holds at most 5 lines of 300 bytes anyway).
 #
 # Cost: sourcing forks three processes (`mktemp`, `date`, the subshell that prints the byte
-# classes); under bash 5, two (its EPOCHREALTIME is the clock, here and in tg_finish). Besides the check itself, an assertion forks none; a failing check with output forks
-# two (`tail`, `cut`), a name or message over 4096 bytes three (to cut it). Escaping, the report
-# text and the bookkeeping are shell builtins. The clock is read when the kit is sourced and by
+# classes); under bash 5, two (its EPOCHREALTIME is the clock, here and in tg_finish). Besides the
+# check itself, an assertion forks none; a failing check with output forks two (`tail`, `cut`), a
+# name or message over 4096 bytes three (to cut it). Escaping, the report text and the bookkeeping
+# are shell builtins. The clock is read when the kit is sourced and by
 # tg_finish: summary.stop equals summary.start until tg_finish writes the end time.
 
 TG_REPORT=${TG_REPORT:-/logs/verifier/ctrf.json}

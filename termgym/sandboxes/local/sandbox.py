@@ -109,7 +109,7 @@ class LocalSandbox(SandboxStartup):
     async def _resolve_user(self, user: str) -> RunAs:
         """``user`` as the root's ``/etc/passwd`` and ``/etc/group`` name it (``users.resolve_user``),
         read by the root's shell (the kit's over an image) as the sandbox's root."""
-        shell = kit_argv(self._image_root.kit_at, "sh") if self._image_root is not None else ["/bin/sh"]
+        shell = self._tool("sh", "/bin/sh")
         read = Command((*shell, "-c", READ_SCRIPT), 30.0, env={"PATH": DEFAULT_PATH}, cwd="/")
         result = await self._run(read, trace=False)
         if result.exit_code != 0:
@@ -122,7 +122,7 @@ class LocalSandbox(SandboxStartup):
         if not self._entrypoint or self._dir is None:
             return
         # the kit's over an image; over the host's system, the host's (its read-only /usr)
-        sleep = kit_argv(self._image_root.kit_at, "sleep") if self._image_root is not None else ["/bin/sleep"]
+        sleep = self._tool("sleep", "/bin/sleep")
 
         def enter(argv: list[str]) -> list[str]:
             return self._enter_argv(argv, self.env, self.workdir, lasting=True)

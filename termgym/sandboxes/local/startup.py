@@ -358,13 +358,17 @@ class SandboxStartup(Sandbox):
         if root and not lasting:
             return self._within_limits(list(argv), RootEntry(self._keeper_pid, cwd, env, user, deadline))
         if deadline is not None:
-            timeout = kit_argv(self._image_root.kit_at, "timeout") if self._image_root else ["/usr/bin/timeout"]
-            argv = [*timeout, "-k", "1", f"{deadline:.3f}", *argv]
+            argv = [*self._tool("timeout", "/usr/bin/timeout"), "-k", "1", f"{deadline:.3f}", *argv]
         kit_at = self._image_root.kit_at if self._image_root is not None else None
         # without root, a sandbox of many ids is entered as root enters: its user namespace is the holder's, this user's
         privileged = root or self._ids is not None
         entered = enter_argv(self._keeper_pid, argv, env, cwd, kit_at=kit_at, privileged=privileged, user=user)
         return self._within_limits(entered)
+
+    def _tool(self, name: str, host_path: str) -> list[str]:
+        """The harness's program ``name`` as a command runs it in the sandbox: the host's kit's over
+        an image (``host_kit``), else the host's own at ``host_path`` (its read-only ``/usr``)."""
+        return kit_argv(self._image_root.kit_at, name) if self._image_root is not None else [host_path]
 
     def _within_limits(
         self,

@@ -10,9 +10,8 @@ the task's memory is a ``tmpfs`` (in memory, so what the agent stores also count
 limit: a mount costs about a millisecond); a larger one is an ext4 file system in a sparse image file
 (no journal, no blocks reserved for root or for growing it) on a loop device: a copy of an empty
 image made once per size (its metadata, 228 KB at 10 GB, copied in the kernel, no ``mkfs`` per
-sandbox). It
-needs root (and a loop device for ext4); where that is missing, ``create`` raises ``OSError`` and
-the caller falls back to a per-file size limit, with a warning in the record.
+sandbox). It needs root (and a loop device for ext4); where that is missing, ``create`` raises
+``OSError`` and the caller falls back to a per-file size limit, with a warning in the record.
 
 Every tool is run by absolute path with a fixed environment.
 """
@@ -105,7 +104,8 @@ class SizedFilesystem:
 
 # No journal, no blocks reserved for root, inode tables zeroed lazily, and no blocks reserved for
 # growing the file system online (``resize_inode``: a sandbox's is never resized; at 10 GB those
-# reserved descriptor blocks were 4.1 of the image's 4.3 MB, copied for every sandbox and freed at its end).
+# reserved descriptor blocks were 4.1 of the image's 4.3 MB, copied for every sandbox and freed at
+# its end).
 MKFS_OPTIONS = ("-q", "-F", "-m", "0", "-O", "^has_journal,^resize_inode", "-E", "lazy_itable_init=1")
 
 
