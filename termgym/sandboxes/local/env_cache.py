@@ -4,7 +4,9 @@ hash, every later trial started from the result copy-on-write.
 Guarantees: ``environment_key`` hashes every byte a preparation reads (no size or time stands in
 for content), so a change is another key and an old entry is never served for it; an entry is
 visible only once complete; ``building`` holds the key's exclusive lock across processes, so one
-task is prepared once; at most ``max_entries`` entries and ``max_bytes`` bytes, least recently used
+task is prepared once; at most ``max_entries`` entries and ``max_bytes`` bytes but for entries in
+use, across processes (each entry counted under the cache's lock before it appears: a count never
+below what is there, checked by each ``publish`` without reading every entry), least recently used
 removed first; an entry is removed only while no trial holds it and no mount has it as a lower
 layer. Trials started from one entry run as its owner (the host uid that prepared it).
 
@@ -13,6 +15,7 @@ docs/guides/backends.md#prepared-environments-the-embedded-backends-cache."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
@@ -29,7 +32,7 @@ from pathlib import Path
 from termgym.images.context import context_digest, file_sha256
 from termgym.sandboxes.host_processes import end_process, spawn
 from termgym.sandboxes.local.host import sandbox_root_dir
-from termgym.sandboxes.local.locks import file_lock
+from termgym.sandboxes.local.locks import acquire, file_lock
 from termgym.sandboxes.local.namespace import namespace_mountinfos
 from termgym.sandboxes.local.subids import SubIds, mapped_argv, remove_mapped, subordinate_ids
 from termgym.sandboxes.tools import host_tool
@@ -38,6 +41,9 @@ FORMAT = 3  # bump when what an entry holds or how a preparation runs changes (3
 DEFAULT_MAX_MB = 4096
 DEFAULT_MAX_ENTRIES = 256
 _PACKAGES = Path("/var/lib/dpkg/status")
+_USAGE = ".usage"  # the entries' count, bytes and next candidates for eviction; its flock is the cache's lock
+_CANDIDATES = 32  # the least recently used a full pass notes, evicted later without reading every entry
+_USAGE_TIMEOUT = 60.0  # how long a publish waits for other processes' bookkeeping, then keeps nothing
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,17 @@ class Entry:
     def lock(self) -> Path:
         """Its lock file (``EnvCache``'s layout): shared while a trial or a sandbox holds it."""
         return self.path.with_name(f"{self.key}.lock")
+
+
+@dataclass
+class _Usage:
+    """What the entries take: as the last full pass (``EnvCache._full_pass``) counted them, plus
+    each entry published since, less each evicted since. ``oldest``: that pass's least recently
+    used entries not evicted yet, oldest first, as (key, its ``meta.json``'s mtime then, bytes)."""
+
+    entries: int
+    bytes: int
+    oldest: list[tuple[str, int, int]]
 
 
 def cache_root() -> Path:
@@ -180,9 +197,8 @@ class EnvCache:
     ) -> Entry | None:
         """Copy the prepared roots under ``source`` (``source/<root>``) into the entry ``key``
         (call inside ``building``; with ``ids``, as the root of a namespace so mapped, whose files
-        keep their owners), then evict down to the bounds; None when it is larger than the whole
-        budget, or copying failed (the trial goes on from its own preparation)."""
-        self._remove_stale_staging()
+        keep their owners), then evict down to the bounds (``_place``); None when it is larger than
+        the whole budget, or copying failed (the trial goes on from its own preparation)."""
         staging = self.root / f".staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tree = staging / "tree"
         tree.mkdir(parents=True)
@@ -201,45 +217,104 @@ class EnvCache:
                 "created": time.time(),
             }
             (staging / "meta.json").write_text(json.dumps(meta))
-            target = self.root / key
-            if (target / "meta.json").exists():  # complete, but not for this trial (another user's)
-                _remove_tree(staging)
-                return None
-            if target.exists():  # an entry without meta.json: left by a crash before the rename's time
-                _remove_tree(target)
-            staging.rename(target)
+            fd = await acquire(self.root / _USAGE, fcntl.LOCK_EX, _USAGE_TIMEOUT, "the prepared-environment count")
         except BaseException:
             _remove_tree(staging)
             raise
-        self.evict(keep=key)
+        # The thread owns the lock and the staging directory from here, also if this trial is cancelled.
+        if not await asyncio.to_thread(self._place, fd, key, staging, size):
+            return None
         return self.lookup(key)
 
+    def _place(self, fd: int, key: str, staging: Path, size: int) -> bool:
+        """Under the cache's lock (``fd``, closed here): ``staging`` moved into place as the entry
+        ``key``, counted, then the least recently used evicted down to the bounds (``_shrink``);
+        False (``staging`` removed) when a complete entry is there already. Blocking."""
+        try:
+            target = self.root / key
+            if (target / "meta.json").exists():  # complete, but not for this trial (another user's)
+                _remove_tree(staging)
+                return False
+            if target.exists():  # an entry without meta.json: left by a crash before the rename's time
+                _remove_tree(target)
+            usage = _load(fd)
+            if usage is not None:  # counted before it is visible: a crash between the two over-counts
+                usage.entries, usage.bytes = usage.entries + 1, usage.bytes + size
+                _save(fd, usage)
+            staging.rename(target)
+            self._shrink(fd, usage, key)
+            return True
+        except BaseException:
+            _remove_tree(staging)
+            raise
+        finally:
+            os.close(fd)
+            self._remove_stale_staging()
+
+    def _shrink(self, fd: int, usage: _Usage | None, keep: str) -> list[str]:
+        """While ``usage`` is over the bounds, evict the least recently used the last full pass
+        noted: each is still the least recently used of all unless its ``meta.json``'s mtime
+        changed since (used, or published anew), as every other entry was newer then and is newer
+        now. A full pass when they run out or nothing is counted yet (or a crash cut the count)."""
+        removed: list[str] = []
+        kept: list[tuple[str, int, int]] = []  # in use now: evicted once free
+        while usage is not None and self._over(usage) and usage.oldest:
+            key, used, size = candidate = usage.oldest.pop(0)
+            path = self.root / key
+            if mtime_ns(path / "meta.json") != used:
+                continue
+            if key == keep or self._remove(Entry(key, path, 0, (), {}, "/", size)):
+                kept.append(candidate)
+                continue
+            usage.entries, usage.bytes = usage.entries - 1, usage.bytes - size
+            removed.append(key)
+        if usage is None or self._over(usage):
+            return removed + self._full_pass(fd, keep)
+        usage.oldest[:0] = kept
+        _save(fd, usage)
+        return removed
+
+    def _over(self, usage: _Usage) -> bool:
+        return usage.entries > self.max_entries or usage.bytes > self.max_bytes
+
     def entries(self) -> list[Entry]:
-        """Every complete entry, least recently used first."""
+        """Every complete entry, least recently used first (each read: O(entries))."""
+        return [entry for _, entry in self._by_use()]
+
+    def _by_use(self) -> list[tuple[int, Entry]]:
+        """Every complete entry after its last use (its ``meta.json``'s mtime), least recent first."""
         found = []
         with contextlib.suppress(OSError):
             for path in self.root.iterdir():
-                if not path.name.startswith(".") and path.is_dir():
-                    entry = self._read(path.name)
-                    if entry is not None:
-                        found.append(entry)
-        return sorted(found, key=lambda entry: mtime_ns(entry.path / "meta.json"))
+                if not path.name.startswith(".") and path.is_dir() and (entry := self._read(path.name)) is not None:
+                    found.append((mtime_ns(entry.path / "meta.json"), entry))
+        return sorted(found, key=lambda pair: pair[0])
 
     def evict(self, *, keep: str | None = None) -> list[str]:
         """Remove least recently used entries (never ``keep``, never one in use) until within the
-        bounds; the keys removed."""
-        entries = self.entries()
-        total = sum(entry.bytes for entry in entries)
-        count = len(entries)
+        bounds, reading every entry (a full pass: ``publish`` makes one only when the candidates
+        the last one noted run out); the keys removed. Blocking, on the cache's lock."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / _USAGE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return self._full_pass(fd, keep)
+        finally:
+            os.close(fd)
+
+    def _full_pass(self, fd: int, keep: str | None) -> list[str]:
+        """Read every entry, evict the least recently used down to the bounds, count the rest
+        afresh and note its least recently used for the next evictions (``_shrink``)."""
+        used = self._by_use()
+        usage = _Usage(len(used), sum(entry.bytes for _, entry in used), [])
         removed = []
-        for entry in entries:
-            if total <= self.max_bytes and count <= self.max_entries:
-                break
-            if entry.key == keep or self._remove(entry):
-                continue
-            total -= entry.bytes
-            count -= 1
-            removed.append(entry.key)
+        for when, entry in used:
+            if self._over(usage) and entry.key != keep and not self._remove(entry):
+                usage.entries, usage.bytes = usage.entries - 1, usage.bytes - entry.bytes
+                removed.append(entry.key)
+            elif len(usage.oldest) < _CANDIDATES:
+                usage.oldest.append((entry.key, when, entry.bytes))
+        _save(fd, usage)
         return removed
 
     def clear(self) -> tuple[int, int]:
@@ -299,6 +374,25 @@ class EnvCache:
             for path in self.root.glob(".doomed-*"):
                 _remove_tree(path)
         remove_stale_staging(self.root)
+
+
+def _load(fd: int) -> _Usage | None:
+    """The count in the cache's ``.usage`` file (``fd``); None when it holds none (new, or cut)."""
+    data = b""
+    while chunk := os.pread(fd, 1 << 16, len(data)):
+        data += chunk
+    try:
+        raw = json.loads(data)
+        oldest = [(str(key), int(used), int(size)) for key, used, size in raw["oldest"]]
+        return _Usage(int(raw["entries"]), int(raw["bytes"]), oldest)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _save(fd: int, usage: _Usage) -> None:
+    data = json.dumps({"entries": usage.entries, "bytes": usage.bytes, "oldest": usage.oldest}).encode()
+    os.ftruncate(fd, 0)  # a crash before the write leaves it empty: unknown, the next publish counts afresh
+    os.pwrite(fd, data, 0)
 
 
 def remove_stale_staging(root: Path) -> None:

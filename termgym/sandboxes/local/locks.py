@@ -16,9 +16,19 @@ LOCK_POLL_SEC = 0.02
 
 @contextlib.asynccontextmanager
 async def file_lock(path: Path, mode: int, timeout: float, what: str) -> AsyncIterator[None]:
-    """Hold ``flock(mode)`` on ``path`` (made if missing) for the block. ``TimeoutError`` naming
-    ``what`` when another process holds it for ``timeout`` seconds. A lock file unlinked by
-    another process after this one opened it is opened again, so two holders never lock two files."""
+    """Hold ``flock(mode)`` on ``path`` (made if missing) for the block (``acquire``)."""
+    fd = await acquire(path, mode, timeout, what)
+    try:
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+async def acquire(path: Path, mode: int, timeout: float, what: str) -> int:
+    """``flock(mode)`` on ``path`` (made if missing), held by the descriptor returned until it is
+    closed (by whoever the caller hands it to, a thread too). ``TimeoutError`` naming ``what`` when
+    another process holds it for ``timeout`` seconds. A lock file unlinked by another process after
+    this one opened it is opened again, so two holders never lock two files."""
     deadline = time.monotonic() + timeout
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -31,12 +41,8 @@ async def file_lock(path: Path, mode: int, timeout: float, what: str) -> AsyncIt
             await asyncio.sleep(LOCK_POLL_SEC)
             continue
         if _same_file(fd, path):
-            break
+            return fd
         os.close(fd)
-    try:
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -6,6 +6,7 @@ cleaned by ``termgym gc``, also after a process holding one of its entries was S
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import signal
@@ -187,6 +188,122 @@ def test_over_the_byte_budget_the_least_recently_used_go_until_it_fits(tmp_path:
     assert EnvCache(root, max_bytes=100, max_entries=100).evict(keep="d") == ["a"]  # never the one kept
     assert EnvCache(root, max_bytes=1000, max_entries=0).evict(keep="d") == []  # it stays, over the count too
     assert [e.key for e in envs.entries()] == ["d"]
+
+
+async def publish(envs: EnvCache, key: str, source: Path) -> None:
+    """Keep ``source``'s ``app`` as the entry ``key``, as a trial that prepared it does."""
+    async with envs.building(key, 10) as found:
+        assert found is None
+        assert await envs.publish(key, source, owner=os.getuid(), roots=["app"], env={}, workdir="/app")
+
+
+def app_source(tmp_path: Path) -> Path:
+    (tmp_path / "src" / "app").mkdir(parents=True)
+    (tmp_path / "src" / "app" / "data.txt").write_text("one\n")
+    return tmp_path / "src"
+
+
+def on_disk(root: Path) -> set[str]:
+    return {path.name for path in root.iterdir() if path.is_dir() and not path.name.startswith(".")}
+
+
+async def test_a_publish_into_a_full_cache_reads_no_other_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    root, source = tmp_path / "envs", app_source(tmp_path)
+    old = [f"old{i:03d}" for i in range(256)]
+    for used_at, key in enumerate(old, start=1):
+        fake_entry(root, key, 100, used_at)
+    envs = EnvCache(root, max_bytes=1 << 40, max_entries=256)
+    assert envs.evict() == []  # a full pass: counts them
+    touched: list[str] = []  # the entries whose meta.json a publish reads or stats
+    read, mtime = EnvCache._read, env_cache.mtime_ns
+    monkeypatch.setattr(EnvCache, "_read", lambda self, key: touched.append(key) or read(self, key))
+    monkeypatch.setattr(env_cache, "mtime_ns", lambda path: touched.append(path.parent.name) or mtime(path))
+    per_publish = []
+    for i in range(40):
+        touched.clear()
+        await publish(envs, f"new{i:03d}", source)
+        per_publish.append(len(set(touched) - {f"new{i:03d}"}))
+        assert on_disk(root) == {*old[i + 1 :], *(f"new{j:03d}" for j in range(i + 1))}  # the oldest went
+    # One entry read per eviction (the least recently used the last full pass noted), and one full
+    # pass once the 32 it noted are gone; before, every publish read all 256.
+    assert per_publish == [1] * 32 + [256] + [1] * 7, per_publish
+
+
+async def test_an_entry_used_since_the_last_full_pass_is_not_evicted_as_the_oldest(tmp_path: Path):
+    root, source = tmp_path / "envs", app_source(tmp_path)
+    for used_at, key in enumerate("abcd", start=1):
+        fake_entry(root, key, 100, used_at)
+    envs = EnvCache(root, max_bytes=1 << 40, max_entries=4)
+    assert envs.evict() == []  # notes a, b, c, d as the next to evict
+    assert envs.lookup("a") is not None  # used now: b is the least recently used
+    await publish(envs, "e", source)
+    await publish(envs, "f", source)
+    assert on_disk(root) == {"a", "d", "e", "f"}
+
+
+@pytest.mark.parametrize("bound", ["entries", "bytes"])
+async def test_two_caches_on_one_root_keep_its_bounds_together(tmp_path: Path, bound: str):
+    root, source = tmp_path / "envs", app_source(tmp_path)
+    await publish(EnvCache(root, max_bytes=1 << 40, max_entries=100), "first", source)
+    size = EnvCache(root, max_bytes=0, max_entries=0).lookup("first")
+    assert size is not None
+    limits = (
+        {"max_bytes": 1 << 40, "max_entries": 3}
+        if bound == "entries"
+        else {"max_bytes": 3 * size.bytes, "max_entries": 100}
+    )
+    one, other = EnvCache(root, **limits), EnvCache(root, **limits)
+    keys = [f"k{i}" for i in range(8)]
+    for i, key in enumerate(keys):
+        await publish(one if i % 2 else other, key, source)
+        assert on_disk(root) == set((["first", *keys][: i + 2])[-3:])
+    (root / ".usage").write_text("{")  # as a crash cuts it: the next publish counts afresh
+    await publish(one, "after-a-crash", source)
+    assert on_disk(root) == {"k6", "k7", "after-a-crash"}
+    assert EnvCache(root, max_bytes=0, max_entries=0).clear() == (3, 0)  # counts nothing: too many counted
+    await publish(other, "after-gc", source)
+    await publish(other, "then", source)
+    assert on_disk(root) == {"after-gc", "then"}
+    assert json.loads((root / ".usage").read_text())["entries"] == 2
+
+
+async def test_nothing_is_kept_while_another_process_counts_the_cache(tmp_path: Path):
+    root, source = tmp_path / "envs", app_source(tmp_path)
+    root.mkdir()
+    with (root / ".usage").open("a") as usage:
+        fcntl.flock(usage, fcntl.LOCK_EX)  # another process counting (publishing or evicting)
+        kept = asyncio.create_task(publish(EnvCache(root, max_bytes=1 << 40, max_entries=10), "new", source))
+        await asyncio.sleep(1)
+        assert not kept.done() and on_disk(root) == set()
+    await kept
+    assert on_disk(root) == {"new"} and json.loads((root / ".usage").read_text())["entries"] == 1
+
+
+PUBLISHER = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from pathlib import Path
+    from termgym.sandboxes.local.env_cache import EnvCache
+
+    async def main():
+        envs = EnvCache(Path(sys.argv[1]), max_bytes=1 << 40, max_entries=4)
+        for i in range(20):
+            key = f"{sys.argv[3]}{i}"
+            async with envs.building(key, 30):
+                await envs.publish(key, Path(sys.argv[2]), owner=os.getuid(), roots=["app"], env={}, workdir="/app")
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_processes_publishing_at_once_keep_the_bounds_and_count_no_fewer_than_there_are(tmp_path: Path):
+    root, source = tmp_path / "envs", app_source(tmp_path)
+    argv = [sys.executable, "-c", PUBLISHER, str(root), str(source)]
+    children = [subprocess.Popen([*argv, name], cwd=ROOT, env=os.environ) for name in ("one-", "other-")]
+    assert [child.wait(timeout=120) for child in children] == [0, 0]
+    assert len(on_disk(root)) == 4
+    assert json.loads((root / ".usage").read_text())["entries"] == 4
 
 
 def cached_data(root: Path) -> set[str]:
