@@ -47,16 +47,18 @@ from termgym.verifiers import (
 
 KIT_PATH = "/tests/.termgym/assert.sh"
 VERIFIER_HOME = "/tmp/.termgym-verifier/home"
-FRESH_DIRS = (*HARNESS_PATHS, VERIFIER_HOME)  # what _RESET makes fresh
+KIT_SCRATCH = "/tmp/.termgym-verifier/kit"  # the assertion kit's scratch directory (TG_SCRATCH)
+FRESH_DIRS = (*HARNESS_PATHS, VERIFIER_HOME, KIT_SCRATCH)  # what _RESET makes fresh
 MAX_REPORT_FILES = 32
 VERIFIER_OUTPUT_LIMIT = 1 << 20
 
-# Replace /logs/verifier, /tests and the verifier's home with fresh empty directories, whatever the
-# agent left there (a plain file or a symlink in place of /logs, a directory that cannot be removed),
-# and fail, saying so, when that is not possible. With an argument, /logs/verifier and the home are
-# made open to a verifier that does not run as root (mode 0777, as Harbor does) as they are made
-# (umask 000), never by a chmod that would follow a link a process of the agent's (an entrypoint's
-# hook, run again at the kill step) put in their place; the home's parent must be made here.
+# Replace /logs/verifier, /tests, the verifier's home and the kit's scratch directory with fresh
+# empty directories, whatever the agent left there (a plain file or a symlink in place of /logs, a
+# directory that cannot be removed), and fail, saying so, when that is not possible. With an
+# argument, /logs/verifier, the home and the scratch directory are made open to a verifier that
+# does not run as root (mode 0777, as Harbor does) as they are made (umask 000), never by a chmod
+# that would follow a link a process of the agent's (an entrypoint's hook, run again at the kill
+# step) put in their place; their parent must be made here.
 _RESET = r"""
 for d in /logs /tests; do
   if [ -L "$d" ] || { [ -e "$d" ] && [ ! -d "$d" ]; }; then rm -f "$d"; fi
@@ -65,8 +67,8 @@ rm -rf /logs/verifier /tests/* /tests/.[!.]* /tests/..?* /tmp/.termgym-verifier 
 mkdir -p /logs /tests /tmp 2>/dev/null
 mkdir /tmp/.termgym-verifier 2>/dev/null || { echo "cannot make /tmp/.termgym-verifier a fresh directory"; exit 1; }
 [ -z "$1" ] || umask 000
-mkdir /logs/verifier /tmp/.termgym-verifier/home 2>/dev/null
-for d in /logs/verifier /tests /tmp/.termgym-verifier/home; do
+mkdir /logs/verifier /tmp/.termgym-verifier/home /tmp/.termgym-verifier/kit 2>/dev/null
+for d in /logs/verifier /tests /tmp/.termgym-verifier/home /tmp/.termgym-verifier/kit; do
   [ -d "$d" ] && [ ! -L "$d" ] || { echo "cannot make $d a fresh directory"; exit 1; }
   for f in "$d"/* "$d"/.[!.]* "$d"/..?*; do
     if [ -e "$f" ] || [ -L "$f" ]; then echo "cannot empty $d"; exit 1; fi
@@ -146,6 +148,7 @@ def verifier_env(task: Task, sandbox: Sandbox) -> tuple[dict[str, str], list[str
         LANG="C.UTF-8",
         TEST_DIR="/tests",
         TERMGYM_ASSERT=KIT_PATH,
+        TG_SCRATCH=KIT_SCRATCH,
         PYTHONNOUSERSITE="1",
         PYTHONSAFEPATH="1",
         GIT_CONFIG_GLOBAL="/dev/null",
@@ -211,6 +214,7 @@ async def verify(
         return _tampered(forged, changes, started)
     if broken is not None:
         raise broken
+    env.setdefault("TG_START_MS", str(time.time_ns() // 1_000_000))  # the kit's start, without a clock to fork
     result = await guard.run(
         "the verifier",
         user,

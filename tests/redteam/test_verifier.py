@@ -98,7 +98,11 @@ async def test_a_process_the_verifier_started_cannot_rewrite_the_reports_while_t
 
 
 async def test_the_verifier_runs_with_its_own_home_and_a_clean_environment(tmp_path, backend, no_leaks):
-    plant = "#!/bin/sh\necho 'export FORGED=1' >> /root/.profile; touch /root/.agent-was-here; export AGENT_VAR=1\necho done > /app/result.txt\n"
+    plant = (
+        "#!/bin/sh\necho 'export FORGED=1' >> /root/.profile; touch /root/.agent-was-here; export AGENT_VAR=1\n"
+        "mkdir -p /tmp/.termgym-verifier/kit; ln -s /app/result.txt /tmp/.termgym-verifier/kit/out\n"
+        "echo done > /app/result.txt\n"
+    )
     test_sh = textwrap.dedent(f"""\
         #!/bin/sh
         {KIT_SOURCE}
@@ -106,6 +110,9 @@ async def test_the_verifier_runs_with_its_own_home_and_a_clean_environment(tmp_p
         tg_check_sh "no agent variable" '[ -z "${{AGENT_VAR:-}}${{FORGED:-}}" ]'
         tg_check_sh "python without user site nor cwd" '[ "$PYTHONNOUSERSITE" = 1 ] && [ "$PYTHONSAFEPATH" = 1 ]'
         tg_check_sh "git without the agent's config" '[ "$GIT_CONFIG_GLOBAL" = /dev/null ]'
+        tg_check_sh "the kit's own fresh scratch" '[ "$TG_SCRATCH" = /tmp/.termgym-verifier/kit ] && [ ! -L "$TG_SCRATCH/out" ] && [ "$(ls -A "$TG_SCRATCH")" = out ]'
+        tg_check_sh "a start time" 'case $TG_START_MS in "" | *[!0-9]*) exit 1 ;; esac; [ "$TG_START_MS" -gt 1700000000000 ]'
+        tg_check_sh "the agent's link not followed" 'grep -qx done /app/result.txt'
         tg_finish
         """)
     record = await oracle_attack(tmp_path, backend, plant, test_sh=test_sh)

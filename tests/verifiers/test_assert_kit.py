@@ -244,3 +244,51 @@ def test_long_names_and_messages_are_cut_at_4096_bytes(shell, tmp_path):
     tests = json.loads(report.read_bytes().decode("utf-8"))["results"]["tests"]
     assert tests[0]["name"] == "n" * 4096
     assert tests[0]["message"] == expected_text(long_reason[:4096]) == tests[1]["name"]
+
+
+def failing_tools(tmp_path: Path) -> bytes:
+    """A PATH whose ``mktemp`` fails and whose ``date`` says 1700000000123 (ms since the epoch)."""
+    path = fake_date(tmp_path, "echo 1700000000123")
+    (tmp_path / "bin" / "mktemp").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "bin" / "mktemp").chmod(0o755)
+    return path
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_harness_scratch_directory_and_start_time_replace_mktemp_and_the_clock(shell, tmp_path):
+    # With TG_SCRATCH and TG_START_MS the kit forks neither mktemp nor (at source) date: both are
+    # broken here and the verifier still runs; the scratch directory is the harness's to keep.
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {b"PATH": failing_tools(tmp_path), b"TG_SCRATCH": bytes(scratch), b"TG_START_MS": b"1699999999000"}
+    proc, report = run_kit(shell, tmp_path, "tg_check ok true\ntg_check bad sh -c 'echo why; exit 3'\ntg_finish\n", env)
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads(report.read_text())["results"]
+    assert (data["summary"]["start"], data["summary"]["passed"], data["summary"]["failed"]) == (1699999999000, 1, 1)
+    assert data["tests"][1]["message"] == "exit 3: why"
+    if shell != "bash":  # bash reads its own clock
+        assert data["summary"]["stop"] == 1700000000123
+    assert scratch.is_dir() and (scratch / "out").exists()  # used, and left in place
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_scratch_that_is_no_directory_of_its_own_is_not_used(shell, tmp_path):
+    # A symlink, a file or a missing path: the kit makes its own (here mktemp fails, so it says so).
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    (tmp_path / "file").write_text("")
+    for scratch in (tmp_path / "link", tmp_path / "file", tmp_path / "missing"):
+        env = {b"PATH": failing_tools(tmp_path), b"TG_SCRATCH": bytes(scratch), b"TG_START_MS": b"1"}
+        proc, _ = run_kit(shell, tmp_path, "tg_check ok true\ntg_finish\n", env)
+        assert proc.returncode == 1 and b"cannot create a scratch directory" in proc.stderr, (scratch, proc.stderr)
+    assert list((tmp_path / "real").iterdir()) == []
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_start_time_that_is_not_a_number_is_the_clocks(shell, tmp_path):
+    env = {b"PATH": failing_tools(tmp_path), b"TMPDIR": bytes(tmp_path), b"TG_START_MS": b"12; rm -rf /"}
+    (tmp_path / "bin" / "mktemp").unlink()  # the system's
+    proc, report = run_kit(shell, tmp_path, "tg_finish\n", env)
+    assert proc.returncode == 0, proc.stderr
+    start = json.loads(report.read_text())["results"]["summary"]["start"]
+    assert start == 1700000000123 if shell != "bash" else start > 1700000000123

@@ -22,18 +22,29 @@
 # valid UTF-8 JSON, even when a check's output is binary or cut inside a character). A name or
 # message is cut at 4096 bytes (a failure message holds at most 5 lines of 300 bytes anyway).
 #
-# Cost: sourcing forks three processes (`mktemp`, `date`, the subshell that prints the byte
-# classes); under bash 5, two (its EPOCHREALTIME is the clock, here and in tg_finish). Besides the
-# check itself, an assertion forks none; a failing check with output forks two (`tail`, `cut`), a
-# name or message over 4096 bytes three (to cut it). Escaping, the report text and the bookkeeping
-# are shell builtins. The clock is read when the kit is sourced and by
-# tg_finish: summary.stop equals summary.start until tg_finish writes the end time.
+# Scratch and clock: the kit keeps each check's output in a scratch directory, TG_SCRATCH where the
+# harness gives one (an empty directory made for this run that nothing else writes: termgym makes
+# one and leaves it in place), else one from `mktemp -d` that tg_finish removes. The report's start
+# time is TG_START_MS where the harness gives one (milliseconds since the epoch, as it launched the
+# script), else the clock's when the kit is sourced; its stop time is the clock's in tg_finish.
+#
+# Cost: sourcing forks the subshell that prints the byte classes, `mktemp` without TG_SCRATCH and
+# `date` without TG_START_MS; tg_finish forks `date`, and `rm` where the directory is its own.
+# Under bash 5 no `date` is forked (its EPOCHREALTIME is the clock). Besides the check itself, an
+# assertion forks none; a failing check with output forks two (`tail`, `cut`), a name or message
+# over 4096 bytes three (to cut it). Escaping, the report text and the bookkeeping are shell
+# builtins. summary.stop equals summary.start until tg_finish writes the end time.
 
 TG_REPORT=${TG_REPORT:-/logs/verifier/ctrf.json}
-TG__TMP=$(mktemp -d "${TMPDIR:-/tmp}/tg.XXXXXX") || {
-  echo "assert.sh: cannot create a scratch directory in ${TMPDIR:-/tmp}" >&2
-  exit 1
-}
+if [ -n "${TG_SCRATCH-}" ] && [ -d "$TG_SCRATCH" ] && [ ! -L "$TG_SCRATCH" ] && [ -w "$TG_SCRATCH" ]; then
+  TG__TMP=$TG_SCRATCH TG__OWN_TMP=
+else
+  TG__TMP=$(mktemp -d "${TMPDIR:-/tmp}/tg.XXXXXX") || {
+    echo "assert.sh: cannot create a scratch directory in ${TMPDIR:-/tmp}" >&2
+    exit 1
+  }
+  TG__OWN_TMP=1
+fi
 TG__OUT=$TG__TMP/out
 trap 'exit 143' TERM
 trap 'exit 130' INT
@@ -52,7 +63,10 @@ tg__ms() {  # sets tg__t to the milliseconds since the epoch, 0 if there is no d
   esac
   tg__t=${tg__t:-0}
 }
-tg__ms
+case ${TG_START_MS-} in
+  '' | *[!0-9]*) tg__ms ;;
+  *) tg__t=$TG_START_MS ;;
+esac
 TG__START=$tg__t
 TG__STOP=$tg__t
 TG__PASSED=0
@@ -191,7 +205,7 @@ tg_finish() {
   tg__ms
   TG__STOP=$tg__t
   tg__write
-  rm -rf "$TG__TMP"
+  [ -z "$TG__OWN_TMP" ] || rm -rf "$TG__TMP"
   printf '%d passed, %d failed, %d skipped\n' "$TG__PASSED" "$TG__FAILED" "$TG__SKIPPED"
   [ "$TG__FAILED" -eq 0 ] && exit 0
   exit 1
