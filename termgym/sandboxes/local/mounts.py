@@ -49,9 +49,9 @@ def mount_tmpfs(target: Path, options: str) -> None:
     _mount("termgym", target, "tmpfs", options)
 
 
-def mount_loop(image: Path, target: Path, fstype: str = "ext4") -> None:
-    """The file system in ``image`` at ``target``, through a free loop device that the kernel
-    detaches when it is unmounted (``LO_FLAGS_AUTOCLEAR``)."""
+def mount_loop(image: Path, target: Path, fstype: str = "ext4", options: str = "") -> None:
+    """The file system in ``image`` at ``target`` (with the file system's ``options``), through a
+    free loop device that the kernel detaches when it is unmounted (``LO_FLAGS_AUTOCLEAR``)."""
     backing = os.open(image, os.O_RDWR | os.O_CLOEXEC)
     try:
         control = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
@@ -68,7 +68,7 @@ def mount_loop(image: Path, target: Path, fstype: str = "ext4") -> None:
                             continue  # taken meanwhile: ask for another
                         raise
                     try:
-                        _mount(device, target, fstype, "")
+                        _mount(device, target, fstype, options)
                     except OSError:
                         fcntl.ioctl(loop, 0x4C01)  # LOOP_CLR_FD: free the device again
                         raise

@@ -186,8 +186,8 @@ async def test_the_storage_is_in_memory_only_when_small_against_the_memory_limit
         resources=Resources(memory_mb=memory_mb, storage_mb=storage_mb),
     )
 
-    def mounted_at(mountpoint: str, table: str) -> list[str]:
-        return [line.split(" - ")[1].split()[0] for line in table.splitlines() if line.split()[4] == mountpoint]
+    def mounted_at(mountpoint: str, table: str, field: int = 0) -> list[str]:
+        return [line.split(" - ")[1].split()[field] for line in table.splitlines() if line.split()[4] == mountpoint]
 
     sandbox = LocalSandbox(spec)
     async with sandbox:
@@ -206,6 +206,9 @@ async def test_the_storage_is_in_memory_only_when_small_against_the_memory_limit
             image = sandbox._storage.image if sandbox._storage is not None else None
             assert image is not None
             assert image.stat().st_blocks * 512 < 256 << 10, image.stat()
+            # never flushed to the host's disk, and no kernel thread zeroing its inode tables
+            (options,) = mounted_at(mountpoint, namespace.mountinfo(), 2)
+            assert {"nobarrier", "noinit_itable"} <= set(options.split(",")), options
     assert namespace.closed and not any(mounted_at(mountpoint, table) for table in namespace_mountinfos())
 
 
