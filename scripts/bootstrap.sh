@@ -6,6 +6,13 @@ cd "$(dirname "$0")/.."
 
 . scripts/apt-ensure.sh
 apt_ensure bootstrap bwrap:bubblewrap nsenter:util-linux perl:perl-base keyctl:keyutils strace:strace skopeo:skopeo umoci:umoci pasta:passt nft:nftables ip:iproute2
+# An embedded sandbox's network, where termgym does not run as root, is pasta's, which opens
+# /dev/net/tun: Debian's udev makes it 0666 (50-udev-default.rules); a machine without udev (a
+# container, some VMs) may leave it root's alone.
+if [ "$(id -u)" = 0 ] && [ -c /dev/net/tun ] && [ "$(stat -c %a /dev/net/tun)" != 666 ]; then
+  echo "bootstrap: /dev/net/tun made 0666, as Debian's udev makes it" >&2
+  chmod 0666 /dev/net/tun
+fi
 
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
