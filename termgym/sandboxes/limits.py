@@ -192,8 +192,20 @@ class SandboxCgroup:
 
     @property
     def procs_files(self) -> list[str]:
-        """The ``cgroup.procs`` files a process writes its pid into to join (one per hierarchy)."""
+        """The ``cgroup.procs`` files that list the cgroup's processes (one per hierarchy)."""
         return sorted({str(directory / "cgroup.procs") for _, directory in self.dirs.values()})
+
+    @property
+    def join_files(self) -> list[str]:
+        """The files a single-threaded process writes ``0`` (itself) into to join (one per hierarchy):
+        on v1 ``tasks``, which moves the writing thread alone and so without the kernel's global
+        ``cgroup_threadgroup_rwsem`` (whose writer waits for an RCU grace period unless another move
+        came just before: 2 to 17 ms on the development machine, against 0.04 ms); on v2, where a
+        domain cgroup has no per-thread file, ``cgroup.procs``."""
+        files = {
+            str(directory / ("tasks" if version == 1 else "cgroup.procs")) for version, directory in self.dirs.values()
+        }
+        return sorted(files)
 
     def pids(self) -> set[int]:
         found: set[int] = set()

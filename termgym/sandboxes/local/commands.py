@@ -30,11 +30,12 @@ CAPABILITY_NUMBERS = {
     "net_bind_service": 10, "net_raw": 13, "sys_chroot": 18, "mknod": 27, "audit_write": 29, "setfcap": 31,
 }  # fmt: skip
 # The guard every host command of a sandbox starts with (perl-base is Essential on Debian). Before
-# "--" it reads directives: cgroup=FILE (join that cgroup.procs), fsize=BYTES (the per-file size
-# limit, as prlimit sets it), for a keeper mount=FILE (enter that mount namespace, as ``nsenter
-# --mount``) and uid=UID (become that user, as ``setpriv --reuid --regid --clear-groups``), and for
-# a command entered as root enter=PID, cwd=DIR, caps=N,N..., as=UID:GID:GROUPS, deadline=SECONDS and
-# env=COUNT followed by that many KEY=VALUE words. It joins the cgroups, closes every descriptor but
+# "--" it reads directives: cgroup=FILE (join that cgroup: 0, itself, written to FILE, one of
+# ``SandboxCgroup.join_files``), fsize=BYTES (the per-file size limit, as prlimit sets it), for a
+# keeper mount=FILE (enter that mount namespace, as ``nsenter --mount``) and uid=UID (become that
+# user, as ``setpriv --reuid --regid --clear-groups``), and for a command entered as root enter=PID,
+# cwd=DIR, caps=N,N..., as=UID:GID:GROUPS, deadline=SECONDS and env=COUNT followed by that many
+# KEY=VALUE words. It joins the cgroups, closes every descriptor but
 # 0, 1 and 2 (close_range), sets the size limit, no_new_privs and the seccomp program
 # (``syscall_filter``): a process is in the sandbox's cgroups and under its filter before it starts,
 # so nothing it forks escapes them, and it holds no descriptor of this process, whatever spawned it
@@ -70,7 +71,7 @@ while (@ARGV) {
     my ($key, $value) = split(/=/, $arg, 2);
     if ($key eq "cgroup") {
         open(my $procs, ">", $value) or fail("join the cgroup $value");
-        print $procs "$$\n" and close $procs or fail("join the cgroup $value");
+        print $procs "0\n" and close $procs or fail("join the cgroup $value");
     } elsif ($key eq "env") {
         @env = splice(@ARGV, 0, $value);
     } else {
@@ -411,7 +412,7 @@ def enter_argv(
 
 def within_limits(
     argv: list[str],
-    procs_files: Sequence[str],
+    join_files: Sequence[str],
     file_size_limit: int | None,
     entry: RootEntry | None = None,
     *,
@@ -419,14 +420,14 @@ def within_limits(
     uid: int | None = None,
     users: int | None = None,
 ) -> list[str]:
-    """``argv`` run in the cgroups whose ``cgroup.procs`` files are ``procs_files``, under the
+    """``argv`` run in the cgroups whose ``SandboxCgroup.join_files`` are ``join_files``, under the
     per-file size limit (bytes; None: none), with descriptors 0, 1 and 2 only (whatever else the
     process that starts it left open), with no_new_privs and refused the system calls
     ``syscall_filter`` refuses, all from its first instruction; then in the mount namespace
     ``mount_namespace`` (a file, as root) and as the host user ``uid`` (both: a keeper's start);
     with ``entry``, entered into a sandbox as root (``argv`` is then named as the sandbox sees
     it). Every host command of a sandbox (its keeper, each command entered) is run so."""
-    directives = [f"cgroup={path}" for path in procs_files]
+    directives = [f"cgroup={path}" for path in join_files]
     if file_size_limit is not None:
         directives.append(f"fsize={file_size_limit}")
     if mount_namespace is not None:

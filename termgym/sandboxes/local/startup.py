@@ -379,9 +379,9 @@ class SandboxStartup(Sandbox):
         uid: int | None = None,
         users: int | None = None,
     ) -> list[str]:
-        procs = self._cgroup.procs_files if self._cgroup is not None else ()
+        joins = self._cgroup.join_files if self._cgroup is not None else ()
         limit = self._file_size_limit
-        return within_limits(argv, procs, limit, entry, mount_namespace=mount_namespace, uid=uid, users=users)
+        return within_limits(argv, joins, limit, entry, mount_namespace=mount_namespace, uid=uid, users=users)
 
     @property
     def _keeper_pid(self) -> int | None:

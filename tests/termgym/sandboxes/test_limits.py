@@ -4,6 +4,8 @@ file-system layout), what a real cgroup on this host enforces, and the sized fil
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,6 +101,7 @@ def test_v2_nests_under_the_own_cgroup_and_writes_every_limit(tmp_path):
     cgroup, warnings = SandboxCgroup.create("termgym-tg-x", Resources(cpus=2, memory_mb=512), root=tmp_path)
     directory = top / "user.slice/run.scope/termgym-tg-x"
     assert warnings == [] and cgroup is not None and cgroup.procs_files == [str(directory / "cgroup.procs")]
+    assert cgroup.join_files == cgroup.procs_files  # v2: a domain cgroup has no per-thread file
     assert (top / "user.slice/run.scope/cgroup.subtree_control").read_text() == "+memory +pids +cpu"
     assert {f: (directory / f).read_text() for f in ("memory.max", "memory.swap.max", "pids.max", "cpu.max")} == {
         "memory.max": str(512 << 20),
@@ -163,6 +166,17 @@ def test_a_real_cgroup_on_this_host_holds_the_limits_and_is_removed():
         assert values.get("pids.max") == str(PIDS_LIMIT)
         assert values.get("cpu.cfs_quota_us", values.get("cpu.max", "").split(" ")[0]) == "50000"
         assert cgroup.pids() == set()
+        # A single-threaded process joins by writing 0 (itself) into each join file: on v1 the
+        # per-thread tasks file, which the kernel moves without its global lock.
+        versions = {version for version, _ in cgroup.dirs.values()}
+        assert {Path(path).name for path in cgroup.join_files} == {
+            "tasks" if v == 1 else "cgroup.procs" for v in versions
+        }
+        script = "import sys\nfor path in sys.argv[1:]:\n    open(path, 'w').write('0\\n')\nprint(open('/proc/self/cgroup').read())"
+        joined = subprocess.run([sys.executable, "-c", script, *cgroup.join_files], capture_output=True, text=True)
+        assert joined.returncode == 0, joined.stderr
+        for _, directory in cgroup.dirs.values():  # each hierarchy's line names the sandbox's cgroup
+            assert f"/{directory.name}\n" in joined.stdout, joined.stdout
     finally:
         cgroup.remove()
     assert not any(Path(path).parent.exists() for path in cgroup.procs_files)
