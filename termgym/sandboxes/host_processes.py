@@ -243,10 +243,14 @@ async def end_entered(process: asyncio.subprocess.Process) -> None:
 
 
 async def end_keeper(keeper: asyncio.subprocess.Process) -> None:
-    """End a sandbox: killing the namespace's init makes the kernel kill every process in it."""
-    for pid in children(keeper.pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    """End a sandbox: killing the namespace's init makes the kernel kill every process in it. Only
+    while its bubblewrap is unreaped (no return code: the watcher sets it as it reaps, on this
+    loop): once reaped, its pid may be another process's, whose children (another sandbox's
+    namespace) are not this one's to kill; its own namespace ended with it (``--die-with-parent``)."""
+    if keeper.returncode is None:
+        for pid in children(keeper.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     await end_process(keeper)
 
 
