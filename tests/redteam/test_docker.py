@@ -22,14 +22,17 @@ from tests.redteam.helpers import FORGED_CTRF, attack, forged, oracle_attack
 
 pytestmark = [pytest.mark.redteam, pytest.mark.docker]
 
-# A shim earlier on PATH for the `rm` the assertion kit runs after its final report: it removes, then
-# puts an all-pass report in place.
-RM_SHIM = (
-    f"printf '#!/bin/sh\\n/usr/bin/rm \"$@\"\\necho %s > /logs/verifier/ctrf.json 2>/dev/null\\nexit 0\\n' '{FORGED_CTRF}'"
-    " > /usr/local/bin/rm && chmod +x /usr/local/bin/rm"
+# A shim earlier on PATH for the `date` the assertion kit runs under dash for its stop time (the one
+# program it still runs under termgym, which gives it a scratch directory and a start time): it tells
+# the time, then leaves a writer that puts an all-pass report in place, again and again, so that it
+# wins over the kit's final report until the kill step.
+DATE_SHIM = (
+    'printf \'#!/bin/sh\\n/usr/bin/date "$@"\\n'
+    "(while :; do echo %s > /logs/verifier/ctrf.json; sleep 0.01; done) >/dev/null 2>&1 &\\n'"
+    f" '{FORGED_CTRF}' > /usr/local/bin/date && chmod +x /usr/local/bin/date"
 )
 PLANTS = {
-    "path-shim": (RM_SHIM, "/usr/local/bin/rm"),
+    "path-shim": (DATE_SHIM, "/usr/local/bin/date"),
     "ld-so-preload": ("echo /usr/lib/libforge.so > /etc/ld.so.preload", "/etc/ld.so.preload"),
     "replaced-sh": (
         "cp /bin/sh /tmp/sh.orig && cp /tmp/sh.orig /bin/sh.new && mv -f /bin/sh.new /bin/sh",
@@ -63,21 +66,23 @@ async def test_files_the_verifier_never_reads_are_recorded_and_fail_nothing(task
     assert {"/pytest.ini", "/conftest.py", "/usr/local/bin/helper"} <= set(record.system_changes or ())
 
 
-# A shim the kit's last ``rm`` finds first on the verifier's PATH, doing nothing but the removal.
-PASS_THROUGH_RM = "printf '#!/bin/sh\\nexec /usr/bin/rm \"$@\"\\n' > /usr/local/bin/rm && chmod +x /usr/local/bin/rm"
+# A shim the kit's ``date`` finds first on the verifier's PATH, doing nothing but telling the time.
+PASS_THROUGH_DATE = (
+    "printf '#!/bin/sh\\nexec /usr/bin/date \"$@\"\\n' > /usr/local/bin/date && chmod +x /usr/local/bin/date"
+)
 
 
 async def test_under_the_warn_policy_the_forged_loads_are_a_warning_and_the_verdict_stands(task_dir, backend, no_leaks):
-    record = await attack(task_dir, backend, PASS_THROUGH_RM, "echo done > /app/result.txt", tamper="warn")
+    record = await attack(task_dir, backend, PASS_THROUGH_DATE, "echo done > /app/result.txt", tamper="warn")
     assert record.resolved and record.error is None, record
-    assert any("/usr/local/bin/rm (added by the agent; executed by the verifier" in w for w in record.warnings)
+    assert any("/usr/local/bin/date (added by the agent; executed by the verifier" in w for w in record.warnings)
 
 
 async def test_a_task_that_allows_system_changes_is_verified_without_a_warning(tmp_path, backend, no_leaks):
     task = write_task(tmp_path, verifier_toml="allow_system_changes = true")
-    record = await attack(task, backend, PASS_THROUGH_RM, "echo done > /app/result.txt")
+    record = await attack(task, backend, PASS_THROUGH_DATE, "echo done > /app/result.txt")
     assert record.resolved and record.error is None, record
-    assert "/usr/local/bin/rm" in (record.system_changes or [])
+    assert "/usr/local/bin/date" in (record.system_changes or [])
     assert not any("the agent wrote" in w for w in record.warnings), record.warnings
 
 
@@ -105,9 +110,9 @@ async def test_a_clean_episode_fails_nothing_and_its_changes_are_listed(task_dir
 async def test_under_the_fail_policy_a_tampered_trial_scores_zero_without_running_the_verifier(
     task_dir, backend, no_leaks
 ):
-    record = await attack(task_dir, backend, RM_SHIM)  # "fail" is the default
+    record = await attack(task_dir, backend, DATE_SHIM)  # "fail" is the default
     assert record.error is not None, record
-    assert record.error["kind"] == "tampered" and "/usr/local/bin/rm" in record.error["message"]
+    assert record.error["kind"] == "tampered" and "/usr/local/bin/date" in record.error["message"]
     assert record.reward == 0.0 and not record.resolved and record.assertions == []
 
 
@@ -117,9 +122,9 @@ async def test_the_separate_verification_mode_grades_in_a_fresh_container(tmp_pa
     task = write_task(
         tmp_path, verifier_toml='environment_mode = "separate"', top_toml='artifacts = ["/app/result.txt"]'
     )
-    cheated = await attack(task, backend, RM_SHIM)
+    cheated = await attack(task, backend, DATE_SHIM)
     assert not forged(cheated), cheated
-    honest = await attack(task, backend, RM_SHIM, "echo done > /app/result.txt")
+    honest = await attack(task, backend, DATE_SHIM, "echo done > /app/result.txt")
     assert honest.resolved and honest.error is None, honest
 
 

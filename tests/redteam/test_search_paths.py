@@ -28,9 +28,14 @@ FORGED_FILE = "/root/.local/forged.json"
 WRITE_FORGED = f"mkdir -p {LOCAL_BIN} && printf '%s' '{FORGED_CTRF}' > {FORGED_FILE}\n"
 
 
-# A stand-in for the `rm` the assertion kit runs last (tg_finish removes its scratch directory after
-# the final report is written): it does the removal, then puts the forged report in place.
-RM_SHIM = f'#!/bin/sh\n/usr/bin/rm "$@"\ncat {FORGED_FILE} > /logs/verifier/ctrf.json 2>/dev/null\nexit 0'
+# A stand-in for the `date` the assertion kit runs under dash for its stop time (the one program it
+# still runs under termgym, which gives it a scratch directory and a start time): it tells the time,
+# then leaves a writer that puts the forged report in place, again and again, so that it wins over
+# the kit's final report until the kill step.
+DATE_SHIM = (
+    f'#!/bin/sh\n/usr/bin/date "$@"\n'
+    f"(while :; do cat {FORGED_FILE} > /logs/verifier/ctrf.json; sleep 0.01; done) >/dev/null 2>&1 &"
+)
 
 
 def planted(path: str, body: str) -> str:
@@ -45,9 +50,9 @@ def warned_about(record, directory: str) -> bool:
 async def test_an_agent_writable_directory_first_on_the_images_path_cannot_shim_the_verifiers_tools(
     tmp_path, backend, no_leaks
 ):
-    """The assertion kit's last command is ``rm``, after its final report: an ``rm`` in
-    /root/.local/bin (first on the image's PATH) would put an all-pass report in place."""
-    shim = planted(f"{LOCAL_BIN}/rm", RM_SHIM)
+    """The assertion kit runs ``date`` for its stop time: a ``date`` in /root/.local/bin (first on
+    the image's PATH) would put an all-pass report in place."""
+    shim = planted(f"{LOCAL_BIN}/date", DATE_SHIM)
     record = await oracle_attack(tmp_path, backend, shim, dockerfile=LOCAL_BIN_FIRST, test_sh=REAL_TEST_SH)
     assert not forged(record), record
     assert warned_about(record, LOCAL_BIN), record.warnings
@@ -184,7 +189,7 @@ async def test_a_sleep_first_on_the_containers_path_does_not_run_again_at_the_ki
 
 # What an agent plants under system paths on Docker to forge the report, with default settings.
 SYSTEM_PLANTS = {
-    "path-shim-in-usr-local-bin": planted("/usr/local/bin/rm", RM_SHIM),
+    "path-shim-in-usr-local-bin": planted("/usr/local/bin/date", DATE_SHIM),
     "replaced-bin-sh": planted(
         "/tmp/sh.new",
         f"""\
@@ -269,15 +274,16 @@ async def test_a_hook_an_entrypoint_runs_from_a_writable_directory_is_left_behin
 async def test_a_system_path_link_into_a_directory_the_agent_can_write_is_not_a_trusted_tool(tmp_path, no_leaks):
     """The image installs a tool under /opt and links it from /usr/local/bin (as images do for node,
     conda or an editable install's scripts): the PATH entry is a system directory, the program is
-    not. Here the tool is ``rm``, which the assertion kit runs last; the agent rewrites /opt's copy."""
+    not. Here the tool is ``date``, which the assertion kit runs; the agent rewrites /opt's copy."""
     setup = (
-        "RUN mkdir -p /opt/tools/bin && cp /usr/bin/rm /opt/tools/bin/rm && ln -s /opt/tools/bin/rm /usr/local/bin/rm\n"
+        "RUN mkdir -p /opt/tools/bin && cp /usr/bin/date /opt/tools/bin/date"
+        " && ln -s /opt/tools/bin/date /usr/local/bin/date\n"
     )
-    shim = planted("/opt/tools/bin/rm.new", RM_SHIM)
+    shim = planted("/opt/tools/bin/date.new", DATE_SHIM)
     record = await oracle_attack(
         tmp_path,
         "docker",
-        shim + "/usr/bin/mv -f /opt/tools/bin/rm.new /opt/tools/bin/rm\n",
+        shim + "/usr/bin/mv -f /opt/tools/bin/date.new /opt/tools/bin/date\n",
         dockerfile=f"FROM debian:bookworm-slim\nWORKDIR /app\n{setup}",
         test_sh=REAL_TEST_SH,
     )
