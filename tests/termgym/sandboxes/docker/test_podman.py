@@ -194,14 +194,20 @@ def test_the_null_agent_fails_a_bundled_task(podman: Podman):
     assert not podman.containers()
 
 
-FORGE = f"printf '#!/bin/sh\\n/usr/bin/rm \"$@\"\\necho %s > /logs/verifier/ctrf.json\\nexit 0\\n' '{FORGED_CTRF}'"
+# Tells the time, then leaves a writer that puts an all-pass report in place until the kill step.
+FORGE = (
+    'printf \'#!/bin/sh\\n/usr/bin/date "$@"\\n'
+    "(while :; do echo %s > /logs/verifier/ctrf.json; sleep 0.01; done) >/dev/null 2>&1 &\\n'"
+    f" '{FORGED_CTRF}'"
+)
 ATTACKS = {
-    # a shim earlier on the verifier's PATH for the `rm` the assertion kit runs last
-    "path-shim": (f"{FORGE} > /usr/local/bin/rm && chmod +x /usr/local/bin/rm", "/usr/local/bin/rm"),
+    # a shim earlier on the verifier's PATH for the `date` the assertion kit runs under dash (its
+    # stop time: the one program it still runs under termgym)
+    "path-shim": (f"{FORGE} > /usr/local/bin/date && chmod +x /usr/local/bin/date", "/usr/local/bin/date"),
     # the same shim in the work directory, a directory of the image's PATH replaced by a link to it
     # (Podman's archive of a link is what it leads to: the link is read from its stat)
     "directory-link": (
-        f"mkdir -p /app/bin && {FORGE} > /app/bin/rm && chmod +x /app/bin/rm"
+        f"mkdir -p /app/bin && {FORGE} > /app/bin/date && chmod +x /app/bin/date"
         " && rm -rf /usr/local/bin && ln -s /app/bin /usr/local/bin",
         "/usr/local/bin",
     ),
