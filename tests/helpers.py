@@ -106,6 +106,12 @@ def termgym_containers() -> list[str]:
     return [c["Id"] for c in docker_client().api.containers(all=True, filters={"label": "termgym=1"})]
 
 
+# What still ends an embedded sandbox from inside, whose keeper is its PID namespace's init (no
+# process of the sandbox can signal it: ``kill -9 -1`` spares it): made the OOM killer's first
+# choice, then memory past the sandbox's limit (2 GB by default). Two seconds or so.
+KILL_THE_KEEPER = "echo 1000 > /proc/1/oom_score_adj; head -c 5000M /dev/zero | tail"
+
+
 def require_docker() -> None:
     """Docker tests fail, never skip, when the engine is missing: make test starts it."""
     from termgym.sandboxes.docker import docker_client

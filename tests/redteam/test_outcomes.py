@@ -15,6 +15,7 @@ from termgym.scheduling.pool import TaskPool, make_nodes
 from termgym.scheduling.runners import TrialRunner
 from termgym.scheduling.scheduler import FAILED_KINDS, RETRYABLE_KINDS, RolloutScheduler, SchedulerConfig
 from termgym.tasks import load_task
+from tests.helpers import require_docker
 from tests.redteam.helpers import attack
 
 pytestmark = [pytest.mark.redteam]
@@ -29,9 +30,20 @@ PROTOCOL_BREAKER = (
 # `kill -9 -1` spares the shell that runs it. On Docker it also kills the container's keeper, so its
 # init exits and the kernel ends the shell too: whether the shell's frame reaches the driver first
 # (the agent then submits, and verification finds the sandbox broken) or not is a race the test does
-# not control. Either way the episode ends as the agent broke it, and so it reports.
-@pytest.mark.parametrize("command", ["kill -9 -1", PROTOCOL_BREAKER], ids=["kill-everything", "break-the-protocol"])
+# not control. Either way the episode ends as the agent broke it, and so it reports. On the embedded
+# backend the keeper is its PID namespace's init, which nothing inside can signal (below).
+@pytest.mark.parametrize(
+    ("backend", "command"),
+    [
+        ("local", PROTOCOL_BREAKER),
+        pytest.param("docker", PROTOCOL_BREAKER, marks=pytest.mark.docker),
+        pytest.param("docker", "kill -9 -1", marks=pytest.mark.docker),
+    ],
+    ids=["local-break-the-protocol", "docker-break-the-protocol", "docker-kill-everything"],
+)
 async def test_breaking_the_sandbox_scores_zero_and_blames_the_agent(task_dir, backend, no_leaks, command):
+    if backend == "docker":
+        require_docker()
     record = await attack(task_dir, backend, "echo done > /app/result.txt", command)
     assert record.error is not None, record
     assert record.error["kind"] == "broken_by_agent", record.error
@@ -40,9 +52,19 @@ async def test_breaking_the_sandbox_scores_zero_and_blames_the_agent(task_dir, b
     assert record.error["kind"] not in RETRYABLE_KINDS and record.error["kind"] not in FAILED_KINDS
 
 
+async def test_killing_every_process_leaves_an_embedded_sandbox_to_be_graded(task_dir, no_leaks):
+    """The embedded keeper is its PID namespace's init: ``kill -9 -1`` (and ``kill -9 1``) from inside
+    ends every other process but cannot end it, so the sandbox lives on and the work the agent left
+    is graded as any other (with bubblewrap's own init in front of the keeper, the keeper died and
+    the trial was broken)."""
+    record = await attack(task_dir, "local", "echo done > /app/result.txt", "kill -9 -1; kill -9 1")
+    assert record.error is None, record.error
+    assert record.resolved and record.passed == record.total == 2, record
+
+
 async def test_a_broken_sandbox_is_kept_in_the_batch_not_retried(task_dir, no_leaks):
     pacer = Pacer()
-    runner = TrialRunner(ScriptedAgent(("kill -9 -1",)), EnvOptions(run_id="redteam"), pacer)
+    runner = TrialRunner(ScriptedAgent((PROTOCOL_BREAKER,)), EnvOptions(run_id="redteam"), pacer)
     config = SchedulerConfig(batch_size=1, mode="wait", nodes=make_nodes([1]))
     scheduler = RolloutScheduler(runner, TaskPool([load_task(task_dir)], shuffle=False), config, pacer=pacer)
     result = await scheduler.step()

@@ -7,13 +7,13 @@ Pure: argv lists in, argv lists out. Every host program is found by absolute pat
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from termgym.sandboxes.host_kit import kit_argv
 from termgym.sandboxes.local.holder import inside_argv
-from termgym.sandboxes.local.host import bwrap_supports
+from termgym.sandboxes.local.host import bwrap_supports, keeper_is_init
 from termgym.sandboxes.local.syscall_filter import program, this_machine
 from termgym.sandboxes.tools import host_tool
 
@@ -223,8 +223,6 @@ fail("run $ARGV[0]");
 _GUARD = _GUARD_HEAD + _GUARD_EXEC
 _GUARD_ENTERING = _GUARD_HEAD + _GUARD_ENTER + _GUARD_EXEC
 GUARD_SCRIPTS = (_GUARD, _GUARD_ENTERING)  # what a guard process runs (``perl -e SCRIPT``)
-# The keeper says "ready" once the sandbox is fully set up; commands enter its namespaces.
-KEEPER_COMMAND = ("/bin/sh", "-c", "echo ready; exec /bin/sleep infinity")
 # What a sandbox over an image runs from the host's kit (``host_kit``) rather than its own root.
 KIT_PROGRAMS = ("strace", "setpriv", "env", "timeout", "nsenter", "sh", "sleep")
 
@@ -245,6 +243,24 @@ class ImageRoot:
     def mount_points(self) -> tuple[str, ...]:
         """What bubblewrap binds into the root (made in its upper layer where the image lacks it)."""
         return (self.kit_at, *(("/etc/resolv.conf",) if self.resolv is not None else ()))
+
+
+def _sandbox_tool(name: str) -> list[str]:
+    """The host's program ``name`` as a sandbox over the host's system sees it (its ``/usr``)."""
+    return [f"/usr/bin/{name}" if name == "env" else f"/bin/{name}"]
+
+
+def keeper_command(tool: Callable[[str], list[str]]) -> list[str]:
+    """The keeper, from the programs ``tool(name)`` runs (the host's, or the kit's over an image): it
+    says "ready" once the sandbox is set up, then sleeps; commands enter its namespaces. As the PID
+    namespace's init (``host.keeper_is_init``) it ignores SIGCHLD across its exec (``env
+    --ignore-signal``), so the kernel reaps every orphan it adopts, and no process of the sandbox can
+    signal it (the kernel drops what they send an init that has no handler: ``kill -9 -1`` spares
+    it); only the host ends it, and with it the namespace."""
+    sleep = [*tool("sleep"), "infinity"]
+    if keeper_is_init():
+        sleep = [*tool("env"), "--ignore-signal=CHLD", *sleep]
+    return [*tool("sh"), "-c", f"echo ready; exec {' '.join(sleep)}"]
 
 
 def keeper_argv(
@@ -289,13 +305,14 @@ def keeper_argv(
     kit_at = image.kit_at if image is not None else None
     drop = [*(kit_argv(kit_at, "setpriv") if kit_at else [host_tool("setpriv")]), "--bounding-set=-all"]
     drop = [*drop, "--inh-caps=-all", "--"] if mapped else []
+    keeper = keeper_command((lambda name: kit_argv(kit_at, name)) if kit_at is not None else _sandbox_tool)
+    if keeper_is_init():
+        argv.append("--as-pid-1")
     if image is None:
         for name in roots:
             argv += ["--bind", str(files_dir / name), f"/{name}"]
-        argv += ["--remount-ro", "/", "--chdir", "/", "--clearenv", "--", *drop, *KEEPER_COMMAND]
+        argv += ["--remount-ro", "/", "--chdir", "/", "--clearenv", "--", *drop, *keeper]
     else:
-        sleep = " ".join(kit_argv(image.kit_at, "sleep"))
-        keeper = [*kit_argv(image.kit_at, "sh"), "-c", f"echo ready; exec {sleep} infinity"]
         if image.resolv is not None:
             argv += ["--ro-bind", str(image.resolv), "/etc/resolv.conf"]
         argv += ["--ro-bind", str(image.kit), image.kit_at, "--chdir", "/", "--clearenv", "--", *drop, *keeper]

@@ -84,6 +84,18 @@ def bwrap_supports(option: str) -> bool:
 
 
 @functools.cache
+def keeper_is_init() -> bool:
+    """Whether a keeper runs as its PID namespace's init (``commands.keeper_argv``): bubblewrap has
+    ``--as-pid-1`` and the host's ``env`` ``--ignore-signal`` (coreutils 8.31), by which the keeper
+    ignores SIGCHLD, so that the kernel reaps every orphan it adopts. Else bubblewrap's own reaper
+    is the init and the keeper its child."""
+    if not bwrap_supports("--as-pid-1"):
+        return False
+    probe = [host_tool("env"), "--ignore-signal=CHLD", host_tool("true")]
+    return subprocess.run(probe, capture_output=True, env=HOST_ENV).returncode == 0
+
+
+@functools.cache
 def _probe_user_namespaces() -> None:
     """Once per process: can an unprivileged sandbox be made here?"""
     uid = sandbox_uid()

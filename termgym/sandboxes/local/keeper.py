@@ -27,9 +27,21 @@ from termgym.sandboxes.host_processes import (
     start_detached,
     start_time,
 )
+from termgym.sandboxes.local.host import keeper_is_init
 
 START_TIMEOUT = 10.0
 Started = tuple[asyncio.subprocess.Process, int]  # the keeper's bubblewrap on the host, the keeper's host pid
+
+
+def keeper_of(bwrap: int) -> int:
+    """The keeper command's host pid under its bubblewrap ``bwrap``: that one's child, the PID
+    namespace's init (``host.keeper_is_init``), else the child of bubblewrap's own init, its reaper.
+    ``ValueError`` unless there is exactly one."""
+    (init,) = children(bwrap)
+    if keeper_is_init():
+        return init
+    (keeper,) = children(init)
+    return keeper
 
 
 class Keeper:
@@ -64,9 +76,7 @@ class Keeper:
             line = await wait_for(process.stdout.readline(), START_TIMEOUT)
             if line != b"ready\n":
                 raise ValueError("the keeper did not start")
-            # bwrap (host) -> the namespace's init -> the keeper command: enter the keeper's.
-            (init,) = children(process.pid)
-            (keeper,) = children(init)
+            keeper = keeper_of(process.pid)
             close_output_pipes(process)  # the keeper says nothing more (its command sleeps)
         except (TimeoutError, ValueError) as exc:
             await end_keeper(process)
@@ -141,8 +151,7 @@ class Keeper:
         pid = await asyncio.to_thread(start_detached, self._argv(True), log=log, timeout=START_TIMEOUT)
         self.detached = (pid, start_time(pid))
         try:
-            (init,) = children(pid)
-            (keeper,) = children(init)
+            keeper = keeper_of(pid)
         except ValueError as exc:
             await self.stop()
             raise SandboxError("the kept sandbox's keeper did not start its namespace") from exc

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO_ROOT, sandbox_processes, termgym, termgym_containers, write_task
+from tests.helpers import KILL_THE_KEEPER, REPO_ROOT, sandbox_processes, termgym, termgym_containers, write_task
 
 pytest.importorskip("inspect_ai", reason="the integrations extra")
 from inspect_ai.log import read_eval_log
@@ -258,7 +258,7 @@ async def test_the_scorer_path_verifies_once_and_the_sandbox_is_then_unavailable
 async def test_a_sandbox_that_dies_mid_sample_is_unavailable_and_scores_zero_as_the_agents_doing(task_dir):
     async with started(task_dir, "local") as box:
         with pytest.raises(SandboxUnavailableError):
-            await box.exec(["sh", "-c", "kill -9 -1; sleep 5"])
+            await box.exec(["sh", "-c", f"{KILL_THE_KEEPER}; sleep 5"])
         with pytest.raises(SandboxUnavailableError):
             await box.exec(["true"])
         verdict = await box.verify()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO_ROOT, sandbox_processes, termgym, termgym_containers
+from tests.helpers import KILL_THE_KEEPER, REPO_ROOT, sandbox_processes, termgym, termgym_containers
 
 skyrl_gym = pytest.importorskip("skyrl_gym", reason="the integrations extra")
 from termgym.integrations import skyrl  # noqa: E402  (registers the id)
@@ -113,7 +113,7 @@ def test_the_turn_budget_counts_every_reply_and_ends_the_episode_verified():
 
 
 def test_a_sandbox_the_agent_kills_ends_the_episode_with_reward_zero_and_its_error():
-    outputs, _ = episode([block("kill -9 -1; sleep 5")])
+    outputs, _ = episode([block(f"{KILL_THE_KEEPER}; sleep 5")])
     last = outputs[-1]
     assert last["done"] and last["reward"] == 0.0
     assert last["metadata"]["error"]["kind"] == "broken_by_agent"

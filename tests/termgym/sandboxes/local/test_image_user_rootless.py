@@ -52,7 +52,7 @@ PROGRAMS = tuple(
     f"/usr/bin/{name}"
     for name in "chown chmod touch mkdir sleep tar head base64 unshare nsenter setpriv setsid cat ls".split()
 )
-KEEPER = 'while read k v; do case $k in CapPrm:|CapBnd:) echo "$k $v";; esac; done < /proc/2/status'
+KEEPER = 'while read k v; do case $k in CapPrm:|CapBnd:) echo "$k $v";; esac; done < /proc/1/status'
 SCRIPT = textwrap.dedent("""\
     import asyncio, io, json, os, site, sys, tarfile
     from pathlib import Path

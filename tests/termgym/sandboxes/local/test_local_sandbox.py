@@ -123,6 +123,18 @@ async def test_killing_agent_processes_keeps_files(tmp_path, no_leaks):
         assert await run(sandbox, "cat /app/state; ps -e -o args | grep -c 'sleep 10000[7]' || true") == "kept\n0\n"
 
 
+async def test_the_keeper_is_the_namespaces_init_reaps_orphans_and_outlives_kill_everything(tmp_path, no_leaks) -> None:
+    """The keeper is PID 1 (no reaper of bubblewrap's in front of it), the kernel reaps the orphans
+    it adopts (it ignores SIGCHLD), and no process of the sandbox can end it."""
+    async with LocalSandbox(spec(tmp_path)) as sandbox:
+        assert await run(sandbox, "tr '\\0' ' ' < /proc/1/cmdline") == "/bin/sleep infinity "
+        orphans = "for i in 1 2 3 4 5 6; do sh -c '(sleep 0.2) & exit'; done; sleep 1"
+        zombies = "grep -l '^State:.*zombie' /proc/[0-9]*/status 2>/dev/null | wc -l"
+        assert await run(sandbox, f"{orphans}; {zombies}") == "0\n"  # 6 without the reaping
+        await sandbox.exec(["/bin/sh", "-c", "kill -9 -1; kill -9 1"], timeout=10)
+        assert await run(sandbox, "echo alive") == "alive\n"
+
+
 async def test_the_kill_goes_on_in_a_namespace_the_agent_never_reached(no_leaks) -> None:
     """The spare keeper, started with the sandbox, is invisible to the agent's processes; after
     the kill it serves the next command, and nothing the agent started is there."""

@@ -1,5 +1,6 @@
 """A sandbox never ends another's through a pid that is no longer its own: once a sandbox's keeper
-has died (its agent killed every process of it) and its bubblewrap was reaped, that pid may be
+has died (killed from the host: no process of the sandbox can signal it, its namespace's init) and
+its bubblewrap was reaped, that pid may be
 another process's, here the keeper of another sandbox (another trial's, or another run's on the
 same machine: pids wrap quickly under a process storm). Stopping the first must leave the second
 running."""
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -24,19 +26,21 @@ pytestmark = pytest.mark.skipif(
 
 
 async def broken_sandbox() -> tuple[LocalSandbox, int]:
-    """A started sandbox whose agent ran ``kill -9 -1`` (its keeper is gone), and the pid its
-    keeper's bubblewrap had, once reaped."""
+    """A started sandbox whose keeper was killed from the host, and the pid its keeper's bubblewrap
+    had, once reaped."""
     sandbox = LocalSandbox(SandboxSpec("broken", None, None))
     await sandbox.start()
     assert sandbox._keeper is not None and sandbox._keeper.process is not None
-    bwrap = sandbox._keeper.process
-    with pytest.raises(SandboxBroken):
-        await sandbox.exec(["/bin/sh", "-c", "kill -9 -1"], timeout=10)
+    bwrap, keeper = sandbox._keeper.process, sandbox._keeper.pid
+    assert keeper is not None
+    os.kill(keeper, signal.SIGKILL)
     for _ in range(250):
         if bwrap.returncode is not None:
             break
         await asyncio.sleep(0.02)
     assert bwrap.returncode is not None, "the broken sandbox's bubblewrap was never reaped"
+    with pytest.raises(SandboxBroken):
+        await sandbox.exec(["/bin/true"], timeout=10)
     return sandbox, bwrap.pid
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from termgym.sandboxes.host_processes import children
 from termgym.sandboxes.local.commands import RootEntry, enter_argv, keeper_argv, within_limits
+from termgym.sandboxes.local.keeper import keeper_of
 from tests.termgym.sandboxes.local.tiny_images import tiny_image
 from tests.termgym.sandboxes.local.unprivileged import NOBODY, SYSTEM_PYTHON, as_nobody, nobody_home, run_as_nobody
 
@@ -46,9 +46,7 @@ def keeper() -> Iterator[int]:
     )
     try:
         assert process.stdout is not None and process.stdout.readline() == b"ready\n"
-        (init,) = children(process.pid)
-        (pid,) = children(init)
-        yield pid
+        yield keeper_of(process.pid)
     finally:
         process.kill()
         process.wait()
