@@ -11,16 +11,17 @@ alone never make two contexts equal, and the encoding is framed (every field len
 SHA-256 per file). Symlinks are hashed as links, never followed. ``skip_git`` leaves out any path
 with a ``.git`` component; no other ignore file is read (no builder here honours
 ``.dockerignore``). A directory that cannot be read raises ``OSError`` rather than hashing as
-empty. Nothing is memoized: every call reads every byte.
+empty.
 
-Why nothing is memoized, and what that costs:
-docs/results/warm-pool.md#the-recipe-keys-cost-issue-42."""
+A regular file's bytes are read once per process where its times have settled (``file_sha256``
+says what that leaves): docs/results/warm-pool.md#the-recipe-keys-cost-issue-42."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import stat
+import time
 from pathlib import Path
 
 FORMAT = b"termgym-context-1"
@@ -69,11 +70,35 @@ def context_digest(context_dir: Path | None, *, skip_git: bool = False) -> str:
     return digest.hexdigest()
 
 
+SETTLED_NS = 2_000_000_000  # a file's times older than this when it is hashed: its digest is remembered
+_MAX_REMEMBERED = 65_536
+_REMEMBERED: dict[tuple[int, int, int, int, int], bytes] = {}  # (dev, inode, size, mtime, ctime) -> SHA-256
+
+
 def file_sha256(path: Path) -> bytes:
-    """The SHA-256 of a file's bytes, read in chunks (symlinks not followed)."""
+    """The SHA-256 of a file's bytes, read in chunks (symlinks not followed); remembered for this
+    process by the open file's device, inode, size, mtime and ctime where both times were at least
+    ``SETTLED_NS`` old when it was read. No metadata proves a file rewritten within one timestamp
+    tick unchanged, so a younger one is read at every call; once settled, any write sets its ctime,
+    which no process can set back, past the one remembered. Left: a realtime clock stepped back
+    past it and a write landing on that very tick."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as file:
-        return hashlib.file_digest(file, "sha256").digest()
+        info = os.fstat(fd)
+        identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        if (known := _REMEMBERED.get(identity)) is not None:
+            return known
+        digest = hashlib.file_digest(file, "sha256").digest()
+    if time.time_ns() - max(info.st_mtime_ns, info.st_ctime_ns) >= SETTLED_NS:
+        if len(_REMEMBERED) >= _MAX_REMEMBERED:
+            _REMEMBERED.clear()
+        _REMEMBERED[identity] = digest
+    return digest
+
+
+def forget_file_digests() -> None:
+    """Forget every digest ``file_sha256`` remembered (the next call of each reads the bytes)."""
+    _REMEMBERED.clear()
 
 
 def _relative(path: Path, root: Path) -> str:

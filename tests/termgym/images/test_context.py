@@ -4,13 +4,15 @@ and times are the same; identical contents get the same digest wherever they are
 
 from __future__ import annotations
 
+import hashlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from termgym.images import build
+from termgym.images import build, context
 from termgym.images.context import context_digest
 from termgym.sandboxes.local.env_cache import environment_key
 from termgym.sandboxes.local.pool import files_digest
@@ -98,3 +100,53 @@ def test_git_is_left_out_only_where_the_builder_does_not_send_it(tmp_path: Path)
 
 def test_no_context_is_one_fixed_digest():
     assert context_digest(None) == context_digest(None) != ""
+
+
+# -- what file_sha256 remembers ---------------------------------------------------------------------
+
+
+def rewrite_in_place(path: Path, data: bytes) -> None:
+    """New bytes of the same size, the modification time set back to what it was."""
+    before = path.stat()
+    assert len(data) == before.st_size
+    path.write_bytes(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every file whose bytes ``file_sha256`` reads from now on."""
+    seen: list[object] = []
+    real = hashlib.file_digest
+
+    def counted(file, digest):
+        seen.append(file)
+        return real(file, digest)
+
+    monkeypatch.setattr(context.hashlib, "file_digest", counted)
+    return seen
+
+
+def test_a_settled_file_is_read_once_and_read_again_once_rewritten(tmp_path: Path, monkeypatch):
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"a" * 4096)
+    time.sleep(context.SETTLED_NS / 1e9)
+    context.forget_file_digests()
+    seen = reads(monkeypatch)
+    first = context.file_sha256(path)
+    assert context.file_sha256(path) == first == hashlib.sha256(b"a" * 4096).digest()
+    assert len(seen) == 1  # remembered
+    rewrite_in_place(path, b"b" * 4096)  # same size and mtime; its ctime is now, no longer the settled one
+    assert context.file_sha256(path) == hashlib.sha256(b"b" * 4096).digest()
+    assert len(seen) == 2
+
+
+def test_a_file_written_within_the_settling_time_is_read_at_every_call(tmp_path: Path, monkeypatch):
+    """A rewrite within one timestamp tick keeps size, mtime and ctime: only the bytes tell."""
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"a" * 4096)
+    seen = reads(monkeypatch)
+    assert context.file_sha256(path) == hashlib.sha256(b"a" * 4096).digest()
+    rewrite_in_place(path, b"b" * 4096)
+    assert context.file_sha256(path) == hashlib.sha256(b"b" * 4096).digest()
+    assert context.file_sha256(path) == hashlib.sha256(b"b" * 4096).digest()
+    assert len(seen) == 3
