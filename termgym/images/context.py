@@ -62,7 +62,7 @@ def context_digest(context_dir: Path | None, *, skip_git: bool = False) -> str:
         if stat.S_ISLNK(info.st_mode):
             put("link", relative, mode, os.readlink(path))
         elif stat.S_ISREG(info.st_mode):
-            put("file", relative, mode, file_sha256(path))
+            put("file", relative, mode, file_sha256(path, info))
         elif stat.S_ISDIR(info.st_mode):
             put("dir", relative, mode)
         else:
@@ -75,17 +75,20 @@ _MAX_REMEMBERED = 65_536
 _REMEMBERED: dict[tuple[int, int, int, int, int], bytes] = {}  # (dev, inode, size, mtime, ctime) -> SHA-256
 
 
-def file_sha256(path: Path) -> bytes:
+def file_sha256(path: Path, seen: os.stat_result | None = None) -> bytes:
     """The SHA-256 of a file's bytes, read in chunks (symlinks not followed); remembered for this
     process by the open file's device, inode, size, mtime and ctime where both times were at least
     ``SETTLED_NS`` old when it was read. No metadata proves a file rewritten within one timestamp
     tick unchanged, so a younger one is read at every call; once settled, any write sets its ctime,
     which no process can set back, past the one remembered. Left: a realtime clock stepped back
-    past it and a write landing on that very tick."""
+    past it and a write landing on that very tick. ``seen``: the file's ``lstat`` the caller took,
+    whose remembered digest is returned without opening it."""
+    if seen is not None and (known := _REMEMBERED.get(_identity(seen))) is not None:
+        return known
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as file:
         info = os.fstat(fd)
-        identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        identity = _identity(info)
         if (known := _REMEMBERED.get(identity)) is not None:
             return known
         digest = hashlib.file_digest(file, "sha256").digest()
@@ -94,6 +97,10 @@ def file_sha256(path: Path) -> bytes:
             _REMEMBERED.clear()
         _REMEMBERED[identity] = digest
     return digest
+
+
+def _identity(info: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
 
 def forget_file_digests() -> None:
