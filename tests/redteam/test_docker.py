@@ -24,11 +24,12 @@ pytestmark = [pytest.mark.redteam, pytest.mark.docker]
 
 # A shim earlier on PATH for the `date` the assertion kit runs under dash for its stop time (the one
 # program it still runs under termgym, which gives it a scratch directory and a start time): it tells
-# the time, then leaves a writer that puts an all-pass report in place, again and again, so that it
-# wins over the kit's final report until the kill step.
+# the time, then leaves a writer that puts an all-pass report in place, again and again, for two
+# seconds or more: long past the kit's final report. (One that never stopped would hold the traced
+# verifier until its timeout, 30 s here: strace waits for every process it follows.)
 DATE_SHIM = (
     'printf \'#!/bin/sh\\n/usr/bin/date "$@"\\n'
-    "(while :; do echo %s > /logs/verifier/ctrf.json; sleep 0.01; done) >/dev/null 2>&1 &\\n'"
+    "(n=0; while [ $n -lt 200 ]; do echo %s > /logs/verifier/ctrf.json; sleep 0.01; n=$((n+1)); done) >/dev/null 2>&1 &\\n'"
     f" '{FORGED_CTRF}' > /usr/local/bin/date && chmod +x /usr/local/bin/date"
 )
 PLANTS = {

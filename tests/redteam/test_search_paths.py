@@ -30,11 +30,12 @@ WRITE_FORGED = f"mkdir -p {LOCAL_BIN} && printf '%s' '{FORGED_CTRF}' > {FORGED_F
 
 # A stand-in for the `date` the assertion kit runs under dash for its stop time (the one program it
 # still runs under termgym, which gives it a scratch directory and a start time): it tells the time,
-# then leaves a writer that puts the forged report in place, again and again, so that it wins over
-# the kit's final report until the kill step.
+# then leaves a writer that puts the forged report in place, again and again, for two seconds or
+# more: long past the kit's final report (one that never stopped would hold the traced verifier
+# until its timeout: strace waits for every process it follows).
 DATE_SHIM = (
     f'#!/bin/sh\n/usr/bin/date "$@"\n'
-    f"(while :; do cat {FORGED_FILE} > /logs/verifier/ctrf.json; sleep 0.01; done) >/dev/null 2>&1 &"
+    f"(n=0; while [ $n -lt 200 ]; do cat {FORGED_FILE} > /logs/verifier/ctrf.json; sleep 0.01; n=$((n+1)); done) >/dev/null 2>&1 &"
 )
 
 

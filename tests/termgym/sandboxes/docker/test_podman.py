@@ -194,10 +194,12 @@ def test_the_null_agent_fails_a_bundled_task(podman: Podman):
     assert not podman.containers()
 
 
-# Tells the time, then leaves a writer that puts an all-pass report in place until the kill step.
+# Tells the time, then leaves a writer that puts an all-pass report in place for two seconds or more,
+# long past the kit's final report (one that never stopped would hold the traced verifier until its
+# timeout: strace waits for every process it follows).
 FORGE = (
     'printf \'#!/bin/sh\\n/usr/bin/date "$@"\\n'
-    "(while :; do echo %s > /logs/verifier/ctrf.json; sleep 0.01; done) >/dev/null 2>&1 &\\n'"
+    "(n=0; while [ $n -lt 200 ]; do echo %s > /logs/verifier/ctrf.json; sleep 0.01; n=$((n+1)); done) >/dev/null 2>&1 &\\n'"
     f" '{FORGED_CTRF}'"
 )
 ATTACKS = {
