@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -132,6 +133,21 @@ async def test_the_keeper_is_the_namespaces_init_reaps_orphans_and_outlives_kill
         zombies = "grep -l '^State:.*zombie' /proc/[0-9]*/status 2>/dev/null | wc -l"
         assert await run(sandbox, f"{orphans}; {zombies}") == "0\n"  # 6 without the reaping
         await sandbox.exec(["/bin/sh", "-c", "kill -9 -1; kill -9 1"], timeout=10)
+        assert await run(sandbox, "echo alive") == "alive\n"
+
+
+async def test_without_as_pid_1_bubblewraps_reaper_is_the_init_and_the_keeper_its_child(
+    tmp_path, no_leaks, monkeypatch
+) -> None:
+    """The fallback for a host whose bubblewrap or coreutils lacks what the keeper as init needs."""
+    from termgym.sandboxes.local import commands, keeper
+
+    monkeypatch.setattr(commands, "keeper_is_init", lambda: False)
+    monkeypatch.setattr(keeper, "keeper_is_init", lambda: False)
+    async with LocalSandbox(spec(tmp_path)) as sandbox:
+        assert await run(sandbox, "tr '\\0' ' ' < /proc/2/cmdline") == "/bin/sleep infinity "
+        assert isinstance(sandbox, LocalSandbox)
+        assert Path(f"/proc/{sandbox._keeper_pid}/comm").read_text() == "sleep\n"  # the one entered
         assert await run(sandbox, "echo alive") == "alive\n"
 
 
