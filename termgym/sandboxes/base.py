@@ -95,7 +95,7 @@ class Command:
 
 @dataclass(frozen=True)
 class ExecResult:
-    exit_code: int | None  # None when the command was killed for its timeout
+    exit_code: int | None  # None when the command was killed for its timeout; 128 + N when signal N ended it
     output: bytes  # stdout and stderr interleaved, capped (head and tail)
     timed_out: bool = False
     dropped_bytes: int = 0

@@ -26,7 +26,7 @@ from termgym.sandboxes.base import Command, ExecResult, Sandbox
 @runtime_checkable
 class Tracing(Protocol):
     async def exec_traced(self, command: Command) -> ExecResult | None:
-        """``command`` under the tracer (``termgym.episode.loads.TRACE_OPTIONS``), its stream in
+        """``command`` under the tracer (``termgym.sandboxes.tracing.traced_argv``), its stream in
         ``ExecResult.trace``, apart from the output (the command's stderr joins its stdout); None
         where this sandbox cannot trace now."""
         ...

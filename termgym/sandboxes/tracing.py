@@ -7,6 +7,11 @@ file opened, successful calls only, every string and every decoded descriptor pa
 so it cannot go on opening files unseen). The command's stderr joins its stdout, so the tracer's
 own stderr carries the trace alone; a backend keeps that stream apart and bounded
 (``TRACE_LIMIT``). ``termgym.episode.loads`` reads it. Pure: argv lists.
+
+The command ends the trace (``END_WITH_COMMAND``): once it exits, every other process the tracer
+follows (what it left running: a server started with ``&``) is killed while still traced, so the
+tracer ends, with the command's exit status, as an untraced run does, never after a process ran on
+unseen. Without it ``strace -f`` waits for the last of them, to the step's timeout.
 """
 
 from __future__ import annotations
@@ -29,10 +34,41 @@ TRACE_OPTIONS = (
     "-e",
     "signal=none",
 )
-STDERR_TO_STDOUT = ("/bin/sh", "-c", 'exec "$@" 2>&1', "sh")
+# Runs the command (stderr joined to stdout), then SIGKILLs every process whose TracerPid is its
+# own (found by /proc: every process the tracer follows, whoever became its parent), pass after
+# pass until none is left, and exits as the command did. A zombie is killed too (its leader may be
+# all that exited, not its threads), and seen again until the tracer has reaped it. Builtins only
+# (no fork: a forked shell would be followed too). Its own errors go to /dev/null, not into the
+# trace; without /dev/null it kills nothing (the tracer then waits for them, as it did before), and
+# still exits as the command did.
+END_WITH_COMMAND = r"""
+"$@" 2>&1
+status=$?
+{
+    tracer= self=
+    while read -r key value; do
+        case $key in Pid:) self=$value ;; TracerPid:) tracer=$value; break ;; esac
+    done < /proc/self/status
+    case $tracer in ""|0) killed= ;; *) killed=1 ;; esac
+    while [ -n "$killed" ]; do
+        killed=
+        for entry in /proc/[0-9]*; do
+            [ "${entry#/proc/}" = "$self" ] && continue
+            traced=
+            while read -r key value; do
+                case $key in TracerPid:) traced=$value; break ;; esac
+            done < "$entry/status"
+            [ "$traced" = "$tracer" ] && kill -KILL "${entry#/proc/}" && killed=1
+        done
+    done
+} 2>/dev/null
+exit $status
+"""
+TRACED_WRAPPER = ("/bin/sh", "-c", END_WITH_COMMAND, "sh")
 TRACE_LIMIT = 64 << 20  # bytes of trace kept; a longer trace is incomplete, which fails closed
 
 
 def traced_argv(tracer: Sequence[str], argv: Sequence[str]) -> list[str]:
-    """``argv`` run under the tracer whose command line (up to its options) is ``tracer``."""
-    return [*tracer, *TRACE_OPTIONS, "--", *STDERR_TO_STDOUT, *argv]
+    """``argv`` run under the tracer whose command line (up to its options) is ``tracer``, the trace
+    ending with ``argv``'s own process (``END_WITH_COMMAND``)."""
+    return [*tracer, *TRACE_OPTIONS, "--", *TRACED_WRAPPER, *argv]

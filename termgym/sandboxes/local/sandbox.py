@@ -431,9 +431,11 @@ class LocalSandbox(SandboxStartup):
         finally:
             await end_entered(process)
         code = process.returncode
+        if code is not None and code < 0:  # ended by signal N: 128 + N, as a shell and Docker's exec say
+            code = 128 - code
         if self._keeper_pid is None or not alive(self._keeper_pid):
             raise SandboxBroken("every process of the sandbox was killed while a command ran (its keeper is gone)")
-        timed_out = code in (124, 137, -9) and time.monotonic() - started >= limit
+        timed_out = code in (124, 137) and time.monotonic() - started >= limit
         return ExecResult(
             exit_code=None if timed_out else code,
             output=capture.getvalue(),

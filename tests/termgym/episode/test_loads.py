@@ -232,6 +232,34 @@ def test_the_real_tracer_reports_what_a_command_loads(tmp_path):
 
 
 @pytest.mark.skipif(STRACE is None, reason="strace is not installed")
+def test_the_trace_ends_with_the_command_and_what_it_left_running_ends_unseen_never(tmp_path):
+    """The command exits 3 and leaves four processes: one holding its output, one in a session of
+    its own, one whose leader thread exited before its other thread (a zombie leader), one that
+    would read a file a moment later. The tracer ends at once, with status 3; the four are killed
+    while still traced (the late reader never read), and none is left."""
+    secret, copy = tmp_path / "secret", tmp_path / "copy"
+    secret.write_text("x")
+    leader_exits = (
+        "import threading, time, ctypes; threading.Thread(target=time.sleep, args=(309,)).start();"
+        " ctypes.CDLL(None).pthread_exit(None)"
+    )
+    script = (
+        f"sleep 307 & setsid sh -c 'sleep 308' >/dev/null 2>&1 & {sys.executable} -c '{leader_exits}' &"
+        f" (sleep 2; cat {secret} > {copy}) & sleep 0.5; echo out; exit 3"
+    )
+    done = subprocess.run(traced_argv([str(STRACE)], ["/bin/sh", "-c", script]), capture_output=True, timeout=60)
+    assert (done.returncode, done.stdout.decode().split()) == (3, ["out"]), done
+    trace = parse_trace(done.stderr)
+    assert trace.complete and any(load.path == "/bin/sh" and load.how == "executed" for load in trace.loads)
+    subprocess.run(["sleep", "3"], check=True)  # past the late reader's moment
+    assert not copy.exists() and str(secret) not in {load.path for load in trace.loads}
+    left = subprocess.run(["pgrep", "-f", "sleep 30[78]|args=.309"], capture_output=True, text=True).stdout.split()
+    assert left == [], subprocess.run(
+        ["ps", "-o", "pid,ppid,stat,args", "-p", ",".join(left)], capture_output=True, text=True
+    ).stdout
+
+
+@pytest.mark.skipif(STRACE is None, reason="strace is not installed")
 def test_a_command_that_kills_its_tracer_can_open_nothing_more(tmp_path):
     """The filter stays in the kernel: once the tracer is gone every traced call fails, so a forged
     module that ends the tracer cannot go on to write a report unseen (its own load was reported
