@@ -65,8 +65,9 @@ def agent_paths(task: Task, workdir: str) -> tuple[str, ...]:
 
 
 # The directories above the harness's own: its reset of those below changes them (listed "C" when
-# the listing, which runs beside the reset, saw only the deletion below). A directory is never
-# loaded, and one the agent replaced by a link or a file is replaced again by that reset.
+# the listing, which runs beside the reset, saw only the deletion below; "A" when the image had none
+# and it saw the reset's first directory only). A directory is never loaded, and one the agent
+# replaced by a link or a file is replaced again by that reset.
 _HARNESS_PARENTS = frozenset(
     "/".join(path.split("/")[:depth]) for path in HARNESS_PATHS for depth in range(2, path.count("/") + 1)
 )
@@ -78,7 +79,7 @@ def outside_work(changes: Mapping[str, str], paths: Sequence[str]) -> dict[str, 
     return {
         path: kind
         for path, kind in changes.items()
-        if not under(path, (*HARNESS_PATHS, *paths)) and not (kind == "C" and path in _HARNESS_PARENTS)
+        if not under(path, (*HARNESS_PATHS, *paths)) and not (kind in ("A", "C") and path in _HARNESS_PARENTS)
     }
 
 

@@ -103,8 +103,11 @@ async def test_a_test_script_ended_by_a_signal_is_a_verifier_error_traced_or_not
 def test_the_harness_resetting_its_directories_is_not_the_agents_change():
     """The listing runs beside the harness's reset of /logs/verifier and /tmp/.termgym-verifier: a
     listing that caught the reset half-way lists /logs or /tmp as changed, which is the harness's
-    doing (seen failing an honest trial whose verifier ran untraced). What the agent put beside
-    the harness's directories still counts."""
+    doing (seen failing an honest trial whose verifier ran untraced); over an image without /logs
+    it lists /logs as added (seen failing every honest trial of ``bench/verification.py``'s
+    variant without a tracer, on the embedded backend). What the agent put beside the harness's
+    directories still counts."""
     changes = {"/logs": "C", "/logs/verifier": "D", "/tmp": "C", "/logs/evil.py": "A", "/tmp/tool.sh": "A"}
     assert outside_work(changes, ("/app",)) == {"/logs/evil.py": "A", "/tmp/tool.sh": "A"}
+    assert outside_work({"/logs": "A", "/tmp": "A", "/logs/evil.py": "A"}, ("/app",)) == {"/logs/evil.py": "A"}
     assert outside_work({"/logs": "D", "/usr": "C"}, ()) == {"/logs": "D", "/usr": "C"}  # only a change of them
