@@ -44,21 +44,21 @@ TRACE_OPTIONS = (
 END_WITH_COMMAND = r"""
 "$@" 2>&1
 status=$?
-{
-    tracer= self=
+read_status() {  # $1: a /proc/PID directory; sets pid and tracer from its status (empty if it is gone)
+    pid= tracer=
     while read -r key value; do
-        case $key in Pid:) self=$value ;; TracerPid:) tracer=$value; break ;; esac
-    done < /proc/self/status
-    case $tracer in ""|0) killed= ;; *) killed=1 ;; esac
+        case $key in Pid:) pid=$value ;; TracerPid:) tracer=$value; break ;; esac
+    done < "$1/status"
+}
+{
+    read_status /proc/self
+    self=$pid mine=$tracer
+    case $mine in ""|0) killed= ;; *) killed=1 ;; esac
     while [ -n "$killed" ]; do
         killed=
         for entry in /proc/[0-9]*; do
-            [ "${entry#/proc/}" = "$self" ] && continue
-            traced=
-            while read -r key value; do
-                case $key in TracerPid:) traced=$value; break ;; esac
-            done < "$entry/status"
-            [ "$traced" = "$tracer" ] && kill -KILL "${entry#/proc/}" && killed=1
+            read_status "$entry"
+            [ "$tracer" = "$mine" ] && [ "$pid" != "$self" ] && kill -KILL "$pid" && killed=1
         done
     done
 } 2>/dev/null
