@@ -34,13 +34,15 @@ TRACE_OPTIONS = (
     "-e",
     "signal=none",
 )
-# Runs the command (stderr joined to stdout), then SIGKILLs every process whose TracerPid is its
-# own (found by /proc: every process the tracer follows, whoever became its parent), pass after
-# pass until none is left, and exits as the command did. A zombie is killed too (its leader may be
-# all that exited, not its threads), and seen again until the tracer has reaped it. Builtins only
-# (no fork: a forked shell would be followed too). Its own errors go to /dev/null, not into the
-# trace; without /dev/null it kills nothing (the tracer then waits for them, as it did before), and
-# still exits as the command did.
+# Runs the command (stderr joined to stdout), then ends every process whose TracerPid is its own
+# (found by /proc: every process the tracer follows, whoever became its parent), pass after pass
+# until none is left, and exits as the command did. Each pass stops them all, then kills them all:
+# killed one by one, a shell whose child died first went on to its next command before its own
+# SIGKILL (seen under load: `(sleep 2; tool) &` ran `tool`). A zombie is stopped and killed too
+# (its leader may be all that exited, not its threads), and seen again until the tracer reaped it.
+# Builtins only (no fork: a forked shell would be followed too). Its own errors go to /dev/null,
+# not into the trace; without /dev/null it kills nothing (the tracer then waits for them, as it
+# did before), and still exits as the command did.
 END_WITH_COMMAND = r"""
 "$@" 2>&1
 status=$?
@@ -58,8 +60,9 @@ read_status() {  # $1: a /proc/PID directory; sets pid and tracer from its statu
         killed=
         for entry in /proc/[0-9]*; do
             read_status "$entry"
-            [ "$tracer" = "$mine" ] && [ "$pid" != "$self" ] && kill -KILL "$pid" && killed=1
+            [ "$tracer" = "$mine" ] && [ "$pid" != "$self" ] && kill -STOP "$pid" && killed="$killed $pid"
         done
+        [ -z "$killed" ] || kill -KILL $killed
     done
 } 2>/dev/null
 exit $status
